@@ -1,0 +1,2 @@
+//! Placeholder main example.
+fn main() {}
