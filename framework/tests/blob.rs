@@ -13,9 +13,7 @@ use blob_support::{
     Forge, Journal,
 };
 use proptest::prelude::*;
-use snapflow::state::blob::{
-    self, BlobHeader, FORMAT_VERSION, HEADER_LEN, MAGIC, MAX_SCHEMA_LEN,
-};
+use snapflow::state::blob::{self, BlobHeader, FORMAT_VERSION, HEADER_LEN, MAGIC, MAX_SCHEMA_LEN};
 use snapflow::state::{Snapshot, StateError, StoredSchema};
 
 fn sample_blob() -> Vec<u8> {
@@ -34,7 +32,10 @@ fn check_corrupt(bytes: &[u8], reason: &str) {
         other => panic!("expected Corrupt({reason:?}), got {other:?}"),
     }
     assert!(!decoded.unwrap_err().is_retryable());
-    assert!(blob::verify(bytes).is_err(), "verify accepted what decode rejected");
+    assert!(
+        blob::verify(bytes).is_err(),
+        "verify accepted what decode rejected"
+    );
 }
 
 /// A forge that describes the sample journal's blob honestly.
@@ -78,7 +79,10 @@ fn verify_returns_the_stored_schema() {
 
 #[test]
 fn sample_round_trips() {
-    assert_eq!(blob::decode::<Journal>(&sample_blob()).unwrap(), sample_journal());
+    assert_eq!(
+        blob::decode::<Journal>(&sample_blob()).unwrap(),
+        sample_journal()
+    );
 }
 
 #[test]
@@ -144,7 +148,10 @@ fn every_single_bit_flip_is_rejected() {
             matches!(decoded, Err(StateError::Corrupt(_))),
             "flipping bit {bit} gave {decoded:?}"
         );
-        assert!(blob::verify(&damaged).is_err(), "verify accepted flip {bit}");
+        assert!(
+            blob::verify(&damaged).is_err(),
+            "verify accepted flip {bit}"
+        );
     }
 }
 
@@ -222,8 +229,16 @@ fn lengths_that_split_the_body_elsewhere() {
     let schema_len = forge.schema_len;
     // The sum is right but the split is wrong: the schema section then ends
     // early (or takes payload bytes) and must not decode as a valid schema.
-    check_claimed_lengths(schema_len - 1, total - u64::from(schema_len) + 1, "schema section");
-    check_claimed_lengths(schema_len + 1, total - u64::from(schema_len) - 1, "schema section");
+    check_claimed_lengths(
+        schema_len - 1,
+        total - u64::from(schema_len) + 1,
+        "schema section",
+    );
+    check_claimed_lengths(
+        schema_len + 1,
+        total - u64::from(schema_len) - 1,
+        "schema section",
+    );
     check_claimed_lengths(0, total, "schema section does not decode");
 }
 
@@ -231,11 +246,17 @@ fn lengths_that_split_the_body_elsewhere() {
 fn schema_section_claiming_huge_lengths() {
     // Type name of 2^62 bytes; then a field list of 2^62 strings.
     let huge = [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f];
-    check_corrupt(&seal_for::<Journal>(&huge, &[]), "schema section does not decode");
+    check_corrupt(
+        &seal_for::<Journal>(&huge, &[]),
+        "schema section does not decode",
+    );
     let mut section = vec![1, b'J', 3];
     section.extend_from_slice(&postcard::to_allocvec(&Journal::fingerprint()).unwrap());
     section.extend_from_slice(&huge);
-    check_corrupt(&seal_for::<Journal>(&section, &[]), "schema section does not decode");
+    check_corrupt(
+        &seal_for::<Journal>(&section, &[]),
+        "schema section does not decode",
+    );
 }
 
 #[test]
@@ -260,10 +281,16 @@ fn payload_errors_come_from_the_type() {
     sample_journal().encode_payload(&mut payload).unwrap();
     payload.push(7);
     let bytes = seal_payload_for::<Journal>(&payload);
-    assert!(blob::verify(&bytes).is_ok(), "verify does not read payloads");
+    assert!(
+        blob::verify(&bytes).is_ok(),
+        "verify does not read payloads"
+    );
     assert!(matches!(
         blob::decode::<Journal>(&bytes),
-        Err(StateError::Payload { type_name: "Journal", .. })
+        Err(StateError::Payload {
+            type_name: "Journal",
+            ..
+        })
     ));
 }
 
@@ -291,12 +318,15 @@ impl Snapshot for Clobber {
 fn encoder_refuses_a_payload_writer_that_clobbers_the_buffer() {
     assert!(matches!(
         blob::encode(&Clobber),
-        Err(StateError::Encode { type_name: "Clobber", .. })
+        Err(StateError::Encode {
+            type_name: "Clobber",
+            ..
+        })
     ));
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(10_000))]
+    #![proptest_config(blob_support::proptest_config())]
 
     #[test]
     fn random_values_round_trip(value in journal_strategy()) {

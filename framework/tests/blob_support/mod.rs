@@ -117,12 +117,11 @@ fn encode_with_postcard<T: Serialize>(
     value: &T,
     out: &mut Vec<u8>,
 ) -> Result<(), StateError> {
-    let extended = postcard::to_extend(value, std::mem::take(out)).map_err(|error| {
-        StateError::Encode {
+    let extended =
+        postcard::to_extend(value, std::mem::take(out)).map_err(|error| StateError::Encode {
             type_name,
             reason: error.to_string(),
-        }
-    })?;
+        })?;
     *out = extended;
     Ok(())
 }
@@ -138,6 +137,18 @@ fn decode_with_postcard<T: DeserializeOwned>(
         return Err(payload_error(format!("{} trailing bytes", rest.len())));
     }
     Ok(value)
+}
+
+/// 10,000 cases per property. Failures are persisted next to the test file
+/// (`<file>.regressions`), because proptest's default location expects a
+/// `lib.rs` and integration tests have none.
+pub fn proptest_config() -> ProptestConfig {
+    ProptestConfig {
+        failure_persistence: Some(Box::new(
+            proptest::test_runner::FileFailurePersistence::WithSource("regressions"),
+        )),
+        ..ProptestConfig::with_cases(10_000)
+    }
 }
 
 /// A small but non-trivial `Journal`, whose blob the exhaustive tests mutate.
