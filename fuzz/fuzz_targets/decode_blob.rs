@@ -31,18 +31,35 @@ impl Snapshot for Journal {
         type_name: "Journal",
         version: 3,
         shape: SchemaShape::Named(&[
-            FieldSchema { name: "raw", type_name: "Vec<u8>" },
-            FieldSchema { name: "title", type_name: "String" },
-            FieldSchema { name: "batches", type_name: "Vec<Vec<u32>>" },
-            FieldSchema { name: "index", type_name: "BTreeMap<String, Vec<u64>>" },
-            FieldSchema { name: "cursor", type_name: "Option<(i64, bool)>" },
+            FieldSchema {
+                name: "raw",
+                type_name: "Vec<u8>",
+            },
+            FieldSchema {
+                name: "title",
+                type_name: "String",
+            },
+            FieldSchema {
+                name: "batches",
+                type_name: "Vec<Vec<u32>>",
+            },
+            FieldSchema {
+                name: "index",
+                type_name: "BTreeMap<String, Vec<u64>>",
+            },
+            FieldSchema {
+                name: "cursor",
+                type_name: "Option<(i64, bool)>",
+            },
         ]),
     };
 
     fn encode_payload(&self, out: &mut Vec<u8>) -> Result<(), StateError> {
-        let extended = postcard::to_extend(self, std::mem::take(out)).map_err(|error| {
-            StateError::Encode { type_name: "Journal", reason: error.to_string() }
-        })?;
+        let extended =
+            postcard::to_extend(self, std::mem::take(out)).map_err(|error| StateError::Encode {
+                type_name: "Journal",
+                reason: error.to_string(),
+            })?;
         *out = extended;
         Ok(())
     }
@@ -53,7 +70,10 @@ impl Snapshot for Journal {
 }
 
 fn decode_exactly<T: DeserializeOwned>(payload: &[u8]) -> Result<T, StateError> {
-    let payload_error = |reason: String| StateError::Payload { type_name: "Journal", reason };
+    let payload_error = |reason: String| StateError::Payload {
+        type_name: "Journal",
+        reason,
+    };
     let (value, rest) =
         postcard::take_from_bytes(payload).map_err(|error| payload_error(error.to_string()))?;
     if !rest.is_empty() {
