@@ -97,8 +97,14 @@ pub fn encode<T: Snapshot>(value: &T) -> Result<Vec<u8>, StateError> {
         type_name: T::SCHEMA.type_name,
         reason,
     };
-    let schema = postcard::to_allocvec(&StoredSchema::of(&T::SCHEMA))
-        .map_err(|error| encode_error(error.to_string()))?;
+    // The header copies its version and fingerprint from the schema section
+    // so the two always agree, even if an impl overrides
+    // `Snapshot::fingerprint`; readers compare against `T::fingerprint()`.
+    let stored = StoredSchema {
+        fingerprint: T::fingerprint(),
+        ..StoredSchema::of(&T::SCHEMA)
+    };
+    let schema = postcard::to_allocvec(&stored).map_err(|error| encode_error(error.to_string()))?;
     let schema_len = u32::try_from(schema.len())
         .ok()
         .filter(|len| *len <= MAX_SCHEMA_LEN)
@@ -122,8 +128,8 @@ pub fn encode<T: Snapshot>(value: &T) -> Result<Vec<u8>, StateError> {
     }
     let header = BlobHeader {
         format_version: FORMAT_VERSION,
-        user_version: T::SCHEMA.version,
-        fingerprint: T::fingerprint(),
+        user_version: stored.version,
+        fingerprint: stored.fingerprint,
         schema_len,
         payload_len: (out.len() - prefix_len) as u64,
         body_crc: crc32fast::hash(&out[HEADER_LEN..]),
