@@ -10,8 +10,8 @@
 
 use crate::bounds::{private_path, with_bounds};
 use crate::model::{Body, Field, Fields, Mode, Model, Style, Variant};
-use proc_macro2::{Literal, TokenStream};
-use quote::{format_ident, quote, quote_spanned};
+use proc_macro2::{Group, Literal, Span, TokenStream, TokenTree};
+use quote::{format_ident, quote};
 use syn::spanned::Spanned;
 
 /// The whole generated impl.
@@ -123,10 +123,7 @@ pub(crate) fn type_text(ty: &syn::Type) -> String {
 
 /// The binding a stored field gets while encoding or decoding.
 fn binding(field: &Field<'_>) -> syn::Ident {
-    match &field.member {
-        syn::Member::Named(ident) => format_ident!("__snapflow_field_{}", ident),
-        syn::Member::Unnamed(index) => format_ident!("__snapflow_field_{}", index.index),
-    }
+    format_ident!("__snapflow_field_{}", field.index)
 }
 
 /// One field's encode call, spanned at the field's type.
@@ -136,16 +133,12 @@ fn encode_field(
     type_name: &str,
     private: &TokenStream,
 ) -> TokenStream {
-    let span = field.ty.span();
-    match field.mode {
-        Mode::Serde => quote_spanned! {span=>
-            #private::encode_field(#type_name, #value, __snapflow_out)?;
-        },
-        Mode::Nested => quote_spanned! {span=>
-            #private::encode_nested(#type_name, #value, __snapflow_out)?;
-        },
-        Mode::Skip { .. } => TokenStream::new(),
-    }
+    let call = match field.mode {
+        Mode::Serde => quote!(#private::encode_field(#type_name, #value, __snapflow_out)?;),
+        Mode::Nested => quote!(#private::encode_nested(#type_name, #value, __snapflow_out)?;),
+        Mode::Skip { .. } => return TokenStream::new(),
+    };
+    respan(call, field.ty.span())
 }
 
 fn encode_body(model: &Model<'_>, private: &TokenStream) -> TokenStream {
@@ -230,7 +223,8 @@ fn decode_enum(variants: &[Variant<'_>], type_name: &str, private: &TokenStream)
         let mut __snapflow_input: &[#private::u8] = __snapflow_payload;
         let __snapflow_index = #private::decode_variant(#type_name, &mut __snapflow_input)?;
     };
-    let unknown = quote!(#private::Result::Err(#private::unknown_variant(#type_name, __snapflow_index)));
+    let unknown =
+        quote!(#private::Result::Err(#private::unknown_variant(#type_name, __snapflow_index)));
     if variants.is_empty() {
         return quote!(#read_index #unknown);
     }
@@ -256,16 +250,15 @@ fn decode_enum(variants: &[Variant<'_>], type_name: &str, private: &TokenStream)
 /// field's type.
 fn decode_fields(fields: &Fields<'_>, type_name: &str, private: &TokenStream) -> TokenStream {
     let reads = fields.stored().map(|field| {
-        let span = field.ty.span();
         let value = binding(field);
         let ty = field.ty;
         let helper = match field.mode {
-            Mode::Nested => quote_spanned!(span=> #private::decode_nested),
-            _ => quote_spanned!(span=> #private::decode_field),
+            Mode::Nested => quote!(#private::decode_nested),
+            _ => quote!(#private::decode_field),
         };
-        quote_spanned! {span=>
-            let #value: #ty = #helper(#type_name, &mut __snapflow_input)?;
-        }
+        let read = quote!(#helper(#type_name, &mut __snapflow_input)?);
+        let read = respan(read, ty.span());
+        quote!(let #value: #ty = #read;)
     });
     quote!(#(#reads)*)
 }
@@ -278,13 +271,11 @@ fn construct(path: TokenStream, fields: &Fields<'_>, private: &TokenStream) -> T
     let members = fields.list.iter().map(|field| {
         let member = &field.member;
         let value = match &field.mode {
-            Mode::Skip { default: Some(function) } => {
-                let span = function.span();
-                quote_spanned!(span=> #function())
-            }
+            Mode::Skip {
+                default: Some(function),
+            } => respan(quote!(#function()), function.span()),
             Mode::Skip { default: None } => {
-                let span = field.ty.span();
-                quote_spanned!(span=> #private::Default::default())
+                respan(quote!(#private::Default::default()), field.ty.span())
             }
             _ => {
                 let value = binding(field);
@@ -300,18 +291,21 @@ fn construct(path: TokenStream, fields: &Fields<'_>, private: &TokenStream) -> T
 /// versions fall along the chain, then the runtime helper. Both are spanned
 /// at the old type, where a missing `From` or `Snapshot` impl belongs.
 fn decode_stored(old: &syn::Type, private: &TokenStream) -> TokenStream {
-    let span = old.span();
-    let check = quote_spanned! {span=>
-        let () = const {
-            #private::check_upgrade_versions(
-                <#old as #private::Snapshot>::SCHEMA.version,
-                <Self as #private::Snapshot>::SCHEMA.version,
-            )
-        };
-    };
-    let call = quote_spanned! {span=>
-        #private::decode_with_upgrade::<Self, #old>(__snapflow_stored, __snapflow_payload)
-    };
+    let check = respan(
+        quote! {
+            let () = const {
+                #private::check_upgrade_versions(
+                    <#old as #private::Snapshot>::SCHEMA.version,
+                    <Self as #private::Snapshot>::SCHEMA.version,
+                )
+            };
+        },
+        old.span(),
+    );
+    let call = respan(
+        quote!(#private::decode_with_upgrade::<Self, #old>(__snapflow_stored, __snapflow_payload)),
+        old.span(),
+    );
     quote! {
         fn decode_stored(
             __snapflow_stored: &#private::StoredSchema,
@@ -321,4 +315,26 @@ fn decode_stored(old: &syn::Type, private: &TokenStream) -> TokenStream {
             #call
         }
     }
+}
+
+/// `tokens` with every span set to `span`, so that an error in code that
+/// depends on a user's type (a missing trait impl) is reported at that type
+/// rather than at `#[derive(Snapshot)]`. Only the location changes: derive
+/// output resolves names at the call site whatever the span, so hygiene is
+/// unaffected.
+fn respan(tokens: TokenStream, span: Span) -> TokenStream {
+    tokens
+        .into_iter()
+        .map(|tree| match tree {
+            TokenTree::Group(group) => {
+                let mut respanned = Group::new(group.delimiter(), respan(group.stream(), span));
+                respanned.set_span(span);
+                TokenTree::Group(respanned)
+            }
+            mut other => {
+                other.set_span(span);
+                other
+            }
+        })
+        .collect()
 }

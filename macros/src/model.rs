@@ -60,6 +60,9 @@ pub(crate) struct Fields<'a> {
 
 /// One field.
 pub(crate) struct Field<'a> {
+    /// Its position in declaration order; generated bindings are named by
+    /// it, since names built from field names could break naming lints.
+    pub index: usize,
     /// How to access it: a name or a tuple index.
     pub member: syn::Member,
     /// Its name in the schema: the ident without `r#`, or the index.

@@ -106,7 +106,11 @@ fn type_attrs(entries: &[RawEntry], errors: &mut Errors) -> TypeAttrs {
 }
 
 /// An upgrade needs a version above the old type's, so at least 2.
-fn check_upgrade_version(key: &syn::Ident, version: Option<&(u32, syn::LitInt)>, errors: &mut Errors) {
+fn check_upgrade_version(
+    key: &syn::Ident,
+    version: Option<&(u32, syn::LitInt)>,
+    errors: &mut Errors,
+) {
     match version {
         None => errors.spanned(
             key,
@@ -142,7 +146,8 @@ fn version_value(tokens: &TokenStream, errors: &mut Errors) -> Option<(u32, syn:
 }
 
 fn name_value(tokens: &TokenStream, errors: &mut Errors) -> Option<String> {
-    const SHAPE: &str = "`name` must be a string holding a Rust identifier, e.g. `name = \"Counter\"`";
+    const SHAPE: &str =
+        "`name` must be a string holding a Rust identifier, e.g. `name = \"Counter\"`";
     let literal: syn::LitStr = parse_or(tokens, errors, SHAPE)?;
     match syn::parse_str::<syn::Ident>(&literal.value()) {
         Ok(ident) => Some(ident.unraw().to_string()),
@@ -192,6 +197,7 @@ fn field_model<'a>(raw: RawField<'a>, errors: &mut Errors) -> Field<'a> {
         }
     };
     Field {
+        index: raw.index,
         member,
         schema_name,
         ty: &raw.field.ty,
@@ -335,7 +341,11 @@ fn required_value<'e>(entry: &'e RawEntry, errors: &mut Errors) -> Option<&'e To
 }
 
 /// Parses `tokens` as exactly one `T`, or reports `message` spanning them.
-fn parse_or<T: syn::parse::Parse>(tokens: &TokenStream, errors: &mut Errors, message: &str) -> Option<T> {
+fn parse_or<T: syn::parse::Parse>(
+    tokens: &TokenStream,
+    errors: &mut Errors,
+    message: &str,
+) -> Option<T> {
     match syn::parse2::<T>(tokens.clone()) {
         Ok(value) => Some(value),
         Err(_) => {
