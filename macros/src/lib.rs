@@ -6,9 +6,9 @@
 //! generated code only calls helpers in `snapflow::__private`, so the format
 //! lives in one place at runtime.
 //!
-//! The macro works in three steps, one module each: [`parse`] reads the
-//! attributes into raw key/value entries, [`validate`] checks them and builds
-//! a [`model::Model`], and [`expand`] turns the model into tokens. Every
+//! The macro works in three steps, one module each: `parse` reads the
+//! attributes into raw key/value entries, `validate` checks them and builds
+//! a `model::Model`, and `expand` turns the model into tokens. Every
 //! mistake is reported with the span of the user's token, and all mistakes
 //! of one derive are reported together.
 //!
@@ -38,7 +38,7 @@
 //! | `#[snapshot(version = N)]` | the schema version, an integer `N >= 1`; default 1 |
 //! | `#[snapshot(version = N, upgrade_from = Old)]` | values stored with an older version are decoded as `Old` and converted with `From<Old>`; needs `N >= 2`, `Old: Snapshot` with a lower version, and `Self: From<Old>` |
 //! | `#[snapshot(name = "Counter")]` | the type name recorded in the schema, instead of the ident; lets a renamed old type (`CounterV1`) still read what `Counter` wrote |
-//! | `#[snapshot(crate = "path")]` | the path of the snapflow crate in generated code, instead of `::snapflow` |
+//! | `#[snapshot(crate = "path")]` | the path of the snapflow crate in generated code, instead of `::snapflow`; e.g. `"sf"` after `extern crate snapflow as sf;`, or `"crate"` inside snapflow itself |
 //!
 //! On a field:
 //!

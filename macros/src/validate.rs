@@ -99,8 +99,12 @@ fn type_attrs(entries: &[RawEntry], errors: &mut Errors) -> TypeAttrs {
             other => unreachable!("check_keys let through the key `{other}`"),
         }
     }
+    // A `version` that was given but malformed has its own error already.
+    let version_given = entries.iter().any(|entry| entry.key == "version");
     if let Some(key) = upgrade_key {
-        check_upgrade_version(key, attrs.version.as_ref(), errors);
+        if version_given == attrs.version.is_some() {
+            check_upgrade_version(key, attrs.version.as_ref(), errors);
+        }
     }
     attrs
 }

@@ -101,6 +101,29 @@ impl<T: Clone + Default> From<WindowV1<T>> for Window<T> {
     }
 }
 
+/// A public type with a private generic field type: the where-clause bound
+/// on `Hidden<T>` must not trip the `private_bounds` lint.
+pub mod visibility {
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct Hidden<T>(T);
+
+    #[derive(sf::Snapshot)]
+    #[snapshot(crate = "sf")]
+    pub struct Public<T> {
+        hidden: Hidden<T>,
+    }
+
+    impl<T> Public<T> {
+        pub fn new(value: T) -> Self {
+            Public { hidden: Hidden(value) }
+        }
+
+        pub fn get(&self) -> &T {
+            &self.hidden.0
+        }
+    }
+}
+
 fn main() {
     use sf::state::blob;
 
@@ -125,6 +148,10 @@ fn main() {
     let value = Borrowing { count: 4, name: Some(&name) };
     let back: Borrowing<'_> = blob::decode(&blob::encode(&value).unwrap()).unwrap();
     assert_eq!((back.count, back.name), (4, None));
+
+    let bytes = blob::encode(&visibility::Public::new(8u16)).unwrap();
+    let public: visibility::Public<u16> = blob::decode(&bytes).unwrap();
+    assert_eq!(*public.get(), 8);
 
     let old = blob::encode(&WindowV1 { items: vec![1u32, 2, 3] }).unwrap();
     let now: Window<u32> = blob::decode(&old).unwrap();
