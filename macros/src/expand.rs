@@ -12,6 +12,7 @@ use crate::bounds::{private_path, with_bounds};
 use crate::model::{Body, Field, Fields, Mode, Model, Style, Variant};
 use proc_macro2::{Group, Literal, Span, TokenStream, TokenTree};
 use quote::{format_ident, quote};
+use syn::ext::IdentExt;
 use syn::spanned::Spanned;
 
 /// The whole generated impl.
@@ -65,7 +66,7 @@ fn schema(model: &Model<'_>, private: &TokenStream) -> TokenStream {
         }
         Body::Enum(variants) => {
             let variants = variants.iter().map(|variant| {
-                let name = variant.ident.to_string();
+                let name = variant.ident.unraw().to_string();
                 let list = field_schemas(&variant.fields, private);
                 quote!(#private::VariantSchema { name: #name, fields: &[#(#list),*] })
             });
@@ -337,4 +338,31 @@ fn respan(tokens: TokenStream, span: Span) -> TokenStream {
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::type_text;
+
+    fn check(source: &str, expected: &str) {
+        let ty: syn::Type = syn::parse_str(source).expect("a type");
+        assert_eq!(type_text(&ty), expected, "for {source:?}");
+    }
+
+    #[test]
+    fn type_text_drops_spacing_around_punctuation() {
+        check("Vec < u64 >", "Vec<u64>");
+        check(
+            "std :: collections :: HashMap<String,u64>",
+            "std::collections::HashMap<String, u64>",
+        );
+        check("[u8 ; 4]", "[u8; 4]");
+        check("<T as Iterator>::Item", "<T as Iterator>::Item");
+    }
+
+    #[test]
+    fn type_text_keeps_spaces_between_words() {
+        check("&'a mut T", "&'a mut T");
+        check("Box<dyn Fn(u8) -> u8 + Send>", "Box<dyn Fn(u8)->u8+Send>");
+    }
 }

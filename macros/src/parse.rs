@@ -185,3 +185,66 @@ fn value_tokens(stream: ParseStream<'_>) -> syn::Result<TokenStream> {
         Ok((tokens, rest))
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{parse, RawBody};
+    use crate::errors::Errors;
+
+    /// The `key=value` texts of the type-level entries of `input`.
+    fn entries(input: syn::DeriveInput) -> Vec<String> {
+        let mut errors = Errors::default();
+        let raw = parse(&input, &mut errors);
+        assert!(errors.finish().is_ok());
+        raw.entries
+            .iter()
+            .map(|entry| match &entry.value {
+                Some(value) => format!("{}={}", entry.key, value.tokens),
+                None => entry.key.to_string(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn commas_inside_angle_brackets_stay_in_the_value() {
+        let input = syn::parse_quote! {
+            #[snapshot(upgrade_from = Old<A, B>, version = 2)]
+            struct New;
+        };
+        assert_eq!(entries(input), ["upgrade_from=Old < A , B >", "version=2"]);
+    }
+
+    #[test]
+    fn arrow_does_not_close_an_angle_bracket() {
+        let input = syn::parse_quote! {
+            #[snapshot(upgrade_from = Old<fn() -> u8, B>, crate = "sf")]
+            #[snapshot(skip)]
+            struct New;
+        };
+        assert_eq!(
+            entries(input),
+            [
+                "upgrade_from=Old < fn () -> u8 , B >",
+                "crate=\"sf\"",
+                "skip"
+            ]
+        );
+    }
+
+    #[test]
+    fn syntax_error_keeps_earlier_entries_of_the_attribute() {
+        let input: syn::DeriveInput = syn::parse_quote! {
+            #[snapshot(version = 2, 7)]
+            enum New {}
+        };
+        let mut errors = Errors::default();
+        let raw = parse(&input, &mut errors);
+        assert_eq!(raw.entries.len(), 1);
+        assert!(matches!(raw.body, RawBody::Enum(_)));
+        let message = errors.finish().unwrap_err().to_string();
+        assert!(
+            message.contains("expected a snapshot attribute key"),
+            "{message}"
+        );
+    }
+}

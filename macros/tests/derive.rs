@@ -552,6 +552,30 @@ fn same_version_different_fields_is_a_schema_mismatch() {
     );
 }
 
+#[derive(Snapshot, Debug)]
+#[snapshot(name = "Gauge", version = 2)]
+struct GaugeV2 {
+    level: u64,
+}
+
+#[derive(Snapshot, Debug)]
+#[snapshot(name = "Gauge", version = 3, upgrade_from = GaugeV2)]
+struct GaugeV3 {
+    level: u64,
+}
+
+impl From<GaugeV2> for GaugeV3 {
+    fn from(old: GaugeV2) -> Self {
+        GaugeV3 { level: old.level }
+    }
+}
+
+#[test]
+fn version_older_than_chain_names_the_newest_version() {
+    let error = restore_as::<old::Gauge, GaugeV3>(&old::Gauge { level: 1 }).unwrap_err();
+    assert_version_mismatch(&error, "Gauge", 1, 3);
+}
+
 // ------------------------------------------------------------ nested state
 
 /// An older build's inner and outer state: the outer type is unchanged, only
