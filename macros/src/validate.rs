@@ -83,7 +83,7 @@ fn type_attrs(entries: &[RawEntry], errors: &mut Errors) -> TypeAttrs {
         let Some(tokens) = required_value(entry, errors) else {
             continue;
         };
-        match entry.key.to_string().as_str() {
+        match entry.key.unraw().to_string().as_str() {
             "version" => attrs.version = version_value(tokens, errors),
             "upgrade_from" => {
                 upgrade_key = Some(&entry.key);
@@ -100,7 +100,7 @@ fn type_attrs(entries: &[RawEntry], errors: &mut Errors) -> TypeAttrs {
         }
     }
     // A `version` that was given but malformed has its own error already.
-    let version_given = entries.iter().any(|entry| entry.key == "version");
+    let version_given = entries.iter().any(|entry| entry.key.unraw() == "version");
     if let Some(key) = upgrade_key {
         if version_given == attrs.version.is_some() {
             check_upgrade_version(key, attrs.version.as_ref(), errors);
@@ -212,7 +212,7 @@ fn field_model<'a>(raw: RawField<'a>, errors: &mut Errors) -> Field<'a> {
 fn field_mode(entries: &[RawEntry], errors: &mut Errors) -> Mode {
     let (mut skip, mut nested, mut default) = (None, None, None);
     for entry in check_keys(entries, Place::Field, errors) {
-        match entry.key.to_string().as_str() {
+        match entry.key.unraw().to_string().as_str() {
             "skip" => skip = flag(entry, errors).then_some(&entry.key),
             "nested" => nested = flag(entry, errors).then_some(&entry.key),
             "default" => {
@@ -261,7 +261,10 @@ fn check_keys<'e>(entries: &'e [RawEntry], place: Place, errors: &mut Errors) ->
         let key = entry.key.unraw().to_string();
         if let Some(message) = misplaced(&key, place) {
             errors.spanned(&entry.key, message);
-        } else if accepted.iter().any(|seen| seen.key == entry.key) {
+        } else if accepted
+            .iter()
+            .any(|seen| seen.key.unraw() == entry.key.unraw())
+        {
             errors.spanned(
                 &entry.key,
                 format!("duplicate `{key}`; each snapshot attribute key may appear only once here"),
