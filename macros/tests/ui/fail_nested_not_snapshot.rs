@@ -1,0 +1,9 @@
+use snapflow::Snapshot;
+
+#[derive(Snapshot)]
+struct Outer {
+    #[snapshot(nested)]
+    inner: Vec<u64>,
+}
+
+fn main() {}

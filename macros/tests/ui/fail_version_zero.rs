@@ -1,0 +1,9 @@
+use snapflow::Snapshot;
+
+#[derive(Snapshot)]
+#[snapshot(version = 0)]
+struct Counter {
+    count: u64,
+}
+
+fn main() {}
