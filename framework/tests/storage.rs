@@ -19,7 +19,8 @@ use snapflow::storage::{
 const JOB: &str = "wordcount";
 
 fn part_bytes(checkpoint: u64, part: &PartId) -> Vec<u8> {
-    format!("checkpoint {checkpoint} of {part}").repeat(1 + part.subtask as usize)
+    format!("checkpoint {checkpoint} of {part}")
+        .repeat(1 + part.subtask as usize)
         .into_bytes()
 }
 
@@ -58,7 +59,12 @@ fn commit(store: &dyn CheckpointStore, checkpoint: u64, kind: CheckpointKind) {
 }
 
 fn listed(store: &dyn CheckpointStore) -> Vec<u64> {
-    store.list().unwrap().iter().map(|entry| entry.checkpoint).collect()
+    store
+        .list()
+        .unwrap()
+        .iter()
+        .map(|entry| entry.checkpoint)
+        .collect()
 }
 
 /// Loads the latest checkpoint and checks every part's bytes and the
@@ -68,7 +74,10 @@ fn check_latest(store: &dyn CheckpointStore, expected: u64) {
     let loaded = report.checkpoint.expect("a checkpoint");
     assert_eq!(loaded.metadata.checkpoint, expected);
     assert_eq!(loaded.metadata.job, JOB);
-    assert_eq!(loaded.metadata.source_positions, request(expected).source_positions);
+    assert_eq!(
+        loaded.metadata.source_positions,
+        request(expected).source_positions
+    );
     assert_eq!(loaded.metadata.key_groups, request(expected).key_groups);
     assert_eq!(loaded.metadata.user, request(expected).user);
     assert_eq!(loaded.metadata.created_unix_ms, 1_000 + expected);
@@ -126,9 +135,14 @@ fn listing_shows_complete_checkpoints_and_savepoints_oldest_first() {
     commit(&store, 2, CheckpointKind::Savepoint);
     commit(&store, 3, CheckpointKind::Checkpoint);
     store.begin(4, CheckpointKind::Checkpoint).unwrap();
-    store.write_part(4, &PartId::new("counter", 0), b"x").unwrap();
+    store
+        .write_part(4, &PartId::new("counter", 0), b"x")
+        .unwrap();
     let list = store.list().unwrap();
-    let kinds: Vec<_> = list.iter().map(|entry| (entry.checkpoint, entry.kind)).collect();
+    let kinds: Vec<_> = list
+        .iter()
+        .map(|entry| (entry.checkpoint, entry.kind))
+        .collect();
     assert_eq!(
         kinds,
         [
@@ -141,7 +155,10 @@ fn listing_shows_complete_checkpoints_and_savepoints_oldest_first() {
         .iter()
         .map(|part| part_bytes(3, part).len() as u64)
         .sum();
-    assert_eq!((list[2].part_count, list[2].total_bytes), (4, expected_bytes));
+    assert_eq!(
+        (list[2].part_count, list[2].total_bytes),
+        (4, expected_bytes)
+    );
     check_latest(&store, 3);
 }
 
@@ -230,7 +247,10 @@ fn savepoints_are_never_deleted_by_retention() {
         commit(&store, checkpoint, CheckpointKind::Checkpoint);
     }
     assert_eq!(listed(&store), [1, 5]);
-    assert_eq!(store.load(1).unwrap().metadata.kind, CheckpointKind::Savepoint);
+    assert_eq!(
+        store.load(1).unwrap().metadata.kind,
+        CheckpointKind::Savepoint
+    );
 }
 
 #[test]
@@ -330,7 +350,9 @@ fn missing_part_falls_back() {
 fn truncated_metadata_is_ignored() {
     check_fallback(
         |store| {
-            let path = store.entry_dir(2, CheckpointKind::Checkpoint).join("_metadata");
+            let path = store
+                .entry_dir(2, CheckpointKind::Checkpoint)
+                .join("_metadata");
             let len = std::fs::metadata(&path).unwrap().len();
             truncate(&path, len - 1);
         },
@@ -340,14 +362,30 @@ fn truncated_metadata_is_ignored() {
     let store = fs_store(dir.path(), 3);
     commit(&store, 1, CheckpointKind::Checkpoint);
     commit(&store, 2, CheckpointKind::Checkpoint);
-    truncate(&store.entry_dir(2, CheckpointKind::Checkpoint).join("_metadata"), 10);
-    assert_eq!(listed(&store), [1], "a checkpoint without valid metadata is not listed");
+    truncate(
+        &store
+            .entry_dir(2, CheckpointKind::Checkpoint)
+            .join("_metadata"),
+        10,
+    );
+    assert_eq!(
+        listed(&store),
+        [1],
+        "a checkpoint without valid metadata is not listed"
+    );
 }
 
 #[test]
 fn flipped_metadata_byte_is_ignored() {
     check_fallback(
-        |store| flip_byte(&store.entry_dir(2, CheckpointKind::Checkpoint).join("_metadata"), 40),
+        |store| {
+            flip_byte(
+                &store
+                    .entry_dir(2, CheckpointKind::Checkpoint)
+                    .join("_metadata"),
+                40,
+            )
+        },
         "checksum",
     );
 }
@@ -356,8 +394,12 @@ fn flipped_metadata_byte_is_ignored() {
 fn metadata_of_another_checkpoint_is_rejected() {
     check_fallback(
         |store| {
-            let source = store.entry_dir(1, CheckpointKind::Checkpoint).join("_metadata");
-            let target = store.entry_dir(2, CheckpointKind::Checkpoint).join("_metadata");
+            let source = store
+                .entry_dir(1, CheckpointKind::Checkpoint)
+                .join("_metadata");
+            let target = store
+                .entry_dir(2, CheckpointKind::Checkpoint)
+                .join("_metadata");
             std::fs::copy(source, target).unwrap();
         },
         "describes checkpoint 1",
@@ -421,7 +463,16 @@ fn very_long_names_are_rejected() {
 
 #[test]
 fn path_characters_are_escaped_not_rejected() {
-    for name in ["..", ".", "/", "a/b", "\\", "..\\..\\x", "/etc/passwd", "C:"] {
+    for name in [
+        "..",
+        ".",
+        "/",
+        "a/b",
+        "\\",
+        "..\\..\\x",
+        "/etc/passwd",
+        "C:",
+    ] {
         check_name(name, true);
     }
 }
@@ -440,7 +491,9 @@ fn hostile_names_stay_inside_the_job_directory() {
     let store = FsCheckpointStore::open(&root, "../../escape").unwrap();
     assert_eq!(store.job_dir().parent(), Some(root.as_path()));
     store.begin(1, CheckpointKind::Checkpoint).unwrap();
-    store.write_part(1, &PartId::new("../../../x", 0), b"x").unwrap();
+    store
+        .write_part(1, &PartId::new("../../../x", 0), b"x")
+        .unwrap();
     store.commit(1, CommitRequest::default()).unwrap();
     let outside: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
     assert_eq!(outside.len(), 1, "only root/ may exist next to it");
@@ -506,7 +559,10 @@ fn parts_written_concurrently_from_eight_threads() {
     };
     store.commit(1, request).unwrap();
     let loaded = store.load(1).unwrap();
-    assert_eq!(loaded.parts.keys().cloned().collect::<BTreeSet<_>>(), expected);
+    assert_eq!(
+        loaded.parts.keys().cloned().collect::<BTreeSet<_>>(),
+        expected
+    );
     for (part, bytes) in loaded.parts {
         assert_eq!(bytes, part_bytes(1, &part));
     }
@@ -518,13 +574,20 @@ fn discard_removes_an_uncommitted_checkpoint() {
     let store = fs_store(dir.path(), 3);
     commit(&store, 1, CheckpointKind::Checkpoint);
     store.begin(2, CheckpointKind::Checkpoint).unwrap();
-    store.write_part(2, &PartId::new("counter", 0), b"x").unwrap();
+    store
+        .write_part(2, &PartId::new("counter", 0), b"x")
+        .unwrap();
     store.discard(2).unwrap();
     assert!(!store.entry_dir(2, CheckpointKind::Checkpoint).exists());
     assert_eq!(listed(&store), [1]);
-    let error = store.write_part(2, &PartId::new("counter", 1), b"x").unwrap_err();
+    let error = store
+        .write_part(2, &PartId::new("counter", 1), b"x")
+        .unwrap_err();
     assert!(matches!(error, StoreError::NotInProgress(2)), "{error}");
-    assert!(matches!(store.commit(2, CommitRequest::default()), Err(StoreError::NotInProgress(2))));
+    assert!(matches!(
+        store.commit(2, CommitRequest::default()),
+        Err(StoreError::NotInProgress(2))
+    ));
     // The id can be used again.
     commit(&store, 2, CheckpointKind::Checkpoint);
     check_latest(&store, 2);
@@ -535,19 +598,27 @@ fn discard_of_a_leftover_from_an_earlier_process() {
     let dir = tempfile::tempdir().unwrap();
     let store = fs_store(dir.path(), 3);
     store.begin(1, CheckpointKind::Checkpoint).unwrap();
-    store.write_part(1, &PartId::new("counter", 0), b"x").unwrap();
+    store
+        .write_part(1, &PartId::new("counter", 0), b"x")
+        .unwrap();
     drop(store);
     let reopened = fs_store(dir.path(), 3);
     reopened.discard(1).unwrap();
     assert!(!reopened.entry_dir(1, CheckpointKind::Checkpoint).exists());
-    assert!(matches!(reopened.discard(1), Err(StoreError::NotInProgress(1))));
+    assert!(matches!(
+        reopened.discard(1),
+        Err(StoreError::NotInProgress(1))
+    ));
 }
 
 #[test]
 fn discard_of_a_committed_checkpoint_is_refused() {
     let store = MemoryCheckpointStore::new(JOB).unwrap();
     commit(&store, 1, CheckpointKind::Checkpoint);
-    assert!(matches!(store.discard(1), Err(StoreError::AlreadyCommitted(1))));
+    assert!(matches!(
+        store.discard(1),
+        Err(StoreError::AlreadyCommitted(1))
+    ));
     check_latest(&store, 1);
 }
 
@@ -576,7 +647,9 @@ fn begin_replaces_a_leftover_of_a_crashed_attempt() {
     let store = fs_store(dir.path(), 3);
     commit(&store, 1, CheckpointKind::Checkpoint);
     store.begin(2, CheckpointKind::Checkpoint).unwrap();
-    store.write_part(2, &PartId::new("stale", 0), b"old").unwrap();
+    store
+        .write_part(2, &PartId::new("stale", 0), b"old")
+        .unwrap();
     drop(store);
     let reopened = fs_store(dir.path(), 3);
     commit(&reopened, 2, CheckpointKind::Checkpoint);
@@ -629,7 +702,9 @@ fn write_and_commit(
     let store =
         FsCheckpointStore::with_io(faulty.clone(), "/", JOB, StoreOptions::default()).unwrap();
     store.begin(1, CheckpointKind::Checkpoint).unwrap();
-    let written = store.write_part(1, &PartId::new("a", 0), b"bytes").map(drop);
+    let written = store
+        .write_part(1, &PartId::new("a", 0), b"bytes")
+        .map(drop);
     let committed = store.commit(1, CommitRequest::default()).map(drop);
     (faulty, store, written, committed)
 }
@@ -655,7 +730,16 @@ fn a_transient_part_write_error_is_retryable_and_a_retry_succeeds() {
     let (faulty, store, written, committed) = write_and_commit(plan);
     let error = written.unwrap_err();
     assert!(error.is_retryable(), "{error}");
-    assert!(matches!(error, StoreError::Io { operation: "write_file", .. }), "{error}");
+    assert!(
+        matches!(
+            error,
+            StoreError::Io {
+                operation: "write_file",
+                ..
+            }
+        ),
+        "{error}"
+    );
     assert!(faulty.fault_hit());
     // Nothing was written, so the commit succeeded with no parts.
     committed.unwrap();
@@ -671,7 +755,16 @@ fn a_failed_commit_can_be_retried() {
     let (_, store, written, committed) = write_and_commit(plan);
     written.unwrap();
     let error = committed.unwrap_err();
-    assert!(matches!(error, StoreError::Io { operation: "rename", .. }), "{error}");
+    assert!(
+        matches!(
+            error,
+            StoreError::Io {
+                operation: "rename",
+                ..
+            }
+        ),
+        "{error}"
+    );
     assert!(error.is_retryable());
     assert!(listed(&store).is_empty());
     store.commit(1, CommitRequest::default()).unwrap();

@@ -149,7 +149,9 @@ impl Engine {
     /// The directory checkpoint `checkpoint` of `kind` lives in.
     pub(crate) fn entry_dir(&self, checkpoint: CheckpointId, kind: CheckpointKind) -> PathBuf {
         match kind {
-            CheckpointKind::Checkpoint => self.checkpoints_dir.join(format!("chk-{checkpoint:020}")),
+            CheckpointKind::Checkpoint => {
+                self.checkpoints_dir.join(format!("chk-{checkpoint:020}"))
+            }
             CheckpointKind::Savepoint => self.savepoints_dir.join(format!("sp-{checkpoint:020}")),
         }
     }

@@ -127,11 +127,17 @@ impl Default for MemFs {
 }
 
 fn not_found(path: &Path) -> io::Error {
-    io::Error::new(io::ErrorKind::NotFound, format!("{} not found", path.display()))
+    io::Error::new(
+        io::ErrorKind::NotFound,
+        format!("{} not found", path.display()),
+    )
 }
 
 fn invalid(path: &Path, what: &str) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidInput, format!("{}: {what}", path.display()))
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("{}: {what}", path.display()),
+    )
 }
 
 /// The normal components of an absolute path.
@@ -184,7 +190,9 @@ impl FsState {
     /// The directory holding `path` and `path`'s last component.
     fn parent_of(&self, path: &Path) -> io::Result<(Inode, String)> {
         let mut names = components(path)?;
-        let name = names.pop().ok_or_else(|| invalid(path, "the root has no parent"))?;
+        let name = names
+            .pop()
+            .ok_or_else(|| invalid(path, "the root has no parent"))?;
         let mut inode = ROOT;
         for component in names {
             inode = *self
@@ -208,7 +216,12 @@ impl FsState {
     fn remove_tree(&mut self, dir_inode: Inode) {
         let children: Vec<(String, Inode)> = self
             .dir(dir_inode)
-            .map(|dir| dir.current.iter().map(|(name, inode)| (name.clone(), *inode)).collect())
+            .map(|dir| {
+                dir.current
+                    .iter()
+                    .map(|(name, inode)| (name.clone(), *inode))
+                    .collect()
+            })
             .unwrap_or_default();
         for (name, child) in children {
             if self.dir(child).is_some() {
@@ -354,7 +367,9 @@ impl Io for MemFs {
         let mut state = self.lock();
         let mut inode = ROOT;
         for name in components(path)? {
-            let dir = state.dir(inode).ok_or_else(|| invalid(path, "a parent is a file"))?;
+            let dir = state
+                .dir(inode)
+                .ok_or_else(|| invalid(path, "a parent is a file"))?;
             inode = match dir.current.get(&name) {
                 Some(child) => *child,
                 None => {
@@ -375,7 +390,10 @@ impl Io for MemFs {
     fn write_file(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
         let mut state = self.lock();
         let (parent, name) = state.parent_of(path)?;
-        let existing = state.dir(parent).and_then(|dir| dir.current.get(&name)).copied();
+        let existing = state
+            .dir(parent)
+            .and_then(|dir| dir.current.get(&name))
+            .copied();
         match existing.map(|inode| (inode, state.nodes.get_mut(&inode))) {
             Some((_, Some(Node::File(file)))) => {
                 file.current = Arc::new(bytes.to_vec());
@@ -419,7 +437,10 @@ impl Io for MemFs {
         if state.dir(inode).is_some() {
             return Err(invalid(from, "renaming directories is not supported"));
         }
-        let target = state.dir(to_parent).and_then(|dir| dir.current.get(&to_name)).copied();
+        let target = state
+            .dir(to_parent)
+            .and_then(|dir| dir.current.get(&to_name))
+            .copied();
         if target.is_some_and(|target| state.dir(target).is_some()) {
             return Err(invalid(to, "is a directory"));
         }
@@ -441,7 +462,9 @@ impl Io for MemFs {
     fn sync_dir(&self, path: &Path) -> io::Result<()> {
         let mut state = self.lock();
         let inode = state.resolve(path)?;
-        let dir = state.dir_mut(inode).ok_or_else(|| invalid(path, "not a directory"))?;
+        let dir = state
+            .dir_mut(inode)
+            .ok_or_else(|| invalid(path, "not a directory"))?;
         dir.durable = dir.current.clone();
         dir.unsynced.clear();
         Ok(())
@@ -486,7 +509,9 @@ impl Io for MemFs {
         let inode = state.resolve(path)?;
         match state.nodes.get(&inode) {
             Some(Node::File(file)) => {
-                let len = usize::try_from(limit_bytes).unwrap_or(usize::MAX).min(file.current.len());
+                let len = usize::try_from(limit_bytes)
+                    .unwrap_or(usize::MAX)
+                    .min(file.current.len());
                 Ok(file.current[..len].to_vec())
             }
             _ => Err(invalid(path, "not a file")),
@@ -496,7 +521,9 @@ impl Io for MemFs {
     fn list_dir(&self, path: &Path) -> io::Result<Vec<DirEntry>> {
         let state = self.lock();
         let inode = state.resolve(path)?;
-        let dir = state.dir(inode).ok_or_else(|| invalid(path, "not a directory"))?;
+        let dir = state
+            .dir(inode)
+            .ok_or_else(|| invalid(path, "not a directory"))?;
         Ok(dir
             .current
             .iter()

@@ -243,7 +243,10 @@ mod tests {
     fn every_truncation_is_rejected() {
         let bytes = sample().encode().unwrap();
         for len in 0..bytes.len() {
-            assert!(CheckpointMetadata::decode(&bytes[..len]).is_err(), "len {len}");
+            assert!(
+                CheckpointMetadata::decode(&bytes[..len]).is_err(),
+                "len {len}"
+            );
         }
     }
 
