@@ -780,3 +780,93 @@ fn corruption_is_not_retryable() {
     };
     assert!(!error.is_retryable() && error.is_corruption());
 }
+
+/// An [`Io`] over a [`MemFs`] whose part writes wait until the test opens
+/// the gate, so a write can be held in flight.
+#[derive(Debug, Default)]
+struct GateIo {
+    fs: MemFs,
+    /// (gate open, a part write is waiting)
+    state: std::sync::Mutex<(bool, bool)>,
+    changed: std::sync::Condvar,
+}
+
+impl GateIo {
+    fn wait_for_a_waiting_write(&self) {
+        let state = self.state.lock().unwrap();
+        drop(
+            self.changed
+                .wait_while(state, |(_, waiting)| !*waiting)
+                .unwrap(),
+        );
+    }
+
+    fn open_gate(&self) {
+        self.state.lock().unwrap().0 = true;
+        self.changed.notify_all();
+    }
+}
+
+impl Io for GateIo {
+    fn create_dir_all(&self, path: &Path) -> std::io::Result<()> {
+        self.fs.create_dir_all(path)
+    }
+    fn write_file(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+        if path.to_string_lossy().ends_with(".part.tmp") {
+            let mut state = self.state.lock().unwrap();
+            state.1 = true;
+            self.changed.notify_all();
+            drop(self.changed.wait_while(state, |(open, _)| !*open).unwrap());
+        }
+        self.fs.write_file(path, bytes)
+    }
+    fn sync_file(&self, path: &Path) -> std::io::Result<()> {
+        self.fs.sync_file(path)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
+        self.fs.rename(from, to)
+    }
+    fn sync_dir(&self, path: &Path) -> std::io::Result<()> {
+        self.fs.sync_dir(path)
+    }
+    fn remove_file(&self, path: &Path) -> std::io::Result<()> {
+        self.fs.remove_file(path)
+    }
+    fn remove_dir_all(&self, path: &Path) -> std::io::Result<()> {
+        self.fs.remove_dir_all(path)
+    }
+    fn read_file(&self, path: &Path, limit_bytes: u64) -> std::io::Result<Vec<u8>> {
+        self.fs.read_file(path, limit_bytes)
+    }
+    fn list_dir(&self, path: &Path) -> std::io::Result<Vec<snapflow::storage::io::DirEntry>> {
+        self.fs.list_dir(path)
+    }
+}
+
+#[test]
+fn commit_and_discard_wait_for_part_writes_in_flight() {
+    let gate = Arc::new(GateIo::default());
+    let store = Arc::new(
+        FsCheckpointStore::with_io(gate.clone(), "/", JOB, StoreOptions::default()).unwrap(),
+    );
+    store.begin(1, CheckpointKind::Checkpoint).unwrap();
+    let writer = {
+        let store = Arc::clone(&store);
+        std::thread::spawn(move || store.write_part(1, &PartId::new("a", 0), b"held"))
+    };
+    gate.wait_for_a_waiting_write();
+    for error in [
+        store.commit(1, CommitRequest::default()).unwrap_err(),
+        store.discard(1).unwrap_err(),
+    ] {
+        assert!(
+            matches!(error, StoreError::PartsInFlight { count: 1, .. }),
+            "{error}"
+        );
+        assert!(error.is_retryable());
+    }
+    gate.open_gate();
+    writer.join().unwrap().unwrap();
+    store.commit(1, CommitRequest::default()).unwrap();
+    assert_eq!(store.load(1).unwrap().parts[&PartId::new("a", 0)], b"held");
+}

@@ -87,6 +87,9 @@ pub(crate) struct Engine {
     checkpoints_dir: PathBuf,
     savepoints_dir: PathBuf,
     options: StoreOptions,
+    /// One entry per begun, not yet committed or discarded checkpoint. Its
+    /// size is bounded by the caller: the coordinator limits how many
+    /// checkpoints run at once and discards the ones it aborts.
     pending: Mutex<BTreeMap<CheckpointId, Pending>>,
     pins: Arc<PinTable>,
     /// Serialises retention so two commits never delete the same directory.
@@ -508,7 +511,10 @@ impl Engine {
                     }
                 }
                 // Leftovers (never committed, or corrupt) older than a
-                // complete checkpoint can never be restored.
+                // complete checkpoint can never be restored. Checkpoints of
+                // this store still in progress were skipped above; ids are
+                // expected to grow, so a checkpoint begun after the snapshot
+                // of `pending` is newer than every complete one.
                 Ok(None) | Err(StoreError::CorruptMetadata { .. }) if complete_seen > 0 => {
                     doomed.push((checkpoint, dir));
                 }
