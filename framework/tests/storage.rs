@@ -870,3 +870,31 @@ fn commit_and_discard_wait_for_part_writes_in_flight() {
     store.commit(1, CommitRequest::default()).unwrap();
     assert_eq!(store.load(1).unwrap().parts[&PartId::new("a", 0)], b"held");
 }
+
+#[test]
+fn a_read_error_is_returned_not_skipped() {
+    let fs = Arc::new(MemFs::new());
+    let store = MemoryCheckpointStore::on_fs(fs.clone(), JOB, StoreOptions::default()).unwrap();
+    commit(&store, 1, CheckpointKind::Checkpoint);
+    commit(&store, 2, CheckpointKind::Checkpoint);
+    let faulty = FaultyIo::new(fs.clone(), FaultPlan::Never)
+        .failing_reads_of("chk-00000000000000000002/op-counter/1.part");
+    let store =
+        FsCheckpointStore::with_io(Arc::new(faulty), "/", JOB, StoreOptions::default()).unwrap();
+    // A transient fault must not silently roll the job back to checkpoint 1.
+    let error = store.load_latest().unwrap_err();
+    assert!(error.is_retryable(), "{error}");
+    assert!(
+        matches!(
+            error,
+            StoreError::Io {
+                operation: "read_file",
+                ..
+            }
+        ),
+        "{error}"
+    );
+    // Without the fault, checkpoint 2 is whole.
+    let healthy = MemoryCheckpointStore::on_fs(fs, JOB, StoreOptions::default()).unwrap();
+    check_latest(&healthy, 2);
+}

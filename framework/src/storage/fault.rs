@@ -77,6 +77,7 @@ struct FaultState {
 pub struct FaultyIo {
     inner: Arc<dyn Io>,
     plan: FaultPlan,
+    failing_reads: Option<String>,
     state: Mutex<FaultState>,
 }
 
@@ -90,8 +91,16 @@ impl FaultyIo {
         Self {
             inner,
             plan,
+            failing_reads: None,
             state: Mutex::new(FaultState::default()),
         }
+    }
+
+    /// Also fails every `read_file` whose path contains `fragment`, as an
+    /// unreadable sector would. Reads are not counted as operations.
+    pub fn failing_reads_of(mut self, fragment: impl Into<String>) -> Self {
+        self.failing_reads = Some(fragment.into());
+        self
     }
 
     /// How many mutating operations were attempted so far.
@@ -206,6 +215,14 @@ impl Io for FaultyIo {
 
     fn read_file(&self, path: &Path, limit_bytes: u64) -> io::Result<Vec<u8>> {
         self.reading("read_file")?;
+        if let Some(fragment) = &self.failing_reads {
+            if path.to_string_lossy().contains(fragment.as_str()) {
+                return Err(io::Error::other(format!(
+                    "injected read fault on {}",
+                    path.display()
+                )));
+            }
+        }
         self.inner.read_file(path, limit_bytes)
     }
 
