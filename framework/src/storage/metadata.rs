@@ -274,6 +274,49 @@ mod tests {
         check_rejected(&metadata.encode().unwrap(), "not sorted");
     }
 
+    /// Wraps `payload` in a valid header, so the checksums pass and the
+    /// payload decoder itself meets the hostile bytes.
+    fn with_valid_header(payload: &[u8]) -> Vec<u8> {
+        let mut bytes = vec![0u8; HEADER_LEN];
+        bytes.extend_from_slice(payload);
+        bytes[0..4].copy_from_slice(&MAGIC);
+        bytes[4..6].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        bytes[8..16].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+        bytes[16..20].copy_from_slice(&crc32fast::hash(payload).to_le_bytes());
+        let header_crc = crc32fast::hash(&bytes[0..20]);
+        bytes[20..24].copy_from_slice(&header_crc.to_le_bytes());
+        bytes
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn hostile_bytes_never_panic(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..512)) {
+            let _ = CheckpointMetadata::decode(&bytes);
+            let _ = CheckpointMetadata::decode(&with_valid_header(&bytes));
+        }
+
+        #[test]
+        fn damaged_payloads_behind_a_valid_header_never_panic(index in 0usize..4096, byte in proptest::num::u8::ANY) {
+            let payload = sample().encode().unwrap()[HEADER_LEN..].to_vec();
+            let mut damaged = payload.clone();
+            let index = index % damaged.len();
+            damaged[index] = byte;
+            let _ = CheckpointMetadata::decode(&with_valid_header(&damaged));
+            // Cut short too: every prefix of a valid payload.
+            let _ = CheckpointMetadata::decode(&with_valid_header(&payload[..index]));
+        }
+    }
+
+    #[test]
+    fn a_huge_claimed_length_allocates_nothing_large() {
+        // A payload claiming a vector of 2^60 parts: postcard reads the
+        // length as a varint and must fail on the missing bytes, not
+        // allocate for the claim.
+        let mut payload = vec![3, b'j', b'o', b'b', 1, 0, 0];
+        payload.extend_from_slice(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x0f]);
+        assert!(CheckpointMetadata::decode(&with_valid_header(&payload)).is_err());
+    }
+
     #[test]
     fn part_verify_names_the_difference() {
         let info = PartInfo::of(PartId::new("a", 0), b"abc");
