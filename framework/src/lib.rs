@@ -9,10 +9,14 @@
 //!
 //! - [`state`]: the [`Snapshot`] trait, schema descriptors and the byte format
 //!   of one state blob. It never does I/O and knows nothing of actors.
+//! - [`storage`]: the [`storage::CheckpointStore`]: durable parts, atomic
+//!   commit of a checkpoint, listing, retention and savepoints. It moves
+//!   opaque bytes and never knows what is inside a part.
 //!
 //! This crate never talks to a network and never spawns a process.
 
 pub mod state;
+pub mod storage;
 
 pub use snapflow_macros::Snapshot;
 pub use state::Snapshot;

@@ -1,0 +1,133 @@
+//! The errors of the storage layer. This module only defines them; it never
+//! decides what a caller should do beyond saying whether a retry can help.
+
+use std::io;
+use std::path::PathBuf;
+
+use super::{CheckpointId, PartId};
+
+/// An error of a [`CheckpointStore`](super::CheckpointStore).
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// An I/O operation failed. Retryable: the disk may be full or a network
+    /// file system may be away for a moment.
+    #[error("I/O error during {operation} of {path:?}: {source}")]
+    Io {
+        /// The operation, e.g. `"rename"`.
+        operation: &'static str,
+        /// The path it was applied to.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+    /// A job or operator name cannot be used (see [`names`](super::names)).
+    #[error("invalid {kind} name {name:?}: {reason}")]
+    InvalidName {
+        /// `"job"` or `"operator"`.
+        kind: &'static str,
+        /// The rejected name (possibly cut short if it was very long).
+        name: String,
+        /// Why it was rejected.
+        reason: String,
+    },
+    /// A checkpoint's metadata file is unreadable: bad magic, version,
+    /// length or checksum, or it describes a different checkpoint or job.
+    #[error("metadata of checkpoint {checkpoint:?} at {path:?} is corrupt: {reason}")]
+    CorruptMetadata {
+        /// The checkpoint whose directory holds the file, when known.
+        checkpoint: Option<CheckpointId>,
+        /// The metadata file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A part is missing, has the wrong size or fails its checksum. The
+    /// whole checkpoint is invalid.
+    #[error("part {part} of checkpoint {checkpoint} is corrupt: {reason}")]
+    CorruptPart {
+        /// The checkpoint.
+        checkpoint: CheckpointId,
+        /// The part.
+        part: PartId,
+        /// What is wrong.
+        reason: String,
+    },
+    /// No complete checkpoint with this id exists.
+    #[error("checkpoint {0} does not exist or is not complete")]
+    NotFound(CheckpointId),
+    /// `begin` was called for an id that is in progress or complete.
+    #[error("checkpoint {0} already exists")]
+    AlreadyExists(CheckpointId),
+    /// `discard` was called for a complete checkpoint.
+    #[error("checkpoint {0} is already committed and cannot be discarded")]
+    AlreadyCommitted(CheckpointId),
+    /// A part was written or a commit requested for a checkpoint that was
+    /// never begun (or was already committed or discarded).
+    #[error("checkpoint {0} is not in progress")]
+    NotInProgress(CheckpointId),
+    /// The same part was written twice.
+    #[error("part {part} of checkpoint {checkpoint} was already written")]
+    DuplicatePart {
+        /// The checkpoint.
+        checkpoint: CheckpointId,
+        /// The part.
+        part: PartId,
+    },
+    /// Commit was requested while parts were still being written. Retryable
+    /// once those writes finish.
+    #[error("checkpoint {checkpoint} cannot commit while {count} part writes are in flight")]
+    PartsInFlight {
+        /// The checkpoint.
+        checkpoint: CheckpointId,
+        /// How many writes are still running.
+        count: usize,
+    },
+    /// The written parts differ from [`CommitRequest::expected_parts`](super::CommitRequest::expected_parts).
+    #[error("checkpoint {checkpoint}: parts missing {missing:?}, unexpected {unexpected:?}")]
+    PartsMismatch {
+        /// The checkpoint.
+        checkpoint: CheckpointId,
+        /// Expected but not written.
+        missing: Vec<PartId>,
+        /// Written but not expected.
+        unexpected: Vec<PartId>,
+    },
+    /// The metadata could not be encoded (for example, it is too large).
+    #[error("metadata of checkpoint {checkpoint} cannot be encoded: {reason}")]
+    Encode {
+        /// The checkpoint.
+        checkpoint: CheckpointId,
+        /// Why.
+        reason: String,
+    },
+    /// The store's options are unusable.
+    #[error("invalid store options: {0}")]
+    InvalidOptions(String),
+}
+
+impl StoreError {
+    /// Whether retrying the same call may succeed: true for I/O errors and
+    /// for a commit that raced part writes, false for corruption, bad names
+    /// and misuse.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::Io { .. } | Self::PartsInFlight { .. })
+    }
+
+    /// Whether this error says stored bytes are damaged (as opposed to an
+    /// I/O failure or a misuse of the API).
+    pub fn is_corruption(&self) -> bool {
+        matches!(
+            self,
+            Self::CorruptMetadata { .. } | Self::CorruptPart { .. }
+        )
+    }
+
+    pub(crate) fn io(operation: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
+        Self::Io {
+            operation,
+            path: path.into(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,96 @@
+//! [`FsCheckpointStore`]: checkpoints in a local directory, the embedded
+//! default, and [`load_checkpoint_dir`] for savepoints that were moved.
+//!
+//! This module only chooses the real file system ([`StdIo`]) or a caller's
+//! [`Io`]; the layout, write order and retention live in the engine. It
+//! never looks inside a part.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::engine::{delegate_store, read_metadata, read_parts, Engine};
+use super::io::{Io, StdIo};
+use super::pin::CheckpointPin;
+use super::{CheckpointId, CheckpointKind, LoadedCheckpoint, StoreError, StoreOptions};
+
+/// A [`CheckpointStore`](super::CheckpointStore) in a local directory.
+///
+/// `root` may hold several jobs; each gets `root/job-<escaped name>/` with
+/// `checkpoints/` and `savepoints/` inside. One process writes a given job
+/// directory at a time.
+#[derive(Debug)]
+pub struct FsCheckpointStore {
+    engine: Engine,
+}
+
+impl FsCheckpointStore {
+    /// Opens (creating if needed) the checkpoints of `job` under `root`, with
+    /// default options.
+    pub fn open(root: impl AsRef<Path>, job: &str) -> Result<Self, StoreError> {
+        Self::open_with(root, job, StoreOptions::default())
+    }
+
+    /// Opens the checkpoints of `job` under `root` with `options`.
+    pub fn open_with(
+        root: impl AsRef<Path>,
+        job: &str,
+        options: StoreOptions,
+    ) -> Result<Self, StoreError> {
+        Self::with_io(Arc::new(StdIo), root, job, options)
+    }
+
+    /// Opens a store that does its I/O through `io`: a
+    /// [`FaultyIo`](super::fault::FaultyIo) in fault-injection tests, or a
+    /// [`MemFs`](super::memory::MemFs).
+    pub fn with_io(
+        io: Arc<dyn Io>,
+        root: impl AsRef<Path>,
+        job: &str,
+        options: StoreOptions,
+    ) -> Result<Self, StoreError> {
+        Ok(Self {
+            engine: Engine::open(io, root.as_ref(), job, options)?,
+        })
+    }
+
+    /// The job's directory, `root/job-<escaped name>`.
+    pub fn job_dir(&self) -> &Path {
+        self.engine.job_dir()
+    }
+
+    /// The directory of checkpoint (or savepoint) `checkpoint`, whether or
+    /// not it exists. A savepoint's directory is self-contained and can be
+    /// moved and loaded with [`load_checkpoint_dir`].
+    pub fn entry_dir(&self, checkpoint: CheckpointId, kind: CheckpointKind) -> PathBuf {
+        self.engine.entry_dir(checkpoint, kind)
+    }
+}
+
+delegate_store!(FsCheckpointStore);
+
+/// Loads and verifies the checkpoint or savepoint whose directory is `dir`
+/// (the one holding `_metadata`), wherever it has been moved to. The job
+/// name inside is not checked, so a savepoint can start a job of another
+/// name. The returned pin protects nothing: no store owns `dir`.
+pub fn load_checkpoint_dir(dir: impl AsRef<Path>) -> Result<LoadedCheckpoint, StoreError> {
+    load_checkpoint_dir_with_io(&StdIo, dir)
+}
+
+/// [`load_checkpoint_dir`] through a caller's [`Io`].
+pub fn load_checkpoint_dir_with_io(
+    io: &dyn Io,
+    dir: impl AsRef<Path>,
+) -> Result<LoadedCheckpoint, StoreError> {
+    let dir = dir.as_ref();
+    let metadata = read_metadata(io, dir, None)?.ok_or_else(|| StoreError::CorruptMetadata {
+        checkpoint: None,
+        path: dir.join(super::engine::METADATA_FILE),
+        reason: "the directory has no metadata file".to_string(),
+    })?;
+    let parts = read_parts(io, dir, &metadata)?;
+    Ok(LoadedCheckpoint {
+        pin: CheckpointPin::detached(metadata.checkpoint),
+        metadata,
+        parts,
+    })
+}

@@ -1,0 +1,121 @@
+//! The small file-system interface every store goes through.
+//!
+//! Keeping the operations few and path-based means a test can count them,
+//! fail any one of them ([`FaultyIo`](super::fault::FaultyIo)) or run them
+//! against a simulated disk that forgets what was not fsynced
+//! ([`MemFs`](super::memory::MemFs)). This module owns the real
+//! implementation, [`StdIo`]; it never knows what a checkpoint is.
+
+use std::fmt;
+use std::fs::{self, File};
+use std::io::{self, Read, Write};
+use std::path::Path;
+
+/// One entry of a directory listing.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct DirEntry {
+    /// The entry's file name (not a path). Names that are not UTF-8 are
+    /// skipped by listings: the store never creates them.
+    pub name: String,
+    /// Whether the entry is a directory.
+    pub is_dir: bool,
+}
+
+/// The file operations a store needs. Mutating operations are the crash
+/// points that fault injection counts.
+pub trait Io: Send + Sync + fmt::Debug {
+    /// Creates a directory and its missing parents (no error if it exists).
+    fn create_dir_all(&self, path: &Path) -> io::Result<()>;
+    /// Creates or truncates a file and writes all of `bytes` (no fsync).
+    fn write_file(&self, path: &Path, bytes: &[u8]) -> io::Result<()>;
+    /// Makes a file's data durable (fsync).
+    fn sync_file(&self, path: &Path) -> io::Result<()>;
+    /// Renames a file, replacing `to` if it exists.
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    /// Makes a directory's entries durable (fsync of the directory).
+    fn sync_dir(&self, path: &Path) -> io::Result<()>;
+    /// Removes a file.
+    fn remove_file(&self, path: &Path) -> io::Result<()>;
+    /// Removes a directory and everything in it.
+    fn remove_dir_all(&self, path: &Path) -> io::Result<()>;
+    /// Reads at most `limit_bytes` bytes of a file. Callers that know the
+    /// expected length pass one more, to see a file that is too long.
+    fn read_file(&self, path: &Path, limit_bytes: u64) -> io::Result<Vec<u8>>;
+    /// Lists a directory, sorted by name.
+    fn list_dir(&self, path: &Path) -> io::Result<Vec<DirEntry>>;
+}
+
+/// The real file system through `std::fs`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StdIo;
+
+impl Io for StdIo {
+    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        fs::create_dir_all(path)
+    }
+
+    fn write_file(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        let mut file = File::create(path)?;
+        file.write_all(bytes)
+    }
+
+    fn sync_file(&self, path: &Path) -> io::Result<()> {
+        // On Linux, fsync through any descriptor of the file flushes its
+        // dirty pages, so reopening read-only is enough.
+        File::open(path)?.sync_all()
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        fs::rename(from, to)
+    }
+
+    fn sync_dir(&self, path: &Path) -> io::Result<()> {
+        sync_dir(path)
+    }
+
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        fs::remove_file(path)
+    }
+
+    fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
+        fs::remove_dir_all(path)
+    }
+
+    fn read_file(&self, path: &Path, limit_bytes: u64) -> io::Result<Vec<u8>> {
+        let file = File::open(path)?;
+        let file_len = file.metadata()?.len();
+        // The capacity is bounded by what the file really holds, never by
+        // the caller's limit, which may come from damaged metadata.
+        let capacity = usize::try_from(file_len.min(limit_bytes)).unwrap_or(0);
+        let mut bytes = Vec::with_capacity(capacity);
+        file.take(limit_bytes).read_to_end(&mut bytes)?;
+        Ok(bytes)
+    }
+
+    fn list_dir(&self, path: &Path) -> io::Result<Vec<DirEntry>> {
+        let mut entries = Vec::new();
+        for entry in fs::read_dir(path)? {
+            let entry = entry?;
+            if let Ok(name) = entry.file_name().into_string() {
+                entries.push(DirEntry {
+                    name,
+                    is_dir: entry.file_type()?.is_dir(),
+                });
+            }
+        }
+        entries.sort();
+        Ok(entries)
+    }
+}
+
+#[cfg(unix)]
+fn sync_dir(path: &Path) -> io::Result<()> {
+    File::open(path)?.sync_all()
+}
+
+// Windows cannot open a directory as a file; NTFS journals renames itself.
+// This is a known gap of the port, not of the Linux build.
+#[cfg(not(unix))]
+fn sync_dir(_path: &Path) -> io::Result<()> {
+    Ok(())
+}

@@ -1,0 +1,289 @@
+//! The storage layer: durable parts, the atomic commit of a checkpoint,
+//! listing, retention and savepoints.
+//!
+//! This module moves opaque bytes. A *part* is the bytes one subtask of one
+//! operator produced for checkpoint `n`; the store never looks inside a part
+//! (it does not call the state layer), it only records each part's size and
+//! CRC-32 in the checkpoint's metadata and checks both when it reads the part
+//! back. It never knows about actors, barriers or the protocol: the runtime
+//! tells it which checkpoint to begin, which parts to write and when to
+//! commit.
+//!
+//! # Guarantees
+//!
+//! - A checkpoint exists only once its metadata file is durable and valid
+//!   (magic, format version, CRC). Everything written before that is
+//!   invisible to [`CheckpointStore::list`] and to loading.
+//! - Commit is atomic: every file is written to a temporary name, fsynced and
+//!   renamed, and the directory is fsynced after the renames, in an order that
+//!   makes all parts durable before the metadata can be.
+//! - Loading checks every part's size and checksum; if any part fails, the
+//!   whole checkpoint is skipped, [`CheckpointStore::load_latest`] falls back
+//!   to the previous complete one, logs a `tracing::warn!` and reports every
+//!   skipped checkpoint and why in its [`LoadReport`].
+//! - Retention keeps the newest [`StoreOptions::retained_checkpoints`]
+//!   checkpoints and never deletes a pinned one ([`CheckpointPin`]).
+//!   Savepoints are never deleted automatically.
+//! - Metadata holds no paths: a part's file is derived from its
+//!   [`PartId`], relative to the checkpoint's own directory, so a savepoint
+//!   directory can be moved and still restores ([`load_checkpoint_dir`]).
+//!
+//! All I/O goes through the [`io::Io`] trait so that [`fault::FaultyIo`] can
+//! fail any single operation and [`memory::MemFs`] can simulate losing what
+//! was not fsynced.
+//!
+//! # Known limits
+//!
+//! - One writing process per directory. Pins are held in memory and protect
+//!   a checkpoint only from the retention of the same store object; two
+//!   processes writing one directory are not detected.
+//! - Retention counts checkpoints by valid metadata, without re-reading their
+//!   parts (that would mean reading every byte after every commit), so a part
+//!   that rots on disk is noticed only when it is loaded.
+//!
+//! # Example
+//!
+//! ```
+//! use snapflow::storage::{
+//!     CheckpointKind, CheckpointStore, CommitRequest, MemoryCheckpointStore, PartId,
+//! };
+//!
+//! # fn main() -> Result<(), snapflow::storage::StoreError> {
+//! let store = MemoryCheckpointStore::new("wordcount")?;
+//! store.begin(1, CheckpointKind::Checkpoint)?;
+//! store.write_part(1, &PartId::new("counter", 0), b"state of subtask 0")?;
+//! store.commit(1, CommitRequest::default())?;
+//!
+//! let report = store.load_latest()?;
+//! let loaded = report.checkpoint.expect("checkpoint 1 is complete");
+//! assert_eq!(loaded.metadata.checkpoint, 1);
+//! assert_eq!(loaded.parts[&PartId::new("counter", 0)], b"state of subtask 0");
+//! # Ok(())
+//! # }
+//! ```
+
+mod engine;
+mod error;
+pub mod fault;
+mod fs;
+pub mod io;
+pub mod memory;
+pub mod metadata;
+pub mod names;
+mod pin;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+pub use error::StoreError;
+pub use fs::{load_checkpoint_dir, load_checkpoint_dir_with_io, FsCheckpointStore};
+pub use memory::MemoryCheckpointStore;
+pub use metadata::{CheckpointMetadata, KeyGroupLayout, PartInfo};
+pub use pin::CheckpointPin;
+
+/// The id of a checkpoint or savepoint. Checkpoints and savepoints of one
+/// job share one id sequence, as in Flink.
+pub type CheckpointId = u64;
+
+/// The number of completed checkpoints kept by default.
+pub const DEFAULT_RETAINED_CHECKPOINTS: usize = 3;
+
+/// Identifies one part of a checkpoint: the state of one subtask of one
+/// operator.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct PartId {
+    /// The operator's name, unique within the job. It becomes a directory
+    /// name, so it is validated (see [`names`]).
+    pub operator: String,
+    /// The subtask index, `0..parallelism`.
+    pub subtask: u32,
+}
+
+impl PartId {
+    /// A part id for `operator`'s subtask `subtask`.
+    pub fn new(operator: impl Into<String>, subtask: u32) -> Self {
+        Self {
+            operator: operator.into(),
+            subtask,
+        }
+    }
+}
+
+impl fmt::Display for PartId {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(formatter, "{}[{}]", self.operator, self.subtask)
+    }
+}
+
+/// Whether an entry is a periodic checkpoint or a user-triggered savepoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum CheckpointKind {
+    /// A periodic checkpoint, subject to retention.
+    Checkpoint,
+    /// A savepoint: stored in its own directory, never deleted automatically.
+    Savepoint,
+}
+
+/// What the caller supplies when it commits a checkpoint. The store adds the
+/// job name, the id, the kind and the list of parts it wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommitRequest {
+    /// When the checkpoint was triggered, in milliseconds since the Unix
+    /// epoch. The protocol layer has no clock, so the runtime supplies it.
+    pub created_unix_ms: u64,
+    /// Each source subtask's position, as opaque bytes (an offset, a file
+    /// name and offset, a Kafka-style map...). Sources decode their own.
+    pub source_positions: BTreeMap<PartId, Vec<u8>>,
+    /// How keyed state is split into key groups.
+    pub key_groups: KeyGroupLayout,
+    /// Free user metadata, stored as is.
+    pub user: BTreeMap<String, String>,
+    /// When set, commit fails with [`StoreError::PartsMismatch`] unless the
+    /// written parts are exactly this set. The coordinator knows which
+    /// subtasks exist; this catches a part that was never written.
+    pub expected_parts: Option<BTreeSet<PartId>>,
+}
+
+impl Default for CommitRequest {
+    fn default() -> Self {
+        Self {
+            created_unix_ms: now_unix_ms(),
+            source_positions: BTreeMap::new(),
+            key_groups: KeyGroupLayout::default(),
+            user: BTreeMap::new(),
+            expected_parts: None,
+        }
+    }
+}
+
+/// The current wall-clock time in milliseconds since the Unix epoch (0 if the
+/// clock is before the epoch).
+pub fn now_unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|elapsed| u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// One entry of [`CheckpointStore::list`]: a checkpoint or savepoint whose
+/// metadata is valid. Its parts have not been read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointSummary {
+    /// The checkpoint's id.
+    pub checkpoint: CheckpointId,
+    /// Checkpoint or savepoint.
+    pub kind: CheckpointKind,
+    /// When it was triggered, in milliseconds since the Unix epoch.
+    pub created_unix_ms: u64,
+    /// The number of parts.
+    pub part_count: usize,
+    /// The sum of all part sizes.
+    pub total_bytes: u64,
+}
+
+/// A checkpoint read back in full, every part verified.
+#[derive(Debug)]
+pub struct LoadedCheckpoint {
+    /// The checkpoint's metadata.
+    pub metadata: CheckpointMetadata,
+    /// Every part's bytes, keyed by part id.
+    pub parts: BTreeMap<PartId, Vec<u8>>,
+    /// Keeps retention from deleting this checkpoint while the caller
+    /// restores from it. Drop it once the restore is done.
+    pub pin: CheckpointPin,
+}
+
+/// A checkpoint that loading skipped, and why.
+#[derive(Debug)]
+pub struct SkippedCheckpoint {
+    /// The skipped checkpoint's id.
+    pub checkpoint: CheckpointId,
+    /// Why it was skipped (corrupt metadata, a corrupt or missing part...).
+    pub reason: StoreError,
+}
+
+/// The result of [`CheckpointStore::load_latest`].
+#[derive(Debug)]
+pub struct LoadReport {
+    /// The newest checkpoint or savepoint that loaded and verified in full,
+    /// or `None` when there is none.
+    pub checkpoint: Option<LoadedCheckpoint>,
+    /// Newer entries that were skipped, newest first. Directories without
+    /// any metadata file (checkpoints that never committed) are not listed:
+    /// they do not exist.
+    pub skipped: Vec<SkippedCheckpoint>,
+}
+
+/// Options of a store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreOptions {
+    /// How many completed checkpoints retention keeps (at least 1).
+    pub retained_checkpoints: usize,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        Self {
+            retained_checkpoints: DEFAULT_RETAINED_CHECKPOINTS,
+        }
+    }
+}
+
+/// Durable storage of checkpoints. Every method takes `&self`; parts of one
+/// checkpoint may be written concurrently from several threads.
+///
+/// The life of a checkpoint: [`begin`](Self::begin), then
+/// [`write_part`](Self::write_part) once per part (from any thread), then
+/// either [`commit`](Self::commit) or [`discard`](Self::discard).
+pub trait CheckpointStore: Send + Sync + fmt::Debug {
+    /// The job this store holds checkpoints of.
+    fn job(&self) -> &str;
+
+    /// Starts checkpoint `checkpoint` of the given kind. Fails with
+    /// [`StoreError::AlreadyExists`] if it is in progress or complete.
+    /// Leftovers of an earlier attempt with the same id that never committed
+    /// (for example before a crash) are removed first.
+    fn begin(&self, checkpoint: CheckpointId, kind: CheckpointKind) -> Result<(), StoreError>;
+
+    /// Writes one part of an in-progress checkpoint durably and returns its
+    /// size and checksum. A part may be written once; after a retryable
+    /// error it may be written again.
+    fn write_part(
+        &self,
+        checkpoint: CheckpointId,
+        part: &PartId,
+        bytes: &[u8],
+    ) -> Result<PartInfo, StoreError>;
+
+    /// Commits an in-progress checkpoint: writes its metadata atomically and
+    /// then applies retention. Once this returns `Ok`, the checkpoint
+    /// survives a crash. After a retryable error the commit may be retried.
+    fn commit(
+        &self,
+        checkpoint: CheckpointId,
+        request: CommitRequest,
+    ) -> Result<CheckpointMetadata, StoreError>;
+
+    /// Removes a checkpoint that did not commit (aborted). Fails with
+    /// [`StoreError::AlreadyCommitted`] for a complete one.
+    fn discard(&self, checkpoint: CheckpointId) -> Result<(), StoreError>;
+
+    /// Every checkpoint and savepoint with valid metadata, oldest first.
+    fn list(&self) -> Result<Vec<CheckpointSummary>, StoreError>;
+
+    /// Loads and verifies one complete checkpoint or savepoint.
+    fn load(&self, checkpoint: CheckpointId) -> Result<LoadedCheckpoint, StoreError>;
+
+    /// Loads the newest checkpoint or savepoint that verifies in full,
+    /// skipping (with a warning) every newer one that does not.
+    /// A retryable error (I/O) is returned rather than skipped, so a
+    /// transient fault never silently rolls the job back.
+    fn load_latest(&self) -> Result<LoadReport, StoreError>;
+
+    /// Pins a complete checkpoint so that retention keeps it until the pin is
+    /// dropped.
+    fn pin(&self, checkpoint: CheckpointId) -> Result<CheckpointPin, StoreError>;
+}
