@@ -9,9 +9,12 @@
 //!
 //! - [`state`]: the [`Snapshot`] trait, schema descriptors and the byte format
 //!   of one state blob. It never does I/O and knows nothing of actors.
+//! - [`runtime`]: actix arbiters, actors and channels (batching, credits,
+//!   fairness, panic reports). It never decides protocol questions.
 //!
 //! This crate never talks to a network and never spawns a process.
 
+pub mod runtime;
 pub mod state;
 
 pub use snapflow_macros::Snapshot;
