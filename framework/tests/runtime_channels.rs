@@ -75,10 +75,20 @@ fn check_fifo(parallelism: usize, seed: u64) {
         let expected = expected_stream(input as u32, spec.records_per_source, spec.marker_every);
         assert_same_stream(stream, &expected, &format!("{context}, input {input}"));
     }
-    for stats in pipeline.source_channels.iter().chain(&pipeline.sink_channels) {
-        assert!(stats.in_flight_batches_peak() <= window as u64, "{context}: window exceeded");
+    for stats in pipeline
+        .source_channels
+        .iter()
+        .chain(&pipeline.sink_channels)
+    {
+        assert!(
+            stats.in_flight_batches_peak() <= window as u64,
+            "{context}: window exceeded"
+        );
     }
-    assert!(pipeline.failures.try_recv().is_err(), "{context}: unexpected failure");
+    assert!(
+        pipeline.failures.try_recv().is_err(),
+        "{context}: unexpected failure"
+    );
     pool.shutdown().expect("shutdown");
 }
 
@@ -149,13 +159,24 @@ fn slow_sink_keeps_batches_in_flight_within_window() {
     let pool = pool(2);
     let pipeline = start_pipeline(&pool, &spec);
     let seen = collect_until_end(&pipeline.events, 1);
-    assert_same_stream(&seen[0], &expected_stream(0, spec.records_per_source, 0), "slow sink");
+    assert_same_stream(
+        &seen[0],
+        &expected_stream(0, spec.records_per_source, 0),
+        "slow sink",
+    );
     let to_map = &pipeline.source_channels[0];
     let to_sink = &pipeline.sink_channels[0];
-    assert_eq!(to_sink.in_flight_batches_peak(), window as u64, "window to the sink was not used up");
+    assert_eq!(
+        to_sink.in_flight_batches_peak(),
+        window as u64,
+        "window to the sink was not used up"
+    );
     assert!(to_map.in_flight_batches_peak() <= window as u64);
     assert!(to_sink.credit_stalls() > 0, "map never waited for the sink");
-    assert!(to_map.credit_stalls() > 0, "the stall did not propagate to the source");
+    assert!(
+        to_map.credit_stalls() > 0,
+        "the stall did not propagate to the source"
+    );
     assert_eq!(to_map.batches_sent(), 200);
     pool.shutdown().expect("shutdown");
 }
@@ -199,18 +220,52 @@ fn messages_of_an_old_generation_are_dropped() {
     // into the sink's mailbox before the new generation starts, so the sink
     // sees the stale items first.
     let old_tag = ActorTag::new("source", 0, Generation(1));
-    start_source(&pool, old_slot, old_tag, NumberSource::new(9, 10), old_sender, &failures);
+    start_source(
+        &pool,
+        old_slot,
+        old_tag,
+        NumberSource::new(9, 10),
+        old_sender,
+        &failures,
+    );
     wait_until("the old source sent End", || old_stats.controls_sent() == 1);
-    new_slot.address().do_send(Credit { channel: channel_id, generation: Generation(1), batches: 1 });
-    let sink = StreamingSink { events: event_sender, sleep_per_batch_ms: 0 };
+    new_slot.address().do_send(Credit {
+        channel: channel_id,
+        generation: Generation(1),
+        batches: 1,
+    });
+    let sink = StreamingSink {
+        events: event_sender,
+        sleep_per_batch_ms: 0,
+    };
     let sink_tag = ActorTag::new("sink", 0, Generation(2));
     let sink_failures = failures.clone();
-    pool.start_in_slot(sink_slot, Placement::RoundRobin, sink_tag.clone(), failures.clone(), move |_| {
-        StageActor::new(sink_tag, sink, vec![new_receiver], Vec::new(), stage_config(8), sink_failures)
-    })
+    pool.start_in_slot(
+        sink_slot,
+        Placement::RoundRobin,
+        sink_tag.clone(),
+        failures.clone(),
+        move |_| {
+            StageActor::new(
+                sink_tag,
+                sink,
+                vec![new_receiver],
+                Vec::new(),
+                stage_config(8),
+                sink_failures,
+            )
+        },
+    )
     .expect("start sink");
     let new_tag = ActorTag::new("source", 0, Generation(2));
-    start_source(&pool, new_slot, new_tag, NumberSource::new(0, 100), new_sender, &failures);
+    start_source(
+        &pool,
+        new_slot,
+        new_tag,
+        NumberSource::new(0, 100),
+        new_sender,
+        &failures,
+    );
     let seen = collect_until_end(&events, 1);
     assert_same_stream(&seen[0], &expected_stream(0, 100, 0), "new generation");
     let stale_items = old_stats.batches_sent() + old_stats.controls_sent();
@@ -250,19 +305,31 @@ impl StageLogic for BusyWorker {
     type Out = Rec;
     type Control = Ctl;
 
-    fn on_batch(&mut self, _input: usize, _batch: Vec<Rec>, _io: &mut StageIo<'_, Rec, Ctl>) -> Result<(), BoxError> {
+    fn on_batch(
+        &mut self,
+        _input: usize,
+        _batch: Vec<Rec>,
+        _io: &mut StageIo<'_, Rec, Ctl>,
+    ) -> Result<(), BoxError> {
         if self.processed == 0 {
             self.ticks_at_first = self.ticks.load(Ordering::Relaxed);
         }
         std::thread::sleep(Duration::from_millis(1));
         self.processed += 1;
         if self.processed == self.batches_total {
-            let _ = self.marks.send((self.ticks_at_first, self.ticks.load(Ordering::Relaxed)));
+            let _ = self
+                .marks
+                .send((self.ticks_at_first, self.ticks.load(Ordering::Relaxed)));
         }
         Ok(())
     }
 
-    fn on_control(&mut self, _input: usize, _control: Ctl, _io: &mut StageIo<'_, Rec, Ctl>) -> Result<(), BoxError> {
+    fn on_control(
+        &mut self,
+        _input: usize,
+        _control: Ctl,
+        _io: &mut StageIo<'_, Rec, Ctl>,
+    ) -> Result<(), BoxError> {
         Ok(())
     }
 }
@@ -276,8 +343,15 @@ fn ticks_during_backlog(slice_items_max: usize, batches: usize) -> usize {
     let ticks = Arc::new(AtomicUsize::new(0));
     let ticker_ticks = Arc::clone(&ticks);
     let ticker_tag = ActorTag::new("ticker", 0, Generation(1));
-    pool.start(Placement::Arbiter(0), ticker_tag, failures.clone(), move |_| Ticker { ticks: ticker_ticks })
-        .expect("start ticker");
+    pool.start(
+        Placement::Arbiter(0),
+        ticker_tag,
+        failures.clone(),
+        move |_| Ticker {
+            ticks: ticker_ticks,
+        },
+    )
+    .expect("start ticker");
     let worker_slot = ActorSlot::<StageActor<BusyWorker>>::new();
     let source_slot = ActorSlot::<SourceActor<NumberSource>>::new();
     let (to_worker, worker_input) = channel(
@@ -295,7 +369,9 @@ fn ticks_during_backlog(slice_items_max: usize, batches: usize) -> usize {
     // an explicit index, which does not advance the round-robin counter).
     pool.resolve(Placement::RoundRobin).expect("skip arbiter 0");
     start_source(&pool, source_slot, source_tag, source, to_worker, &failures);
-    wait_until("the backlog is queued", || source_stats.controls_sent() == 1);
+    wait_until("the backlog is queued", || {
+        source_stats.controls_sent() == 1
+    });
     wait_until("the ticker ticked", || ticks.load(Ordering::Relaxed) > 0);
     let (marks_sender, marks) = mpsc::channel();
     let worker = BusyWorker {
@@ -307,13 +383,29 @@ fn ticks_during_backlog(slice_items_max: usize, batches: usize) -> usize {
     };
     let worker_tag = ActorTag::new("worker", 0, Generation(1));
     let worker_failures = failures.clone();
-    pool.start_in_slot(worker_slot, Placement::Arbiter(0), worker_tag.clone(), failures, move |_| {
-        StageActor::new(worker_tag, worker, vec![worker_input], Vec::new(), stage_config(slice_items_max), worker_failures)
-    })
+    pool.start_in_slot(
+        worker_slot,
+        Placement::Arbiter(0),
+        worker_tag.clone(),
+        failures,
+        move |_| {
+            StageActor::new(
+                worker_tag,
+                worker,
+                vec![worker_input],
+                Vec::new(),
+                stage_config(slice_items_max),
+                worker_failures,
+            )
+        },
+    )
     .expect("start worker");
     let (first, last) = marks.recv_timeout(WAIT).expect("worker finished");
     pool.shutdown().expect("shutdown");
-    eprintln!("slice {slice_items_max}: {} ticks during the backlog", last - first);
+    eprintln!(
+        "slice {slice_items_max}: {} ticks during the backlog",
+        last - first
+    );
     last - first
 }
 
@@ -322,7 +414,10 @@ fn a_busy_stage_yields_so_timers_on_its_arbiter_keep_firing() {
     // 300 batches of 1 ms work, yielding every 4 batches: about 30 ticks are
     // due; 5 is a generous floor for a loaded machine.
     let ticks = ticks_during_backlog(4, 300);
-    assert!(ticks >= 5, "the 10 ms timer fired only {ticks} times in a 300 ms backlog");
+    assert!(
+        ticks >= 5,
+        "the 10 ms timer fired only {ticks} times in a 300 ms backlog"
+    );
 }
 
 #[test]
@@ -330,4 +425,212 @@ fn a_stage_that_never_yields_starves_timers_on_its_arbiter() {
     // The control case: the same backlog in one slice freezes the timer, so
     // the test above measures the yielding, not the machine.
     assert_eq!(ticks_during_backlog(1_000_000, 100), 0);
+}
+
+/// Loop entry: turns source record `(_, n)` into `(n, n % 4)` (an id and the
+/// hops it still has to make round the loop) and forwards back-edge records
+/// unchanged. Drops control items: this test counts records only.
+struct LoopHead;
+
+impl StageLogic for LoopHead {
+    type In = Rec;
+    type Out = Rec;
+    type Control = Ctl;
+
+    fn on_batch(
+        &mut self,
+        input: usize,
+        batch: Vec<Rec>,
+        io: &mut StageIo<'_, Rec, Ctl>,
+    ) -> Result<(), BoxError> {
+        for (first, second) in batch {
+            let record = if input == 0 {
+                (second as u32, second % 4)
+            } else {
+                (first, second)
+            };
+            io.outputs().emit(0, record);
+        }
+        Ok(())
+    }
+
+    fn on_control(
+        &mut self,
+        _input: usize,
+        _control: Ctl,
+        _io: &mut StageIo<'_, Rec, Ctl>,
+    ) -> Result<(), BoxError> {
+        Ok(())
+    }
+}
+
+/// Loop body: sends a record with hops left round the back edge (output 0)
+/// with one hop fewer, and a finished record to the sink (output 1).
+struct LoopTail;
+
+impl StageLogic for LoopTail {
+    type In = Rec;
+    type Out = Rec;
+    type Control = Ctl;
+
+    fn on_batch(
+        &mut self,
+        _input: usize,
+        batch: Vec<Rec>,
+        io: &mut StageIo<'_, Rec, Ctl>,
+    ) -> Result<(), BoxError> {
+        for (id, hops) in batch {
+            match hops {
+                0 => io.outputs().emit(1, (id, 0)),
+                _ => io.outputs().emit(0, (id, hops - 1)),
+            }
+        }
+        Ok(())
+    }
+
+    fn on_control(
+        &mut self,
+        _input: usize,
+        _control: Ctl,
+        _io: &mut StageIo<'_, Rec, Ctl>,
+    ) -> Result<(), BoxError> {
+        Ok(())
+    }
+}
+
+#[test]
+fn a_cycle_with_an_unbounded_back_edge_completes_under_tight_windows() {
+    // Forward windows of one batch: with a bounded back edge the head would
+    // wait for credit from the tail while the tail waits for the head.
+    let records = 5_000;
+    let forward = config(16, 1, Some(1));
+    let back = forward.unbounded();
+    let pool = pool(2);
+    let (failures, failure_reports) = failure_channel();
+    let (event_sender, events) = mpsc::channel();
+    let generation = Generation(1);
+    let source_slot = ActorSlot::<SourceActor<NumberSource>>::new();
+    let head_slot = ActorSlot::<StageActor<LoopHead>>::new();
+    let tail_slot = ActorSlot::<StageActor<LoopTail>>::new();
+    let sink_slot = ActorSlot::<StageActor<StreamingSink>>::new();
+    let (to_head, head_from_source) = channel(
+        ChannelId(0),
+        generation,
+        forward,
+        head_slot.address().recipient(),
+        source_slot.address().recipient(),
+    );
+    let (head_to_tail, tail_input) = channel(
+        ChannelId(1),
+        generation,
+        forward,
+        tail_slot.address().recipient(),
+        head_slot.address().recipient(),
+    );
+    let (back_edge, head_from_back_edge) = channel(
+        ChannelId(2),
+        generation,
+        back,
+        head_slot.address().recipient(),
+        tail_slot.address().recipient(),
+    );
+    let (tail_to_sink, sink_input) = channel(
+        ChannelId(3),
+        generation,
+        forward,
+        sink_slot.address().recipient(),
+        tail_slot.address().recipient(),
+    );
+    let back_edge_stats = back_edge.stats().clone();
+    let stage = |name: &str| (ActorTag::new(name, 0, generation), failures.clone());
+    let (tag, sink_failures) = stage("sink");
+    let sink = StreamingSink {
+        events: event_sender,
+        sleep_per_batch_ms: 0,
+    };
+    pool.start_in_slot(
+        sink_slot,
+        Placement::RoundRobin,
+        tag.clone(),
+        failures.clone(),
+        move |_| {
+            StageActor::new(
+                tag,
+                sink,
+                vec![sink_input],
+                Vec::new(),
+                stage_config(8),
+                sink_failures,
+            )
+        },
+    )
+    .expect("start sink");
+    let (tag, tail_failures) = stage("tail");
+    pool.start_in_slot(
+        tail_slot,
+        Placement::RoundRobin,
+        tag.clone(),
+        failures.clone(),
+        move |_| {
+            StageActor::new(
+                tag,
+                LoopTail,
+                vec![tail_input],
+                vec![back_edge, tail_to_sink],
+                stage_config(8),
+                tail_failures,
+            )
+        },
+    )
+    .expect("start tail");
+    let (tag, head_failures) = stage("head");
+    pool.start_in_slot(
+        head_slot,
+        Placement::RoundRobin,
+        tag.clone(),
+        failures.clone(),
+        move |_| {
+            let inputs = vec![head_from_source, head_from_back_edge];
+            StageActor::new(
+                tag,
+                LoopHead,
+                inputs,
+                vec![head_to_tail],
+                stage_config(8),
+                head_failures,
+            )
+        },
+    )
+    .expect("start head");
+    let mut source = NumberSource::new(0, records);
+    source.per_poll = 64;
+    start_source(
+        &pool,
+        source_slot,
+        ActorTag::new("source", 0, generation),
+        source,
+        to_head,
+        &failures,
+    );
+    let mut arrived = vec![0_u32; records as usize];
+    let mut count = 0;
+    while count < records {
+        if let SinkEvent::Batch { records: batch, .. } =
+            events.recv_timeout(WAIT).expect("loop output")
+        {
+            for (id, hops) in batch {
+                assert_eq!(hops, 0);
+                arrived[id as usize] += 1;
+                count += 1;
+            }
+        }
+    }
+    assert!(
+        arrived.iter().all(|&times| times == 1),
+        "a record was lost or duplicated"
+    );
+    // Ids with n % 4 = h go round h times: 0+1+2+3 per 4 ids.
+    assert_eq!(back_edge_stats.records_sent(), records / 4 * 6);
+    assert!(failure_reports.try_recv().is_err());
+    pool.shutdown().expect("shutdown");
 }

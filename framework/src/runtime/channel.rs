@@ -277,13 +277,15 @@ impl<T: Send + 'static, C: Send + 'static> ChannelSender<T, C> {
     /// Appends a record to the open batch, sealing the batch when it is
     /// full. Returns true when this record opened a new batch (the owning
     /// actor then makes sure a linger timer is armed).
+    #[inline]
     pub fn push(&mut self, record: T) -> bool {
         let opened = self.open.is_empty();
         if opened {
             self.open_since = Some(Instant::now());
             if self.open.capacity() == 0 {
                 // Preallocate, but not a huge batch_size_max at once.
-                self.open.reserve(self.config.batch_size_max.get().min(4096));
+                self.open
+                    .reserve(self.config.batch_size_max.get().min(4096));
             }
         }
         self.open.push(record);
@@ -312,7 +314,10 @@ impl<T: Send + 'static, C: Send + 'static> ChannelSender<T, C> {
 
     /// Closes the open batch if its linger time has passed at `now`.
     pub fn flush_lingered(&mut self, now: Instant) {
-        if self.linger_deadline().is_some_and(|deadline| deadline <= now) {
+        if self
+            .linger_deadline()
+            .is_some_and(|deadline| deadline <= now)
+        {
             self.seal();
         }
     }
@@ -523,6 +528,7 @@ impl<T: Send + 'static, C: Send + 'static> Outputs<T, C> {
     ///
     /// If `output` is out of range: a bug in the calling logic, which runs
     /// under [`super::failure::guard`], so it is reported, not fatal.
+    #[inline]
     pub fn emit(&mut self, output: usize, record: T) {
         self.senders[output].push(record);
     }

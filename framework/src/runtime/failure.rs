@@ -172,7 +172,10 @@ mod tests {
         (sink, reports)
     }
 
-    fn check(callback: impl FnOnce() -> Result<u32, BoxError>, expected: Option<(FailureKind, &str)>) {
+    fn check(
+        callback: impl FnOnce() -> Result<u32, BoxError>,
+        expected: Option<(FailureKind, &str)>,
+    ) {
         let tag = ActorTag::new("op", 3, Generation(7));
         let (sink, reports) = collecting_sink();
         let result = guard(&tag, &sink, callback);
@@ -199,7 +202,10 @@ mod tests {
 
     #[test]
     fn literal_panic_is_reported() {
-        check(|| panic!("boom"), Some((FailureKind::CallbackPanicked, "boom")));
+        check(
+            || panic!("boom"),
+            Some((FailureKind::CallbackPanicked, "boom")),
+        );
     }
 
     #[test]
@@ -214,12 +220,18 @@ mod tests {
     fn non_string_panic_is_reported() {
         check(
             || std::panic::panic_any(5_u8),
-            Some((FailureKind::CallbackPanicked, "panic with a non-string payload")),
+            Some((
+                FailureKind::CallbackPanicked,
+                "panic with a non-string payload",
+            )),
         );
     }
 
     #[test]
     fn error_is_reported() {
-        check(|| Err("bad record".into()), Some((FailureKind::CallbackFailed, "bad record")));
+        check(
+            || Err("bad record".into()),
+            Some((FailureKind::CallbackFailed, "bad record")),
+        );
     }
 }

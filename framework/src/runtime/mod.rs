@@ -35,8 +35,8 @@
 
 pub mod channel;
 pub mod failure;
-mod scheduling;
 pub mod pool;
+mod scheduling;
 pub mod source;
 pub mod stage;
 

@@ -273,12 +273,8 @@ impl Drop for ArbiterPool {
 
 /// Builds the actor on the current (arbiter) thread, spawns its task and a
 /// watcher task that reports a panic that ended it.
-fn run_watched<A, F>(
-    receiver: AddressReceiver<A>,
-    tag: ActorTag,
-    failures: FailureSink,
-    factory: F,
-) where
+fn run_watched<A, F>(receiver: AddressReceiver<A>, tag: ActorTag, failures: FailureSink, factory: F)
+where
     A: Actor<Context = Context<A>>,
     F: FnOnce(&mut Context<A>) -> A,
 {

@@ -66,7 +66,7 @@ impl LingerTimer {
         if let Some(deadline) = outputs.linger_deadline() {
             self.armed = true;
             let delay = deadline.saturating_duration_since(Instant::now());
-            context.run_later(delay, move |actor, context| fire(actor, context));
+            context.run_later(delay, fire);
         }
     }
 

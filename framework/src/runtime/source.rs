@@ -47,7 +47,10 @@ pub trait SourceLogic: Unpin + 'static {
 
     /// Reads some input and emits it. One poll should emit about one batch;
     /// what it emits beyond the window waits in the channel's pending queue.
-    fn poll(&mut self, outputs: &mut Outputs<Self::Out, Self::Control>) -> Result<SourcePoll, BoxError>;
+    fn poll(
+        &mut self,
+        outputs: &mut Outputs<Self::Out, Self::Control>,
+    ) -> Result<SourcePoll, BoxError>;
 
     /// Handles a control item injected from outside the graph (e.g. a
     /// checkpoint trigger). Ignores it unless overridden.
@@ -207,7 +210,11 @@ impl<L: SourceLogic> Handler<Inject<L::Control>> for SourceActor<L> {
         }
         let logic = &mut self.logic;
         let outputs = &mut self.outputs;
-        if guard(&self.tag, &self.failures, || logic.on_injected(inject.0, outputs)).is_none() {
+        if guard(&self.tag, &self.failures, || {
+            logic.on_injected(inject.0, outputs)
+        })
+        .is_none()
+        {
             self.failed = true;
             context.stop();
             return;

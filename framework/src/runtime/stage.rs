@@ -293,7 +293,11 @@ impl<L: StageLogic> Handler<Delivery<L::In, L::Control>> for StageActor<L> {
     fn handle(&mut self, delivery: Delivery<L::In, L::Control>, context: &mut Context<Self>) {
         // A delivery for a channel this stage does not have is counted as
         // stale on the first input (there is no better place to count it).
-        let index = self.input_by_channel.get(&delivery.channel).copied().unwrap_or(0);
+        let index = self
+            .input_by_channel
+            .get(&delivery.channel)
+            .copied()
+            .unwrap_or(0);
         let Some(input) = self.inputs.get_mut(index) else {
             return;
         };
@@ -329,7 +333,9 @@ impl<L: StageLogic> Handler<Inject<L::Control>> for StageActor<L> {
             held: &mut self.held,
         };
         let logic = &mut self.logic;
-        let done = guard(&self.tag, &self.failures, || logic.on_injected(inject.0, &mut io));
+        let done = guard(&self.tag, &self.failures, || {
+            logic.on_injected(inject.0, &mut io)
+        });
         if done.is_none() {
             self.failed = true;
             context.stop();

@@ -94,7 +94,9 @@ impl SourceLogic for NumberSource {
             return Ok(SourcePoll::Ready);
         }
         if self.idle_when_done {
-            return Ok(SourcePoll::Idle { retry_after_ms: 3_600_000 });
+            return Ok(SourcePoll::Idle {
+                retry_after_ms: 3_600_000,
+            });
         }
         if self.end {
             outputs.broadcast_control(Ctl::End);
@@ -115,7 +117,12 @@ impl StageLogic for ForwardMap {
     type Out = Rec;
     type Control = Ctl;
 
-    fn on_batch(&mut self, _input: usize, batch: Vec<Rec>, io: &mut StageIo<'_, Rec, Ctl>) -> Result<(), BoxError> {
+    fn on_batch(
+        &mut self,
+        _input: usize,
+        batch: Vec<Rec>,
+        io: &mut StageIo<'_, Rec, Ctl>,
+    ) -> Result<(), BoxError> {
         for record in batch {
             if Some(record.1) == self.fail_at {
                 if self.fail_with_error {
@@ -128,7 +135,12 @@ impl StageLogic for ForwardMap {
         Ok(())
     }
 
-    fn on_control(&mut self, _input: usize, control: Ctl, io: &mut StageIo<'_, Rec, Ctl>) -> Result<(), BoxError> {
+    fn on_control(
+        &mut self,
+        _input: usize,
+        control: Ctl,
+        io: &mut StageIo<'_, Rec, Ctl>,
+    ) -> Result<(), BoxError> {
         io.outputs().emit_control(0, control);
         Ok(())
     }
@@ -146,15 +158,28 @@ impl StageLogic for StreamingSink {
     type Out = Rec;
     type Control = Ctl;
 
-    fn on_batch(&mut self, input: usize, batch: Vec<Rec>, _io: &mut StageIo<'_, Rec, Ctl>) -> Result<(), BoxError> {
+    fn on_batch(
+        &mut self,
+        input: usize,
+        batch: Vec<Rec>,
+        _io: &mut StageIo<'_, Rec, Ctl>,
+    ) -> Result<(), BoxError> {
         if self.sleep_per_batch_ms > 0 {
             std::thread::sleep(Duration::from_millis(self.sleep_per_batch_ms));
         }
-        let _ = self.events.send(SinkEvent::Batch { input, records: batch });
+        let _ = self.events.send(SinkEvent::Batch {
+            input,
+            records: batch,
+        });
         Ok(())
     }
 
-    fn on_control(&mut self, input: usize, control: Ctl, _io: &mut StageIo<'_, Rec, Ctl>) -> Result<(), BoxError> {
+    fn on_control(
+        &mut self,
+        input: usize,
+        control: Ctl,
+        _io: &mut StageIo<'_, Rec, Ctl>,
+    ) -> Result<(), BoxError> {
         let _ = self.events.send(SinkEvent::Control { input, control });
         Ok(())
     }
@@ -247,28 +272,54 @@ pub fn start_pipeline(pool: &ArbiterPool, spec: &PipelineSpec) -> Pipeline {
         logic.marker_every = spec.marker_every;
         logic.per_poll = spec.per_poll;
         logic.idle_when_done = spec.source_idle_when_done;
-        start_source(pool, source_slot, ActorTag::new("source", subtask, generation), logic, to_map, &failure_sink);
+        start_source(
+            pool,
+            source_slot,
+            ActorTag::new("source", subtask, generation),
+            logic,
+            to_map,
+            &failure_sink,
+        );
         let fail_at = spec
             .map_fail_at
             .and_then(|(failing, at)| (failing == subtask).then_some(at));
-        let map = ForwardMap { fail_at, fail_with_error: spec.map_fail_with_error };
+        let map = ForwardMap {
+            fail_at,
+            fail_with_error: spec.map_fail_with_error,
+        };
         let config = stage_config(spec.slice_items_max);
         let tag = ActorTag::new("map", subtask, generation);
         let sink = failure_sink.clone();
-        pool.start_in_slot(map_slot, Placement::RoundRobin, tag.clone(), failure_sink.clone(), move |_| {
-            StageActor::new(tag, map, vec![map_input], vec![to_sink], config, sink)
-        })
+        pool.start_in_slot(
+            map_slot,
+            Placement::RoundRobin,
+            tag.clone(),
+            failure_sink.clone(),
+            move |_| StageActor::new(tag, map, vec![map_input], vec![to_sink], config, sink),
+        )
         .expect("start map");
     }
-    let sink = StreamingSink { events: event_sender, sleep_per_batch_ms: spec.sink_sleep_per_batch_ms };
+    let sink = StreamingSink {
+        events: event_sender,
+        sleep_per_batch_ms: spec.sink_sleep_per_batch_ms,
+    };
     let tag = ActorTag::new("sink", 0, generation);
     let config = stage_config(spec.slice_items_max);
     let sink_failures = failure_sink.clone();
-    pool.start_in_slot(sink_slot, Placement::RoundRobin, tag.clone(), failure_sink, move |_| {
-        StageActor::new(tag, sink, sink_inputs, Vec::new(), config, sink_failures)
-    })
+    pool.start_in_slot(
+        sink_slot,
+        Placement::RoundRobin,
+        tag.clone(),
+        failure_sink,
+        move |_| StageActor::new(tag, sink, sink_inputs, Vec::new(), config, sink_failures),
+    )
     .expect("start sink");
-    Pipeline { events, failures, source_channels, sink_channels }
+    Pipeline {
+        events,
+        failures,
+        source_channels,
+        sink_channels,
+    }
 }
 
 pub fn start_source(
@@ -281,9 +332,21 @@ pub fn start_source(
 ) {
     let actor_failures = failures.clone();
     let actor_tag = tag.clone();
-    pool.start_in_slot(slot, Placement::RoundRobin, tag, failures.clone(), move |_| {
-        SourceActor::new(actor_tag, logic, vec![output], SourceConfig::default(), actor_failures)
-    })
+    pool.start_in_slot(
+        slot,
+        Placement::RoundRobin,
+        tag,
+        failures.clone(),
+        move |_| {
+            SourceActor::new(
+                actor_tag,
+                logic,
+                vec![output],
+                SourceConfig::default(),
+                actor_failures,
+            )
+        },
+    )
     .expect("start source");
 }
 
@@ -299,7 +362,10 @@ pub fn collect_until_end(events: &mpsc::Receiver<SinkEvent>, inputs: usize) -> V
     let mut seen = vec![Vec::new(); inputs];
     let mut ended = 0;
     while ended < inputs {
-        match events.recv_timeout(WAIT).expect("sink events stopped before End") {
+        match events
+            .recv_timeout(WAIT)
+            .expect("sink events stopped before End")
+        {
             SinkEvent::Batch { input, records } => {
                 seen[input].extend(records.into_iter().map(Seen::Record));
             }
