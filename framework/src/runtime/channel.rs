@@ -306,10 +306,11 @@ impl<T: Send + 'static, C: Send + 'static> ChannelSender<T, C> {
         self.seal();
     }
 
-    /// When the open batch must close, if there is one.
+    /// When the open batch must close, if there is one. A linger time too
+    /// large to add to the clock means the batch closes only when full.
     pub fn linger_deadline(&self) -> Option<Instant> {
         self.open_since
-            .map(|since| since + Duration::from_millis(self.config.batch_linger_ms))
+            .and_then(|since| since.checked_add(Duration::from_millis(self.config.batch_linger_ms)))
     }
 
     /// Closes the open batch if its linger time has passed at `now`.

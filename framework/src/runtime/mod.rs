@@ -32,6 +32,69 @@
 //! with credits; an actor drains its whole mailbox without yielding, so busy
 //! actors yield explicitly; actors are not `Send` and are built on their
 //! arbiter's thread.
+//!
+//! Wiring a source and a sink on two arbiters (slots first, so each channel
+//! can name both ends before either actor runs):
+//!
+//! ```
+//! use std::sync::mpsc;
+//! use snapflow::runtime::channel::{channel, ChannelConfig, ChannelId, Outputs};
+//! use snapflow::runtime::failure::FailureSink;
+//! use snapflow::runtime::pool::{ActorSlot, ArbiterPool, Placement, PoolConfig};
+//! use snapflow::runtime::source::{SourceActor, SourceConfig, SourceLogic, SourcePoll};
+//! use snapflow::runtime::stage::{StageActor, StageConfig, StageIo, StageLogic};
+//! use snapflow::runtime::{ActorTag, BoxError, Generation};
+//!
+//! struct Numbers(u64);
+//! impl SourceLogic for Numbers {
+//!     type Out = u64;
+//!     type Control = ();
+//!     fn poll(&mut self, out: &mut Outputs<u64, ()>) -> Result<SourcePoll, BoxError> {
+//!         (0..self.0).for_each(|n| out.emit(0, n));
+//!         out.emit_control(0, ()); // In-band end marker, after every record.
+//!         Ok(SourcePoll::Exhausted)
+//!     }
+//! }
+//!
+//! struct Sum(u64, mpsc::Sender<u64>);
+//! impl StageLogic for Sum {
+//!     type In = u64;
+//!     type Out = u64;
+//!     type Control = ();
+//!     fn on_batch(&mut self, _: usize, batch: Vec<u64>, _: &mut StageIo<'_, u64, ()>) -> Result<(), BoxError> {
+//!         self.0 += batch.iter().sum::<u64>();
+//!         Ok(())
+//!     }
+//!     fn on_control(&mut self, _: usize, _: (), _: &mut StageIo<'_, u64, ()>) -> Result<(), BoxError> {
+//!         self.1.send(self.0)?;
+//!         Ok(())
+//!     }
+//! }
+//!
+//! let pool = ArbiterPool::new(PoolConfig { arbiters: 2.try_into()? })?;
+//! let failures = FailureSink::log_only();
+//! let (source_slot, sink_slot) = (ActorSlot::new(), ActorSlot::new());
+//! let (sender, receiver) = channel(
+//!     ChannelId(0),
+//!     Generation(1),
+//!     ChannelConfig::default(),
+//!     sink_slot.address().recipient(),
+//!     source_slot.address().recipient(),
+//! );
+//! let (total_sender, total) = mpsc::channel();
+//! let (tag, sink_failures) = (ActorTag::new("sum", 0, Generation(1)), failures.clone());
+//! pool.start_in_slot(sink_slot, Placement::Arbiter(1), tag.clone(), failures.clone(), move |_| {
+//!     let logic = Sum(0, total_sender);
+//!     StageActor::new(tag, logic, vec![receiver], vec![], StageConfig::default(), sink_failures)
+//! })?;
+//! let (tag, source_failures) = (ActorTag::new("numbers", 0, Generation(1)), failures.clone());
+//! pool.start_in_slot(source_slot, Placement::Arbiter(0), tag.clone(), failures, move |_| {
+//!     SourceActor::new(tag, Numbers(100), vec![sender], SourceConfig::default(), source_failures)
+//! })?;
+//! assert_eq!(total.recv()?, 4950);
+//! pool.shutdown()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 pub mod channel;
 pub mod failure;

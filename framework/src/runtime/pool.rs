@@ -88,6 +88,9 @@ impl<A: Actor<Context = Context<A>>> Default for ActorSlot<A> {
 
 /// A fixed set of arbiters. Dropping the pool shuts it down (errors are then
 /// only logged); call [`ArbiterPool::shutdown`] to see them.
+///
+/// Shut the pool down (or drop it) from a thread outside the pool: an
+/// arbiter cannot join its own thread, so doing it from an actor deadlocks.
 pub struct ArbiterPool {
     arbiters: Vec<Arbiter>,
     handles: Vec<ArbiterHandle>,

@@ -38,7 +38,7 @@ pub enum SourcePoll {
 }
 
 /// What a source does. Runs on the source's arbiter thread, so it need not be
-/// `Send`.
+/// `Send`. The `Unpin` bounds are actix's: an actor must be `Unpin`.
 pub trait SourceLogic: Unpin + 'static {
     /// The record type of every output.
     type Out: Send + Unpin + 'static;

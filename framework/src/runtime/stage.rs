@@ -32,7 +32,8 @@ use super::scheduling::{schedule, LingerTimer, Turn};
 use super::{ActorTag, BoxError};
 
 /// What a stage does with its input. Runs on the stage's arbiter thread, so
-/// it need not be `Send`.
+/// it need not be `Send`. The `Unpin` bounds are actix's: an actor (which
+/// holds the logic and queues of its record types) must be `Unpin`.
 pub trait StageLogic: Unpin + 'static {
     /// The record type of every input.
     type In: Send + Unpin + 'static;
