@@ -107,6 +107,21 @@ fn fifo_with_control_items_parallelism_3() {
     check_fifo(3, seed());
 }
 
+#[test]
+fn what_a_stage_emits_when_it_starts_precedes_its_input() {
+    let spec = PipelineSpec {
+        map_start_marker: Some(999),
+        ..PipelineSpec::default()
+    };
+    let pool = pool(2);
+    let pipeline = start_pipeline(&pool, &spec);
+    let seen = collect_until_end(&pipeline.events, 1);
+    let mut expected = vec![Seen::Control(Ctl::Marker(999))];
+    expected.extend(expected_stream(0, spec.records_per_source, 0));
+    assert_same_stream(&seen[0], &expected, "start marker");
+    pool.shutdown().expect("shutdown");
+}
+
 /// Receives batch sizes at the sink until `records` records have arrived.
 fn batch_sizes(events: &mpsc::Receiver<SinkEvent>, records: usize) -> Vec<usize> {
     let mut sizes = Vec::new();

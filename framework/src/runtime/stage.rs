@@ -58,6 +58,17 @@ pub trait StageLogic: Unpin + 'static {
         io: &mut StageIo<'_, Self::Out, Self::Control>,
     ) -> Result<(), BoxError>;
 
+    /// Runs once when the actor starts, before any input is processed (e.g.
+    /// to replay recorded channel state after a restore). Does nothing
+    /// unless overridden.
+    fn on_started(
+        &mut self,
+        io: &mut StageIo<'_, Self::Out, Self::Control>,
+    ) -> Result<(), BoxError> {
+        let _ = io;
+        Ok(())
+    }
+
     /// Processes a control item injected from outside the graph (see
     /// [`Inject`]), e.g. a checkpoint trigger from a coordinator. Ignores it
     /// unless overridden.
@@ -286,6 +297,21 @@ impl<L: StageLogic> StageActor<L> {
 
 impl<L: StageLogic> Actor for StageActor<L> {
     type Context = Context<Self>;
+
+    fn started(&mut self, context: &mut Context<Self>) {
+        let mut io = StageIo {
+            outputs: &mut self.outputs,
+            held: &mut self.held,
+        };
+        let logic = &mut self.logic;
+        if guard(&self.tag, &self.failures, || logic.on_started(&mut io)).is_none() {
+            self.failed = true;
+            context.stop();
+            return;
+        }
+        self.linger.arm(&self.outputs, context, Self::linger_fired);
+        self.stop_if_done(context);
+    }
 }
 
 impl<L: StageLogic> Handler<Delivery<L::In, L::Control>> for StageActor<L> {

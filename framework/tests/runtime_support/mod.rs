@@ -110,12 +110,21 @@ impl SourceLogic for NumberSource {
 pub struct ForwardMap {
     pub fail_at: Option<u64>,
     pub fail_with_error: bool,
+    /// A marker emitted when the stage starts, before any input.
+    pub start_marker: Option<u64>,
 }
 
 impl StageLogic for ForwardMap {
     type In = Rec;
     type Out = Rec;
     type Control = Ctl;
+
+    fn on_started(&mut self, io: &mut StageIo<'_, Rec, Ctl>) -> Result<(), BoxError> {
+        if let Some(marker) = self.start_marker {
+            io.outputs().emit_control(0, Ctl::Marker(marker));
+        }
+        Ok(())
+    }
 
     fn on_batch(
         &mut self,
@@ -199,6 +208,7 @@ pub struct PipelineSpec {
     pub generation: Generation,
     pub slice_items_max: usize,
     pub source_idle_when_done: bool,
+    pub map_start_marker: Option<u64>,
 }
 
 impl Default for PipelineSpec {
@@ -215,6 +225,7 @@ impl Default for PipelineSpec {
             generation: Generation(1),
             slice_items_max: 32,
             source_idle_when_done: false,
+            map_start_marker: None,
         }
     }
 }
@@ -286,6 +297,7 @@ pub fn start_pipeline(pool: &ArbiterPool, spec: &PipelineSpec) -> Pipeline {
         let map = ForwardMap {
             fail_at,
             fail_with_error: spec.map_fail_with_error,
+            start_marker: spec.map_start_marker,
         };
         let config = stage_config(spec.slice_items_max);
         let tag = ActorTag::new("map", subtask, generation);
