@@ -649,3 +649,175 @@ fn a_cycle_with_an_unbounded_back_edge_completes_under_tight_windows() {
     assert!(failure_reports.try_recv().is_err());
     pool.shutdown().expect("shutdown");
 }
+
+/// Merges two inputs onto one output. Holds input 0 from its `Marker(100)`
+/// until input 1 ends, as barrier alignment holds a channel.
+struct HoldingMerge;
+
+impl StageLogic for HoldingMerge {
+    type In = Rec;
+    type Out = Rec;
+    type Control = Ctl;
+
+    fn on_batch(
+        &mut self,
+        _input: usize,
+        batch: Vec<Rec>,
+        io: &mut StageIo<'_, Rec, Ctl>,
+    ) -> Result<(), BoxError> {
+        batch
+            .into_iter()
+            .for_each(|record| io.outputs().emit(0, record));
+        Ok(())
+    }
+
+    fn on_control(
+        &mut self,
+        input: usize,
+        control: Ctl,
+        io: &mut StageIo<'_, Rec, Ctl>,
+    ) -> Result<(), BoxError> {
+        io.outputs().emit_control(0, control);
+        match (input, control) {
+            (0, Ctl::Marker(100)) => io.hold_input(0),
+            (1, Ctl::End) => io.release_input(0),
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// Appends what the sink's one input carries to `seen`, up to and including
+/// the item `until`.
+fn collect_into(events: &mpsc::Receiver<SinkEvent>, seen: &mut Vec<Seen>, until: Seen) {
+    loop {
+        match events.recv_timeout(WAIT).expect("sink events") {
+            SinkEvent::Batch { records, .. } => seen.extend(records.into_iter().map(Seen::Record)),
+            SinkEvent::Control { control, .. } => {
+                seen.push(Seen::Control(control));
+                if Seen::Control(control) == until {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_held_input_is_not_processed_until_released() {
+    let pool = pool(2);
+    let (failures, failure_reports) = failure_channel();
+    let (event_sender, events) = mpsc::channel();
+    let generation = Generation(1);
+    let tuning = config(32, 1, Some(2));
+    let merge_slot = ActorSlot::<StageActor<HoldingMerge>>::new();
+    let sink_slot = ActorSlot::<StageActor<StreamingSink>>::new();
+    let (to_sink, sink_input) = channel(
+        ChannelId(10),
+        generation,
+        tuning,
+        sink_slot.address().recipient(),
+        merge_slot.address().recipient(),
+    );
+    let mut merge_inputs = Vec::new();
+    let mut sources = Vec::new();
+    for id in 0..2_u32 {
+        let slot = ActorSlot::<SourceActor<NumberSource>>::new();
+        let (sender, receiver) = channel(
+            ChannelId(u64::from(id)),
+            generation,
+            tuning,
+            merge_slot.address().recipient(),
+            slot.address().recipient(),
+        );
+        merge_inputs.push(receiver);
+        let mut source = NumberSource::new(id, 1_000);
+        source.marker_every = if id == 0 { 100 } else { 0 };
+        let tag = ActorTag::new("source", id as usize, generation);
+        sources.push((slot, tag, source, sender));
+    }
+    // Source 1 starts only once input 0 is held, so the hold is not a race.
+    let (slot, tag, source, sender) = sources.remove(0);
+    start_source(&pool, slot, tag, source, sender, &failures);
+    let sink = StreamingSink {
+        events: event_sender,
+        sleep_per_batch_ms: 0,
+    };
+    let (tag, sink_failures) = (ActorTag::new("sink", 0, generation), failures.clone());
+    pool.start_in_slot(
+        sink_slot,
+        Placement::RoundRobin,
+        tag.clone(),
+        failures.clone(),
+        move |_| {
+            StageActor::new(
+                tag,
+                sink,
+                vec![sink_input],
+                Vec::new(),
+                stage_config(8),
+                sink_failures,
+            )
+        },
+    )
+    .expect("start sink");
+    let (tag, merge_failures) = (ActorTag::new("merge", 0, generation), failures.clone());
+    pool.start_in_slot(
+        merge_slot,
+        Placement::RoundRobin,
+        tag.clone(),
+        failures.clone(),
+        move |_| {
+            StageActor::new(
+                tag,
+                HoldingMerge,
+                merge_inputs,
+                vec![to_sink],
+                stage_config(8),
+                merge_failures,
+            )
+        },
+    )
+    .expect("start merge");
+    let mut merged = Vec::new();
+    collect_into(&events, &mut merged, Seen::Control(Ctl::Marker(100)));
+    let (slot, tag, source, sender) = sources.remove(0);
+    start_source(&pool, slot, tag, source, sender, &failures);
+    collect_into(&events, &mut merged, Seen::Control(Ctl::End));
+    let first_end = merged.len() - 1;
+    collect_into(&events, &mut merged, Seen::Control(Ctl::End));
+    let marker = merged
+        .iter()
+        .position(|seen| *seen == Seen::Control(Ctl::Marker(100)));
+    let marker = marker.expect("the marker arrived");
+    let held_records = merged[marker..]
+        .iter()
+        .filter(|seen| matches!(seen, Seen::Record((0, _))));
+    let other_records = merged
+        .iter()
+        .filter(|seen| matches!(seen, Seen::Record((1, _))));
+    // Input 1 ended first (input 0 was held until then), and nothing of
+    // input 0 after its marker overtook input 1's end.
+    assert_eq!(other_records.count(), 1_000);
+    assert!(!merged[first_end..]
+        .iter()
+        .any(|seen| matches!(seen, Seen::Record((1, _)))));
+    let first_held = merged[marker + 1..]
+        .iter()
+        .position(|seen| matches!(seen, Seen::Record((0, _))))
+        .map(|offset| marker + 1 + offset);
+    assert!(first_held.expect("input 0 resumed") > first_end);
+    assert_eq!(held_records.count(), 900);
+    let input_zero: Vec<Seen> = merged
+        .iter()
+        .copied()
+        .filter(|seen| matches!(seen, Seen::Record((0, _)) | Seen::Control(Ctl::Marker(_))))
+        .collect();
+    let expected: Vec<Seen> = expected_stream(0, 1_000, 100)
+        .into_iter()
+        .filter(|seen| *seen != Seen::Control(Ctl::End))
+        .collect();
+    assert_same_stream(&input_zero, &expected, "held input");
+    assert!(failure_reports.try_recv().is_err());
+    pool.shutdown().expect("shutdown");
+}
