@@ -237,7 +237,7 @@ impl<L: StageLogic> StageActor<L> {
         }
         self.linger.arm(&self.outputs, context, Self::linger_fired);
         self.stop_if_done(context);
-        if self.outputs.has_credit() && self.next_ready_input().is_some() {
+        if self.outputs.has_credit() && self.has_ready_input() {
             self.schedule_drain(context, Turn::AfterYield);
         }
     }
@@ -265,6 +265,11 @@ impl<L: StageLogic> StageActor<L> {
             .is_some(),
         };
         self.failed |= !succeeded;
+    }
+
+    fn has_ready_input(&self) -> bool {
+        (0..self.inputs.len())
+            .any(|index| !self.held[index] && !self.inputs[index].queue.is_empty())
     }
 
     /// The next input (round-robin from the last one served) that is not
