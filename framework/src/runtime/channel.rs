@@ -619,3 +619,161 @@ impl<T: Send + 'static, C: Send + 'static> fmt::Debug for Outputs<T, C> {
             .finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use actix::{Actor, Context, Handler, System};
+    use std::cell::RefCell;
+    use std::rc::Rc;
+
+    type Seen = Rc<RefCell<Vec<Item<u32, &'static str>>>>;
+
+    /// Records every delivery; also stands in as the credit target.
+    struct Collector {
+        seen: Seen,
+    }
+
+    impl Actor for Collector {
+        type Context = Context<Self>;
+    }
+
+    impl Handler<Delivery<u32, &'static str>> for Collector {
+        type Result = ();
+        fn handle(&mut self, delivery: Delivery<u32, &'static str>, _: &mut Context<Self>) {
+            self.seen.borrow_mut().push(delivery.item);
+        }
+    }
+
+    impl Handler<Credit> for Collector {
+        type Result = ();
+        fn handle(&mut self, _: Credit, _: &mut Context<Self>) {}
+    }
+
+    fn tuning(batch_size_max: usize, window: usize) -> ChannelConfig {
+        ChannelConfig {
+            batch_size_max: NonZeroUsize::new(batch_size_max).unwrap(),
+            batch_linger_ms: 10,
+            window: Window::Bounded(NonZeroUsize::new(window).unwrap()),
+        }
+    }
+
+    fn credit(batches: u32) -> Credit {
+        Credit {
+            channel: ChannelId(1),
+            generation: Generation(1),
+            batches,
+        }
+    }
+
+    /// Runs `scenario` with a sender whose deliveries land in the returned
+    /// list; the scenario calls `settle` to let the collector run.
+    fn check(
+        config: ChannelConfig,
+        scenario: impl FnOnce(&mut ChannelSender<u32, &'static str>, &Seen, &dyn Fn()),
+    ) {
+        let runner = System::new();
+        let seen: Seen = Rc::default();
+        let collector = runner.block_on(async {
+            Collector {
+                seen: Rc::clone(&seen),
+            }
+            .start()
+        });
+        let (mut sender, _receiver) = channel(
+            ChannelId(1),
+            Generation(1),
+            config,
+            collector.clone().recipient(),
+            collector.recipient(),
+        );
+        let settle = || {
+            runner.block_on(async {
+                for _ in 0..10 {
+                    actix_rt::task::yield_now().await;
+                }
+            })
+        };
+        scenario(&mut sender, &seen, &settle);
+    }
+
+    #[test]
+    fn batches_beyond_the_window_wait_and_controls_never_overtake_them() {
+        check(tuning(2, 2), |sender, seen, settle| {
+            (0..10).for_each(|record| {
+                sender.push(record);
+            });
+            sender.push_control("end");
+            assert_eq!(sender.in_flight_batches(), 2);
+            assert_eq!(sender.pending_items(), 4); // Batches 3 to 5, then the control.
+            assert!(!sender.has_credit());
+            settle();
+            assert_eq!(
+                *seen.borrow(),
+                vec![Item::Batch(vec![0, 1]), Item::Batch(vec![2, 3])]
+            );
+            assert!(sender.on_credit(&credit(2)));
+            assert_eq!(sender.in_flight_batches(), 2);
+            assert!(sender.on_credit(&credit(1)));
+            assert_eq!(sender.pending_items(), 0, "the control needs no credit");
+            assert!(!sender.has_credit(), "the window is full again");
+            settle();
+            let expected: Vec<_> = (0..5)
+                .map(|n| Item::Batch(vec![2 * n, 2 * n + 1]))
+                .chain([Item::Control("end")])
+                .collect();
+            assert_eq!(*seen.borrow(), expected);
+            assert_eq!(sender.stats().records_sent(), 10);
+            assert_eq!(sender.stats().in_flight_batches_peak(), 2);
+        });
+    }
+
+    #[test]
+    fn a_control_item_goes_out_at_once_when_nothing_waits() {
+        check(tuning(100, 1), |sender, seen, settle| {
+            sender.push(7);
+            sender.push_control("barrier");
+            sender.push(8);
+            sender.push_control("barrier");
+            settle();
+            // The second batch waits for credit; so does the control behind it.
+            assert_eq!(
+                *seen.borrow(),
+                vec![Item::Batch(vec![7]), Item::Control("barrier")]
+            );
+            assert_eq!(sender.pending_items(), 2);
+        });
+    }
+
+    #[test]
+    fn stale_credits_are_ignored() {
+        check(tuning(1, 1), |sender, _, _| {
+            sender.push(1);
+            let stale = Credit {
+                generation: Generation(0),
+                ..credit(1)
+            };
+            let foreign = Credit {
+                channel: ChannelId(2),
+                ..credit(1)
+            };
+            assert!(!sender.on_credit(&stale));
+            assert!(!sender.on_credit(&foreign));
+            assert_eq!(sender.in_flight_batches(), 1);
+            assert_eq!(sender.stats().stale_dropped(), 2);
+        });
+    }
+
+    #[test]
+    fn an_open_batch_closes_only_after_its_linger_time() {
+        check(tuning(100, 8), |sender, _, _| {
+            sender.push(1);
+            let deadline = sender.linger_deadline().unwrap();
+            sender.flush_lingered(deadline - Duration::from_millis(1));
+            assert_eq!(sender.stats().batches_sent(), 0);
+            sender.flush_lingered(deadline);
+            assert_eq!(sender.stats().batches_sent(), 1);
+            assert_eq!(sender.linger_deadline(), None);
+        });
+    }
+}
