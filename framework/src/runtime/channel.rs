@@ -155,41 +155,44 @@ pub struct ChannelStats {
 impl ChannelStats {
     /// Batches sent so far.
     pub fn batches_sent(&self) -> u64 {
-        self.inner.batches_sent.load(Ordering::Relaxed)
+        self.inner.batches_sent.load(Ordering::Acquire)
     }
     /// Records sent so far.
     pub fn records_sent(&self) -> u64 {
-        self.inner.records_sent.load(Ordering::Relaxed)
+        self.inner.records_sent.load(Ordering::Acquire)
     }
     /// Control items sent so far.
     pub fn controls_sent(&self) -> u64 {
-        self.inner.controls_sent.load(Ordering::Relaxed)
+        self.inner.controls_sent.load(Ordering::Acquire)
     }
     /// Batch credits the sender has received back.
     pub fn credits_received(&self) -> u64 {
-        self.inner.credits_received.load(Ordering::Relaxed)
+        self.inner.credits_received.load(Ordering::Acquire)
     }
     /// Batches sent and not yet credited back, now.
     pub fn in_flight_batches(&self) -> u64 {
-        self.inner.in_flight_batches.load(Ordering::Relaxed)
+        self.inner.in_flight_batches.load(Ordering::Acquire)
     }
     /// The largest value [`ChannelStats::in_flight_batches`] has had.
     pub fn in_flight_batches_peak(&self) -> u64 {
-        self.inner.in_flight_batches_peak.load(Ordering::Relaxed)
+        self.inner.in_flight_batches_peak.load(Ordering::Acquire)
     }
     /// How many times the sender ran out of credit (a batch took the last
     /// credit of the window). Always 0 on unbounded channels.
     pub fn credit_stalls(&self) -> u64 {
-        self.inner.credit_stalls.load(Ordering::Relaxed)
+        self.inner.credit_stalls.load(Ordering::Acquire)
     }
     /// Deliveries and credits dropped because they carried another
     /// generation or another channel's id.
     pub fn stale_dropped(&self) -> u64 {
-        self.inner.stale_dropped.load(Ordering::Relaxed)
+        self.inner.stale_dropped.load(Ordering::Acquire)
     }
 
+    /// Release pairs with the getters' Acquire: a thread that reads a count
+    /// also sees what the sender did before counting (the item is in the
+    /// receiver's mailbox).
     fn add(counter: &AtomicU64, amount: u64) {
-        counter.fetch_add(amount, Ordering::Relaxed);
+        counter.fetch_add(amount, Ordering::Release);
     }
 }
 
@@ -339,7 +342,7 @@ impl<T: Send + 'static, C: Send + 'static> ChannelSender<T, C> {
         self.stats
             .inner
             .in_flight_batches
-            .store(self.in_flight_batches as u64, Ordering::Relaxed);
+            .store(self.in_flight_batches as u64, Ordering::Release);
         ChannelStats::add(&self.stats.inner.credits_received, returned as u64);
         self.pump();
         true
@@ -404,23 +407,11 @@ impl<T: Send + 'static, C: Send + 'static> ChannelSender<T, C> {
     }
 
     fn transmit(&mut self, item: Item<T, C>) {
-        let inner = &self.stats.inner;
-        match &item {
-            Item::Batch(batch) => {
-                self.in_flight_batches += 1;
-                let in_flight = self.in_flight_batches as u64;
-                inner.in_flight_batches.store(in_flight, Ordering::Relaxed);
-                inner
-                    .in_flight_batches_peak
-                    .fetch_max(in_flight, Ordering::Relaxed);
-                ChannelStats::add(&inner.batches_sent, 1);
-                ChannelStats::add(&inner.records_sent, batch.len() as u64);
-                if !self.window_open() {
-                    ChannelStats::add(&inner.credit_stalls, 1);
-                }
-            }
-            Item::Control(_) => ChannelStats::add(&inner.controls_sent, 1),
-        }
+        // `None` for a control item, the record count for a batch.
+        let records = match &item {
+            Item::Batch(batch) => Some(batch.len() as u64),
+            Item::Control(_) => None,
+        };
         // The only send method used on this recipient (see the module doc).
         // A stopped receiver drops the item; its generation is being torn
         // down, and the supervisor learns of it from the failure report.
@@ -429,6 +420,24 @@ impl<T: Send + 'static, C: Send + 'static> ChannelSender<T, C> {
             generation: self.generation,
             item,
         });
+        // Counted after the send, so a reader that sees the count knows the
+        // item is already in the receiver's mailbox.
+        let inner = &self.stats.inner;
+        let Some(records) = records else {
+            ChannelStats::add(&inner.controls_sent, 1);
+            return;
+        };
+        self.in_flight_batches += 1;
+        let in_flight = self.in_flight_batches as u64;
+        inner.in_flight_batches.store(in_flight, Ordering::Release);
+        inner
+            .in_flight_batches_peak
+            .fetch_max(in_flight, Ordering::Release);
+        ChannelStats::add(&inner.batches_sent, 1);
+        ChannelStats::add(&inner.records_sent, records);
+        if !self.window_open() {
+            ChannelStats::add(&inner.credit_stalls, 1);
+        }
     }
 }
 
