@@ -9,9 +9,12 @@
 //!
 //! - [`state`]: the [`Snapshot`] trait, schema descriptors and the byte format
 //!   of one state blob. It never does I/O and knows nothing of actors.
+//! - [`protocol`]: the pure checkpoint state machines (per node, coordinator),
+//!   graph analysis and the consistency oracle. No I/O, clocks or actors.
 //!
 //! This crate never talks to a network and never spawns a process.
 
+pub mod protocol;
 pub mod state;
 
 pub use snapflow_macros::Snapshot;
