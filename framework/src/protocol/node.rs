@@ -440,8 +440,11 @@ impl<T: Clone> NodeMachine<T> {
     /// The driver captured the state for the token's checkpoint. Returns
     /// whether the checkpoint was still in flight (false if it was aborted
     /// meanwhile; the captured state can then be discarded).
+    ///
+    /// Unlike the other inputs, this may be called while actions are still
+    /// queued (for example from inside the handler of
+    /// [`NodeAction::TakeSnapshot`]); the report it may cause is queued last.
     pub fn state_recorded(&mut self, token: SnapshotToken) -> bool {
-        self.assert_drained();
         let Some(index) = self.position(token.checkpoint) else {
             return false;
         };

@@ -200,7 +200,7 @@ pub enum OracleError {
     /// lose it.
     #[error(
         "{checkpoint}: message {message} (sent at event #{send}) is in the sender's cut but was \
-         not received in the receiver's cut; recovery would lose it"
+         neither received in the receiver's cut nor recorded; recovery would lose it"
     )]
     LostMessage {
         /// The checkpoint.
@@ -257,15 +257,29 @@ pub fn verify(
 
 /// Checks the at-least-once promise for `checkpoint`: every message sent
 /// before its sender's cut point was received before its receiver's cut
-/// point, so nothing is lost after recovery (duplicates are allowed).
+/// point or is in `recorded`, so nothing is lost after recovery (duplicates
+/// are allowed, so the cut need not be consistent).
 pub fn verify_at_least_once(
     trace: &Trace,
     checkpoint: CheckpointId,
+    recorded: &RecordedChannels,
 ) -> Result<CutReport, OracleError> {
     let analysis = Analysis::new(trace)?;
     let cut = analysis.cut(trace, checkpoint)?;
+    let mut saved: HashMap<ChannelId, &[MessageId]> = HashMap::new();
+    for (channel, messages) in &recorded.channels {
+        if *channel >= trace.channels.len() {
+            return Err(OracleError::UnknownRecordedChannel { channel: *channel });
+        }
+        saved.insert(*channel, messages);
+    }
     for channel in 0..trace.channels.len() {
-        if let Some(&message) = analysis.in_flight(trace, channel, &cut).first() {
+        let saved = saved.get(&channel).copied().unwrap_or(&[]);
+        let lost = analysis
+            .in_flight(trace, channel, &cut)
+            .into_iter()
+            .find(|message| !saved.contains(message));
+        if let Some(message) = lost {
             return Err(OracleError::LostMessage {
                 checkpoint,
                 message,
@@ -276,7 +290,7 @@ pub fn verify_at_least_once(
     Ok(CutReport {
         checkpoint,
         events_in_cut: cut.events.iter().sum(),
-        messages_in_flight: 0,
+        messages_in_flight: recorded.channels.iter().map(|(_, m)| m.len()).sum(),
     })
 }
 
@@ -586,13 +600,20 @@ mod tests {
     #[test]
     fn at_least_once_reports_a_lost_message() {
         let trace = two_processes(vec![send(0, 0, 1), snap(0), snap(1), receive(1, 1)]);
-        let error = verify_at_least_once(&trace, ONE).unwrap_err();
+        let error = verify_at_least_once(&trace, ONE, &RecordedChannels::default()).unwrap_err();
         assert_eq!(error, OracleError::LostMessage { checkpoint: ONE, message: 1, send: 0 });
     }
 
     #[test]
     fn at_least_once_accepts_duplicates() {
         let trace = two_processes(vec![snap(0), send(0, 0, 1), receive(1, 1), snap(1)]);
-        assert!(verify_at_least_once(&trace, ONE).is_ok());
+        assert!(verify_at_least_once(&trace, ONE, &RecordedChannels::default()).is_ok());
+    }
+
+    #[test]
+    fn at_least_once_accepts_a_recorded_message() {
+        let trace = two_processes(vec![send(0, 0, 1), snap(0), snap(1), receive(1, 1)]);
+        let recorded = RecordedChannels { channels: vec![(0, vec![1])] };
+        assert!(verify_at_least_once(&trace, ONE, &recorded).is_ok());
     }
 }
