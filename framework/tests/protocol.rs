@@ -11,3 +11,5 @@
 mod exhaustive;
 #[path = "protocol/sim.rs"]
 mod sim;
+#[path = "protocol/random.rs"]
+mod random;

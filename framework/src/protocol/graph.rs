@@ -286,11 +286,22 @@ impl LogicalGraph {
         initiators.extend(chosen);
         let back_edges = self.back_edges(&initiators);
         let policies = self.policies(mode, &back_edges)?;
+        let feedback = self
+            .inputs
+            .iter()
+            .map(|inputs| {
+                inputs
+                    .iter()
+                    .map(|edge| back_edges.binary_search(edge).is_ok())
+                    .collect()
+            })
+            .collect();
         Ok(SnapshotPlan {
             mode,
             initiators,
             back_edges,
             policies,
+            feedback,
         })
     }
 
@@ -480,6 +491,8 @@ pub struct SnapshotPlan {
     pub back_edges: Vec<usize>,
     /// Per node, per input channel, the policy.
     pub policies: Vec<Vec<ChannelPolicy>>,
+    /// Per node, per input channel, whether it is a back edge.
+    pub feedback: Vec<Vec<bool>>,
 }
 
 impl SnapshotPlan {
@@ -488,6 +501,7 @@ impl SnapshotPlan {
         NodeConfig::new(self.policies[node].clone())
             .with_initiator(self.initiators.contains(&node))
             .with_max_concurrent(max_concurrent)
+            .with_feedback(self.feedback[node].clone())
     }
 }
 

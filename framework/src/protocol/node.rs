@@ -39,6 +39,10 @@ pub struct NodeConfig {
     /// 1). Starting one more makes the node decline the oldest, as Flink
     /// does when a newer barrier overtakes a pending checkpoint.
     pub max_concurrent: usize,
+    /// One flag per input channel: whether it is a back edge of a cycle.
+    /// Empty means no back edges. Used only to tell when the node must be
+    /// triggered directly ([`NodeMachine::needs_trigger`]).
+    pub feedback: Vec<bool>,
 }
 
 impl NodeConfig {
@@ -49,6 +53,7 @@ impl NodeConfig {
             policies,
             initiator: false,
             max_concurrent: 1,
+            feedback: Vec::new(),
         }
     }
 
@@ -68,6 +73,12 @@ impl NodeConfig {
         self.max_concurrent = max_concurrent;
         self
     }
+
+    /// Marks which input channels are back edges (one flag per channel).
+    pub fn with_feedback(mut self, feedback: Vec<bool>) -> NodeConfig {
+        self.feedback = feedback;
+        self
+    }
 }
 
 /// A [`NodeConfig`] that the machine cannot run correctly.
@@ -77,6 +88,14 @@ pub enum NodeConfigError {
     /// `max_concurrent` was 0, so no checkpoint could ever start.
     #[error("max_concurrent must be at least 1")]
     ZeroConcurrency,
+    /// `feedback` is neither empty nor one flag per input channel.
+    #[error("feedback has {flags} flags for {channels} input channels")]
+    FeedbackLength {
+        /// Flags given.
+        flags: usize,
+        /// Input channels.
+        channels: usize,
+    },
     /// An initiator snapshots when triggered, before any barrier; an input
     /// that is not RECORD would then lose its in-flight messages.
     #[error(
@@ -230,6 +249,7 @@ enum Item<T> {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct InputChannel<T> {
     policy: ChannelPolicy,
+    feedback: bool,
     /// Held for the unique unsnapshotted checkpoint whose barrier this
     /// channel delivered last. While held, everything that arrives goes to
     /// `buffer`. Invariant: `buffer` is empty unless `held`.
@@ -273,6 +293,12 @@ impl<T: Clone> NodeMachine<T> {
         if config.max_concurrent == 0 {
             return Err(NodeConfigError::ZeroConcurrency);
         }
+        if !config.feedback.is_empty() && config.feedback.len() != config.policies.len() {
+            return Err(NodeConfigError::FeedbackLength {
+                flags: config.feedback.len(),
+                channels: config.policies.len(),
+            });
+        }
         if config.initiator {
             if let Some((channel, &policy)) = config
                 .policies
@@ -286,8 +312,10 @@ impl<T: Clone> NodeMachine<T> {
         let channels = config
             .policies
             .iter()
-            .map(|&policy| InputChannel {
+            .enumerate()
+            .map(|(channel, &policy)| InputChannel {
                 policy,
+                feedback: config.feedback.get(channel).copied().unwrap_or(false),
                 held: false,
                 buffer: VecDeque::new(),
                 last_barrier_arrived: None,
@@ -412,20 +440,19 @@ impl<T: Clone> NodeMachine<T> {
     }
 
     /// The coordinator triggers `checkpoint` at this node, which must be an
-    /// initiator or have all its inputs ended. A trigger for a checkpoint
-    /// already aborted here is ignored.
+    /// initiator or have only RECORD inputs left open (see
+    /// [`NodeMachine::needs_trigger`]); snapshotting then is safe because
+    /// every open input is recorded until its barrier. A trigger for a checkpoint
+    /// already aborted, reported or completed here is ignored: triggers race
+    /// with barriers and completions (a node whose inputs just ended may be
+    /// triggered for a checkpoint whose barrier it already had).
     pub fn on_trigger(&mut self, checkpoint: CheckpointId) {
         self.assert_drained();
         assert!(
-            self.initiator || self.all_inputs_ended(),
-            "trigger of {checkpoint} at a node that is not an initiator and still has open inputs"
+            self.initiator || self.open_inputs_all_record(),
+            "trigger of {checkpoint} at a node that is not an initiator and still has an open \
+             input that is not RECORD"
         );
-        if let Some(done) = self.last_completed {
-            assert!(
-                checkpoint > done,
-                "trigger of {checkpoint}, which is not newer than the last completed {done}"
-            );
-        }
         let index = match self.position(checkpoint) {
             Some(index) => index,
             None if self.is_stale(checkpoint) => return,
@@ -542,6 +569,26 @@ impl<T: Clone> NodeMachine<T> {
     /// Whether this node is configured as an initiator.
     pub fn is_initiator(&self) -> bool {
         self.initiator
+    }
+
+    /// Whether the coordinator must trigger this node directly: it is an
+    /// initiator, or it has inputs and every one that is not a back edge has
+    /// ended, so the only barriers that could still reach it would have to
+    /// pass through itself first. The driver then calls
+    /// [`Coordinator::add_initiator`](super::Coordinator::add_initiator).
+    pub fn needs_trigger(&self) -> bool {
+        self.initiator
+            || (!self.channels.is_empty()
+                && self
+                    .channels
+                    .iter()
+                    .all(|input| input.ended || input.feedback))
+    }
+
+    fn open_inputs_all_record(&self) -> bool {
+        self.channels
+            .iter()
+            .all(|input| input.ended || input.policy == ChannelPolicy::Record)
     }
 
     /// Whether every input channel has delivered its end of input (true for

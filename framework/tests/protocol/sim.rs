@@ -345,7 +345,11 @@ impl World {
     /// Every checkpoint ever triggered has finished everywhere.
     pub fn check_terminated(&self) -> Result<(), String> {
         if let Some(checkpoint) = self.coordinator.in_flight().next() {
-            return Err(format!("{checkpoint} never terminated at the coordinator"));
+            return Err(format!(
+                "{checkpoint} never terminated at the coordinator; collected: {:?}; \
+                 machines: {:#?}",
+                self.collecting, self.machines
+            ));
         }
         if !self.collecting.is_empty() {
             return Err(format!("still collecting {:?}", self.collecting.keys()));
@@ -484,7 +488,7 @@ impl World {
                 }
             }
         }
-        if !self.known_initiators[node] && self.machines[node].all_inputs_ended() {
+        if !self.known_initiators[node] && self.machines[node].needs_trigger() {
             // Barriers will never reach this node again; the coordinator
             // triggers it directly from now on.
             self.known_initiators[node] = true;
