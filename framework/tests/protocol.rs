@@ -13,3 +13,7 @@ mod exhaustive;
 mod sim;
 #[path = "protocol/random.rs"]
 mod random;
+#[path = "protocol/bank.rs"]
+mod bank;
+#[path = "protocol/seed_examples.rs"]
+mod seed_examples;

@@ -128,11 +128,13 @@ pub struct Outcome {
 }
 
 /// Runs one case from `seed`.
-pub fn run_case(seed: u64, shape: Shape, max_nodes: usize, steps: usize) -> Result<Outcome, String> {
+pub fn run_case(seed: u64, plan: &CasePlan) -> Result<Outcome, String> {
     let mut rng = StdRng::seed_from_u64(seed);
-    let (builder, balances) = random_graph(&mut rng, shape, max_nodes);
+    let (builder, balances) = random_graph(&mut rng, plan.shape, plan.max_nodes);
     let graph = builder.build().map_err(|error| error.to_string())?;
-    let mode = random_mode(&mut rng, shape);
+    let mode = random_mode(&mut rng, plan.shape);
+    let mode = plan.mode.unwrap_or(mode);
+    let steps = plan.steps;
     let mut setup = Setup::new(graph, mode, &[]);
     setup.max_concurrent = rng.gen_range(1..=3);
     setup.delay_tokens = rng.gen_bool(0.5);
@@ -144,7 +146,7 @@ pub fn run_case(seed: u64, shape: Shape, max_nodes: usize, steps: usize) -> Resu
         ..CoordinatorConfig::default()
     };
     let total = balances.iter().sum();
-    let sends = rng.gen_range(5..60);
+    let sends = rng.gen_range(plan.sends.0..plan.sends.1);
     let mut world = World::new(&setup, balances, sends, config);
     let mut ctx = Ctx::new(&setup, total);
     for _ in 0..steps {
@@ -215,16 +217,34 @@ fn random_step(rng: &mut StdRng, world: &mut World, ctx: &mut Ctx<'_>, open: boo
     Ok(())
 }
 
-/// Runs `cases` cases of `shape` from consecutive seeds (or only the case
-/// in `SNAPFLOW_SEED`), and prints a summary.
-pub fn check_many(label: &str, shape: Shape, max_nodes: usize, steps: usize, cases: u64, base: u64) -> Outcome {
+/// What kind of cases to run.
+#[derive(Debug, Clone)]
+pub struct CasePlan {
+    pub shape: Shape,
+    pub max_nodes: usize,
+    pub steps: usize,
+    /// The range of the send budget.
+    pub sends: (u32, u32),
+    /// A fixed mode, or `None` for a random one.
+    pub mode: Option<SnapshotMode>,
+}
+
+impl CasePlan {
+    pub fn new(shape: Shape) -> CasePlan {
+        CasePlan { shape, max_nodes: 12, steps: 500, sends: (5, 80), mode: None }
+    }
+}
+
+/// Runs `cases` cases from consecutive seeds starting at `base` (or only
+/// the case in `SNAPFLOW_SEED`), and prints a summary.
+pub fn check_many(label: &str, plan: &CasePlan, cases: u64, base: u64) -> Outcome {
     let seeds: Vec<u64> = match std::env::var("SNAPFLOW_SEED") {
         Ok(value) => vec![value.parse().expect("SNAPFLOW_SEED is a u64")],
         Err(_) => (base..base + cases).collect(),
     };
     let mut total = Outcome::default();
     for seed in &seeds {
-        match run_case(*seed, shape, max_nodes, steps) {
+        match run_case(*seed, plan) {
             Ok(outcome) => {
                 total.completed += outcome.completed;
                 total.aborted += outcome.aborted;
@@ -246,26 +266,16 @@ pub fn check_many(label: &str, shape: Shape, max_nodes: usize, steps: usize, cas
     total
 }
 
-#[test]
-fn random_dags() {
-    let outcome = check_many("random_dags", Shape::Dag, 12, 300, 3_000, 1_000_000);
-    assert!(outcome.completed > 0);
+fn check(label: &str, shape: Shape, cases: u64, base: u64) {
+    let outcome = check_many(label, &CasePlan::new(shape), cases, base);
+    assert!(outcome.completed > 0, "no checkpoint completed");
 }
 
 #[test]
-fn random_diamonds() {
-    let outcome = check_many("random_diamonds", Shape::Diamonds, 12, 300, 2_000, 2_000_000);
-    assert!(outcome.completed > 0);
-}
-
+fn random_dags() { check("random_dags", Shape::Dag, 3_000, 1_000_000); }
 #[test]
-fn random_rings_with_chords() {
-    let outcome = check_many("random_rings_with_chords", Shape::RingWithChords, 12, 300, 3_000, 3_000_000);
-    assert!(outcome.completed > 0);
-}
-
+fn random_diamonds() { check("random_diamonds", Shape::Diamonds, 2_000, 2_000_000); }
 #[test]
-fn random_dags_with_feedback() {
-    let outcome = check_many("random_dags_with_feedback", Shape::DagWithFeedback, 12, 300, 2_000, 4_000_000);
-    assert!(outcome.completed > 0);
-}
+fn random_rings_with_chords() { check("random_rings_with_chords", Shape::RingWithChords, 3_000, 3_000_000); }
+#[test]
+fn random_dags_with_feedback() { check("random_dags_with_feedback", Shape::DagWithFeedback, 2_000, 4_000_000); }
