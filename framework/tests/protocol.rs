@@ -17,3 +17,7 @@ mod random;
 mod bank;
 #[path = "protocol/seed_examples.rs"]
 mod seed_examples;
+#[path = "protocol/coordinator.rs"]
+mod coordinator;
+#[path = "protocol/node.rs"]
+mod node;
