@@ -7,17 +7,17 @@
 //! oracle. Run with `cargo test -p snapflow --test protocol -- --nocapture`
 //! to see the state counts; replay one random case with `SNAPFLOW_SEED=<n>`.
 
-#[path = "protocol/exhaustive.rs"]
-mod exhaustive;
-#[path = "protocol/sim.rs"]
-mod sim;
-#[path = "protocol/random.rs"]
-mod random;
 #[path = "protocol/bank.rs"]
 mod bank;
-#[path = "protocol/seed_examples.rs"]
-mod seed_examples;
 #[path = "protocol/coordinator.rs"]
 mod coordinator;
+#[path = "protocol/exhaustive.rs"]
+mod exhaustive;
 #[path = "protocol/node.rs"]
 mod node;
+#[path = "protocol/random.rs"]
+mod random;
+#[path = "protocol/seed_examples.rs"]
+mod seed_examples;
+#[path = "protocol/sim.rs"]
+mod sim;

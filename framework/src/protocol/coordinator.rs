@@ -436,10 +436,7 @@ impl<H> Coordinator<H> {
         }
         let kind = if let Some(kind) = self.requested.take() {
             kind
-        } else if self
-            .next_periodic_due_ms()
-            .is_some_and(|due| now_ms >= due)
-        {
+        } else if self.next_periodic_due_ms().is_some_and(|due| now_ms >= due) {
             CheckpointKind::Periodic
         } else {
             return;

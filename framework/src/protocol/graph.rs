@@ -156,9 +156,7 @@ pub enum GraphError {
     },
     /// A preferred initiator is reachable from a source or from another
     /// component, so barriers reach it anyway.
-    #[error(
-        "`{name}` cannot be an initiator: it is reachable from a source or another component"
-    )]
+    #[error("`{name}` cannot be an initiator: it is reachable from a source or another component")]
     InitiatorReachable {
         /// The name.
         name: String,
@@ -386,9 +384,11 @@ impl LogicalGraph {
     ) -> Result<Vec<usize>, GraphError> {
         let mut chosen: HashMap<usize, usize> = HashMap::new();
         for name in preferred {
-            let node = self.find(name).ok_or_else(|| GraphError::UnknownInitiator {
-                name: (*name).to_owned(),
-            })?;
+            let node = self
+                .find(name)
+                .ok_or_else(|| GraphError::UnknownInitiator {
+                    name: (*name).to_owned(),
+                })?;
             if !roots.contains(&component[node]) {
                 return Err(GraphError::InitiatorReachable {
                     name: (*name).to_owned(),
@@ -403,8 +403,7 @@ impl LogicalGraph {
         }
         let mut initiators = Vec::new();
         let mut seen = HashSet::new();
-        for node in 0..self.node_count() {
-            let id = component[node];
+        for (node, &id) in component.iter().enumerate() {
             if roots.contains(&id) && seen.insert(id) {
                 initiators.push(chosen.get(&id).copied().unwrap_or(node));
             }
@@ -750,8 +749,15 @@ mod tests {
         }
     }
 
-    fn check_error(builder: GraphBuilder, mode: SnapshotMode, preferred: &[&str], want: GraphError) {
-        let result = builder.build().and_then(|graph| graph.plan(mode, preferred));
+    fn check_error(
+        builder: GraphBuilder,
+        mode: SnapshotMode,
+        preferred: &[&str],
+        want: GraphError,
+    ) {
+        let result = builder
+            .build()
+            .and_then(|graph| graph.plan(mode, preferred));
         assert_eq!(result.unwrap_err(), want);
     }
 
@@ -771,12 +777,24 @@ mod tests {
 
     #[test]
     fn ring_without_source_gets_first_node_as_initiator() {
-        check_plan(ring(&["a", "b", "c"]), SnapshotMode::Cyclic, &[], &["a"], &[("c", "a")]);
+        check_plan(
+            ring(&["a", "b", "c"]),
+            SnapshotMode::Cyclic,
+            &[],
+            &["a"],
+            &[("c", "a")],
+        );
     }
 
     #[test]
     fn preferred_initiator_moves_the_back_edge() {
-        check_plan(ring(&["a", "b", "c"]), SnapshotMode::Cyclic, &["b"], &["b"], &[("a", "b")]);
+        check_plan(
+            ring(&["a", "b", "c"]),
+            SnapshotMode::Cyclic,
+            &["b"],
+            &["b"],
+            &[("a", "b")],
+        );
     }
 
     #[test]
@@ -788,13 +806,30 @@ mod tests {
             .edge("s", "a")
             .edge("a", "b")
             .edge("b", "a");
-        check_plan(loop_graph, SnapshotMode::AtLeastOnce, &[], &["s"], &[("b", "a")]);
+        check_plan(
+            loop_graph,
+            SnapshotMode::AtLeastOnce,
+            &[],
+            &["s"],
+            &[("b", "a")],
+        );
     }
 
     #[test]
     fn downstream_cycle_of_a_cycle_needs_no_initiator() {
-        let two = ring(&["a", "b"]).node("c").node("d").edge("c", "d").edge("d", "c").edge("b", "c");
-        check_plan(two, SnapshotMode::Unaligned, &[], &["a"], &[("b", "a"), ("d", "c")]);
+        let two = ring(&["a", "b"])
+            .node("c")
+            .node("d")
+            .edge("c", "d")
+            .edge("d", "c")
+            .edge("b", "c");
+        check_plan(
+            two,
+            SnapshotMode::Unaligned,
+            &[],
+            &["a"],
+            &[("b", "a"), ("d", "c")],
+        );
     }
 
     #[test]
@@ -805,55 +840,97 @@ mod tests {
 
     #[test]
     fn empty_graph_is_rejected() {
-        check_error(GraphBuilder::new(), SnapshotMode::Aligned, &[], GraphError::Empty);
+        check_error(
+            GraphBuilder::new(),
+            SnapshotMode::Aligned,
+            &[],
+            GraphError::Empty,
+        );
     }
 
     #[test]
     fn duplicate_name_is_rejected() {
         let builder = GraphBuilder::new().node("a").node("a");
-        check_error(builder, SnapshotMode::Aligned, &[], GraphError::DuplicateName { name: "a".into() });
+        check_error(
+            builder,
+            SnapshotMode::Aligned,
+            &[],
+            GraphError::DuplicateName { name: "a".into() },
+        );
     }
 
     #[test]
     fn unknown_endpoint_is_rejected() {
         let builder = GraphBuilder::new().node("a").edge("a", "z");
-        let want = GraphError::UnknownEndpoint { from: "a".into(), to: "z".into(), missing: "z".into() };
+        let want = GraphError::UnknownEndpoint {
+            from: "a".into(),
+            to: "z".into(),
+            missing: "z".into(),
+        };
         check_error(builder, SnapshotMode::Aligned, &[], want);
     }
 
     #[test]
     fn source_with_inputs_is_rejected() {
         let builder = GraphBuilder::new().source("s").node("a").edge("a", "s");
-        check_error(builder, SnapshotMode::Aligned, &[], GraphError::SourceWithInputs { name: "s".into() });
+        check_error(
+            builder,
+            SnapshotMode::Aligned,
+            &[],
+            GraphError::SourceWithInputs { name: "s".into() },
+        );
     }
 
     #[test]
     fn aligned_mode_on_a_cycle_is_rejected() {
-        let want = GraphError::AlignedModeOnCycle { from: "b".into(), to: "a".into() };
+        let want = GraphError::AlignedModeOnCycle {
+            from: "b".into(),
+            to: "a".into(),
+        };
         check_error(ring(&["a", "b"]), SnapshotMode::Aligned, &[], want);
     }
 
     #[test]
     fn reachable_preferred_initiator_is_rejected() {
-        let builder = GraphBuilder::new().source("s").node("a").edge("s", "a").edge("a", "a");
-        check_error(builder, SnapshotMode::Cyclic, &["a"], GraphError::InitiatorReachable { name: "a".into() });
+        let builder = GraphBuilder::new()
+            .source("s")
+            .node("a")
+            .edge("s", "a")
+            .edge("a", "a");
+        check_error(
+            builder,
+            SnapshotMode::Cyclic,
+            &["a"],
+            GraphError::InitiatorReachable { name: "a".into() },
+        );
     }
 
     #[test]
     fn two_initiators_in_one_cycle_are_rejected() {
-        let want = GraphError::TwoInitiatorsInComponent { first: "a".into(), second: "b".into() };
+        let want = GraphError::TwoInitiatorsInComponent {
+            first: "a".into(),
+            second: "b".into(),
+        };
         check_error(ring(&["a", "b"]), SnapshotMode::Cyclic, &["a", "b"], want);
     }
 
     #[test]
     fn unknown_initiator_is_rejected() {
-        check_error(ring(&["a", "b"]), SnapshotMode::Cyclic, &["q"], GraphError::UnknownInitiator { name: "q".into() });
+        check_error(
+            ring(&["a", "b"]),
+            SnapshotMode::Cyclic,
+            &["q"],
+            GraphError::UnknownInitiator { name: "q".into() },
+        );
     }
 
     #[test]
     fn global_snapshot_round_trips_through_postcard_and_lists_its_parts() {
         let graph = ring(&["a", "b"]).build().expect("valid");
-        let part = |checkpoint, channel_states| NodePart { checkpoint, channel_states };
+        let part = |checkpoint, channel_states| NodePart {
+            checkpoint,
+            channel_states,
+        };
         let channel = |channel, messages| crate::protocol::ChannelState { channel, messages };
         let snapshot = GlobalSnapshot::<u64, u32, u64>::assemble(
             &graph,
@@ -876,8 +953,15 @@ mod tests {
     #[test]
     fn assembly_rejects_a_missing_node() {
         let graph = ring(&["a", "b"]).build().expect("valid");
-        let part = NodePart::<u32> { checkpoint: CheckpointId(1), channel_states: vec![] };
-        let result = GlobalSnapshot::<u8, u32, ()>::assemble(&graph, CheckpointId(1), [(0, 1, part)], []);
-        assert_eq!(result.unwrap_err(), AssembleError::MissingNode { node: "b".into() });
+        let part = NodePart::<u32> {
+            checkpoint: CheckpointId(1),
+            channel_states: vec![],
+        };
+        let result =
+            GlobalSnapshot::<u8, u32, ()>::assemble(&graph, CheckpointId(1), [(0, 1, part)], []);
+        assert_eq!(
+            result.unwrap_err(),
+            AssembleError::MissingNode { node: "b".into() }
+        );
     }
 }

@@ -726,7 +726,9 @@ impl<T: Clone> NodeMachine<T> {
     /// RECORD inputs whose barrier is still missing, release held inputs.
     fn snapshot(&mut self, index: usize) {
         debug_assert!(
-            self.in_flight[..index].iter().all(|entry| entry.snapshotted),
+            self.in_flight[..index]
+                .iter()
+                .all(|entry| entry.snapshotted),
             "snapshots must be taken in checkpoint order"
         );
         let entry = &mut self.in_flight[index];

@@ -150,7 +150,9 @@ pub enum OracleError {
         process: ProcessId,
     },
     /// A process has two snapshot points for the checkpoint.
-    #[error("process {process} has two snapshot points for {checkpoint}: events #{first} and #{second}")]
+    #[error(
+        "process {process} has two snapshot points for {checkpoint}: events #{first} and #{second}"
+    )]
     DuplicateSnapshot {
         /// The checkpoint.
         checkpoint: CheckpointId,
@@ -458,8 +460,8 @@ impl Analysis {
     ) -> Result<(), OracleError> {
         for process in 0..trace.processes {
             let known = &self.snapshot_clocks[&cut.points[process]];
-            for other in 0..trace.processes {
-                if known[other] <= cut.events[other] {
+            for (other, &happened_before) in known.iter().enumerate() {
+                if happened_before <= cut.events[other] {
                     continue;
                 }
                 // Event number events[other] + 1 of `other` is outside the
@@ -516,13 +518,20 @@ mod tests {
     fn two_processes(events: Vec<TraceEvent>) -> Trace {
         Trace {
             processes: 2,
-            channels: vec![ChannelEnds { from: 0, to: 1 }, ChannelEnds { from: 1, to: 0 }],
+            channels: vec![
+                ChannelEnds { from: 0, to: 1 },
+                ChannelEnds { from: 1, to: 0 },
+            ],
             events,
         }
     }
 
     fn send(process: ProcessId, channel: ChannelId, message: MessageId) -> TraceEvent {
-        TraceEvent::Send { process, channel, message }
+        TraceEvent::Send {
+            process,
+            channel,
+            message,
+        }
     }
 
     fn receive(process: ProcessId, message: MessageId) -> TraceEvent {
@@ -530,24 +539,38 @@ mod tests {
     }
 
     fn snap(process: ProcessId) -> TraceEvent {
-        TraceEvent::Snapshot { process, checkpoint: ONE }
+        TraceEvent::Snapshot {
+            process,
+            checkpoint: ONE,
+        }
     }
 
-    fn check(events: Vec<TraceEvent>, recorded: &[(ChannelId, Vec<MessageId>)]) -> Result<CutReport, OracleError> {
-        let recorded = RecordedChannels { channels: recorded.to_vec() };
+    fn check(
+        events: Vec<TraceEvent>,
+        recorded: &[(ChannelId, Vec<MessageId>)],
+    ) -> Result<CutReport, OracleError> {
+        let recorded = RecordedChannels {
+            channels: recorded.to_vec(),
+        };
         verify(&two_processes(events), ONE, &recorded)
     }
 
     #[test]
     fn in_flight_message_recorded_is_consistent() {
-        let report = check(vec![send(0, 0, 1), snap(0), snap(1), receive(1, 1)], &[(0, vec![1])]);
+        let report = check(
+            vec![send(0, 0, 1), snap(0), snap(1), receive(1, 1)],
+            &[(0, vec![1])],
+        );
         assert_eq!(report.expect("consistent").messages_in_flight, 1);
     }
 
     #[test]
     fn in_flight_message_not_recorded_is_a_mismatch() {
         let error = check(vec![send(0, 0, 1), snap(0), snap(1), receive(1, 1)], &[]).unwrap_err();
-        assert!(matches!(error, OracleError::ChannelStateMismatch { channel: 0, .. }), "{error}");
+        assert!(
+            matches!(error, OracleError::ChannelStateMismatch { channel: 0, .. }),
+            "{error}"
+        );
     }
 
     #[test]
@@ -568,40 +591,82 @@ mod tests {
         // P0 sends m1 after its cut; P1 receives it, then sends m2 to P0
         // before P1's cut point... P1's cut includes the receive, so m1's
         // send (outside P0's cut) happened before an event in the cut.
-        let events = vec![snap(0), send(0, 0, 1), receive(1, 1), send(1, 1, 2), snap(1), receive(0, 2)];
-        assert!(matches!(check(events, &[]).unwrap_err(), OracleError::NotACut { before: 1, .. }));
+        let events = vec![
+            snap(0),
+            send(0, 0, 1),
+            receive(1, 1),
+            send(1, 1, 2),
+            snap(1),
+            receive(0, 2),
+        ];
+        assert!(matches!(
+            check(events, &[]).unwrap_err(),
+            OracleError::NotACut { before: 1, .. }
+        ));
     }
 
     #[test]
     fn missing_snapshot_is_reported() {
         let error = check(vec![snap(0)], &[]).unwrap_err();
-        assert_eq!(error, OracleError::MissingSnapshot { checkpoint: ONE, process: 1 });
+        assert_eq!(
+            error,
+            OracleError::MissingSnapshot {
+                checkpoint: ONE,
+                process: 1
+            }
+        );
     }
 
     #[test]
     fn duplicate_snapshot_is_reported() {
         let error = check(vec![snap(0), snap(0), snap(1)], &[]).unwrap_err();
-        assert!(matches!(error, OracleError::DuplicateSnapshot { first: 0, second: 1, .. }));
+        assert!(matches!(
+            error,
+            OracleError::DuplicateSnapshot {
+                first: 0,
+                second: 1,
+                ..
+            }
+        ));
     }
 
     #[test]
     fn non_fifo_receive_is_malformed() {
         let events = vec![send(0, 0, 1), send(0, 0, 2), receive(1, 2)];
         let error = check(events, &[]).unwrap_err();
-        assert_eq!(error, OracleError::MalformedTrace { event: 2, problem: TraceProblem::NotFifo });
+        assert_eq!(
+            error,
+            OracleError::MalformedTrace {
+                event: 2,
+                problem: TraceProblem::NotFifo
+            }
+        );
     }
 
     #[test]
     fn receive_by_the_wrong_process_is_malformed() {
         let error = check(vec![send(0, 0, 1), receive(0, 1)], &[]).unwrap_err();
-        assert_eq!(error, OracleError::MalformedTrace { event: 1, problem: TraceProblem::WrongReceiver });
+        assert_eq!(
+            error,
+            OracleError::MalformedTrace {
+                event: 1,
+                problem: TraceProblem::WrongReceiver
+            }
+        );
     }
 
     #[test]
     fn at_least_once_reports_a_lost_message() {
         let trace = two_processes(vec![send(0, 0, 1), snap(0), snap(1), receive(1, 1)]);
         let error = verify_at_least_once(&trace, ONE, &RecordedChannels::default()).unwrap_err();
-        assert_eq!(error, OracleError::LostMessage { checkpoint: ONE, message: 1, send: 0 });
+        assert_eq!(
+            error,
+            OracleError::LostMessage {
+                checkpoint: ONE,
+                message: 1,
+                send: 0
+            }
+        );
     }
 
     #[test]
@@ -613,7 +678,9 @@ mod tests {
     #[test]
     fn at_least_once_accepts_a_recorded_message() {
         let trace = two_processes(vec![send(0, 0, 1), snap(0), snap(1), receive(1, 1)]);
-        let recorded = RecordedChannels { channels: vec![(0, vec![1])] };
+        let recorded = RecordedChannels {
+            channels: vec![(0, vec![1])],
+        };
         assert!(verify_at_least_once(&trace, ONE, &recorded).is_ok());
     }
 }

@@ -87,7 +87,10 @@ pub fn encode<T: Snapshot>(value: &T) -> Result<Vec<u8>, StateError> {
     };
     write_header(&header, &mut out[..HEADER_LEN]);
     // Checked before it is written: a blob we cannot read back is a bug.
-    debug_assert!(decode_header(&out).is_ok(), "encoder wrote an unreadable header");
+    debug_assert!(
+        decode_header(&out).is_ok(),
+        "encoder wrote an unreadable header"
+    );
     Ok(out)
 }
 

@@ -17,13 +17,40 @@ fn check(label: &str, mode: SnapshotMode, accounts: usize, base: u64) {
         mode: Some(mode),
     };
     let outcome = check_many(label, &plan, 200, base);
-    assert!(outcome.completed >= 200, "too few snapshots checked: {outcome:?}");
-    assert!(outcome.recorded_messages > 0, "no snapshot had tokens in flight: {outcome:?}");
+    assert!(
+        outcome.completed >= 200,
+        "too few snapshots checked: {outcome:?}"
+    );
+    assert!(
+        outcome.recorded_messages > 0,
+        "no snapshot had tokens in flight: {outcome:?}"
+    );
 }
 
 #[test]
-fn bank_unaligned_five_accounts() { check("bank_unaligned_five_accounts", SnapshotMode::Unaligned, 5, 10_000_000); }
+fn bank_unaligned_five_accounts() {
+    check(
+        "bank_unaligned_five_accounts",
+        SnapshotMode::Unaligned,
+        5,
+        10_000_000,
+    );
+}
 #[test]
-fn bank_cyclic_five_accounts() { check("bank_cyclic_five_accounts", SnapshotMode::Cyclic, 5, 11_000_000); }
+fn bank_cyclic_five_accounts() {
+    check(
+        "bank_cyclic_five_accounts",
+        SnapshotMode::Cyclic,
+        5,
+        11_000_000,
+    );
+}
 #[test]
-fn bank_unaligned_eight_accounts() { check("bank_unaligned_eight_accounts", SnapshotMode::Unaligned, 8, 12_000_000); }
+fn bank_unaligned_eight_accounts() {
+    check(
+        "bank_unaligned_eight_accounts",
+        SnapshotMode::Unaligned,
+        8,
+        12_000_000,
+    );
+}

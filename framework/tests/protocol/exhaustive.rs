@@ -157,8 +157,17 @@ fn check(case: Case, mode: SnapshotMode, max_concurrent: usize, aborts: u32) -> 
 }
 
 fn two_cycle() -> Case {
-    let graph = GraphBuilder::new().node("a").node("b").edge("a", "b").edge("b", "a");
-    Case { name: "2-cycle", graph, balances: vec![2, 1], sends: 3 }
+    let graph = GraphBuilder::new()
+        .node("a")
+        .node("b")
+        .edge("a", "b")
+        .edge("b", "a");
+    Case {
+        name: "2-cycle",
+        graph,
+        balances: vec![2, 1],
+        sends: 3,
+    }
 }
 
 fn ring3() -> Case {
@@ -169,7 +178,12 @@ fn ring3() -> Case {
         .edge("a", "b")
         .edge("b", "c")
         .edge("c", "a");
-    Case { name: "3-ring", graph, balances: vec![1, 1, 1], sends: 3 }
+    Case {
+        name: "3-ring",
+        graph,
+        balances: vec![1, 1, 1],
+        sends: 3,
+    }
 }
 
 fn diamond() -> Case {
@@ -182,7 +196,12 @@ fn diamond() -> Case {
         .edge("s", "b")
         .edge("a", "t")
         .edge("b", "t");
-    Case { name: "diamond", graph, balances: vec![3, 0, 0, 0], sends: 3 }
+    Case {
+        name: "diamond",
+        graph,
+        balances: vec![3, 0, 0, 0],
+        sends: 3,
+    }
 }
 
 fn full3() -> Case {
@@ -194,7 +213,12 @@ fn full3() -> Case {
             }
         }
     }
-    Case { name: "3-full", graph, balances: vec![1, 1, 1], sends: 3 }
+    Case {
+        name: "3-full",
+        graph,
+        balances: vec![1, 1, 1],
+        sends: 3,
+    }
 }
 
 fn dag_with_feedback() -> Case {
@@ -207,44 +231,87 @@ fn dag_with_feedback() -> Case {
         .edge("a", "b")
         .edge("b", "a")
         .edge("b", "t");
-    Case { name: "dag+feedback", graph, balances: vec![2, 1, 0, 0], sends: 3 }
+    Case {
+        name: "dag+feedback",
+        graph,
+        balances: vec![2, 1, 0, 0],
+        sends: 3,
+    }
 }
 
 #[test]
-fn two_cycle_unaligned() { check(two_cycle(), SnapshotMode::Unaligned, 1, 0); }
+fn two_cycle_unaligned() {
+    check(two_cycle(), SnapshotMode::Unaligned, 1, 0);
+}
 #[test]
-fn two_cycle_cyclic() { check(two_cycle(), SnapshotMode::Cyclic, 1, 0); }
+fn two_cycle_cyclic() {
+    check(two_cycle(), SnapshotMode::Cyclic, 1, 0);
+}
 #[test]
-fn two_cycle_cyclic_concurrent() { check(two_cycle(), SnapshotMode::Cyclic, 2, 0); }
+fn two_cycle_cyclic_concurrent() {
+    check(two_cycle(), SnapshotMode::Cyclic, 2, 0);
+}
 #[test]
-fn two_cycle_at_least_once() { check(two_cycle(), SnapshotMode::AtLeastOnce, 1, 0); }
+fn two_cycle_at_least_once() {
+    check(two_cycle(), SnapshotMode::AtLeastOnce, 1, 0);
+}
 #[test]
-fn ring3_unaligned() { check(ring3(), SnapshotMode::Unaligned, 1, 0); }
+fn ring3_unaligned() {
+    check(ring3(), SnapshotMode::Unaligned, 1, 0);
+}
 #[test]
-fn ring3_cyclic() { check(ring3(), SnapshotMode::Cyclic, 1, 0); }
+fn ring3_cyclic() {
+    check(ring3(), SnapshotMode::Cyclic, 1, 0);
+}
 #[test]
-fn diamond_aligned() { check(diamond(), SnapshotMode::Aligned, 1, 0); }
+fn diamond_aligned() {
+    check(diamond(), SnapshotMode::Aligned, 1, 0);
+}
 #[test]
-fn diamond_aligned_concurrent() { check(diamond(), SnapshotMode::Aligned, 2, 0); }
+fn diamond_aligned_concurrent() {
+    check(diamond(), SnapshotMode::Aligned, 2, 0);
+}
 #[test]
-fn diamond_unaligned() { check(diamond(), SnapshotMode::Unaligned, 1, 0); }
+fn diamond_unaligned() {
+    check(diamond(), SnapshotMode::Unaligned, 1, 0);
+}
 #[test]
-fn diamond_at_least_once() { check(diamond(), SnapshotMode::AtLeastOnce, 1, 0); }
+fn diamond_at_least_once() {
+    check(diamond(), SnapshotMode::AtLeastOnce, 1, 0);
+}
 #[test]
-fn full3_unaligned() { check(full3(), SnapshotMode::Unaligned, 1, 0); }
+fn full3_unaligned() {
+    check(full3(), SnapshotMode::Unaligned, 1, 0);
+}
 #[test]
-fn full3_cyclic() { check(full3(), SnapshotMode::Cyclic, 1, 0); }
+fn full3_cyclic() {
+    check(full3(), SnapshotMode::Cyclic, 1, 0);
+}
 #[test]
-fn dag_with_feedback_cyclic() { check(dag_with_feedback(), SnapshotMode::Cyclic, 1, 0); }
+fn dag_with_feedback_cyclic() {
+    check(dag_with_feedback(), SnapshotMode::Cyclic, 1, 0);
+}
 #[test]
-fn dag_with_feedback_unaligned() { check(dag_with_feedback(), SnapshotMode::Unaligned, 1, 0); }
+fn dag_with_feedback_unaligned() {
+    check(dag_with_feedback(), SnapshotMode::Unaligned, 1, 0);
+}
 #[test]
-fn dag_with_feedback_concurrent() { check(dag_with_feedback(), SnapshotMode::Cyclic, 2, 0); }
+fn dag_with_feedback_concurrent() {
+    check(dag_with_feedback(), SnapshotMode::Cyclic, 2, 0);
+}
 #[test]
-fn two_cycle_unaligned_with_abort() { check(two_cycle(), SnapshotMode::Unaligned, 1, 1); }
+fn two_cycle_unaligned_with_abort() {
+    check(two_cycle(), SnapshotMode::Unaligned, 1, 1);
+}
 #[test]
-fn diamond_aligned_concurrent_with_abort() { check(diamond(), SnapshotMode::Aligned, 2, 1); }
+fn diamond_aligned_concurrent_with_abort() {
+    check(diamond(), SnapshotMode::Aligned, 2, 1);
+}
 #[test]
-fn ring3_cyclic_concurrent_with_abort() { check(ring3(), SnapshotMode::Cyclic, 2, 1); }
+fn ring3_cyclic_concurrent_with_abort() {
+    check(ring3(), SnapshotMode::Cyclic, 2, 1);
+}
 #[test]
-fn dag_with_feedback_at_least_once() { check(dag_with_feedback(), SnapshotMode::AtLeastOnce, 1, 0); }
+fn dag_with_feedback_at_least_once() {
+    check(dag_with_feedback(), SnapshotMode::AtLeastOnce, 1, 0);
+}

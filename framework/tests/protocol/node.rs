@@ -46,9 +46,15 @@ fn drain(node: &mut NodeMachine<u32>) -> Vec<Seen> {
 fn report(checkpoint: CheckpointId, states: &[(usize, &[u32])]) -> Seen {
     let channel_states = states
         .iter()
-        .map(|(channel, messages)| ChannelState { channel: *channel, messages: messages.to_vec() })
+        .map(|(channel, messages)| ChannelState {
+            channel: *channel,
+            messages: messages.to_vec(),
+        })
         .collect();
-    Seen::Report(NodePart { checkpoint, channel_states })
+    Seen::Report(NodePart {
+        checkpoint,
+        channel_states,
+    })
 }
 
 #[test]
@@ -67,7 +73,13 @@ fn aligned_channel_is_held_until_the_snapshot_then_released_in_order() {
     assert_eq!(node.on_data(0, 2), Delivery::Held);
     assert_eq!(node.on_data(1, 3), Delivery::Process(3));
     node.on_barrier(1, ONE);
-    let want = vec![Seen::Snapshot(ONE), Seen::Barrier(ONE), Seen::Process(0, 1), Seen::Process(0, 2), report(ONE, &[])];
+    let want = vec![
+        Seen::Snapshot(ONE),
+        Seen::Barrier(ONE),
+        Seen::Process(0, 1),
+        Seen::Process(0, 2),
+        report(ONE, &[]),
+    ];
     assert_eq!(drain(&mut node), want);
 }
 
@@ -75,9 +87,16 @@ fn aligned_channel_is_held_until_the_snapshot_then_released_in_order() {
 fn record_channel_is_recorded_after_the_snapshot_until_its_barrier() {
     let mut node = machine(&[Record, Record]);
     node.on_barrier(0, ONE);
-    assert_eq!(drain(&mut node), vec![Seen::Snapshot(ONE), Seen::Barrier(ONE)]);
+    assert_eq!(
+        drain(&mut node),
+        vec![Seen::Snapshot(ONE), Seen::Barrier(ONE)]
+    );
     assert_eq!(node.on_data(1, 5), Delivery::Process(5));
-    assert_eq!(node.on_data(0, 6), Delivery::Process(6), "channel 0 delivered its barrier");
+    assert_eq!(
+        node.on_data(0, 6),
+        Delivery::Process(6),
+        "channel 0 delivered its barrier"
+    );
     node.on_barrier(1, ONE);
     assert_eq!(drain(&mut node), vec![report(ONE, &[(0, &[]), (1, &[5])])]);
 }
@@ -88,7 +107,10 @@ fn at_least_once_channel_is_never_held() {
     node.on_barrier(0, ONE);
     assert_eq!(node.on_data(0, 1), Delivery::Process(1));
     node.on_barrier(1, ONE);
-    assert_eq!(drain(&mut node), vec![Seen::Snapshot(ONE), Seen::Barrier(ONE), report(ONE, &[])]);
+    assert_eq!(
+        drain(&mut node),
+        vec![Seen::Snapshot(ONE), Seen::Barrier(ONE), report(ONE, &[])]
+    );
 }
 
 #[test]
@@ -112,7 +134,10 @@ fn abort_drops_partial_records() {
     assert_eq!(node.on_data(1, 5), Delivery::Process(5));
     node.on_abort(ONE);
     node.on_barrier(1, ONE);
-    assert!(drain(&mut node).is_empty(), "no report of an aborted checkpoint");
+    assert!(
+        drain(&mut node).is_empty(),
+        "no report of an aborted checkpoint"
+    );
 }
 
 #[test]
@@ -120,7 +145,10 @@ fn end_of_input_counts_as_every_later_barrier() {
     let mut node = machine(&[Align, Align]);
     node.on_end_of_input(1);
     node.on_barrier(0, ONE);
-    assert_eq!(drain(&mut node), vec![Seen::Snapshot(ONE), Seen::Barrier(ONE), report(ONE, &[])]);
+    assert_eq!(
+        drain(&mut node),
+        vec![Seen::Snapshot(ONE), Seen::Barrier(ONE), report(ONE, &[])]
+    );
 }
 
 #[test]
@@ -128,7 +156,10 @@ fn end_of_input_of_the_last_missing_channel_snapshots() {
     let mut node = machine(&[Align, Align]);
     node.on_barrier(0, ONE);
     node.on_end_of_input(1);
-    assert_eq!(drain(&mut node), vec![Seen::Snapshot(ONE), Seen::Barrier(ONE), report(ONE, &[])]);
+    assert_eq!(
+        drain(&mut node),
+        vec![Seen::Snapshot(ONE), Seen::Barrier(ONE), report(ONE, &[])]
+    );
 }
 
 #[test]
@@ -140,12 +171,28 @@ fn a_held_barrier_of_the_next_checkpoint_is_replayed_after_release() {
     node.on_barrier(0, TWO);
     assert_eq!(node.on_data(0, 2), Delivery::Held);
     node.on_barrier(1, ONE);
-    let want = vec![Seen::Snapshot(ONE), Seen::Barrier(ONE), Seen::Process(0, 1), report(ONE, &[])];
+    let want = vec![
+        Seen::Snapshot(ONE),
+        Seen::Barrier(ONE),
+        Seen::Process(0, 1),
+        report(ONE, &[]),
+    ];
     assert_eq!(drain(&mut node), want);
-    assert!(node.is_held(0), "held again for checkpoint 2, message 2 still buffered");
+    assert!(
+        node.is_held(0),
+        "held again for checkpoint 2, message 2 still buffered"
+    );
     assert_eq!(node.held_len(0), 1);
     node.on_barrier(1, TWO);
-    assert_eq!(drain(&mut node), vec![Seen::Snapshot(TWO), Seen::Barrier(TWO), Seen::Process(0, 2), report(TWO, &[])]);
+    assert_eq!(
+        drain(&mut node),
+        vec![
+            Seen::Snapshot(TWO),
+            Seen::Barrier(TWO),
+            Seen::Process(0, 2),
+            report(TWO, &[])
+        ]
+    );
 }
 
 #[test]
@@ -163,28 +210,44 @@ fn starting_one_more_than_max_concurrent_declines_the_oldest() {
     let mut node = machine(&[Align, Align]);
     node.on_barrier(0, ONE);
     node.on_barrier(0, TWO);
-    assert!(drain(&mut node).is_empty(), "barrier 2 is buffered behind the held channel");
+    assert!(
+        drain(&mut node).is_empty(),
+        "barrier 2 is buffered behind the held channel"
+    );
     node.on_abort(ONE);
-    assert!(drain(&mut node).is_empty(), "2 is now waiting for channel 1");
+    assert!(
+        drain(&mut node).is_empty(),
+        "2 is now waiting for channel 1"
+    );
     node.on_barrier(1, TWO);
-    assert_eq!(drain(&mut node), vec![Seen::Snapshot(TWO), Seen::Barrier(TWO), report(TWO, &[])]);
+    assert_eq!(
+        drain(&mut node),
+        vec![Seen::Snapshot(TWO), Seen::Barrier(TWO), report(TWO, &[])]
+    );
     let mut node = machine(&[Record]);
     node.on_barrier(0, ONE);
     drain(&mut node);
     let source = NodeConfig::source();
     let mut initiator: NodeMachine<u32> = NodeMachine::new(source).unwrap();
     initiator.on_trigger(ONE);
-    let Some(NodeAction::TakeSnapshot(_token)) = initiator.poll_action() else { panic!("snapshot") };
+    let Some(NodeAction::TakeSnapshot(_token)) = initiator.poll_action() else {
+        panic!("snapshot")
+    };
     drain(&mut initiator);
     initiator.on_trigger(TWO);
-    assert_eq!(drain(&mut initiator)[0], Seen::Decline(ONE, DeclineReason::Subsumed));
+    assert_eq!(
+        drain(&mut initiator)[0],
+        Seen::Decline(ONE, DeclineReason::Subsumed)
+    );
 }
 
 #[test]
 fn a_token_handed_back_after_an_abort_is_ignored() {
     let mut node: NodeMachine<u32> = NodeMachine::new(NodeConfig::source()).unwrap();
     node.on_trigger(ONE);
-    let Some(NodeAction::TakeSnapshot(token)) = node.poll_action() else { panic!("snapshot") };
+    let Some(NodeAction::TakeSnapshot(token)) = node.poll_action() else {
+        panic!("snapshot")
+    };
     drain(&mut node);
     node.on_abort(ONE);
     assert!(!node.state_recorded(token));
@@ -195,7 +258,13 @@ fn a_token_handed_back_after_an_abort_is_ignored() {
 fn initiator_with_an_aligned_input_is_a_config_error() {
     let config = NodeConfig::new(vec![Record, Align]).with_initiator(true);
     let error = NodeMachine::<u32>::new(config).unwrap_err();
-    assert_eq!(error, NodeConfigError::InitiatorWithAlignedInput { channel: 1, policy: Align });
+    assert_eq!(
+        error,
+        NodeConfigError::InitiatorWithAlignedInput {
+            channel: 1,
+            policy: Align
+        }
+    );
     assert!(!error.is_retryable());
 }
 
@@ -207,7 +276,10 @@ fn needs_trigger_once_every_forward_input_ended() {
     node.on_end_of_input(0);
     assert!(node.needs_trigger());
     node.on_trigger(ONE);
-    assert_eq!(drain(&mut node), vec![Seen::Snapshot(ONE), Seen::Barrier(ONE)]);
+    assert_eq!(
+        drain(&mut node),
+        vec![Seen::Snapshot(ONE), Seen::Barrier(ONE)]
+    );
 }
 
 #[test]

@@ -65,7 +65,12 @@ pub fn random_graph(rng: &mut StdRng, shape: Shape, max_nodes: usize) -> (GraphB
             let mut tail = 0;
             let mut next = 1;
             while next + 2 < count.max(4) {
-                edges.extend([(tail, next), (tail, next + 1), (next, next + 2), (next + 1, next + 2)]);
+                edges.extend([
+                    (tail, next),
+                    (tail, next + 1),
+                    (next, next + 2),
+                    (next + 1, next + 2),
+                ]);
                 tail = next + 2;
                 next += 3;
             }
@@ -140,8 +145,16 @@ pub fn run_case(seed: u64, plan: &CasePlan) -> Result<Outcome, String> {
     setup.delay_tokens = rng.gen_bool(0.5);
     let config = CoordinatorConfig {
         interval_ms: Some(rng.gen_range(3..30)),
-        min_pause_ms: if rng.gen_bool(0.3) { rng.gen_range(1..10) } else { 0 },
-        timeout_ms: if rng.gen_bool(0.3) { rng.gen_range(10..60) } else { 1 << 40 },
+        min_pause_ms: if rng.gen_bool(0.3) {
+            rng.gen_range(1..10)
+        } else {
+            0
+        },
+        timeout_ms: if rng.gen_bool(0.3) {
+            rng.gen_range(10..60)
+        } else {
+            1 << 40
+        },
         tolerable_failures: u32::MAX,
         ..CoordinatorConfig::default()
     };
@@ -170,7 +183,12 @@ pub fn run_case(seed: u64, plan: &CasePlan) -> Result<Outcome, String> {
 
 /// One random step; with `open` false only deliveries, triggers and token
 /// returns (the drain phase).
-fn random_step(rng: &mut StdRng, world: &mut World, ctx: &mut Ctx<'_>, open: bool) -> Result<(), String> {
+fn random_step(
+    rng: &mut StdRng,
+    world: &mut World,
+    ctx: &mut Ctx<'_>,
+    open: bool,
+) -> Result<(), String> {
     let choice = rng.gen_range(0..100);
     if open && choice < 10 {
         let now_ms = ctx.now_ms + rng.gen_range(1..6);
@@ -231,7 +249,13 @@ pub struct CasePlan {
 
 impl CasePlan {
     pub fn new(shape: Shape) -> CasePlan {
-        CasePlan { shape, max_nodes: 12, steps: 500, sends: (5, 80), mode: None }
+        CasePlan {
+            shape,
+            max_nodes: 12,
+            steps: 500,
+            sends: (5, 80),
+            mode: None,
+        }
     }
 }
 
@@ -272,10 +296,28 @@ fn check(label: &str, shape: Shape, cases: u64, base: u64) {
 }
 
 #[test]
-fn random_dags() { check("random_dags", Shape::Dag, 3_000, 1_000_000); }
+fn random_dags() {
+    check("random_dags", Shape::Dag, 3_000, 1_000_000);
+}
 #[test]
-fn random_diamonds() { check("random_diamonds", Shape::Diamonds, 2_000, 2_000_000); }
+fn random_diamonds() {
+    check("random_diamonds", Shape::Diamonds, 2_000, 2_000_000);
+}
 #[test]
-fn random_rings_with_chords() { check("random_rings_with_chords", Shape::RingWithChords, 3_000, 3_000_000); }
+fn random_rings_with_chords() {
+    check(
+        "random_rings_with_chords",
+        Shape::RingWithChords,
+        3_000,
+        3_000_000,
+    );
+}
 #[test]
-fn random_dags_with_feedback() { check("random_dags_with_feedback", Shape::DagWithFeedback, 2_000, 4_000_000); }
+fn random_dags_with_feedback() {
+    check(
+        "random_dags_with_feedback",
+        Shape::DagWithFeedback,
+        2_000,
+        4_000_000,
+    );
+}

@@ -35,30 +35,52 @@ fn processes(names: &[&str]) -> Setup {
             }
         }
     }
-    Setup::new(graph.build().expect("valid"), SnapshotMode::Unaligned, &[names[0]])
+    Setup::new(
+        graph.build().expect("valid"),
+        SnapshotMode::Unaligned,
+        &[names[0]],
+    )
 }
 
+/// Node states by name.
+type States = Vec<(String, i64)>;
+/// Channel states by name (`C12` is P1 to P2), as token amounts.
+type Channels = Vec<(String, Vec<i64>)>;
+
 /// The snapshot's node states and channel states, by name.
-fn snapshot_of(ctx: &Ctx<'_>) -> (Vec<(String, i64)>, Vec<(String, Vec<i64>)>) {
+fn snapshot_of(ctx: &Ctx<'_>) -> (States, Channels) {
     let snapshot = ctx.snapshots.last().expect("a completed snapshot");
-    let states = snapshot.nodes.iter().map(|node| (node.node.clone(), node.state)).collect();
+    let states = snapshot
+        .nodes
+        .iter()
+        .map(|node| (node.node.clone(), node.state))
+        .collect();
     let channels = snapshot
         .channels
         .iter()
         .map(|channel| {
             let name = format!("C{}{}", &channel.from[1..], &channel.to[1..]);
-            (name, channel.messages.iter().map(|token| token.amount).collect())
+            (
+                name,
+                channel.messages.iter().map(|token| token.amount).collect(),
+            )
         })
         .collect();
     (states, channels)
 }
 
-fn named(pairs: &[(&str, i64)]) -> Vec<(String, i64)> {
-    pairs.iter().map(|(name, value)| (name.to_string(), *value)).collect()
+fn named(pairs: &[(&str, i64)]) -> States {
+    pairs
+        .iter()
+        .map(|(name, value)| (name.to_string(), *value))
+        .collect()
 }
 
-fn channels(pairs: &[(&str, &[i64])]) -> Vec<(String, Vec<i64>)> {
-    pairs.iter().map(|(name, messages)| (name.to_string(), messages.to_vec())).collect()
+fn channels(pairs: &[(&str, &[i64])]) -> Channels {
+    pairs
+        .iter()
+        .map(|(name, messages)| (name.to_string(), messages.to_vec()))
+        .collect()
 }
 
 /// The order in which processes took their local snapshots.
@@ -143,7 +165,18 @@ fn three_processes_chandy_lamport_as_in_section_9() {
     assert_eq!(snapshot_order(&ctx), vec![p1, p3, p2]);
     let (states, recorded) = snapshot_of(&ctx);
     assert_eq!(states, named(&[("P1", 10), ("P2", 15), ("P3", 30)]));
-    let want = [("C12", &[][..]), ("C13", &[]), ("C21", &[5]), ("C23", &[]), ("C31", &[]), ("C32", &[])];
+    let want = [
+        ("C12", &[][..]),
+        ("C13", &[]),
+        ("C21", &[5]),
+        ("C23", &[]),
+        ("C31", &[]),
+        ("C32", &[]),
+    ];
     assert_eq!(recorded, channels(&want));
-    assert_eq!(world.balances, vec![15, 15, 30], "H was processed after the cut");
+    assert_eq!(
+        world.balances,
+        vec![15, 15, 30],
+        "H was processed after the cut"
+    );
 }

@@ -191,12 +191,7 @@ impl Hash for World {
 }
 
 impl World {
-    pub fn new(
-        setup: &Setup,
-        balances: Vec<i64>,
-        sends: u32,
-        config: CoordinatorConfig,
-    ) -> World {
+    pub fn new(setup: &Setup, balances: Vec<i64>, sends: u32, config: CoordinatorConfig) -> World {
         let graph = &setup.graph;
         let count = graph.node_count();
         assert_eq!(balances.len(), count);
@@ -517,13 +512,9 @@ impl World {
             let part = part.ok_or(format!("{checkpoint}: node {node} never reported"))?;
             parts.push((node, balance, part));
         }
-        let snapshot = GlobalSnapshot::<i64, Token, ()>::assemble(
-            &setup.graph,
-            checkpoint,
-            parts,
-            [],
-        )
-        .map_err(|error| error.to_string())?;
+        let snapshot =
+            GlobalSnapshot::<i64, Token, ()>::assemble(&setup.graph, checkpoint, parts, [])
+                .map_err(|error| error.to_string())?;
         let recorded = RecordedChannels {
             channels: snapshot
                 .channels
@@ -542,7 +533,8 @@ impl World {
         let in_states: i64 = snapshot.nodes.iter().map(|entry| entry.state).sum();
         ctx.stats.recorded_messages += snapshot.channel_message_count();
         if setup.plan.mode == SnapshotMode::AtLeastOnce {
-            oracle::verify_at_least_once(&ctx.trace, checkpoint, &recorded).map_err(|e| e.to_string())?;
+            oracle::verify_at_least_once(&ctx.trace, checkpoint, &recorded)
+                .map_err(|e| e.to_string())?;
             if in_states + in_channels < ctx.total {
                 return Err(format!(
                     "{checkpoint}: at-least-once snapshot lost tokens: {in_states} + {in_channels} < {}",
