@@ -18,6 +18,37 @@
 //! until it returns `None` and carry out the actions in order before the
 //! next input. A data message on a node with no checkpoint in flight costs
 //! one branch in [`NodeMachine::on_data`] and no allocation.
+//!
+//! ```
+//! use snapflow::protocol::{ChannelPolicy, CheckpointId, Delivery, NodeAction, NodeConfig, NodeMachine};
+//!
+//! // A node with two aligned inputs, as in an exactly-once DAG.
+//! let config = NodeConfig::new(vec![ChannelPolicy::Align, ChannelPolicy::Align]);
+//! let mut node: NodeMachine<&str> = NodeMachine::new(config).unwrap();
+//! let mut log = Vec::new();
+//! let mut drive = |node: &mut NodeMachine<&str>, log: &mut Vec<String>| {
+//!     while let Some(action) = node.poll_action() {
+//!         match action {
+//!             NodeAction::Process { message, .. } => log.push(format!("process {message}")),
+//!             NodeAction::TakeSnapshot(token) => {
+//!                 log.push(format!("snapshot {}", token.checkpoint().0));
+//!                 node.state_recorded(token); // State captured synchronously here.
+//!             }
+//!             NodeAction::EmitBarrier(n) => log.push(format!("barrier {} out", n.0)),
+//!             NodeAction::ReportPart(part) => log.push(format!("report {}", part.checkpoint.0)),
+//!             NodeAction::Decline { checkpoint, .. } => log.push(format!("decline {}", checkpoint.0)),
+//!         }
+//!     }
+//! };
+//! assert_eq!(node.on_data(0, "a"), Delivery::Process("a")); // No checkpoint: process.
+//! node.on_barrier(0, CheckpointId(1));
+//! drive(&mut node, &mut log);
+//! assert_eq!(node.on_data(0, "b"), Delivery::Held); // Channel 0 is aligned: held.
+//! assert_eq!(node.on_data(1, "c"), Delivery::Process("c"));
+//! node.on_barrier(1, CheckpointId(1));
+//! drive(&mut node, &mut log);
+//! assert_eq!(log, ["snapshot 1", "barrier 1 out", "process b", "report 1"]);
+//! ```
 
 use std::collections::VecDeque;
 
