@@ -198,6 +198,21 @@ struct Pending<H> {
 
 /// The coordinator machine. `H` is the runtime's handle of one acked part
 /// (for example a storage reference plus the channel states).
+///
+/// ```
+/// use snapflow::protocol::{CheckpointId, Coordinator, CoordinatorAction, CoordinatorConfig};
+///
+/// let config = CoordinatorConfig { interval_ms: Some(1_000), ..CoordinatorConfig::default() };
+/// // Two nodes must ack; node 0 is the only initiator.
+/// let mut coordinator: Coordinator<&str> = Coordinator::new(config, 2, vec![0], 0).unwrap();
+/// assert_eq!(coordinator.poll_timeout(), Some(1_000));
+/// coordinator.handle_timeout(1_000);
+/// assert!(matches!(coordinator.poll_action(), Some(CoordinatorAction::Trigger { .. })));
+/// let _ = coordinator.on_ack(1_010, 0, CheckpointId(1), "part 0");
+/// let _ = coordinator.on_ack(1_020, 1, CheckpointId(1), "part 1");
+/// let Some(CoordinatorAction::Complete(done)) = coordinator.poll_action() else { panic!() };
+/// assert_eq!(done.parts, ["part 0", "part 1"]);
+/// ```
 #[derive(Debug, Clone)]
 pub struct Coordinator<H> {
     config: CoordinatorConfig,

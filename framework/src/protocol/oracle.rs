@@ -223,6 +223,28 @@ impl OracleError {
 
 /// Checks that `checkpoint` is a consistent cut of `trace` and that
 /// `recorded` holds exactly the messages in flight at the cut.
+///
+/// ```
+/// use snapflow::protocol::oracle::{verify, ChannelEnds, RecordedChannels, Trace, TraceEvent};
+/// use snapflow::protocol::CheckpointId;
+///
+/// let one = CheckpointId(1);
+/// // P0 sends message 7 to P1, snapshots; P1 snapshots, then receives it.
+/// let trace = Trace {
+///     processes: 2,
+///     channels: vec![ChannelEnds { from: 0, to: 1 }],
+///     events: vec![
+///         TraceEvent::Send { process: 0, channel: 0, message: 7 },
+///         TraceEvent::Snapshot { process: 0, checkpoint: one },
+///         TraceEvent::Snapshot { process: 1, checkpoint: one },
+///         TraceEvent::Receive { process: 1, message: 7 },
+///     ],
+/// };
+/// // Message 7 was in flight at the cut, so it must be the channel's state.
+/// let recorded = RecordedChannels { channels: vec![(0, vec![7])] };
+/// assert!(verify(&trace, one, &recorded).is_ok());
+/// assert!(verify(&trace, one, &RecordedChannels::default()).is_err());
+/// ```
 pub fn verify(
     trace: &Trace,
     checkpoint: CheckpointId,

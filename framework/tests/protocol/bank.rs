@@ -11,7 +11,7 @@ use crate::random::{check_many, CasePlan, Shape};
 fn check(label: &str, mode: SnapshotMode, accounts: usize, base: u64) {
     let plan = CasePlan {
         shape: Shape::Complete,
-        max_nodes: accounts,
+        nodes: (accounts, accounts),
         steps: 2_000,
         sends: (200, 400),
         mode: Some(mode),

@@ -34,10 +34,14 @@ pub enum Shape {
     Complete,
 }
 
-/// A random graph of `shape` with 2 to `max_nodes` nodes, and initial
-/// balances.
-pub fn random_graph(rng: &mut StdRng, shape: Shape, max_nodes: usize) -> (GraphBuilder, Vec<i64>) {
-    let count = rng.gen_range(2..=max_nodes);
+/// A random graph of `shape` with `nodes.0` to `nodes.1` nodes (at least
+/// 2), and initial balances.
+pub fn random_graph(
+    rng: &mut StdRng,
+    shape: Shape,
+    nodes: (usize, usize),
+) -> (GraphBuilder, Vec<i64>) {
+    let count = rng.gen_range(nodes.0.max(2)..=nodes.1);
     let name = |node: usize| format!("n{node}");
     let mut edges: Vec<(usize, usize)> = Vec::new();
     let mut sources = 0;
@@ -135,7 +139,7 @@ pub struct Outcome {
 /// Runs one case from `seed`.
 pub fn run_case(seed: u64, plan: &CasePlan) -> Result<Outcome, String> {
     let mut rng = StdRng::seed_from_u64(seed);
-    let (builder, balances) = random_graph(&mut rng, plan.shape, plan.max_nodes);
+    let (builder, balances) = random_graph(&mut rng, plan.shape, plan.nodes);
     let graph = builder.build().map_err(|error| error.to_string())?;
     let mode = random_mode(&mut rng, plan.shape);
     let mode = plan.mode.unwrap_or(mode);
@@ -239,7 +243,8 @@ fn random_step(
 #[derive(Debug, Clone)]
 pub struct CasePlan {
     pub shape: Shape,
-    pub max_nodes: usize,
+    /// The least and most nodes.
+    pub nodes: (usize, usize),
     pub steps: usize,
     /// The range of the send budget.
     pub sends: (u32, u32),
@@ -251,7 +256,7 @@ impl CasePlan {
     pub fn new(shape: Shape) -> CasePlan {
         CasePlan {
             shape,
-            max_nodes: 12,
+            nodes: (2, 12),
             steps: 500,
             sends: (5, 80),
             mode: None,
