@@ -2,7 +2,8 @@
 //!
 //! Each case derives everything from one seed: the graph shape, the mode,
 //! concurrency, whether snapshot tokens come back late, the coordinator's
-//! interval, pause and timeout (short timeouts cause aborts), and the
+//! interval, pause and timeout (short timeouts cause aborts), whether
+//! aborts and completions reach each node late (through its own FIFO), and the
 //! schedule of deliveries, sends, triggers, time and ends of input. After
 //! the schedule, the world is drained with no new sends; then every
 //! checkpoint must have terminated. Every completion is checked by the
@@ -147,6 +148,7 @@ pub fn run_case(seed: u64, plan: &CasePlan) -> Result<Outcome, String> {
     let mut setup = Setup::new(graph, mode, &[]);
     setup.max_concurrent = rng.gen_range(1..=3);
     setup.delay_tokens = rng.gen_bool(0.5);
+    setup.delay_control = rng.gen_bool(0.5);
     let config = CoordinatorConfig {
         interval_ms: Some(rng.gen_range(3..30)),
         min_pause_ms: if rng.gen_bool(0.3) {
@@ -220,6 +222,14 @@ fn random_step(
         let index = rng.gen_range(0..ctx.tokens.len());
         return world.return_token(ctx, index);
     }
+    if choice < 36 {
+        let waiting: Vec<usize> = (0..world.control.len())
+            .filter(|&node| !world.control[node].is_empty())
+            .collect();
+        if !waiting.is_empty() {
+            return world.deliver_control(ctx, waiting[rng.gen_range(0..waiting.len())]);
+        }
+    }
     if choice < 40 && !world.triggers.is_empty() {
         let index = rng.gen_range(0..world.triggers.len());
         return world.deliver_trigger(ctx, index);
@@ -235,6 +245,9 @@ fn random_step(
     }
     if !ctx.tokens.is_empty() {
         return world.return_token(ctx, 0);
+    }
+    if let Some(node) = (0..world.control.len()).find(|&node| !world.control[node].is_empty()) {
+        return world.deliver_control(ctx, node);
     }
     Ok(())
 }

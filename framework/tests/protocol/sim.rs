@@ -29,6 +29,13 @@ pub struct Token {
 }
 
 /// What travels on a channel.
+/// A message from the coordinator to one node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Control {
+    Abort(CheckpointId),
+    Complete(CheckpointId),
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Item {
     Data(Token),
@@ -58,6 +65,9 @@ pub struct Setup {
     pub max_concurrent: usize,
     /// Hand snapshot tokens back later (a random step) instead of at once.
     pub delay_tokens: bool,
+    /// Deliver the coordinator's aborts and completions to each node through
+    /// its own FIFO queue (a random step) instead of at once.
+    pub delay_control: bool,
 }
 
 impl Setup {
@@ -68,6 +78,7 @@ impl Setup {
             plan,
             max_concurrent: 1,
             delay_tokens: false,
+            delay_control: false,
         }
     }
 
@@ -169,6 +180,8 @@ pub struct World {
     pub failed: bool,
     /// How many times the driver aborted everything (exhaustive abort step).
     pub driver_aborts: u32,
+    /// Per node, aborts and completions not yet delivered (FIFO).
+    pub control: Vec<VecDeque<Control>>,
 }
 
 impl Hash for World {
@@ -187,6 +200,7 @@ impl Hash for World {
         self.aborted.hash(state);
         self.known_initiators.hash(state);
         self.driver_aborts.hash(state);
+        self.control.hash(state);
     }
 }
 
@@ -229,6 +243,7 @@ impl World {
             known_initiators,
             failed: false,
             driver_aborts: 0,
+            control: vec![VecDeque::new(); count],
         }
     }
 
@@ -316,6 +331,18 @@ impl World {
         self.settle(ctx, vec![node])
     }
 
+    /// Delivers the oldest control message of `node`.
+    pub fn deliver_control(&mut self, ctx: &mut Ctx<'_>, node: usize) -> Result<(), String> {
+        match self.control[node]
+            .pop_front()
+            .expect("a pending control message")
+        {
+            Control::Abort(checkpoint) => self.machines[node].on_abort(checkpoint),
+            Control::Complete(checkpoint) => self.machines[node].on_complete(checkpoint),
+        }
+        self.settle(ctx, vec![node])
+    }
+
     /// Hands back the delayed snapshot token at `index`.
     pub fn return_token(&mut self, ctx: &mut Ctx<'_>, index: usize) -> Result<(), String> {
         let (node, token) = ctx.tokens.remove(index);
@@ -335,6 +362,7 @@ impl World {
         self.channels.iter().all(VecDeque::is_empty)
             && self.triggers.is_empty()
             && ctx.tokens.is_empty()
+            && self.control.iter().all(VecDeque::is_empty)
     }
 
     /// Every checkpoint ever triggered has finished everywhere.
@@ -428,8 +456,7 @@ impl World {
                 self.completed.push(done.checkpoint);
                 ctx.stats.completed += 1;
                 for node in 0..count {
-                    self.machines[node].on_complete(done.checkpoint);
-                    self.drain_node(ctx, node, outbox);
+                    self.control_to(ctx, node, Control::Complete(done.checkpoint), outbox);
                 }
                 // Older checkpoints were subsumed; the coordinator sends
                 // their aborts right after.
@@ -440,13 +467,30 @@ impl World {
                 ctx.stats.aborted += 1;
                 self.triggers.retain(|&(pending, _)| pending != checkpoint);
                 for node in 0..count {
-                    self.machines[node].on_abort(checkpoint);
-                    self.drain_node(ctx, node, outbox);
+                    self.control_to(ctx, node, Control::Abort(checkpoint), outbox);
                 }
             }
             CoordinatorAction::FailJob { .. } => self.failed = true,
         }
         Ok(())
+    }
+
+    fn control_to(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        node: usize,
+        control: Control,
+        outbox: &mut Vec<ToCoordinator>,
+    ) {
+        if ctx.setup.delay_control {
+            self.control[node].push_back(control);
+            return;
+        }
+        match control {
+            Control::Abort(checkpoint) => self.machines[node].on_abort(checkpoint),
+            Control::Complete(checkpoint) => self.machines[node].on_complete(checkpoint),
+        }
+        self.drain_node(ctx, node, outbox);
     }
 
     fn drain_node(&mut self, ctx: &mut Ctx<'_>, node: usize, outbox: &mut Vec<ToCoordinator>) {
