@@ -12,11 +12,14 @@
 //! - [`storage`]: the [`storage::CheckpointStore`]: durable parts, atomic
 //!   commit of a checkpoint, listing, retention and savepoints. It moves
 //!   opaque bytes and never knows what is inside a part.
+//! - [`protocol`]: the pure checkpoint state machines (per node, coordinator),
+//!   graph analysis and the consistency oracle. No I/O, clocks or actors.
 //! - [`runtime`]: actix arbiters, actors and channels (batching, credits,
 //!   fairness, panic reports). It never decides protocol questions.
 //!
 //! This crate never talks to a network and never spawns a process.
 
+pub mod protocol;
 pub mod runtime;
 pub mod state;
 pub mod storage;
