@@ -19,6 +19,7 @@
 //!
 //! This crate never talks to a network and never spawns a process.
 
+pub mod job;
 pub mod protocol;
 pub mod runtime;
 pub mod state;

@@ -1,0 +1,287 @@
+//! The job layer: a typed builder for a streaming job, and the machinery
+//! that runs it end to end with checkpoints and exactly-once recovery.
+//!
+//! This module owns the user's vocabulary for a job ([`Job`], [`JobConfig`],
+//! [`Stream`], [`KeyedStream`], [`Collector`], the [`Source`] and [`Sink`]
+//! contracts), the translation of the logical graph into a graph of subtasks
+//! with channels and partitioners, the operator shells that drive one
+//! protocol [`NodeMachine`](crate::protocol::NodeMachine) per subtask, and
+//! the supervisor actor that drives the
+//! [`Coordinator`](crate::protocol::Coordinator), persists checkpoints off
+//! the actor threads, detects failures and restarts the job from the last
+//! completed checkpoint. It never decides a protocol question (the protocol
+//! machines do), never formats bytes on disk (the store does) and never
+//! moves a record by itself (the runtime's channels do).
+//!
+//! Failover region: a failure anywhere restarts the whole job (every
+//! subtask of the graph), which is always correct; restarting only the
+//! connected region of the failed subtask is not done yet.
+//!
+//! ```
+//! use snapflow::job::{CollectSink, Job, JobConfig, VecSource};
+//!
+//! #[derive(snapflow::Snapshot, Default, Clone, Debug)]
+//! struct Count {
+//!     seen: u64,
+//! }
+//!
+//! let job = Job::new("doc", JobConfig { checkpoint_interval_ms: Some(20), ..JobConfig::default() });
+//! let (sink, output) = CollectSink::new();
+//! job.source("numbers", VecSource::new((0..100_u64).collect()))
+//!     .map("tenths", |n| n / 10)
+//!     .key_by(|n: &u64| *n)
+//!     .process("count", |key: &u64, state: &mut Count, _n: u64, out| {
+//!         state.seen += 1;
+//!         out.emit((*key, state.seen));
+//!         Ok(())
+//!     })
+//!     .sink("collect", sink);
+//! let report = job.run()?;
+//! let mut counts = output.committed();
+//! counts.sort();
+//! assert_eq!(counts.len(), 100);
+//! assert!(counts.contains(&(9, 10)));
+//! assert_eq!(report.operator("count").map(|op| op.records_in), Some(100));
+//! # Ok::<(), snapflow::job::JobError>(())
+//! ```
+
+mod connectors;
+mod ops;
+mod physical;
+mod restart;
+mod route;
+mod shell;
+mod stream;
+mod supervisor;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::protocol::{CoordinatorConfigError, GraphError, SnapshotMode};
+use crate::runtime::RuntimeError;
+use crate::storage::{CheckpointStore, FsCheckpointStore, StoreError};
+
+pub use connectors::{
+    CollectHandle, CollectSink, ReadStatus, Sink, SinkWriter, Source, SourceReader, VecSource,
+};
+pub use ops::Key;
+pub use restart::RestartStrategy;
+pub use route::Collector;
+pub use shell::Data;
+pub use stream::{Job, KeyedStateHandle, KeyedStream, SinkHandle, Stream};
+
+/// How a job runs: checkpoints, snapshot mode, store, restarts, parallelism
+/// and transport tuning.
+#[derive(Debug, Clone)]
+pub struct JobConfig {
+    /// Time between periodic checkpoints; `None` disables them (the final
+    /// checkpoint at the end of a bounded job still happens).
+    pub checkpoint_interval_ms: Option<u64>,
+    /// A checkpoint not complete after this long is aborted as a failure.
+    pub checkpoint_timeout_ms: u64,
+    /// Minimum time between the end of one checkpoint and the next.
+    pub min_pause_ms: u64,
+    /// How many checkpoints may be in flight at once.
+    pub max_concurrent_checkpoints: usize,
+    /// How many checkpoint failures in a row are tolerated before the job
+    /// restarts.
+    pub tolerable_checkpoint_failures: u32,
+    /// The snapshot algorithm: aligned (default), unaligned or
+    /// at-least-once. Cyclic graphs are not supported by the builder yet.
+    pub mode: SnapshotMode,
+    /// Where checkpoints go; `None` means a fresh in-memory store per run.
+    pub store: Option<Arc<dyn CheckpointStore>>,
+    /// What to do when the job fails.
+    pub restart: RestartStrategy,
+    /// The parallelism of operators that do not set their own.
+    pub default_parallelism: usize,
+    /// The number of key groups (Flink's max parallelism): the upper bound
+    /// of any keyed operator's parallelism.
+    pub max_parallelism: u32,
+    /// A batch closes at this many records.
+    pub batch_size_max: usize,
+    /// A batch closes this long after its first record.
+    pub batch_linger_ms: u64,
+    /// Batches in flight per channel (the backpressure window).
+    pub window_batches: usize,
+    /// Arbiter threads for operators; `None` means one per core.
+    pub arbiters: Option<usize>,
+}
+
+impl Default for JobConfig {
+    fn default() -> Self {
+        JobConfig {
+            checkpoint_interval_ms: None,
+            checkpoint_timeout_ms: 60_000,
+            min_pause_ms: 0,
+            max_concurrent_checkpoints: 1,
+            tolerable_checkpoint_failures: 0,
+            mode: SnapshotMode::Aligned,
+            store: None,
+            restart: RestartStrategy::default(),
+            default_parallelism: 1,
+            max_parallelism: 128,
+            batch_size_max: 1024,
+            batch_linger_ms: 5,
+            window_batches: 8,
+            arbiters: None,
+        }
+    }
+}
+
+impl JobConfig {
+    /// Uses a file-system store under `root` for job `job`.
+    pub fn with_store_dir(mut self, root: impl AsRef<Path>, job: &str) -> Result<Self, JobError> {
+        self.store = Some(Arc::new(FsCheckpointStore::open(root, job)?));
+        Ok(self)
+    }
+}
+
+/// Why a job could not be built or did not finish.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum JobError {
+    /// Two operators have the same name.
+    #[error("two operators are named `{name}`; operator names must be unique in a job")]
+    DuplicateName {
+        /// The name.
+        name: String,
+    },
+    /// An operator name cannot be used in checkpoints.
+    #[error("operator name `{name}` is not valid: {reason}")]
+    InvalidName {
+        /// The name.
+        name: String,
+        /// Why.
+        reason: String,
+    },
+    /// An operator's parallelism is 0 or above the job's max parallelism.
+    #[error("operator `{operator}` has parallelism {parallelism}; it must be in 1..={max}")]
+    BadParallelism {
+        /// The operator.
+        operator: String,
+        /// Its parallelism.
+        parallelism: usize,
+        /// The job's max parallelism.
+        max: u32,
+    },
+    /// `.parallelism(n)` on a stream that several operators produce (a union).
+    #[error("parallelism set on a union stream; set it on each input instead")]
+    ParallelismOnUnion,
+    /// The job has no operators.
+    #[error("the job has no operators")]
+    EmptyJob,
+    /// The configuration is unusable.
+    #[error("invalid job configuration: {0}")]
+    InvalidConfig(String),
+    /// The graph cannot be checkpointed in the chosen mode.
+    #[error("graph: {0}")]
+    Graph(#[from] GraphError),
+    /// The checkpoint schedule is unusable.
+    #[error("checkpoint coordinator: {0}")]
+    Coordinator(#[from] CoordinatorConfigError),
+    /// The runtime could not start threads or actors.
+    #[error("runtime: {0}")]
+    Runtime(#[from] RuntimeError),
+    /// The checkpoint store failed (loading a checkpoint to restore).
+    #[error("checkpoint store: {0}")]
+    Store(#[from] StoreError),
+    /// The restart strategy gave up; `cause` is the last failure.
+    #[error("job failed after {restarts} restarts; last failure: {cause}")]
+    RestartsExhausted {
+        /// How many restarts happened.
+        restarts: u32,
+        /// The root cause (operator, subtask, generation and message).
+        cause: String,
+    },
+    /// A bug in the job layer (wiring of mismatched types, a lost
+    /// supervisor); never expected.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl JobError {
+    /// Whether running the job again could succeed.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            JobError::Runtime(error) => error.is_retryable(),
+            JobError::Store(error) => error.is_retryable(),
+            _ => false,
+        }
+    }
+}
+
+/// What a finished job reports.
+#[derive(Debug, Clone, Default)]
+pub struct JobReport {
+    /// The job's name.
+    pub job: String,
+    /// Per operator, in declaration order.
+    pub operators: Vec<OperatorReport>,
+    /// Checkpoints that completed and were persisted, in order.
+    pub checkpoints: Vec<CheckpointReport>,
+    /// Checkpoints that were aborted as failures or failed to persist.
+    pub failed_checkpoints: Vec<FailedCheckpoint>,
+    /// Every restart, in order.
+    pub restarts: Vec<RestartReport>,
+    /// The checkpoint the first generation restored from (a resumed job).
+    pub resumed_from: Option<u64>,
+}
+
+impl JobReport {
+    /// The report of the operator named `name`.
+    pub fn operator(&self, name: &str) -> Option<&OperatorReport> {
+        self.operators.iter().find(|operator| operator.name == name)
+    }
+}
+
+/// Counters of one operator, summed over subtasks and generations (records
+/// replayed after a restart are counted again).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OperatorReport {
+    /// The operator's name.
+    pub name: String,
+    /// Its parallelism.
+    pub parallelism: usize,
+    /// Records it processed.
+    pub records_in: u64,
+    /// Records it emitted.
+    pub records_out: u64,
+    /// The most batches ever in flight on one of its output channels.
+    pub in_flight_batches_peak: u64,
+    /// How often one of its output channels ran out of credit.
+    pub credit_stalls: u64,
+}
+
+/// One completed checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointReport {
+    /// Its id.
+    pub checkpoint: u64,
+    /// From trigger to durable commit.
+    pub duration_ms: u64,
+    /// Bytes of all its parts.
+    pub size_bytes: u64,
+}
+
+/// One failed checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailedCheckpoint {
+    /// Its id.
+    pub checkpoint: u64,
+    /// Why it failed.
+    pub reason: String,
+}
+
+/// One restart.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestartReport {
+    /// The generation that started.
+    pub generation: u64,
+    /// The failure that caused it.
+    pub cause: String,
+    /// The checkpoint it restored from (`None`: from the beginning).
+    pub restored_from: Option<u64>,
+    /// From the failure report to the new generation's start.
+    pub recovery_ms: u64,
+}

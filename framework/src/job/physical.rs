@@ -1,0 +1,562 @@
+//! The graph of subtasks and its wiring: which channels connect which
+//! subtasks, the protocol plan on that graph, and the start of one
+//! generation of actors.
+//!
+//! This module owns type erasure between the typed builder and the actors:
+//! every logical operator keeps a [`Template`] that knows its record types;
+//! at each generation the template makes one [`SubtaskSlot`] per subtask
+//! (an actix mailbox whose address exists before the actor does), channels
+//! are made by the sending slot from the receiving slot's address (a
+//! `Recipient<Delivery<T, Control>>` erased as `Box<dyn Any>` and downcast
+//! once, here), and then every actor starts on its arbiter. It never runs
+//! the protocol and never touches the store.
+
+use std::any::Any;
+use std::collections::BTreeMap;
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+
+use actix::{Addr, Recipient};
+
+use crate::protocol::{CheckpointId, GraphBuilder, NodeConfig, NodeMachine, SnapshotPlan};
+use crate::runtime::channel::{
+    channel, ChannelConfig, ChannelId, ChannelReceiver, ChannelSender, ChannelStats, Credit,
+    Delivery, Window,
+};
+use crate::runtime::failure::FailureSink;
+use crate::runtime::pool::{ActorSlot, ArbiterPool, Placement};
+use crate::runtime::source::{SourceActor, SourceConfig};
+use crate::runtime::stage::{Inject, StageActor, StageConfig};
+use crate::runtime::{ActorTag, Generation};
+use crate::storage::PartId;
+
+use super::connectors::Source;
+use super::route::{EdgeRoute, KeyHash, RouteKind, Router};
+use super::shell::{
+    Control, Core, Data, NodeEvent, OperatorCounters, ShellEnv, SourceShell, StageShell,
+};
+use super::{JobConfig, JobError};
+
+/// How the records of a logical edge are partitioned, once parallelisms are
+/// known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Partition {
+    /// Subtask i to subtask i (same parallelism).
+    Forward,
+    /// Round robin to every downstream subtask.
+    Rebalance,
+    /// By key group.
+    Hash,
+}
+
+/// Makes the subtask slots of one logical operator; knows its types.
+pub(crate) trait Template: Send + Sync + 'static {
+    /// A fresh slot for one subtask of one generation.
+    fn slot(&self) -> Box<dyn SubtaskSlot>;
+}
+
+/// Everything a slot needs to start its actor.
+pub(crate) struct SlotStart<'a> {
+    pub(crate) pool: &'a ArbiterPool,
+    pub(crate) tag: ActorTag,
+    pub(crate) env: ShellEnv,
+    pub(crate) node_config: NodeConfig,
+    pub(crate) last_completed: Option<CheckpointId>,
+    pub(crate) failures: FailureSink,
+    pub(crate) subtask: usize,
+    pub(crate) parallelism: usize,
+    pub(crate) read_batch: usize,
+}
+
+/// One subtask of one generation, before and at its start.
+pub(crate) trait SubtaskSlot {
+    /// The address deliveries go to, erased (`Recipient<Delivery<In, Control>>`).
+    fn delivery_target(&self) -> Result<Box<dyn Any>, JobError>;
+    /// The address the supervisor injects controls into.
+    fn inject_target(&self) -> Recipient<Inject<Control>>;
+    /// Starts a new logical output edge; the next `connect` calls add its
+    /// channels in downstream subtask order.
+    fn begin_edge(
+        &mut self,
+        partition: Partition,
+        key_hash: Option<&(dyn Any + Send + Sync)>,
+        max_parallelism: u32,
+        subtask: usize,
+    ) -> Result<(), JobError>;
+    /// Makes an output channel to `target` and returns its receiving half.
+    fn connect(
+        &mut self,
+        target: Box<dyn Any>,
+        id: ChannelId,
+        generation: Generation,
+        config: ChannelConfig,
+    ) -> Result<ChannelReceiver, JobError>;
+    /// Adds the next input channel.
+    fn add_input(&mut self, receiver: ChannelReceiver) -> Result<(), JobError>;
+    /// Starts the actor.
+    fn start(self: Box<Self>, start: SlotStart<'_>) -> Result<(), JobError>;
+}
+
+/// The output side shared by both slot kinds.
+struct OutputSide<Out: Data> {
+    senders: Vec<ChannelSender<Out, Control>>,
+    routes: Vec<EdgeRoute<Out>>,
+}
+
+impl<Out: Data> OutputSide<Out> {
+    fn new() -> Self {
+        OutputSide {
+            senders: Vec::new(),
+            routes: Vec::new(),
+        }
+    }
+
+    fn begin_edge(
+        &mut self,
+        partition: Partition,
+        key_hash: Option<&(dyn Any + Send + Sync)>,
+        max_parallelism: u32,
+        subtask: usize,
+    ) -> Result<(), JobError> {
+        let kind = match partition {
+            Partition::Forward => RouteKind::Forward,
+            Partition::Rebalance => RouteKind::Rebalance,
+            Partition::Hash => {
+                let key_hash = key_hash
+                    .and_then(|any| any.downcast_ref::<KeyHash<Out>>())
+                    .ok_or_else(|| {
+                        JobError::Internal("a hash edge without a key function".into())
+                    })?;
+                RouteKind::Hash {
+                    key_hash: Arc::clone(key_hash),
+                    max_parallelism,
+                }
+            }
+        };
+        self.routes
+            .push(EdgeRoute::new(self.senders.len(), 0, kind, subtask));
+        Ok(())
+    }
+
+    fn connect(
+        &mut self,
+        target: Box<dyn Any>,
+        credit: Recipient<Credit>,
+        id: ChannelId,
+        generation: Generation,
+        config: ChannelConfig,
+    ) -> Result<ChannelReceiver, JobError> {
+        let target = target
+            .downcast::<Recipient<Delivery<Out, Control>>>()
+            .map_err(|_| JobError::Internal(format!("channel {} joins mismatched types", id.0)))?;
+        let route = self
+            .routes
+            .last_mut()
+            .ok_or_else(|| JobError::Internal("a channel outside any edge".into()))?;
+        route.count += 1;
+        let (sender, receiver) = channel(id, generation, config, *target, credit);
+        self.senders.push(sender);
+        Ok(receiver)
+    }
+}
+
+/// A stage operator: makes its core on the actor's thread.
+pub(crate) type CoreFactory<In, Out> =
+    Arc<dyn Fn(usize, usize) -> Box<dyn Core<In, Out>> + Send + Sync>;
+
+pub(crate) struct StageTemplate<In, Out> {
+    pub(crate) make_core: CoreFactory<In, Out>,
+}
+
+impl<In: Data, Out: Data> Template for StageTemplate<In, Out> {
+    fn slot(&self) -> Box<dyn SubtaskSlot> {
+        Box::new(StageSlot {
+            slot: ActorSlot::new(),
+            outputs: OutputSide::new(),
+            inputs: Vec::new(),
+            make_core: Arc::clone(&self.make_core),
+        })
+    }
+}
+
+struct StageSlot<In: Data, Out: Data> {
+    slot: ActorSlot<StageActor<StageShell<In, Out>>>,
+    outputs: OutputSide<Out>,
+    inputs: Vec<ChannelReceiver>,
+    make_core: CoreFactory<In, Out>,
+}
+
+impl<In: Data, Out: Data> SubtaskSlot for StageSlot<In, Out> {
+    fn delivery_target(&self) -> Result<Box<dyn Any>, JobError> {
+        let recipient: Recipient<Delivery<In, Control>> = self.slot.address().recipient();
+        Ok(Box::new(recipient))
+    }
+
+    fn inject_target(&self) -> Recipient<Inject<Control>> {
+        self.slot.address().recipient()
+    }
+
+    fn begin_edge(
+        &mut self,
+        partition: Partition,
+        key_hash: Option<&(dyn Any + Send + Sync)>,
+        max_parallelism: u32,
+        subtask: usize,
+    ) -> Result<(), JobError> {
+        self.outputs
+            .begin_edge(partition, key_hash, max_parallelism, subtask)
+    }
+
+    fn connect(
+        &mut self,
+        target: Box<dyn Any>,
+        id: ChannelId,
+        generation: Generation,
+        config: ChannelConfig,
+    ) -> Result<ChannelReceiver, JobError> {
+        let address: Addr<StageActor<StageShell<In, Out>>> = self.slot.address();
+        self.outputs
+            .connect(target, address.recipient(), id, generation, config)
+    }
+
+    fn add_input(&mut self, receiver: ChannelReceiver) -> Result<(), JobError> {
+        self.inputs.push(receiver);
+        Ok(())
+    }
+
+    fn start(self: Box<Self>, start: SlotStart<'_>) -> Result<(), JobError> {
+        let StageSlot {
+            slot,
+            outputs,
+            inputs,
+            make_core,
+        } = *self;
+        let machine = new_machine::<Vec<In>>(start.node_config, start.last_completed)?;
+        let router = Router {
+            edges: outputs.routes,
+        };
+        let senders = outputs.senders;
+        let (tag, env, failures) = (start.tag, start.env, start.failures);
+        let (subtask, parallelism) = (start.subtask, start.parallelism);
+        let actor_tag = tag.clone();
+        start
+            .pool
+            .start_in_slot(slot, Placement::RoundRobin, tag, failures.clone(), move |_| {
+                let core = make_core(subtask, parallelism);
+                let shell = StageShell::new(env, machine, core, router);
+                StageActor::new(
+                    actor_tag,
+                    shell,
+                    inputs,
+                    senders,
+                    StageConfig::default(),
+                    failures,
+                )
+            })?;
+        Ok(())
+    }
+}
+
+pub(crate) struct SourceTemplate<T> {
+    pub(crate) source: Arc<dyn Source<T>>,
+}
+
+impl<T: Data> Template for SourceTemplate<T> {
+    fn slot(&self) -> Box<dyn SubtaskSlot> {
+        Box::new(SourceSlot {
+            slot: ActorSlot::new(),
+            outputs: OutputSide::new(),
+            source: Arc::clone(&self.source),
+        })
+    }
+}
+
+struct SourceSlot<T: Data> {
+    slot: ActorSlot<SourceActor<SourceShell<T>>>,
+    outputs: OutputSide<T>,
+    source: Arc<dyn Source<T>>,
+}
+
+impl<T: Data> SubtaskSlot for SourceSlot<T> {
+    fn delivery_target(&self) -> Result<Box<dyn Any>, JobError> {
+        Err(JobError::Internal("a source has no inputs".into()))
+    }
+
+    fn inject_target(&self) -> Recipient<Inject<Control>> {
+        self.slot.address().recipient()
+    }
+
+    fn begin_edge(
+        &mut self,
+        partition: Partition,
+        key_hash: Option<&(dyn Any + Send + Sync)>,
+        max_parallelism: u32,
+        subtask: usize,
+    ) -> Result<(), JobError> {
+        self.outputs
+            .begin_edge(partition, key_hash, max_parallelism, subtask)
+    }
+
+    fn connect(
+        &mut self,
+        target: Box<dyn Any>,
+        id: ChannelId,
+        generation: Generation,
+        config: ChannelConfig,
+    ) -> Result<ChannelReceiver, JobError> {
+        let address: Addr<SourceActor<SourceShell<T>>> = self.slot.address();
+        self.outputs
+            .connect(target, address.recipient(), id, generation, config)
+    }
+
+    fn add_input(&mut self, _receiver: ChannelReceiver) -> Result<(), JobError> {
+        Err(JobError::Internal("a source has no inputs".into()))
+    }
+
+    fn start(self: Box<Self>, start: SlotStart<'_>) -> Result<(), JobError> {
+        let SourceSlot {
+            slot,
+            outputs,
+            source,
+        } = *self;
+        let machine = new_machine::<Vec<T>>(start.node_config, start.last_completed)?;
+        let router = Router {
+            edges: outputs.routes,
+        };
+        let senders = outputs.senders;
+        let (tag, env, failures) = (start.tag, start.env, start.failures);
+        let (subtask, parallelism, read_batch) =
+            (start.subtask, start.parallelism, start.read_batch);
+        let actor_tag = tag.clone();
+        start
+            .pool
+            .start_in_slot(slot, Placement::RoundRobin, tag, failures.clone(), move |_| {
+                let reader = source.reader(subtask, parallelism);
+                let shell = SourceShell::new(env, machine, reader, router, read_batch);
+                SourceActor::new(
+                    actor_tag,
+                    shell,
+                    senders,
+                    SourceConfig::default(),
+                    failures,
+                )
+            })?;
+        Ok(())
+    }
+}
+
+fn new_machine<M: Clone>(
+    config: NodeConfig,
+    last_completed: Option<CheckpointId>,
+) -> Result<NodeMachine<M>, JobError> {
+    let machine = match last_completed {
+        Some(checkpoint) => NodeMachine::resumed(config, checkpoint),
+        None => NodeMachine::new(config),
+    };
+    machine.map_err(|error| JobError::Internal(format!("node configuration: {error}")))
+}
+
+/// One logical operator, resolved.
+pub(crate) struct PlannedOperator {
+    pub(crate) name: String,
+    pub(crate) parallelism: usize,
+    pub(crate) first_node: usize,
+    pub(crate) template: Box<dyn Template>,
+    pub(crate) counters: Arc<OperatorCounters>,
+}
+
+/// One logical edge, resolved.
+pub(crate) struct PlannedEdge {
+    pub(crate) partition: Partition,
+    pub(crate) key_hash: Option<Arc<dyn Any + Send + Sync>>,
+}
+
+/// One physical channel.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PhysicalEdge {
+    pub(crate) from: usize,
+    pub(crate) to: usize,
+    pub(crate) logical: usize,
+}
+
+/// The graph of subtasks and its protocol plan.
+pub(crate) struct PhysicalPlan {
+    pub(crate) operators: Vec<PlannedOperator>,
+    /// Per node: (operator, subtask).
+    pub(crate) nodes: Vec<(usize, usize)>,
+    pub(crate) edges: Vec<PhysicalEdge>,
+    pub(crate) logical_edges: Vec<PlannedEdge>,
+    pub(crate) snapshot: SnapshotPlan,
+    pub(crate) config: JobConfig,
+}
+
+impl PhysicalPlan {
+    /// Builds the subtask graph from resolved operators and logical edges
+    /// `(from operator, to operator)`, and plans the protocol on it.
+    pub(crate) fn new(
+        operators: Vec<PlannedOperator>,
+        sources: &[bool],
+        logical: Vec<(usize, usize, PlannedEdge)>,
+        config: JobConfig,
+    ) -> Result<PhysicalPlan, JobError> {
+        let nodes: Vec<(usize, usize)> = operators
+            .iter()
+            .enumerate()
+            .flat_map(|(index, operator)| (0..operator.parallelism).map(move |s| (index, s)))
+            .collect();
+        let mut edges = Vec::new();
+        let mut logical_edges = Vec::new();
+        for (index, (from, to, edge)) in logical.into_iter().enumerate() {
+            let (up, down) = (&operators[from], &operators[to]);
+            for i in 0..up.parallelism {
+                if edge.partition == Partition::Forward {
+                    edges.push(PhysicalEdge {
+                        from: up.first_node + i,
+                        to: down.first_node + i,
+                        logical: index,
+                    });
+                    continue;
+                }
+                for j in 0..down.parallelism {
+                    edges.push(PhysicalEdge {
+                        from: up.first_node + i,
+                        to: down.first_node + j,
+                        logical: index,
+                    });
+                }
+            }
+            logical_edges.push(edge);
+        }
+        let name = |node: usize| {
+            let (operator, subtask) = nodes[node];
+            format!("{}[{subtask}]", operators[operator].name)
+        };
+        let mut builder = GraphBuilder::new();
+        for (node, &(operator, _)) in nodes.iter().enumerate() {
+            builder = if sources[operator] {
+                builder.source(&name(node))
+            } else {
+                builder.node(&name(node))
+            };
+        }
+        for edge in &edges {
+            builder = builder.edge(&name(edge.from), &name(edge.to));
+        }
+        let graph = builder.build()?;
+        let snapshot = graph.plan(config.mode, &[])?;
+        Ok(PhysicalPlan {
+            operators,
+            nodes,
+            edges,
+            logical_edges,
+            snapshot,
+            config,
+        })
+    }
+
+    /// The node count.
+    pub(crate) fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// The store's part id of a node.
+    pub(crate) fn part_id(&self, node: usize) -> PartId {
+        let (operator, subtask) = self.nodes[node];
+        PartId::new(self.operators[operator].name.clone(), subtask as u32)
+    }
+
+    fn channel_config(&self) -> ChannelConfig {
+        let config = &self.config;
+        ChannelConfig {
+            batch_size_max: NonZeroUsize::new(config.batch_size_max).unwrap_or(NonZeroUsize::MIN),
+            batch_linger_ms: config.batch_linger_ms,
+            window: Window::Bounded(
+                NonZeroUsize::new(config.window_batches).unwrap_or(NonZeroUsize::MIN),
+            ),
+        }
+    }
+}
+
+/// What the supervisor keeps of one running generation.
+pub(crate) struct GenerationHandles {
+    /// Per node, where to inject controls.
+    pub(crate) injects: Vec<Recipient<Inject<Control>>>,
+    /// (operator, stats) of every channel, by its sending operator.
+    pub(crate) channel_stats: Vec<(usize, ChannelStats)>,
+}
+
+/// Wires and starts one generation of every subtask.
+pub(crate) fn start_generation(
+    plan: &PhysicalPlan,
+    pool: &ArbiterPool,
+    generation: Generation,
+    supervisor: &Recipient<NodeEvent>,
+    failures: &FailureSink,
+    restore: &BTreeMap<PartId, Vec<u8>>,
+    last_completed: Option<CheckpointId>,
+    job_span: &tracing::Span,
+) -> Result<GenerationHandles, JobError> {
+    let mut slots: Vec<Box<dyn SubtaskSlot>> = plan
+        .nodes
+        .iter()
+        .map(|&(operator, _)| plan.operators[operator].template.slot())
+        .collect();
+    let config = plan.channel_config();
+    let mut channel_stats = Vec::with_capacity(plan.edges.len());
+    let mut previous: Option<(usize, usize)> = None;
+    for (id, edge) in plan.edges.iter().enumerate() {
+        if previous != Some((edge.from, edge.logical)) {
+            let logical = &plan.logical_edges[edge.logical];
+            let subtask = plan.nodes[edge.from].1;
+            slots[edge.from].begin_edge(
+                logical.partition,
+                logical.key_hash.as_deref(),
+                plan.config.max_parallelism,
+                subtask,
+            )?;
+            previous = Some((edge.from, edge.logical));
+        }
+        let target = slots[edge.to].delivery_target()?;
+        let receiver = slots[edge.from].connect(target, ChannelId(id as u64), generation, config)?;
+        channel_stats.push((plan.nodes[edge.from].0, receiver.stats().clone()));
+        slots[edge.to].add_input(receiver)?;
+    }
+    let injects = slots.iter().map(|slot| slot.inject_target()).collect();
+    for (node, slot) in slots.into_iter().enumerate() {
+        let (operator, subtask) = plan.nodes[node];
+        let planned = &plan.operators[operator];
+        let tag = ActorTag::new(planned.name.as_str(), subtask, generation);
+        let span = tracing::info_span!(
+            parent: job_span,
+            "subtask",
+            operator = %planned.name,
+            subtask,
+            generation = generation.0
+        );
+        let env = ShellEnv {
+            node,
+            generation,
+            supervisor: supervisor.clone(),
+            counters: Arc::clone(&planned.counters),
+            restore: restore.get(&plan.part_id(node)).cloned(),
+            span,
+        };
+        slot.start(SlotStart {
+            pool,
+            tag,
+            env,
+            node_config: plan
+                .snapshot
+                .node_config(node, plan.config.max_concurrent_checkpoints),
+            last_completed,
+            failures: failures.clone(),
+            subtask,
+            parallelism: planned.parallelism,
+            read_batch: plan.config.batch_size_max,
+        })?;
+    }
+    Ok(GenerationHandles {
+        injects,
+        channel_stats,
+    })
+}

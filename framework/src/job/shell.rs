@@ -1,0 +1,510 @@
+//! Operator shells: the logic plugged into the runtime's stage and source
+//! actors that drives one [`NodeMachine`] per subtask around the user's
+//! code.
+//!
+//! A shell owns the translation between transport and protocol: data
+//! batches go through [`NodeMachine::on_data`] (one batch is one protocol
+//! message), barriers and end of input are in-band [`Control`] items, held
+//! channels are held in the stage (`hold_input`) so their batches keep their
+//! credits and the upstream stalls; `TakeSnapshot` serializes the operator
+//! state on the actor (the synchronous part) and the part goes to the
+//! supervisor with the node's report. Triggers, completions and aborts come
+//! from the supervisor as injected controls.
+//!
+//! It never decides a protocol question (the machine does), never does I/O
+//! (the supervisor's writer thread does) and never restarts anything.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use actix::{Message, Recipient};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::protocol::{CheckpointId, DeclineReason, Delivery, NodeAction, NodeMachine};
+use crate::runtime::channel::Outputs;
+use crate::runtime::source::{SourceLogic, SourcePoll};
+use crate::runtime::stage::{StageIo, StageLogic};
+use crate::runtime::{BoxError, Generation};
+
+use super::connectors::{ReadStatus, SourceReader};
+use super::route::{Collector, Router};
+
+/// Bound on the serde-friendly record types that flow between operators:
+/// they are cloned for fan-out and recorded channel state, and serialized
+/// into checkpoints (recorded channel state of unaligned checkpoints).
+pub trait Data: Clone + Send + Unpin + Serialize + DeserializeOwned + 'static {}
+
+impl<T: Clone + Send + Unpin + Serialize + DeserializeOwned + 'static> Data for T {}
+
+/// The in-band and injected control items of the job layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Control {
+    /// In-band: barrier of a checkpoint.
+    Barrier(CheckpointId),
+    /// In-band: no more items on this channel.
+    End,
+    /// Injected: the coordinator triggers this node.
+    Trigger(CheckpointId),
+    /// Injected: the checkpoint is complete and durable.
+    Complete(CheckpointId),
+    /// Injected: the checkpoint was aborted.
+    Abort(CheckpointId),
+}
+
+/// What a subtask tells the supervisor.
+#[derive(Debug)]
+pub(crate) struct NodeEvent {
+    pub(crate) generation: Generation,
+    pub(crate) node: usize,
+    pub(crate) kind: NodeEventKind,
+}
+
+#[derive(Debug)]
+pub(crate) enum NodeEventKind {
+    /// The node's part of a checkpoint, encoded as a [`PartBytes`].
+    Ack {
+        checkpoint: CheckpointId,
+        part: Vec<u8>,
+    },
+    Decline {
+        checkpoint: CheckpointId,
+        reason: DeclineReason,
+    },
+    /// Every input ended (a source: it is exhausted); no barrier can reach
+    /// the node any more, so it must be triggered directly.
+    InputsEnded,
+    /// The node processed the completion of `checkpoint` after its input
+    /// ended: its output up to the end is committed.
+    Finished { checkpoint: CheckpointId },
+}
+
+impl Message for NodeEvent {
+    type Result = ();
+}
+
+/// One subtask's part of a checkpoint, as stored.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub(crate) struct PartBytes {
+    /// The operator state (or a source's position).
+    pub(crate) state: Vec<u8>,
+    /// Recorded channel states: (input channel, postcard `Vec<Vec<In>>`).
+    pub(crate) channels: Vec<(u32, Vec<u8>)>,
+}
+
+/// Counters of one logical operator, summed over subtasks and generations.
+#[derive(Debug, Default)]
+pub(crate) struct OperatorCounters {
+    pub(crate) records_in: AtomicU64,
+    pub(crate) records_out: AtomicU64,
+}
+
+/// The user-facing logic of one stage instance.
+pub(crate) trait Core<In, Out: Send + 'static>: 'static {
+    /// Processes one batch.
+    fn process(&mut self, batch: Vec<In>, out: &mut Collector<'_, Out>) -> Result<(), BoxError>;
+    /// The synchronous part of a checkpoint: the state as bytes.
+    fn snapshot(&mut self, checkpoint: CheckpointId) -> Result<Vec<u8>, BoxError>;
+    /// Restores from bytes [`Core::snapshot`] returned.
+    fn restore(&mut self, state: &[u8]) -> Result<(), BoxError>;
+    /// A checkpoint is complete (sinks commit).
+    fn on_complete(&mut self, checkpoint: CheckpointId) -> Result<(), BoxError> {
+        let _ = checkpoint;
+        Ok(())
+    }
+    /// Every input ended; the last chance to emit.
+    fn on_end(&mut self, out: &mut Collector<'_, Out>) -> Result<(), BoxError> {
+        let _ = out;
+        Ok(())
+    }
+}
+
+/// What a shell needs besides its logic.
+pub(crate) struct ShellEnv {
+    pub(crate) node: usize,
+    pub(crate) generation: Generation,
+    pub(crate) supervisor: Recipient<NodeEvent>,
+    pub(crate) counters: Arc<OperatorCounters>,
+    /// The part of the restored checkpoint, if any.
+    pub(crate) restore: Option<Vec<u8>>,
+    pub(crate) span: tracing::Span,
+}
+
+impl ShellEnv {
+    fn tell(&self, kind: NodeEventKind) {
+        self.supervisor.do_send(NodeEvent {
+            generation: self.generation,
+            node: self.node,
+            kind,
+        });
+    }
+}
+
+/// Snapshot states taken but not yet reported, per checkpoint. Bounded by
+/// the checkpoints in flight at the node (`max_concurrent`): every entry is
+/// removed when its part is reported or its checkpoint aborted or
+/// subsumed.
+#[derive(Default)]
+struct TakenStates {
+    entries: Vec<(CheckpointId, Vec<u8>)>,
+}
+
+impl TakenStates {
+    fn insert(&mut self, checkpoint: CheckpointId, state: Vec<u8>) {
+        self.entries.push((checkpoint, state));
+    }
+
+    fn take(&mut self, checkpoint: CheckpointId) -> Vec<u8> {
+        match self.entries.iter().position(|(id, _)| *id == checkpoint) {
+            Some(index) => self.entries.remove(index).1,
+            None => Vec::new(),
+        }
+    }
+
+    /// Forgets `checkpoint` and everything older (aborted or subsumed).
+    fn forget_up_to(&mut self, checkpoint: CheckpointId) {
+        self.entries.retain(|(id, _)| *id > checkpoint);
+    }
+}
+
+/// The stage shell: one operator instance with inputs.
+pub(crate) struct StageShell<In: Data, Out: Data> {
+    env: ShellEnv,
+    machine: NodeMachine<Vec<In>>,
+    core: Box<dyn Core<In, Out>>,
+    router: Router<Out>,
+    taken: TakenStates,
+    inputs_ended: bool,
+    trigger_requested: bool,
+}
+
+impl<In: Data, Out: Data> StageShell<In, Out> {
+    pub(crate) fn new(
+        env: ShellEnv,
+        machine: NodeMachine<Vec<In>>,
+        core: Box<dyn Core<In, Out>>,
+        router: Router<Out>,
+    ) -> Self {
+        StageShell {
+            env,
+            machine,
+            core,
+            router,
+            taken: TakenStates::default(),
+            inputs_ended: false,
+            trigger_requested: false,
+        }
+    }
+
+    fn process(
+        &mut self,
+        batch: Vec<In>,
+        outputs: &mut Outputs<Out, Control>,
+    ) -> Result<(), BoxError> {
+        let records = batch.len() as u64;
+        let mut collector = Collector::new(outputs, &mut self.router);
+        let result = self.core.process(batch, &mut collector);
+        let counters = &self.env.counters;
+        counters.records_in.fetch_add(records, Ordering::Relaxed);
+        counters
+            .records_out
+            .fetch_add(collector.emitted(), Ordering::Relaxed);
+        result
+    }
+
+    /// Carries out the machine's actions in order, then mirrors its holds
+    /// onto the stage's inputs and reports what changed.
+    fn drive(&mut self, io: &mut StageIo<'_, Out, Control>) -> Result<(), BoxError> {
+        while let Some(action) = self.machine.poll_action() {
+            match action {
+                NodeAction::Process { message, .. } => self.process(message, io.outputs())?,
+                NodeAction::TakeSnapshot(token) => {
+                    let checkpoint = token.checkpoint();
+                    let state = {
+                        let span = self.env.span.clone();
+        let _span = span.enter();
+                        self.core.snapshot(checkpoint)?
+                    };
+                    self.taken.insert(checkpoint, state);
+                    // The state is captured as bytes: safe for the protocol.
+                    self.machine.state_recorded(token);
+                }
+                NodeAction::EmitBarrier(checkpoint) => {
+                    if !self.inputs_ended {
+                        io.outputs()
+                            .broadcast_control(Control::Barrier(checkpoint));
+                    }
+                }
+                NodeAction::ReportPart(part) => {
+                    let state = self.taken.take(part.checkpoint);
+                    let mut channels = Vec::with_capacity(part.channel_states.len());
+                    for channel_state in part.channel_states {
+                        channels.push((
+                            channel_state.channel as u32,
+                            postcard::to_allocvec(&channel_state.messages)?,
+                        ));
+                    }
+                    let bytes = postcard::to_allocvec(&PartBytes { state, channels })?;
+                    self.env.tell(NodeEventKind::Ack {
+                        checkpoint: part.checkpoint,
+                        part: bytes,
+                    });
+                }
+                NodeAction::Decline { checkpoint, reason } => {
+                    self.taken.forget_up_to(checkpoint);
+                    self.env
+                        .tell(NodeEventKind::Decline { checkpoint, reason });
+                }
+            }
+        }
+        for input in 0..self.machine.input_count() {
+            if self.machine.is_held(input) {
+                io.hold_input(input);
+            } else {
+                io.release_input(input);
+            }
+        }
+        self.after_input(io)
+    }
+
+    fn after_input(&mut self, io: &mut StageIo<'_, Out, Control>) -> Result<(), BoxError> {
+        if !self.inputs_ended && self.machine.all_inputs_ended() {
+            self.inputs_ended = true;
+            let mut collector = Collector::new(io.outputs(), &mut self.router);
+            self.core.on_end(&mut collector)?;
+            let emitted = collector.emitted();
+            self.env
+                .counters
+                .records_out
+                .fetch_add(emitted, Ordering::Relaxed);
+            io.outputs().broadcast_control(Control::End);
+            io.outputs().flush_all();
+        }
+        if !self.trigger_requested && self.machine.needs_trigger() {
+            self.trigger_requested = true;
+            self.env.tell(NodeEventKind::InputsEnded);
+        }
+        Ok(())
+    }
+
+    fn restore(&mut self, io: &mut StageIo<'_, Out, Control>) -> Result<(), BoxError> {
+        let Some(bytes) = self.env.restore.take() else {
+            return Ok(());
+        };
+        let span = self.env.span.clone();
+        let _span = span.enter();
+        let part: PartBytes = postcard::from_bytes(&bytes)?;
+        self.core.restore(&part.state)?;
+        // Recorded channel state is delivered before any new input: this
+        // runs before the stage processes its first delivery.
+        for (_channel, messages) in part.channels {
+            let batches: Vec<Vec<In>> = postcard::from_bytes(&messages)?;
+            for batch in batches {
+                self.process(batch, io.outputs())?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<In: Data, Out: Data> StageLogic for StageShell<In, Out> {
+    type In = In;
+    type Out = Out;
+    type Control = Control;
+
+    fn on_batch(
+        &mut self,
+        input: usize,
+        batch: Vec<In>,
+        io: &mut StageIo<'_, Out, Control>,
+    ) -> Result<(), BoxError> {
+        if let Delivery::Process(batch) = self.machine.on_data(input, batch) {
+            self.process(batch, io.outputs())?;
+        }
+        // No action can be queued after a plain data message (a held one
+        // comes back as `Process`), but the contract says drain.
+        if self.machine.has_checkpoint_in_flight() {
+            self.drive(io)?;
+        }
+        Ok(())
+    }
+
+    fn on_control(
+        &mut self,
+        input: usize,
+        control: Control,
+        io: &mut StageIo<'_, Out, Control>,
+    ) -> Result<(), BoxError> {
+        match control {
+            Control::Barrier(checkpoint) => self.machine.on_barrier(input, checkpoint),
+            Control::End => self.machine.on_end_of_input(input),
+            other => return Err(format!("{other:?} arrived in-band").into()),
+        }
+        self.drive(io)
+    }
+
+    fn on_started(&mut self, io: &mut StageIo<'_, Out, Control>) -> Result<(), BoxError> {
+        self.restore(io)?;
+        // A stage without inputs has ended at once.
+        self.after_input(io)
+    }
+
+    fn on_injected(
+        &mut self,
+        control: Control,
+        io: &mut StageIo<'_, Out, Control>,
+    ) -> Result<(), BoxError> {
+        match control {
+            Control::Trigger(checkpoint) => self.machine.on_trigger(checkpoint),
+            Control::Abort(checkpoint) => {
+                self.taken.forget_up_to(checkpoint);
+                self.machine.on_abort(checkpoint);
+            }
+            Control::Complete(checkpoint) => {
+                self.machine.on_complete(checkpoint);
+                self.taken.forget_up_to(checkpoint);
+                self.core.on_complete(checkpoint)?;
+                if self.inputs_ended {
+                    self.env.tell(NodeEventKind::Finished { checkpoint });
+                }
+            }
+            other => return Err(format!("{other:?} was injected").into()),
+        }
+        self.drive(io)
+    }
+}
+
+/// The source shell: one source instance, an initiator.
+pub(crate) struct SourceShell<T: Data> {
+    env: ShellEnv,
+    machine: NodeMachine<Vec<T>>,
+    reader: Box<dyn SourceReader<T>>,
+    router: Router<T>,
+    buffer: Vec<T>,
+    read_batch: usize,
+    exhausted: bool,
+    taken: TakenStates,
+}
+
+impl<T: Data> SourceShell<T> {
+    pub(crate) fn new(
+        env: ShellEnv,
+        machine: NodeMachine<Vec<T>>,
+        reader: Box<dyn SourceReader<T>>,
+        router: Router<T>,
+        read_batch: usize,
+    ) -> Self {
+        SourceShell {
+            env,
+            machine,
+            reader,
+            router,
+            buffer: Vec::with_capacity(read_batch),
+            read_batch: read_batch.max(1),
+            exhausted: false,
+            taken: TakenStates::default(),
+        }
+    }
+
+    fn restore_once(&mut self) -> Result<(), BoxError> {
+        let Some(bytes) = self.env.restore.take() else {
+            return Ok(());
+        };
+        let part: PartBytes = postcard::from_bytes(&bytes)?;
+        self.reader.seek(&part.state)
+    }
+
+    fn drive(&mut self, outputs: &mut Outputs<T, Control>) -> Result<(), BoxError> {
+        while let Some(action) = self.machine.poll_action() {
+            match action {
+                NodeAction::Process { .. } => {
+                    return Err("a source has no inputs to process".into());
+                }
+                NodeAction::TakeSnapshot(token) => {
+                    self.taken
+                        .insert(token.checkpoint(), self.reader.position());
+                    self.machine.state_recorded(token);
+                }
+                NodeAction::EmitBarrier(checkpoint) => {
+                    if !self.exhausted {
+                        outputs.broadcast_control(Control::Barrier(checkpoint));
+                    }
+                }
+                NodeAction::ReportPart(part) => {
+                    let state = self.taken.take(part.checkpoint);
+                    let bytes = postcard::to_allocvec(&PartBytes {
+                        state,
+                        channels: Vec::new(),
+                    })?;
+                    self.env.tell(NodeEventKind::Ack {
+                        checkpoint: part.checkpoint,
+                        part: bytes,
+                    });
+                }
+                NodeAction::Decline { checkpoint, reason } => {
+                    self.taken.forget_up_to(checkpoint);
+                    self.env
+                        .tell(NodeEventKind::Decline { checkpoint, reason });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<T: Data> SourceLogic for SourceShell<T> {
+    type Out = T;
+    type Control = Control;
+
+    fn poll(&mut self, outputs: &mut Outputs<T, Control>) -> Result<SourcePoll, BoxError> {
+        self.restore_once()?;
+        if self.exhausted {
+            return Ok(SourcePoll::Exhausted);
+        }
+        let status = self.reader.read(self.read_batch, &mut self.buffer)?;
+        let records = self.buffer.len() as u64;
+        for record in self.buffer.drain(..) {
+            self.router.route(record, outputs);
+        }
+        self.env
+            .counters
+            .records_out
+            .fetch_add(records, Ordering::Relaxed);
+        Ok(match status {
+            ReadStatus::Ready => SourcePoll::Ready,
+            ReadStatus::Idle { retry_after_ms } => SourcePoll::Idle { retry_after_ms },
+            ReadStatus::Exhausted => {
+                self.exhausted = true;
+                outputs.broadcast_control(Control::End);
+                self.env.tell(NodeEventKind::InputsEnded);
+                SourcePoll::Exhausted
+            }
+        })
+    }
+
+    fn on_injected(
+        &mut self,
+        control: Control,
+        outputs: &mut Outputs<T, Control>,
+    ) -> Result<(), BoxError> {
+        // A trigger may come before the first poll; the position must be
+        // the restored one by then.
+        self.restore_once()?;
+        match control {
+            Control::Trigger(checkpoint) => self.machine.on_trigger(checkpoint),
+            Control::Abort(checkpoint) => {
+                self.taken.forget_up_to(checkpoint);
+                self.machine.on_abort(checkpoint);
+            }
+            Control::Complete(checkpoint) => {
+                self.machine.on_complete(checkpoint);
+                self.taken.forget_up_to(checkpoint);
+                if self.exhausted {
+                    self.env.tell(NodeEventKind::Finished { checkpoint });
+                }
+            }
+            other => return Err(format!("{other:?} was injected into a source").into()),
+        }
+        self.drive(outputs)
+    }
+}

@@ -1,0 +1,471 @@
+//! The typed job builder: [`Job`], [`Stream`] and [`KeyedStream`].
+//!
+//! This module owns the logical graph as the user declares it (operators
+//! with names and parallelism, edges with their partitioner), the checks
+//! that run before anything starts, and the erasure of each operator's
+//! types into a template the physical layer instantiates per generation.
+//! It never starts actors itself; [`Job::run`] hands a validated plan to the
+//! supervisor.
+
+use std::any::Any;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex};
+
+use crate::runtime::BoxError;
+use crate::state::Snapshot;
+use crate::storage::names;
+
+use super::connectors::{Sink, Source};
+use super::ops::{FinalStates, Key, KeyedCore, SinkCore, StatelessCore};
+use super::physical::{
+    Partition, PhysicalPlan, PlannedEdge, PlannedOperator, SourceTemplate, StageTemplate, Template,
+};
+use super::route::{stable_hash, Collector, KeyHash};
+use super::shell::{Core, Data, OperatorCounters};
+use super::{supervisor, JobConfig, JobError, JobReport};
+
+struct OperatorSpec {
+    name: String,
+    parallelism: Option<usize>,
+    is_source: bool,
+    template: Box<dyn Template>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum EdgeKind {
+    /// Forward when both sides have the same parallelism, else rebalance.
+    Auto,
+    Hash,
+}
+
+struct EdgeSpec {
+    from: usize,
+    to: usize,
+    kind: EdgeKind,
+    key_hash: Option<Arc<dyn Any + Send + Sync>>,
+}
+
+#[derive(Default)]
+struct GraphSpec {
+    operators: Vec<OperatorSpec>,
+    edges: Vec<EdgeSpec>,
+    /// Mistakes found while declaring; the first is returned by `run`.
+    errors: Vec<JobError>,
+}
+
+/// A streaming job under construction. Declare sources, operators and
+/// sinks through the streams it returns, then [`Job::run`] it.
+pub struct Job {
+    name: String,
+    config: JobConfig,
+    graph: RefCell<GraphSpec>,
+}
+
+/// A typed stream of records of type `T`, produced by one or more operators
+/// (more than one after [`Stream::union`]).
+#[must_use = "a stream does nothing until it reaches a sink"]
+pub struct Stream<'j, T> {
+    job: &'j Job,
+    producers: Vec<usize>,
+    _records: PhantomData<fn() -> T>,
+}
+
+/// A stream partitioned by key: every record with the same key goes to the
+/// same subtask of the next operator (by key group).
+#[must_use = "a keyed stream does nothing until it is processed"]
+pub struct KeyedStream<'j, K, T> {
+    job: &'j Job,
+    producers: Vec<usize>,
+    key_of: Arc<dyn Fn(&T) -> K + Send + Sync>,
+}
+
+/// Reads the final per-key state of a keyed operator after its job ran:
+/// each subtask publishes its whole state when its input ends.
+pub struct KeyedStateHandle<K, S> {
+    states: FinalStates<K, S>,
+}
+
+impl<K: Key, S: Clone> KeyedStateHandle<K, S> {
+    /// Every key's final state (all subtasks merged).
+    pub fn snapshot(&self) -> HashMap<K, S> {
+        let states = self
+            .states
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        states
+            .values()
+            .flat_map(|map| map.iter().map(|(key, state)| (key.clone(), state.clone())))
+            .collect()
+    }
+}
+
+impl Job {
+    /// A job named `name` (the name of its checkpoints in the store).
+    pub fn new(name: &str, config: JobConfig) -> Job {
+        Job {
+            name: name.to_owned(),
+            config,
+            graph: RefCell::new(GraphSpec::default()),
+        }
+    }
+
+    /// The job's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Adds a source operator.
+    pub fn source<T: Data>(&self, name: &str, source: impl Source<T>) -> Stream<'_, T> {
+        let template = SourceTemplate::<T> {
+            source: Arc::new(source),
+        };
+        let operator = self.add_operator(name, true, Box::new(template));
+        Stream {
+            job: self,
+            producers: vec![operator],
+            _records: PhantomData,
+        }
+    }
+
+    fn add_operator(&self, name: &str, is_source: bool, template: Box<dyn Template>) -> usize {
+        let mut graph = self.graph.borrow_mut();
+        if graph.operators.iter().any(|operator| operator.name == name) {
+            graph.errors.push(JobError::DuplicateName {
+                name: name.to_owned(),
+            });
+        }
+        if let Err(error) = names::validate("operator", name) {
+            graph.errors.push(JobError::InvalidName {
+                name: name.to_owned(),
+                reason: error.to_string(),
+            });
+        }
+        graph.operators.push(OperatorSpec {
+            name: name.to_owned(),
+            parallelism: None,
+            is_source,
+            template,
+        });
+        graph.operators.len() - 1
+    }
+
+    fn add_edges(
+        &self,
+        producers: &[usize],
+        to: usize,
+        kind: EdgeKind,
+        key_hash: Option<Arc<dyn Any + Send + Sync>>,
+    ) {
+        let mut graph = self.graph.borrow_mut();
+        for &from in producers {
+            graph.edges.push(EdgeSpec {
+                from,
+                to,
+                kind,
+                key_hash: key_hash.clone(),
+            });
+        }
+    }
+
+    fn stage<In: Data, Out: Data>(
+        &self,
+        name: &str,
+        producers: &[usize],
+        kind: EdgeKind,
+        key_hash: Option<Arc<dyn Any + Send + Sync>>,
+        make_core: Arc<dyn Fn(usize, usize) -> Box<dyn Core<In, Out>> + Send + Sync>,
+    ) -> usize {
+        let operator = self.add_operator(name, false, Box::new(StageTemplate { make_core }));
+        self.add_edges(producers, operator, kind, key_hash);
+        operator
+    }
+
+    /// Validates the job, runs it to completion (a bounded job ends when
+    /// every source is exhausted and the final checkpoint committed every
+    /// sink's output), and reports. Blocks the calling thread; the job runs
+    /// on its own actix system and arbiters.
+    pub fn run(self) -> Result<JobReport, JobError> {
+        let plan = self.plan()?;
+        supervisor::run(self.name, plan)
+    }
+
+    fn plan(&self) -> Result<PhysicalPlan, JobError> {
+        let config = self.config.clone();
+        if config.default_parallelism == 0 {
+            return Err(JobError::InvalidConfig(
+                "default_parallelism must be at least 1".into(),
+            ));
+        }
+        if config.max_parallelism == 0 {
+            return Err(JobError::InvalidConfig(
+                "max_parallelism must be at least 1".into(),
+            ));
+        }
+        let spec = self.graph.take();
+        if let Some(error) = spec.errors.into_iter().next() {
+            return Err(error);
+        }
+        if spec.operators.is_empty() {
+            return Err(JobError::EmptyJob);
+        }
+        let mut first_node = 0;
+        let mut operators = Vec::with_capacity(spec.operators.len());
+        let mut sources = Vec::with_capacity(spec.operators.len());
+        for operator in spec.operators {
+            let parallelism = operator.parallelism.unwrap_or(config.default_parallelism);
+            if parallelism == 0 || parallelism > config.max_parallelism as usize {
+                return Err(JobError::BadParallelism {
+                    operator: operator.name,
+                    parallelism,
+                    max: config.max_parallelism,
+                });
+            }
+            sources.push(operator.is_source);
+            operators.push(PlannedOperator {
+                name: operator.name,
+                parallelism,
+                first_node,
+                template: operator.template,
+                counters: Arc::new(OperatorCounters::default()),
+            });
+            first_node += parallelism;
+        }
+        let mut logical = Vec::with_capacity(spec.edges.len());
+        for edge in spec.edges {
+            let partition = match edge.kind {
+                EdgeKind::Hash => Partition::Hash,
+                EdgeKind::Auto
+                    if operators[edge.from].parallelism == operators[edge.to].parallelism =>
+                {
+                    Partition::Forward
+                }
+                EdgeKind::Auto => Partition::Rebalance,
+            };
+            logical.push((
+                edge.from,
+                edge.to,
+                PlannedEdge {
+                    partition,
+                    key_hash: edge.key_hash,
+                },
+            ));
+        }
+        PhysicalPlan::new(operators, &sources, logical, config)
+    }
+}
+
+impl<'j, T: Data> Stream<'j, T> {
+    fn next<U>(&self, operator: usize) -> Stream<'j, U> {
+        Stream {
+            job: self.job,
+            producers: vec![operator],
+            _records: PhantomData,
+        }
+    }
+
+    fn stateless<U: Data>(
+        self,
+        name: &str,
+        function: Arc<dyn Fn(T, &mut Collector<'_, U>) + Send + Sync>,
+    ) -> Stream<'j, U> {
+        let make_core = Arc::new(move |_subtask: usize, _parallelism: usize| {
+            Box::new(StatelessCore {
+                function: Arc::clone(&function),
+            }) as Box<dyn Core<T, U>>
+        });
+        let operator = self
+            .job
+            .stage(name, &self.producers, EdgeKind::Auto, None, make_core);
+        self.next(operator)
+    }
+
+    /// Transforms every record.
+    pub fn map<U: Data>(
+        self,
+        name: &str,
+        function: impl Fn(T) -> U + Send + Sync + 'static,
+    ) -> Stream<'j, U> {
+        self.stateless(name, Arc::new(move |record, out| out.emit(function(record))))
+    }
+
+    /// Keeps the records for which `predicate` is true.
+    pub fn filter(
+        self,
+        name: &str,
+        predicate: impl Fn(&T) -> bool + Send + Sync + 'static,
+    ) -> Stream<'j, T> {
+        self.stateless(
+            name,
+            Arc::new(move |record, out| {
+                if predicate(&record) {
+                    out.emit(record);
+                }
+            }),
+        )
+    }
+
+    /// Turns every record into zero or more records.
+    pub fn flat_map<U: Data, I: IntoIterator<Item = U>>(
+        self,
+        name: &str,
+        function: impl Fn(T) -> I + Send + Sync + 'static,
+    ) -> Stream<'j, U> {
+        self.stateless(
+            name,
+            Arc::new(move |record, out| {
+                for item in function(record) {
+                    out.emit(item);
+                }
+            }),
+        )
+    }
+
+    /// Partitions the stream by key (hash of the key's key group).
+    pub fn key_by<K: Key>(
+        self,
+        key_of: impl Fn(&T) -> K + Send + Sync + 'static,
+    ) -> KeyedStream<'j, K, T> {
+        KeyedStream {
+            job: self.job,
+            producers: self.producers,
+            key_of: Arc::new(key_of),
+        }
+    }
+
+    /// Merges two streams of the same type.
+    pub fn union(mut self, other: Stream<'j, T>) -> Stream<'j, T> {
+        self.producers.extend(other.producers);
+        self
+    }
+
+    /// Sets the parallelism of the operator that produces this stream.
+    pub fn parallelism(self, parallelism: usize) -> Self {
+        {
+            let mut graph = self.job.graph.borrow_mut();
+            if let [operator] = self.producers[..] {
+                graph.operators[operator].parallelism = Some(parallelism);
+            } else {
+                graph.errors.push(JobError::ParallelismOnUnion);
+            }
+        }
+        self
+    }
+
+    /// Ends the stream in a sink. Returns the same stream's job handle so
+    /// the sink's parallelism can be set.
+    pub fn sink(self, name: &str, sink: impl Sink<T>) -> SinkHandle<'j> {
+        let sink = Arc::new(sink);
+        let make_core = Arc::new(move |subtask: usize, parallelism: usize| {
+            Box::new(SinkCore {
+                writer: sink.writer(subtask, parallelism),
+            }) as Box<dyn Core<T, ()>>
+        });
+        let operator = self
+            .job
+            .stage(name, &self.producers, EdgeKind::Auto, None, make_core);
+        SinkHandle {
+            job: self.job,
+            operator,
+        }
+    }
+}
+
+/// A declared sink, to set its parallelism.
+pub struct SinkHandle<'j> {
+    job: &'j Job,
+    operator: usize,
+}
+
+impl SinkHandle<'_> {
+    /// Sets the sink's parallelism.
+    pub fn parallelism(self, parallelism: usize) -> Self {
+        self.job.graph.borrow_mut().operators[self.operator].parallelism = Some(parallelism);
+        self
+    }
+}
+
+impl<'j, K: Key, T: Data> KeyedStream<'j, K, T> {
+    /// A keyed process function: for each record, `function` gets its key,
+    /// the key's state (`S::default()` for a new key) and a collector.
+    /// An `Err` fails the job (which restarts per its strategy).
+    pub fn process<S, U>(
+        self,
+        name: &str,
+        function: impl Fn(&K, &mut S, T, &mut Collector<'_, U>) -> Result<(), BoxError>
+            + Send
+            + Sync
+            + 'static,
+    ) -> Stream<'j, U>
+    where
+        S: Snapshot + Default + Clone + Send + 'static,
+        U: Data,
+    {
+        self.process_inner(name, function, None)
+    }
+
+    /// As [`KeyedStream::process`], and returns a handle that shows every
+    /// key's final state once the job has run.
+    pub fn process_with_state<S, U>(
+        self,
+        name: &str,
+        function: impl Fn(&K, &mut S, T, &mut Collector<'_, U>) -> Result<(), BoxError>
+            + Send
+            + Sync
+            + 'static,
+    ) -> (Stream<'j, U>, KeyedStateHandle<K, S>)
+    where
+        S: Snapshot + Default + Clone + Send + 'static,
+        U: Data,
+    {
+        let states: FinalStates<K, S> = Arc::new(Mutex::new(HashMap::new()));
+        let stream = self.process_inner(name, function, Some(Arc::clone(&states)));
+        (stream, KeyedStateHandle { states })
+    }
+
+    fn process_inner<S, U>(
+        self,
+        name: &str,
+        function: impl Fn(&K, &mut S, T, &mut Collector<'_, U>) -> Result<(), BoxError>
+            + Send
+            + Sync
+            + 'static,
+        publish: Option<FinalStates<K, S>>,
+    ) -> Stream<'j, U>
+    where
+        S: Snapshot + Default + Clone + Send + 'static,
+        U: Data,
+    {
+        let key_of = self.key_of;
+        let hash_of = Arc::clone(&key_of);
+        let key_hash: KeyHash<T> = Arc::new(move |record: &T| stable_hash(&hash_of(record)));
+        let key_hash: Arc<dyn Any + Send + Sync> = Arc::new(key_hash);
+        let function: Arc<
+            dyn Fn(&K, &mut S, T, &mut Collector<'_, U>) -> Result<(), BoxError> + Send + Sync,
+        > = Arc::new(function);
+        let max_parallelism = self.job.config.max_parallelism;
+        let make_core = Arc::new(move |subtask: usize, _parallelism: usize| {
+            Box::new(KeyedCore {
+                subtask,
+                max_parallelism,
+                key_of: Arc::clone(&key_of),
+                function: Arc::clone(&function),
+                states: HashMap::new(),
+                publish: publish.clone(),
+            }) as Box<dyn Core<T, U>>
+        });
+        let operator = self.job.stage(
+            name,
+            &self.producers,
+            EdgeKind::Hash,
+            Some(key_hash),
+            make_core,
+        );
+        Stream {
+            job: self.job,
+            producers: vec![operator],
+            _records: PhantomData,
+        }
+    }
+}

@@ -1,0 +1,783 @@
+//! The supervisor actor: drives the checkpoint coordinator, persists
+//! checkpoints through a writer thread, detects failures and restarts the
+//! job from the last completed checkpoint.
+//!
+//! The supervisor owns the life of a running job: the generations of
+//! subtask actors (each on its own arbiter pool, so stopping a generation
+//! is shutting its pool down), the [`Coordinator`] (fed acks, declines and
+//! time; its triggers, completions and aborts are carried out here), the
+//! restart decisions, and the [`JobReport`]. It never blocks its actor:
+//! every store operation runs on the writer thread, the shutdown of a
+//! failed generation's pool on a helper thread, and both answer with
+//! messages. It never panics on an operator's failure: failures arrive as
+//! [`FailureReport`]s and become restarts or a typed error.
+//!
+//! Order of a checkpoint: trigger at the initiators → every subtask acks
+//! with its part → the coordinator completes → the writer writes every
+//! part and commits the metadata → only then are the subtasks told the
+//! checkpoint is complete (sinks commit). A bounded job ends with one more
+//! checkpoint after every subtask's input ended, so the sinks commit
+//! everything; the job is done when every subtask has processed that
+//! completion.
+
+use std::collections::{BTreeMap, HashMap};
+use std::num::NonZeroUsize;
+use std::sync::{mpsc, Arc};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use actix::{Actor, ActorContext, Addr, AsyncContext, Context, Handler, Message, SpawnHandle};
+
+use crate::protocol::{
+    AckOutcome, CheckpointId, CheckpointKind, Coordinator, CoordinatorAction, CoordinatorConfig,
+};
+use crate::runtime::failure::{FailureReport, FailureSink};
+use crate::runtime::pool::{ActorSlot, ArbiterPool, Placement, PoolConfig};
+use crate::runtime::stage::Inject;
+use crate::runtime::{ActorTag, Generation};
+use crate::storage::{
+    self, CheckpointStore, CommitRequest, KeyGroupLayout, MemoryCheckpointStore, PartId,
+    StoreError,
+};
+
+use super::physical::{start_generation, GenerationHandles, PhysicalPlan};
+use super::restart::{RestartDecision, RestartTracker};
+use super::shell::{Control, NodeEvent, NodeEventKind};
+use super::{
+    CheckpointReport, FailedCheckpoint, JobError, JobReport, OperatorReport, RestartReport,
+};
+
+type Outcome = (Result<JobReport, JobError>, Option<ArbiterPool>);
+
+/// Runs a planned job to completion on its own threads.
+pub(crate) fn run(name: String, plan: PhysicalPlan) -> Result<JobReport, JobError> {
+    let span = tracing::info_span!("job", job = %name);
+    let store: Arc<dyn CheckpointStore> = match &plan.config.store {
+        Some(store) => Arc::clone(store),
+        None => Arc::new(MemoryCheckpointStore::new(&name)?),
+    };
+    let control = ArbiterPool::new(PoolConfig {
+        arbiters: NonZeroUsize::MIN,
+    })?;
+    let slot: ActorSlot<Supervisor> = ActorSlot::new();
+    let address = slot.address();
+    let (writer, writer_thread) = spawn_writer(store, address)?;
+    let (done_sender, done) = mpsc::channel::<Outcome>();
+    let tag = ActorTag::new("supervisor", 0, Generation(0));
+    let supervisor_span = span.clone();
+    control.start_in_slot(
+        slot,
+        Placement::Arbiter(0),
+        tag,
+        FailureSink::log_only(),
+        move |_| Supervisor::new(name, plan, writer, done_sender, supervisor_span),
+    )?;
+    let outcome = done.recv();
+    let (result, pool) = match outcome {
+        Ok(outcome) => outcome,
+        Err(_) => (
+            Err(JobError::Internal("the supervisor stopped without a result".into())),
+            None,
+        ),
+    };
+    if let Some(pool) = pool {
+        pool.shutdown()?;
+    }
+    control.shutdown()?;
+    // The writer ends when the supervisor (its only sender) is dropped.
+    if writer_thread.join().is_err() {
+        return Err(JobError::Internal("the checkpoint writer panicked".into()));
+    }
+    result
+}
+
+/// Work for the writer thread.
+enum WriterJob {
+    Persist {
+        generation: Generation,
+        checkpoint: CheckpointId,
+        kind: storage::CheckpointKind,
+        parts: Vec<(PartId, Vec<u8>)>,
+        request: CommitRequest,
+    },
+    Load {
+        generation: Generation,
+    },
+}
+
+/// A restored checkpoint: its id and every part.
+type Restored = Option<(CheckpointId, BTreeMap<PartId, Vec<u8>>)>;
+
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Persisted {
+    generation: Generation,
+    checkpoint: CheckpointId,
+    result: Result<u64, StoreError>,
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Loaded {
+    generation: Generation,
+    result: Result<Restored, StoreError>,
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+struct PoolStopped {
+    generation: Generation,
+}
+
+/// The writer thread: the asynchronous part of every checkpoint, and
+/// loading on restore. Its queue is unbounded, but the supervisor sends at
+/// most one persist per completed checkpoint and one load per generation.
+fn spawn_writer(
+    store: Arc<dyn CheckpointStore>,
+    supervisor: Addr<Supervisor>,
+) -> Result<(mpsc::Sender<WriterJob>, thread::JoinHandle<()>), JobError> {
+    let (sender, receiver) = mpsc::channel::<WriterJob>();
+    let thread = thread::Builder::new()
+        .name("snapflow-writer".into())
+        .spawn(move || {
+            for job in receiver {
+                match job {
+                    WriterJob::Persist {
+                        generation,
+                        checkpoint,
+                        kind,
+                        parts,
+                        request,
+                    } => {
+                        let result = persist(store.as_ref(), checkpoint.0, kind, &parts, request);
+                        supervisor.do_send(Persisted {
+                            generation,
+                            checkpoint,
+                            result,
+                        });
+                    }
+                    WriterJob::Load { generation } => {
+                        let result = load(store.as_ref());
+                        supervisor.do_send(Loaded { generation, result });
+                    }
+                }
+            }
+        })
+        .map_err(|error| JobError::Runtime(crate::runtime::RuntimeError::ThreadStart(error)))?;
+    Ok((sender, thread))
+}
+
+fn persist(
+    store: &dyn CheckpointStore,
+    checkpoint: u64,
+    kind: storage::CheckpointKind,
+    parts: &[(PartId, Vec<u8>)],
+    request: CommitRequest,
+) -> Result<u64, StoreError> {
+    store.begin(checkpoint, kind)?;
+    let written = parts
+        .iter()
+        .try_for_each(|(part, bytes)| store.write_part(checkpoint, part, bytes).map(|_| ()))
+        .and_then(|()| store.commit(checkpoint, request));
+    match written {
+        Ok(metadata) => Ok(metadata.total_bytes()),
+        Err(error) => {
+            // Best effort: a leftover is removed by the next `begin` anyway.
+            if let Err(discard) = store.discard(checkpoint) {
+                tracing::warn!(checkpoint, "discarding a failed checkpoint: {discard}");
+            }
+            Err(error)
+        }
+    }
+}
+
+fn load(store: &dyn CheckpointStore) -> Result<Restored, StoreError> {
+    let report = store.load_latest()?;
+    for skipped in &report.skipped {
+        tracing::warn!(
+            checkpoint = skipped.checkpoint,
+            "skipped a checkpoint that does not verify: {}",
+            skipped.reason
+        );
+    }
+    Ok(report
+        .checkpoint
+        .map(|loaded| (CheckpointId(loaded.metadata.checkpoint), loaded.parts)))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Waiting for the checkpoint to restore from.
+    Loading,
+    Running,
+    /// A failure stopped the generation; waiting for its pool to stop and
+    /// the restart delay.
+    Restarting,
+    Done,
+}
+
+/// What the supervisor knows of one running generation.
+struct Running {
+    handles: GenerationHandles,
+    coordinator: Coordinator<Vec<u8>>,
+    /// Per node: its input ended (a source: exhausted).
+    ended: Vec<bool>,
+    /// Per node: it processed a completion after its input ended.
+    finished: Vec<bool>,
+    /// The first checkpoint triggered after every input ended.
+    final_from: Option<CheckpointId>,
+}
+
+pub(crate) struct Supervisor {
+    name: String,
+    plan: Arc<PhysicalPlan>,
+    writer: mpsc::Sender<WriterJob>,
+    done: Option<mpsc::Sender<Outcome>>,
+    span: tracing::Span,
+    phase: Phase,
+    generation: Generation,
+    pool: Option<ArbiterPool>,
+    running: Option<Running>,
+    clock: Instant,
+    timer: Option<SpawnHandle>,
+    /// The newest checkpoint id ever triggered, across generations.
+    highest_triggered: CheckpointId,
+    triggered_at: HashMap<CheckpointId, Instant>,
+    restarts: RestartTracker,
+    /// The failure being recovered from, and when it was reported.
+    failure: Option<(String, Instant)>,
+    /// The wait before the pending restart.
+    restart_delay_ms: u64,
+    report: JobReport,
+}
+
+impl Supervisor {
+    fn new(
+        name: String,
+        plan: PhysicalPlan,
+        writer: mpsc::Sender<WriterJob>,
+        done: mpsc::Sender<Outcome>,
+        span: tracing::Span,
+    ) -> Supervisor {
+        let restarts = RestartTracker::new(plan.config.restart);
+        let report = JobReport {
+            job: name.clone(),
+            operators: plan
+                .operators
+                .iter()
+                .map(|operator| OperatorReport {
+                    name: operator.name.clone(),
+                    parallelism: operator.parallelism,
+                    ..OperatorReport::default()
+                })
+                .collect(),
+            ..JobReport::default()
+        };
+        Supervisor {
+            name,
+            plan: Arc::new(plan),
+            writer,
+            done: Some(done),
+            span,
+            phase: Phase::Loading,
+            generation: Generation(1),
+            pool: None,
+            running: None,
+            clock: Instant::now(),
+            timer: None,
+            highest_triggered: CheckpointId(0),
+            triggered_at: HashMap::new(),
+            restarts,
+            failure: None,
+            restart_delay_ms: 0,
+            report,
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.clock.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn request_load(&mut self, context: &mut Context<Self>) {
+        self.phase = Phase::Loading;
+        let job = WriterJob::Load {
+            generation: self.generation,
+        };
+        if self.writer.send(job).is_err() {
+            self.finish(
+                Err(JobError::Internal("the checkpoint writer stopped".into())),
+                context,
+            );
+        }
+    }
+
+    fn start(&mut self, restored: Restored, context: &mut Context<Self>) -> Result<(), JobError> {
+        let span = self.span.clone();
+        let _entered = span.enter();
+        let (last_completed, parts) = match restored {
+            Some((checkpoint, parts)) => (Some(checkpoint), parts),
+            None => (None, BTreeMap::new()),
+        };
+        if let Some(checkpoint) = last_completed {
+            self.highest_triggered = self.highest_triggered.max(checkpoint);
+        }
+        let arbiters = self
+            .plan
+            .config
+            .arbiters
+            .and_then(NonZeroUsize::new)
+            .map_or_else(PoolConfig::default, |arbiters| PoolConfig { arbiters });
+        let pool = ArbiterPool::new(arbiters)?;
+        let config = &self.plan.config;
+        let coordinator = Coordinator::new(
+            CoordinatorConfig {
+                interval_ms: config.checkpoint_interval_ms,
+                min_pause_ms: config.min_pause_ms,
+                max_concurrent: config.max_concurrent_checkpoints,
+                timeout_ms: config.checkpoint_timeout_ms,
+                tolerable_failures: config.tolerable_checkpoint_failures,
+                first_checkpoint: self.highest_triggered.next(),
+            },
+            self.plan.node_count(),
+            self.plan.snapshot.initiators.clone(),
+            self.now_ms(),
+        )?;
+        let address = context.address();
+        let failures = FailureSink::from_recipient(address.clone().recipient());
+        let handles = start_generation(
+            &self.plan,
+            &pool,
+            self.generation,
+            &address.recipient(),
+            &failures,
+            &parts,
+            last_completed,
+            &self.span,
+        )?;
+        let nodes = self.plan.node_count();
+        self.pool = Some(pool);
+        self.running = Some(Running {
+            handles,
+            coordinator,
+            ended: vec![false; nodes],
+            finished: vec![false; nodes],
+            final_from: None,
+        });
+        self.phase = Phase::Running;
+        tracing::info!(
+            generation = self.generation.0,
+            restored_from = last_completed.map(|checkpoint| checkpoint.0),
+            "generation started"
+        );
+        if let Some((cause, since)) = self.failure.take() {
+            self.report.restarts.push(RestartReport {
+                generation: self.generation.0,
+                cause,
+                restored_from: last_completed.map(|checkpoint| checkpoint.0),
+                recovery_ms: millis(since.elapsed()),
+            });
+        } else {
+            self.report.resumed_from = last_completed.map(|checkpoint| checkpoint.0);
+        }
+        self.reschedule(context);
+        Ok(())
+    }
+
+    fn broadcast(&self, control: Control) {
+        if let Some(running) = &self.running {
+            for inject in &running.handles.injects {
+                inject.do_send(Inject(control));
+            }
+        }
+    }
+
+    /// Re-arms the coordinator's timer for its next deadline.
+    fn reschedule(&mut self, context: &mut Context<Self>) {
+        if let Some(timer) = self.timer.take() {
+            context.cancel_future(timer);
+        }
+        let Some(running) = &self.running else {
+            return;
+        };
+        if self.phase != Phase::Running {
+            return;
+        }
+        if let Some(due_ms) = running.coordinator.poll_timeout() {
+            let delay_ms = due_ms.saturating_sub(self.now_ms());
+            self.timer = Some(context.run_later(
+                Duration::from_millis(delay_ms),
+                |supervisor, context| {
+                    supervisor.timer = None;
+                    let now_ms = supervisor.now_ms();
+                    if let Some(running) = &mut supervisor.running {
+                        running.coordinator.handle_timeout(now_ms);
+                    }
+                    supervisor.carry_out(context);
+                },
+            ));
+        }
+    }
+
+    /// Carries out the coordinator's actions, then re-arms the timer.
+    fn carry_out(&mut self, context: &mut Context<Self>) {
+        let Some(running) = &mut self.running else {
+            return;
+        };
+        let actions: Vec<CoordinatorAction<Vec<u8>>> =
+            std::iter::from_fn(|| running.coordinator.poll_action()).collect();
+        for action in actions {
+            if self.phase != Phase::Running {
+                return;
+            }
+            match action {
+                CoordinatorAction::Trigger { checkpoint, kind } => {
+                    self.trigger(checkpoint, kind);
+                }
+                CoordinatorAction::Complete(completed) => {
+                    self.persist(completed.checkpoint, completed.kind, completed.parts, context);
+                }
+                CoordinatorAction::Abort {
+                    checkpoint, reason, ..
+                } => {
+                    let span = self.span.clone();
+        let _entered = span.enter();
+                    tracing::info!(checkpoint = checkpoint.0, ?reason, "checkpoint aborted");
+                    self.triggered_at.remove(&checkpoint);
+                    if reason.is_failure() {
+                        self.report.failed_checkpoints.push(FailedCheckpoint {
+                            checkpoint: checkpoint.0,
+                            reason: format!("{reason:?}"),
+                        });
+                    }
+                    self.broadcast(Control::Abort(checkpoint));
+                }
+                CoordinatorAction::FailJob {
+                    consecutive_failures,
+                } => {
+                    let cause = format!("{consecutive_failures} checkpoints failed in a row");
+                    self.fail(cause, context);
+                }
+            }
+        }
+        self.reschedule(context);
+    }
+
+    fn trigger(&mut self, checkpoint: CheckpointId, kind: CheckpointKind) {
+        let span = self.span.clone();
+        let _entered = span.enter();
+        tracing::info!(checkpoint = checkpoint.0, ?kind, "checkpoint triggered");
+        self.highest_triggered = self.highest_triggered.max(checkpoint);
+        self.triggered_at.insert(checkpoint, Instant::now());
+        let Some(running) = &self.running else {
+            return;
+        };
+        for &node in running.coordinator.initiators() {
+            running.handles.injects[node].do_send(Inject(Control::Trigger(checkpoint)));
+        }
+    }
+
+    fn persist(
+        &mut self,
+        checkpoint: CheckpointId,
+        kind: CheckpointKind,
+        parts: Vec<Vec<u8>>,
+        context: &mut Context<Self>,
+    ) {
+        let parts: Vec<(PartId, Vec<u8>)> = parts
+            .into_iter()
+            .enumerate()
+            .map(|(node, bytes)| (self.plan.part_id(node), bytes))
+            .collect();
+        let request = CommitRequest {
+            key_groups: KeyGroupLayout {
+                max_parallelism: self.plan.config.max_parallelism,
+                operator_parallelism: self
+                    .plan
+                    .operators
+                    .iter()
+                    .map(|operator| (operator.name.clone(), operator.parallelism as u32))
+                    .collect(),
+            },
+            expected_parts: Some(parts.iter().map(|(part, _)| part.clone()).collect()),
+            ..CommitRequest::default()
+        };
+        let kind = match kind {
+            CheckpointKind::Savepoint => storage::CheckpointKind::Savepoint,
+            CheckpointKind::Periodic | CheckpointKind::Requested => {
+                storage::CheckpointKind::Checkpoint
+            }
+        };
+        let job = WriterJob::Persist {
+            generation: self.generation,
+            checkpoint,
+            kind,
+            parts,
+            request,
+        };
+        if self.writer.send(job).is_err() {
+            self.finish(
+                Err(JobError::Internal("the checkpoint writer stopped".into())),
+                context,
+            );
+        }
+    }
+
+    fn on_node_event(&mut self, event: NodeEvent, context: &mut Context<Self>) {
+        if event.generation != self.generation || self.phase != Phase::Running {
+            return;
+        }
+        let now_ms = self.now_ms();
+        let Some(running) = &mut self.running else {
+            return;
+        };
+        let node = event.node;
+        match event.kind {
+            NodeEventKind::Ack { checkpoint, part } => {
+                // A stale ack's part is simply dropped: parts live in memory
+                // until the writer persists a completed checkpoint.
+                if let AckOutcome::Stale(_) =
+                    running.coordinator.on_ack(now_ms, node, checkpoint, part)
+                {
+                    tracing::debug!(checkpoint = checkpoint.0, node, "stale ack");
+                }
+            }
+            NodeEventKind::Decline { checkpoint, reason } => {
+                running
+                    .coordinator
+                    .on_decline(now_ms, node, checkpoint, reason);
+            }
+            NodeEventKind::InputsEnded => {
+                running.ended[node] = true;
+                for checkpoint in running.coordinator.add_initiator(node) {
+                    running.handles.injects[node].do_send(Inject(Control::Trigger(checkpoint)));
+                }
+                if running.final_from.is_none() && running.ended.iter().all(|&ended| ended) {
+                    // Every checkpoint from the next one on sees every input
+                    // ended, so its completion commits all output.
+                    running.final_from = Some(self.highest_triggered.next());
+                    running
+                        .coordinator
+                        .request_checkpoint(now_ms, CheckpointKind::Requested);
+                }
+            }
+            NodeEventKind::Finished { checkpoint } => {
+                if running.final_from.is_some_and(|first| checkpoint >= first) {
+                    running.finished[node] = true;
+                    if running.finished.iter().all(|&finished| finished) {
+                        let report = self.final_report();
+                        self.finish(Ok(report), context);
+                        return;
+                    }
+                }
+            }
+        }
+        self.carry_out(context);
+    }
+
+    fn on_persisted(&mut self, persisted: Persisted) {
+        let checkpoint = persisted.checkpoint;
+        let started = self.triggered_at.remove(&checkpoint);
+        let span = self.span.clone();
+        let _entered = span.enter();
+        match persisted.result {
+            Ok(size_bytes) => {
+                let duration_ms = started.map_or(0, |at| millis(at.elapsed()));
+                tracing::info!(
+                    checkpoint = checkpoint.0,
+                    duration_ms,
+                    size_bytes,
+                    "checkpoint complete"
+                );
+                self.report.checkpoints.push(CheckpointReport {
+                    checkpoint: checkpoint.0,
+                    duration_ms,
+                    size_bytes,
+                });
+                if persisted.generation == self.generation && self.phase == Phase::Running {
+                    self.broadcast(Control::Complete(checkpoint));
+                }
+            }
+            Err(error) => {
+                // Known gap: persistence failures are reported but do not
+                // count towards the tolerable checkpoint failures.
+                tracing::warn!(checkpoint = checkpoint.0, "checkpoint not persisted: {error}");
+                self.report.failed_checkpoints.push(FailedCheckpoint {
+                    checkpoint: checkpoint.0,
+                    reason: error.to_string(),
+                });
+            }
+        }
+    }
+
+    /// Stops the generation and restarts per the strategy, or gives up.
+    fn fail(&mut self, cause: String, context: &mut Context<Self>) {
+        let span = self.span.clone();
+        let _entered = span.enter();
+        if let Some(timer) = self.timer.take() {
+            context.cancel_future(timer);
+        }
+        self.retire_generation();
+        match self.restarts.on_failure() {
+            RestartDecision::GiveUp => {
+                tracing::error!(generation = self.generation.0, %cause, "job failed");
+                let error = JobError::RestartsExhausted {
+                    restarts: self.restarts.restarts(),
+                    cause,
+                };
+                self.finish(Err(error), context);
+            }
+            RestartDecision::RestartAfter { delay_ms } => {
+                tracing::warn!(
+                    generation = self.generation.0,
+                    delay_ms,
+                    %cause,
+                    "restarting the job"
+                );
+                self.phase = Phase::Restarting;
+                self.failure = Some((cause, Instant::now()));
+                let generation = self.generation;
+                let address = context.address();
+                let pool = self.pool.take();
+                let stop = move || {
+                    if let Some(pool) = pool {
+                        if let Err(error) = pool.shutdown() {
+                            tracing::warn!("stopping a failed generation: {error}");
+                        }
+                    }
+                    address.do_send(PoolStopped { generation });
+                };
+                // Joining the arbiter threads can wait for user code to
+                // return, so it happens off the supervisor's thread.
+                let spawned = thread::Builder::new()
+                    .name("snapflow-stop".into())
+                    .spawn(stop);
+                if spawned.is_err() {
+                    // The closure (and the pool in it) was dropped, which
+                    // shut the pool down on this thread; carry on.
+                    tracing::error!("could not start the thread that stops a generation");
+                    context.address().do_send(PoolStopped { generation });
+                }
+                self.restart_delay_ms = delay_ms;
+            }
+        }
+    }
+
+    /// Folds the generation's channel statistics into the report and drops
+    /// the coordinator (aborting what was in flight).
+    fn retire_generation(&mut self) {
+        let Some(mut running) = self.running.take() else {
+            return;
+        };
+        running.coordinator.abort_all(self.now_ms());
+        for (operator, stats) in &running.handles.channel_stats {
+            let report = &mut self.report.operators[*operator];
+            report.in_flight_batches_peak = report
+                .in_flight_batches_peak
+                .max(stats.in_flight_batches_peak());
+            report.credit_stalls += stats.credit_stalls();
+        }
+        self.triggered_at.clear();
+    }
+
+    fn final_report(&mut self) -> JobReport {
+        self.retire_generation();
+        let mut report = self.report.clone();
+        for (operator, planned) in report.operators.iter_mut().zip(&self.plan.operators) {
+            let counters = &planned.counters;
+            operator.records_in = counters
+                .records_in
+                .load(std::sync::atomic::Ordering::Relaxed);
+            operator.records_out = counters
+                .records_out
+                .load(std::sync::atomic::Ordering::Relaxed);
+        }
+        report
+    }
+
+    fn finish(&mut self, result: Result<JobReport, JobError>, context: &mut Context<Self>) {
+        self.phase = Phase::Done;
+        self.retire_generation();
+        if let Some(timer) = self.timer.take() {
+            context.cancel_future(timer);
+        }
+        if let Some(done) = self.done.take() {
+            let span = self.span.clone();
+        let _entered = span.enter();
+            tracing::info!(job = %self.name, ok = result.is_ok(), "job finished");
+            // The receiver waits in `run`; if it is gone nobody needs the
+            // result.
+            let _ = done.send((result, self.pool.take()));
+        }
+        context.stop();
+    }
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl Actor for Supervisor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, context: &mut Context<Self>) {
+        self.request_load(context);
+    }
+}
+
+impl Handler<NodeEvent> for Supervisor {
+    type Result = ();
+
+    fn handle(&mut self, event: NodeEvent, context: &mut Context<Self>) {
+        self.on_node_event(event, context);
+    }
+}
+
+impl Handler<FailureReport> for Supervisor {
+    type Result = ();
+
+    fn handle(&mut self, report: FailureReport, context: &mut Context<Self>) {
+        if report.tag.generation != self.generation || self.phase != Phase::Running {
+            return;
+        }
+        self.fail(report.to_string(), context);
+    }
+}
+
+impl Handler<Persisted> for Supervisor {
+    type Result = ();
+
+    fn handle(&mut self, persisted: Persisted, _context: &mut Context<Self>) {
+        self.on_persisted(persisted);
+    }
+}
+
+impl Handler<Loaded> for Supervisor {
+    type Result = ();
+
+    fn handle(&mut self, loaded: Loaded, context: &mut Context<Self>) {
+        if loaded.generation != self.generation || self.phase != Phase::Loading {
+            return;
+        }
+        let started = match loaded.result {
+            Ok(restored) => self.start(restored, context),
+            Err(error) => Err(JobError::Store(error)),
+        };
+        if let Err(error) = started {
+            self.finish(Err(error), context);
+        }
+    }
+}
+
+impl Handler<PoolStopped> for Supervisor {
+    type Result = ();
+
+    fn handle(&mut self, stopped: PoolStopped, context: &mut Context<Self>) {
+        if stopped.generation != self.generation || self.phase != Phase::Restarting {
+            return;
+        }
+        context.run_later(Duration::from_millis(self.restart_delay_ms), |supervisor, context| {
+            supervisor.generation = Generation(supervisor.generation.0 + 1);
+            supervisor.request_load(context);
+        });
+    }
+}
