@@ -1,3 +1,251 @@
 //! The integration-test crate. Its tests live in `tests/tests/*.rs` and use
 //! only the public API of `snapflow`, exactly as a user's crate would. This
-//! library holds the helpers those tests share and nothing else.
+//! library holds the helpers those tests share and nothing else: a small
+//! seeded random generator, seed selection from the environment, and fault
+//! injection that fires each planned fault exactly once.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// A tiny seeded generator (splitmix64): deterministic per seed, no
+/// dependency, good enough to pick test parameters.
+#[derive(Debug, Clone)]
+pub struct TestRng {
+    state: u64,
+}
+
+impl TestRng {
+    /// A generator for `seed`.
+    pub fn new(seed: u64) -> TestRng {
+        TestRng { state: seed }
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut mixed = self.state;
+        mixed = (mixed ^ (mixed >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        mixed = (mixed ^ (mixed >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        mixed ^ (mixed >> 31)
+    }
+
+    /// A number in `low..=high`.
+    pub fn between(&mut self, low: u64, high: u64) -> u64 {
+        low + self.next_u64() % (high - low + 1)
+    }
+
+    /// True with probability `percent` / 100.
+    pub fn chance(&mut self, percent: u64) -> bool {
+        self.next_u64() % 100 < percent
+    }
+}
+
+/// The seeds a randomised test runs: `SNAPFLOW_SEED` replays exactly one;
+/// otherwise `count_var` (an environment variable) or `default_count`
+/// seeds from 1 on, so CI runs are reproducible.
+pub fn seeds(count_var: &str, default_count: u64) -> Vec<u64> {
+    if let Some(seed) = std::env::var("SNAPFLOW_SEED")
+        .ok()
+        .and_then(|text| text.parse().ok())
+    {
+        return vec![seed];
+    }
+    let count = std::env::var(count_var)
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .unwrap_or(default_count);
+    (1..=count).collect()
+}
+
+/// How an injected fault shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultKind {
+    /// The user function panics.
+    Panic,
+    /// The user function returns an error (where it can; else it panics).
+    Error,
+}
+
+/// One planned fault: operator `stage` fails on the record with id
+/// `record`, once.
+#[derive(Debug)]
+pub struct Fault {
+    /// The operator's name.
+    pub stage: &'static str,
+    /// The record id it fails on.
+    pub record: u64,
+    /// Panic or error.
+    pub kind: FaultKind,
+    fired: AtomicBool,
+}
+
+/// The planned faults of one run, shared by every operator instance and
+/// every generation; each fires at most once, so a restarted job gets past
+/// it.
+#[derive(Debug, Clone, Default)]
+pub struct Faults {
+    faults: Arc<Vec<Fault>>,
+}
+
+impl Faults {
+    /// Faults from `(stage, record, kind)` triples.
+    pub fn new(planned: Vec<(&'static str, u64, FaultKind)>) -> Faults {
+        Faults {
+            faults: Arc::new(
+                planned
+                    .into_iter()
+                    .map(|(stage, record, kind)| Fault {
+                        stage,
+                        record,
+                        kind,
+                        fired: AtomicBool::new(false),
+                    })
+                    .collect(),
+            ),
+        }
+    }
+
+    /// No faults.
+    pub fn none() -> Faults {
+        Faults::default()
+    }
+
+    /// Fails (panics or returns an error) if a fault is planned for this
+    /// stage and record and has not fired yet.
+    pub fn check(&self, stage: &str, record: u64) -> Result<(), String> {
+        for fault in self.faults.iter() {
+            if fault.stage == stage
+                && fault.record == record
+                && !fault.fired.swap(true, Ordering::SeqCst)
+            {
+                let message = format!("injected fault in {stage} at record {record}");
+                match fault.kind {
+                    FaultKind::Panic => panic!("{message}"),
+                    FaultKind::Error => return Err(message),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Like [`Faults::check`] for functions that cannot return an error:
+    /// an error fault panics too.
+    pub fn check_or_panic(&self, stage: &str, record: u64) {
+        if let Err(message) = self.check(stage, record) {
+            panic!("{message}");
+        }
+    }
+
+    /// How many planned faults fired.
+    pub fn fired(&self) -> usize {
+        self.faults
+            .iter()
+            .filter(|fault| fault.fired.load(Ordering::SeqCst))
+            .count()
+    }
+
+    /// How many faults are planned.
+    pub fn planned(&self) -> usize {
+        self.faults.len()
+    }
+}
+
+/// The test pipeline: source → parse (map) → keep (filter) → count (keyed
+/// process with state) → format (map) → collect (sink). Record `id` has key
+/// `id % KEYS` and value `id * 7 % 101`; ids with `id % 5 == 3` are
+/// dropped by the filter; `count` emits `(key, running count)`.
+pub mod pipeline {
+    use std::collections::HashMap;
+
+    use snapflow::job::{CollectHandle, CollectSink, Job, KeyedStateHandle, VecSource};
+    use snapflow::Snapshot;
+
+    use super::Faults;
+
+    /// The number of distinct keys.
+    pub const KEYS: u64 = 37;
+
+    /// The per-key state of `count`.
+    #[derive(Snapshot, Debug, Clone, Default, PartialEq, Eq)]
+    pub struct KeyTotals {
+        /// Records seen for the key.
+        pub count: u64,
+        /// Sum of their values.
+        pub sum: u64,
+    }
+
+    /// Parallelism of each operator of the pipeline, in order: source,
+    /// parse, keep, count, format, collect.
+    pub type Shape = [usize; 6];
+
+    /// The identity of an output record, for faults in `format`.
+    pub fn output_id(key: u64, count: u64) -> u64 {
+        key * 1_000_000 + count
+    }
+
+    /// Whether the filter keeps record `id`.
+    pub fn kept(id: u64) -> bool {
+        id % 5 != 3
+    }
+
+    /// Declares the pipeline on `job` over records `0..records`.
+    pub fn declare(
+        job: &Job,
+        records: u64,
+        shape: Shape,
+        faults: &Faults,
+    ) -> (CollectHandle<(u64, u64)>, KeyedStateHandle<u64, KeyTotals>) {
+        let (sink, output) = CollectSink::new();
+        let (parse_faults, keep_faults, count_faults, format_faults) =
+            (faults.clone(), faults.clone(), faults.clone(), faults.clone());
+        let (counted, state) = job
+            .source("numbers", VecSource::new((0..records).collect()))
+            .parallelism(shape[0])
+            .map("parse", move |id: u64| {
+                parse_faults.check_or_panic("parse", id);
+                (id, id % KEYS, id * 7 % 101)
+            })
+            .parallelism(shape[1])
+            .filter("keep", move |&(id, _, _): &(u64, u64, u64)| {
+                keep_faults.check_or_panic("keep", id);
+                kept(id)
+            })
+            .parallelism(shape[2])
+            .key_by(|&(_, key, _): &(u64, u64, u64)| key)
+            .process_with_state(
+                "count",
+                move |key: &u64, totals: &mut KeyTotals, (id, _, value), out| {
+                    count_faults.check("count", id)?;
+                    totals.count += 1;
+                    totals.sum += value;
+                    out.emit((*key, totals.count));
+                    Ok(())
+                },
+            );
+        counted
+            .parallelism(shape[3])
+            .map("format", move |(key, count): (u64, u64)| {
+                format_faults.check_or_panic("format", output_id(key, count));
+                (key, count)
+            })
+            .parallelism(shape[4])
+            .sink("collect", sink)
+            .parallelism(shape[5]);
+        (output, state)
+    }
+
+    /// The failure-free result, computed directly: the sorted sink output
+    /// and every key's final state.
+    pub fn expected(records: u64) -> (Vec<(u64, u64)>, HashMap<u64, KeyTotals>) {
+        let mut state: HashMap<u64, KeyTotals> = HashMap::new();
+        let mut output = Vec::new();
+        for id in (0..records).filter(|&id| kept(id)) {
+            let totals = state.entry(id % KEYS).or_default();
+            totals.count += 1;
+            totals.sum += id * 7 % 101;
+            output.push((id % KEYS, totals.count));
+        }
+        output.sort_unstable();
+        (output, state)
+    }
+}

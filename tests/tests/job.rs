@@ -1,0 +1,210 @@
+//! The job API end to end without injected chaos: a bounded job's output
+//! and keyed state are exact at parallelism 1, 2 and 3 in every snapshot
+//! mode, bad graphs are rejected before anything starts, a failure without
+//! restarts fails the job with its cause, and a slow sink is throttled by
+//! the credit window.
+
+use std::thread;
+use std::time::Duration;
+
+use snapflow::job::{
+    CollectSink, Job, JobConfig, JobError, RestartStrategy, Sink, SinkWriter, VecSource,
+};
+use snapflow::protocol::SnapshotMode;
+use snapflow::runtime::BoxError;
+use snapflow_tests::pipeline::{declare, expected, Shape};
+use snapflow_tests::{FaultKind, Faults};
+
+const RECORDS: u64 = 3_000;
+
+fn config(parallelism: usize, mode: SnapshotMode, interval_ms: Option<u64>) -> JobConfig {
+    JobConfig {
+        checkpoint_interval_ms: interval_ms,
+        mode,
+        default_parallelism: parallelism,
+        batch_size_max: 16,
+        arbiters: Some(2),
+        ..JobConfig::default()
+    }
+}
+
+fn check(shape: Shape, mode: SnapshotMode, interval_ms: Option<u64>) {
+    let job = Job::new("pipeline", config(1, mode, interval_ms));
+    let (output, state) = declare(&job, RECORDS, shape, &Faults::none());
+    let report = job.run().expect("the job runs");
+    let (expected_output, expected_state) = expected(RECORDS);
+    let mut committed = output.committed();
+    committed.sort_unstable();
+    assert_eq!(committed, expected_output);
+    assert_eq!(state.snapshot(), expected_state);
+    let kept = expected_output.len() as u64;
+    let operator = |name: &str| report.operator(name).expect("reported").clone();
+    assert_eq!(operator("numbers").records_out, RECORDS);
+    assert_eq!(operator("keep").records_in, RECORDS);
+    assert_eq!(operator("count").records_in, kept);
+    assert_eq!(operator("collect").records_in, kept);
+    assert!(report.restarts.is_empty());
+    assert!(
+        !report.checkpoints.is_empty(),
+        "the final checkpoint commits the sinks"
+    );
+}
+
+#[test]
+fn aligned_parallelism_1() {
+    check([1; 6], SnapshotMode::Aligned, Some(5));
+}
+
+#[test]
+fn aligned_parallelism_2() {
+    check([2; 6], SnapshotMode::Aligned, Some(5));
+}
+
+#[test]
+fn aligned_parallelism_3() {
+    check([3; 6], SnapshotMode::Aligned, Some(5));
+}
+
+#[test]
+fn aligned_mixed_parallelism_rebalances() {
+    check([2, 3, 1, 3, 2, 1], SnapshotMode::Aligned, Some(5));
+}
+
+#[test]
+fn unaligned_parallelism_2() {
+    check([2; 6], SnapshotMode::Unaligned, Some(3));
+}
+
+#[test]
+fn unaligned_mixed_parallelism() {
+    check([1, 2, 3, 2, 3, 2], SnapshotMode::Unaligned, Some(3));
+}
+
+#[test]
+fn at_least_once_without_failures_is_exact() {
+    check([2; 6], SnapshotMode::AtLeastOnce, Some(5));
+}
+
+#[test]
+fn without_periodic_checkpoints_the_final_one_commits() {
+    check([2; 6], SnapshotMode::Aligned, None);
+}
+
+fn build_error(declare: impl FnOnce(&Job)) -> JobError {
+    let job = Job::new("bad", JobConfig::default());
+    declare(&job);
+    job.run().expect_err("the graph is rejected")
+}
+
+#[test]
+fn duplicate_names_are_rejected_before_start() {
+    let error = build_error(|job| {
+        let (sink, _) = CollectSink::new();
+        job.source("twice", VecSource::new(vec![1_u64]))
+            .map("twice", |n| n)
+            .sink("out", sink);
+    });
+    assert!(matches!(error, JobError::DuplicateName { ref name } if name == "twice"));
+    assert!(!error.is_retryable());
+}
+
+#[test]
+fn zero_parallelism_is_rejected_before_start() {
+    let error = build_error(|job| {
+        let (sink, _) = CollectSink::new();
+        job.source("numbers", VecSource::new(vec![1_u64]))
+            .parallelism(0)
+            .sink("out", sink);
+    });
+    assert!(matches!(error, JobError::BadParallelism { parallelism: 0, .. }));
+}
+
+#[test]
+fn parallelism_above_the_key_groups_is_rejected() {
+    let job = Job::new(
+        "bad",
+        JobConfig {
+            max_parallelism: 2,
+            ..JobConfig::default()
+        },
+    );
+    let (sink, _) = CollectSink::new();
+    job.source("numbers", VecSource::new(vec![1_u64]))
+        .parallelism(3)
+        .sink("out", sink);
+    let error = job.run().expect_err("rejected");
+    assert!(matches!(error, JobError::BadParallelism { max: 2, .. }));
+}
+
+#[test]
+fn a_failure_without_restarts_fails_the_job_with_its_cause() {
+    let job = Job::new(
+        "fragile",
+        JobConfig {
+            restart: RestartStrategy::None,
+            ..config(2, SnapshotMode::Aligned, Some(5))
+        },
+    );
+    let faults = Faults::new(vec![("count", 100, FaultKind::Error)]);
+    let (output, _) = declare(&job, RECORDS, [2; 6], &faults);
+    let error = job.run().expect_err("the job fails");
+    let JobError::RestartsExhausted { restarts, cause } = error else {
+        panic!("unexpected error {error}");
+    };
+    assert_eq!(restarts, 0);
+    assert!(cause.contains("count"), "{cause}");
+    assert!(cause.contains("injected fault in count at record 100"), "{cause}");
+    assert!(output.committed().is_empty() || output.committed().len() < RECORDS as usize);
+}
+
+/// A sink that sleeps per batch, in front of a collect sink.
+struct SlowSink(CollectSink<u64>);
+
+struct SlowWriter(Box<dyn SinkWriter<u64>>);
+
+impl Sink<u64> for SlowSink {
+    fn writer(&self, subtask: usize, parallelism: usize) -> Box<dyn SinkWriter<u64>> {
+        Box::new(SlowWriter(self.0.writer(subtask, parallelism)))
+    }
+}
+
+impl SinkWriter<u64> for SlowWriter {
+    fn write(&mut self, batch: Vec<u64>) -> Result<(), BoxError> {
+        thread::sleep(Duration::from_millis(1));
+        self.0.write(batch)
+    }
+    fn pre_commit(&mut self, checkpoint: u64) -> Result<Vec<u8>, BoxError> {
+        self.0.pre_commit(checkpoint)
+    }
+    fn commit(&mut self, checkpoint: u64) -> Result<(), BoxError> {
+        self.0.commit(checkpoint)
+    }
+    fn recover(&mut self, state: &[u8]) -> Result<(), BoxError> {
+        self.0.recover(state)
+    }
+}
+
+#[test]
+fn a_slow_sink_throttles_the_source_within_the_window() {
+    let window_batches = 2;
+    let job = Job::new(
+        "slow",
+        JobConfig {
+            batch_size_max: 4,
+            window_batches,
+            checkpoint_interval_ms: Some(10),
+            arbiters: Some(2),
+            ..JobConfig::default()
+        },
+    );
+    let (collect, output) = CollectSink::new();
+    job.source("numbers", VecSource::new((0..400_u64).collect()))
+        .sink("slow", SlowSink(collect));
+    let report = job.run().expect("the job runs");
+    let source = report.operator("numbers").expect("reported");
+    assert!(source.in_flight_batches_peak <= window_batches as u64);
+    assert!(source.credit_stalls > 0, "the source waited for credit");
+    let mut committed = output.committed();
+    committed.sort_unstable();
+    assert_eq!(committed, (0..400).collect::<Vec<_>>());
+}
