@@ -157,10 +157,77 @@ impl Faults {
 pub mod pipeline {
     use std::collections::HashMap;
 
-    use snapflow::job::{CollectHandle, CollectSink, Job, KeyedStateHandle, VecSource};
+    use snapflow::job::{
+        CollectHandle, CollectSink, Job, KeyedStateHandle, ReadStatus, Source, SourceReader,
+        VecSource,
+    };
+    use snapflow::runtime::BoxError;
     use snapflow::Snapshot;
 
     use super::Faults;
+
+    /// How fast the source produces: at most `records_per_read` records,
+    /// then a pause of `pause_ms`, so that checkpoints happen while records
+    /// are in flight even for small inputs.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct Pacing {
+        /// Records per read.
+        pub records_per_read: usize,
+        /// Pause after each read.
+        pub pause_ms: u64,
+    }
+
+    /// A [`VecSource`] read at a given pace.
+    pub struct PacedSource {
+        inner: VecSource<u64>,
+        pacing: Pacing,
+    }
+
+    impl PacedSource {
+        /// The ids `0..records` at `pacing`.
+        pub fn new(records: u64, pacing: Pacing) -> PacedSource {
+            PacedSource {
+                inner: VecSource::new((0..records).collect()),
+                pacing,
+            }
+        }
+    }
+
+    impl Source<u64> for PacedSource {
+        fn reader(&self, subtask: usize, parallelism: usize) -> Box<dyn SourceReader<u64>> {
+            Box::new(PacedReader {
+                inner: self.inner.reader(subtask, parallelism),
+                pacing: self.pacing,
+            })
+        }
+    }
+
+    struct PacedReader {
+        inner: Box<dyn SourceReader<u64>>,
+        pacing: Pacing,
+    }
+
+    impl SourceReader<u64> for PacedReader {
+        fn read(&mut self, max_records: usize, out: &mut Vec<u64>) -> Result<ReadStatus, BoxError> {
+            let status = self
+                .inner
+                .read(max_records.min(self.pacing.records_per_read), out)?;
+            Ok(match status {
+                ReadStatus::Ready => ReadStatus::Idle {
+                    retry_after_ms: self.pacing.pause_ms,
+                },
+                other => other,
+            })
+        }
+
+        fn position(&self) -> Vec<u8> {
+            self.inner.position()
+        }
+
+        fn seek(&mut self, position: &[u8]) -> Result<(), BoxError> {
+            self.inner.seek(position)
+        }
+    }
 
     /// The number of distinct keys.
     pub const KEYS: u64 = 37;
@@ -193,13 +260,14 @@ pub mod pipeline {
         job: &Job,
         records: u64,
         shape: Shape,
+        pacing: Pacing,
         faults: &Faults,
     ) -> (CollectHandle<(u64, u64)>, KeyedStateHandle<u64, KeyTotals>) {
         let (sink, output) = CollectSink::new();
         let (parse_faults, keep_faults, count_faults, format_faults) =
             (faults.clone(), faults.clone(), faults.clone(), faults.clone());
         let (counted, state) = job
-            .source("numbers", VecSource::new((0..records).collect()))
+            .source("numbers", PacedSource::new(records, pacing))
             .parallelism(shape[0])
             .map("parse", move |id: u64| {
                 parse_faults.check_or_panic("parse", id);

@@ -12,10 +12,14 @@ use snapflow::job::{
 };
 use snapflow::protocol::SnapshotMode;
 use snapflow::runtime::BoxError;
-use snapflow_tests::pipeline::{declare, expected, Shape};
+use snapflow_tests::pipeline::{declare, expected, Pacing, Shape};
 use snapflow_tests::{FaultKind, Faults};
 
 const RECORDS: u64 = 3_000;
+const PACING: Pacing = Pacing {
+    records_per_read: 64,
+    pause_ms: 1,
+};
 
 fn config(parallelism: usize, mode: SnapshotMode, interval_ms: Option<u64>) -> JobConfig {
     JobConfig {
@@ -30,7 +34,7 @@ fn config(parallelism: usize, mode: SnapshotMode, interval_ms: Option<u64>) -> J
 
 fn check(shape: Shape, mode: SnapshotMode, interval_ms: Option<u64>) {
     let job = Job::new("pipeline", config(1, mode, interval_ms));
-    let (output, state) = declare(&job, RECORDS, shape, &Faults::none());
+    let (output, state) = declare(&job, RECORDS, shape, PACING, &Faults::none());
     let report = job.run().expect("the job runs");
     let (expected_output, expected_state) = expected(RECORDS);
     let mut committed = output.committed();
@@ -146,7 +150,7 @@ fn a_failure_without_restarts_fails_the_job_with_its_cause() {
         },
     );
     let faults = Faults::new(vec![("count", 100, FaultKind::Error)]);
-    let (output, _) = declare(&job, RECORDS, [2; 6], &faults);
+    let (output, _) = declare(&job, RECORDS, [2; 6], PACING, &faults);
     let error = job.run().expect_err("the job fails");
     let JobError::RestartsExhausted { restarts, cause } = error else {
         panic!("unexpected error {error}");
