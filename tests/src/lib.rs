@@ -151,15 +151,19 @@ impl Faults {
 }
 
 /// The test pipeline: source → parse (map) → keep (filter) → count (keyed
-/// process with state) → format (map) → collect (sink). Record `id` has key
+/// process with state) → format (map) → collect (a two-phase-commit sink
+/// whose commits can fail). Record `id` has key
 /// `id % KEYS` and value `id * 7 % 101`; ids with `id % 5 == 3` are
 /// dropped by the filter; `count` emits `(key, running count)`.
 pub mod pipeline {
     use std::collections::HashMap;
 
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+
     use snapflow::job::{
-        CollectHandle, CollectSink, Job, KeyedStateHandle, ReadStatus, Source, SourceReader,
-        VecSource,
+        CollectHandle, CollectSink, Job, KeyedStateHandle, ReadStatus, Sink, SinkWriter, Source,
+        SourceReader, VecSource,
     };
     use snapflow::runtime::BoxError;
     use snapflow::Snapshot;
@@ -175,6 +179,52 @@ pub mod pipeline {
         pub records_per_read: usize,
         /// Pause after each read.
         pub pause_ms: u64,
+    }
+
+    /// A [`CollectSink`] whose commits can fail: planned faults of stage
+    /// `"commit"` name the commit call (0 for the first, across every
+    /// subtask and generation) that fails, after the checkpoint is durable
+    /// and before the output is committed; recovery must then commit it.
+    pub struct FaultyCommitSink {
+        inner: CollectSink<(u64, u64)>,
+        faults: Faults,
+        commits: Arc<AtomicU64>,
+    }
+
+    impl Sink<(u64, u64)> for FaultyCommitSink {
+        fn writer(&self, subtask: usize, parallelism: usize) -> Box<dyn SinkWriter<(u64, u64)>> {
+            Box::new(FaultyCommitWriter {
+                inner: self.inner.writer(subtask, parallelism),
+                faults: self.faults.clone(),
+                commits: Arc::clone(&self.commits),
+            })
+        }
+    }
+
+    struct FaultyCommitWriter {
+        inner: Box<dyn SinkWriter<(u64, u64)>>,
+        faults: Faults,
+        commits: Arc<AtomicU64>,
+    }
+
+    impl SinkWriter<(u64, u64)> for FaultyCommitWriter {
+        fn write(&mut self, batch: Vec<(u64, u64)>) -> Result<(), BoxError> {
+            self.inner.write(batch)
+        }
+
+        fn pre_commit(&mut self, checkpoint: u64) -> Result<Vec<u8>, BoxError> {
+            self.inner.pre_commit(checkpoint)
+        }
+
+        fn commit(&mut self, checkpoint: u64) -> Result<(), BoxError> {
+            let call = self.commits.fetch_add(1, Ordering::SeqCst);
+            self.faults.check("commit", call)?;
+            self.inner.commit(checkpoint)
+        }
+
+        fn recover(&mut self, state: &[u8]) -> Result<(), BoxError> {
+            self.inner.recover(state)
+        }
     }
 
     /// A [`VecSource`] read at a given pace.
@@ -263,7 +313,12 @@ pub mod pipeline {
         pacing: Pacing,
         faults: &Faults,
     ) -> (CollectHandle<(u64, u64)>, KeyedStateHandle<u64, KeyTotals>) {
-        let (sink, output) = CollectSink::new();
+        let (collect, output) = CollectSink::new();
+        let sink = FaultyCommitSink {
+            inner: collect,
+            faults: faults.clone(),
+            commits: Arc::new(AtomicU64::new(0)),
+        };
         let (parse_faults, keep_faults, count_faults, format_faults) =
             (faults.clone(), faults.clone(), faults.clone(), faults.clone());
         let (counted, state) = job

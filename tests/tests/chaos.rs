@@ -2,7 +2,8 @@
 //! `snapflow_tests::pipeline`) runs with seeded random parallelism (1 to 3
 //! per operator), snapshot mode (aligned or unaligned), batch size,
 //! checkpoint interval, source pace and one to three faults (a panic or an
-//! error in a random operator on a random record, each firing once). The
+//! error in a random operator on a random record, or in the sink's commit
+//! after a checkpoint became durable; each fires once). The
 //! committed sink output and the final keyed state must equal the
 //! failure-free result exactly.
 //!
@@ -19,7 +20,7 @@ use snapflow::protocol::SnapshotMode;
 use snapflow_tests::pipeline::{declare, expected, kept, output_id, Pacing, KEYS};
 use snapflow_tests::{seeds, FaultKind, Faults, TestRng};
 
-const STAGES: [&str; 4] = ["parse", "keep", "count", "format"];
+const STAGES: [&str; 5] = ["parse", "keep", "count", "format", "commit"];
 
 /// What one seed chose, printed with a failure.
 #[derive(Debug)]
@@ -50,7 +51,7 @@ fn plan(seed: u64) -> Plan {
         SnapshotMode::Unaligned
     };
     let faults = (0..rng.between(1, 3))
-        .map(|_| fault(&mut rng, records))
+        .map(|_| fault(&mut rng, records, shape[5]))
         .collect();
     Plan {
         records,
@@ -67,8 +68,8 @@ fn plan(seed: u64) -> Plan {
 }
 
 /// A fault on a record the stage really sees.
-fn fault(rng: &mut TestRng, records: u64) -> (&'static str, u64, FaultKind) {
-    let stage = STAGES[rng.between(0, 3) as usize];
+fn fault(rng: &mut TestRng, records: u64, sinks: usize) -> (&'static str, u64, FaultKind) {
+    let stage = STAGES[rng.between(0, 4) as usize];
     let kind = if rng.chance(50) {
         FaultKind::Panic
     } else {
@@ -79,6 +80,9 @@ fn fault(rng: &mut TestRng, records: u64) -> (&'static str, u64, FaultKind) {
         id = (id + 1) % records;
     }
     let record = match stage {
+        // The n-th sink commit; every run commits at least once per sink
+        // subtask (the final checkpoint).
+        "commit" => rng.between(0, sinks as u64 - 1),
         // `format` sees (key, running count); pick the output of `id`.
         "format" => {
             let count = (0..=id).filter(|&n| kept(n) && n % KEYS == id % KEYS).count();
