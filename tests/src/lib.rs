@@ -319,8 +319,12 @@ pub mod pipeline {
             faults: faults.clone(),
             commits: Arc::new(AtomicU64::new(0)),
         };
-        let (parse_faults, keep_faults, count_faults, format_faults) =
-            (faults.clone(), faults.clone(), faults.clone(), faults.clone());
+        let (parse_faults, keep_faults, count_faults, format_faults) = (
+            faults.clone(),
+            faults.clone(),
+            faults.clone(),
+            faults.clone(),
+        );
         let (counted, state) = job
             .source("numbers", PacedSource::new(records, pacing))
             .parallelism(shape[0])

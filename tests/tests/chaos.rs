@@ -85,7 +85,9 @@ fn fault(rng: &mut TestRng, records: u64, sinks: usize) -> (&'static str, u64, F
         "commit" => rng.between(0, sinks as u64 - 1),
         // `format` sees (key, running count); pick the output of `id`.
         "format" => {
-            let count = (0..=id).filter(|&n| kept(n) && n % KEYS == id % KEYS).count();
+            let count = (0..=id)
+                .filter(|&n| kept(n) && n % KEYS == id % KEYS)
+                .count();
             output_id(id % KEYS, count as u64)
         }
         _ => id,
@@ -177,8 +179,12 @@ fn chaos_runs_are_exactly_once() {
                 checkpoints += numbers.next().unwrap_or(0);
                 restarts += numbers.next().unwrap_or(0);
             }
-            Ok(Err(divergence)) => panic!("seed {seed} (replay with SNAPFLOW_SEED={seed}): {divergence}"),
-            Err(_) => panic!("seed {seed} (replay with SNAPFLOW_SEED={seed}) did not finish in 60 s"),
+            Ok(Err(divergence)) => {
+                panic!("seed {seed} (replay with SNAPFLOW_SEED={seed}): {divergence}")
+            }
+            Err(_) => {
+                panic!("seed {seed} (replay with SNAPFLOW_SEED={seed}) did not finish in 60 s")
+            }
         }
     }
     eprintln!(

@@ -120,7 +120,10 @@ fn zero_parallelism_is_rejected_before_start() {
             .parallelism(0)
             .sink("out", sink);
     });
-    assert!(matches!(error, JobError::BadParallelism { parallelism: 0, .. }));
+    assert!(matches!(
+        error,
+        JobError::BadParallelism { parallelism: 0, .. }
+    ));
 }
 
 #[test]
@@ -157,7 +160,10 @@ fn a_failure_without_restarts_fails_the_job_with_its_cause() {
     };
     assert_eq!(restarts, 0);
     assert!(cause.contains("count"), "{cause}");
-    assert!(cause.contains("injected fault in count at record 100"), "{cause}");
+    assert!(
+        cause.contains("injected fault in count at record 100"),
+        "{cause}"
+    );
     assert!(output.committed().is_empty() || output.committed().len() < RECORDS as usize);
 }
 

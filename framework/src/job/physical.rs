@@ -239,9 +239,12 @@ impl<In: Data, Out: Data> SubtaskSlot for StageSlot<In, Out> {
         let (tag, env, failures) = (start.tag, start.env, start.failures);
         let (subtask, parallelism) = (start.subtask, start.parallelism);
         let actor_tag = tag.clone();
-        start
-            .pool
-            .start_in_slot(slot, Placement::RoundRobin, tag, failures.clone(), move |_| {
+        start.pool.start_in_slot(
+            slot,
+            Placement::RoundRobin,
+            tag,
+            failures.clone(),
+            move |_| {
                 let core = make_core(subtask, parallelism);
                 let shell = StageShell::new(env, machine, core, router);
                 StageActor::new(
@@ -252,7 +255,8 @@ impl<In: Data, Out: Data> SubtaskSlot for StageSlot<In, Out> {
                     StageConfig::default(),
                     failures,
                 )
-            })?;
+            },
+        )?;
         Ok(())
     }
 }
@@ -328,19 +332,17 @@ impl<T: Data> SubtaskSlot for SourceSlot<T> {
         let (subtask, parallelism, read_batch) =
             (start.subtask, start.parallelism, start.read_batch);
         let actor_tag = tag.clone();
-        start
-            .pool
-            .start_in_slot(slot, Placement::RoundRobin, tag, failures.clone(), move |_| {
+        start.pool.start_in_slot(
+            slot,
+            Placement::RoundRobin,
+            tag,
+            failures.clone(),
+            move |_| {
                 let reader = source.reader(subtask, parallelism);
                 let shell = SourceShell::new(env, machine, reader, router, read_batch);
-                SourceActor::new(
-                    actor_tag,
-                    shell,
-                    senders,
-                    SourceConfig::default(),
-                    failures,
-                )
-            })?;
+                SourceActor::new(actor_tag, shell, senders, SourceConfig::default(), failures)
+            },
+        )?;
         Ok(())
     }
 }
@@ -485,17 +487,30 @@ pub(crate) struct GenerationHandles {
     pub(crate) channel_stats: Vec<(usize, ChannelStats)>,
 }
 
+/// Where the subtasks of a generation report to.
+pub(crate) struct SupervisorLinks {
+    /// Acks, declines, ends and finishes.
+    pub(crate) events: Recipient<NodeEvent>,
+    /// Failures caught by the transport.
+    pub(crate) failures: FailureSink,
+    /// The job's span, parent of every subtask's span.
+    pub(crate) span: tracing::Span,
+}
+
 /// Wires and starts one generation of every subtask.
 pub(crate) fn start_generation(
     plan: &PhysicalPlan,
     pool: &ArbiterPool,
     generation: Generation,
-    supervisor: &Recipient<NodeEvent>,
-    failures: &FailureSink,
+    links: &SupervisorLinks,
     restore: &BTreeMap<PartId, Vec<u8>>,
     last_completed: Option<CheckpointId>,
-    job_span: &tracing::Span,
 ) -> Result<GenerationHandles, JobError> {
+    let SupervisorLinks {
+        events: supervisor,
+        failures,
+        span: job_span,
+    } = links;
     let mut slots: Vec<Box<dyn SubtaskSlot>> = plan
         .nodes
         .iter()
@@ -517,7 +532,8 @@ pub(crate) fn start_generation(
             previous = Some((edge.from, edge.logical));
         }
         let target = slots[edge.to].delivery_target()?;
-        let receiver = slots[edge.from].connect(target, ChannelId(id as u64), generation, config)?;
+        let receiver =
+            slots[edge.from].connect(target, ChannelId(id as u64), generation, config)?;
         channel_stats.push((plan.nodes[edge.from].0, receiver.stats().clone()));
         slots[edge.to].add_input(receiver)?;
     }

@@ -202,6 +202,9 @@ mod tests {
         // and break restoring old checkpoints.
         assert_eq!(stable_hash(&7_u64), stable_hash(&7_u64));
         assert_ne!(stable_hash(&7_u64), stable_hash(&8_u64));
-        assert_eq!(key_group(stable_hash("a"), 128), key_group(stable_hash("a"), 128));
+        assert_eq!(
+            key_group(stable_hash("a"), 128),
+            key_group(stable_hash("a"), 128)
+        );
     }
 }

@@ -222,7 +222,7 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
                     let checkpoint = token.checkpoint();
                     let state = {
                         let span = self.env.span.clone();
-        let _span = span.enter();
+                        let _span = span.enter();
                         self.core.snapshot(checkpoint)?
                     };
                     self.taken.insert(checkpoint, state);
@@ -231,8 +231,7 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
                 }
                 NodeAction::EmitBarrier(checkpoint) => {
                     if !self.inputs_ended {
-                        io.outputs()
-                            .broadcast_control(Control::Barrier(checkpoint));
+                        io.outputs().broadcast_control(Control::Barrier(checkpoint));
                     }
                 }
                 NodeAction::ReportPart(part) => {
@@ -252,8 +251,7 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
                 }
                 NodeAction::Decline { checkpoint, reason } => {
                     self.taken.forget_up_to(checkpoint);
-                    self.env
-                        .tell(NodeEventKind::Decline { checkpoint, reason });
+                    self.env.tell(NodeEventKind::Decline { checkpoint, reason });
                 }
             }
         }
@@ -443,8 +441,7 @@ impl<T: Data> SourceShell<T> {
                 }
                 NodeAction::Decline { checkpoint, reason } => {
                     self.taken.forget_up_to(checkpoint);
-                    self.env
-                        .tell(NodeEventKind::Decline { checkpoint, reason });
+                    self.env.tell(NodeEventKind::Decline { checkpoint, reason });
                 }
             }
         }

@@ -18,9 +18,10 @@ use crate::state::Snapshot;
 use crate::storage::names;
 
 use super::connectors::{Sink, Source};
-use super::ops::{FinalStates, Key, KeyedCore, SinkCore, StatelessCore};
+use super::ops::{FinalStates, Key, KeyedCore, ProcessFn, RecordFn, SinkCore, StatelessCore};
 use super::physical::{
-    Partition, PhysicalPlan, PlannedEdge, PlannedOperator, SourceTemplate, StageTemplate, Template,
+    CoreFactory, Partition, PhysicalPlan, PlannedEdge, PlannedOperator, SourceTemplate,
+    StageTemplate, Template,
 };
 use super::route::{stable_hash, Collector, KeyHash};
 use super::shell::{Core, Data, OperatorCounters};
@@ -175,7 +176,7 @@ impl Job {
         producers: &[usize],
         kind: EdgeKind,
         key_hash: Option<Arc<dyn Any + Send + Sync>>,
-        make_core: Arc<dyn Fn(usize, usize) -> Box<dyn Core<In, Out>> + Send + Sync>,
+        make_core: CoreFactory<In, Out>,
     ) -> usize {
         let operator = self.add_operator(name, false, Box::new(StageTemplate { make_core }));
         self.add_edges(producers, operator, kind, key_hash);
@@ -265,11 +266,7 @@ impl<'j, T: Data> Stream<'j, T> {
         }
     }
 
-    fn stateless<U: Data>(
-        self,
-        name: &str,
-        function: Arc<dyn Fn(T, &mut Collector<'_, U>) + Send + Sync>,
-    ) -> Stream<'j, U> {
+    fn stateless<U: Data>(self, name: &str, function: RecordFn<T, U>) -> Stream<'j, U> {
         let make_core = Arc::new(move |_subtask: usize, _parallelism: usize| {
             Box::new(StatelessCore {
                 function: Arc::clone(&function),
@@ -287,7 +284,10 @@ impl<'j, T: Data> Stream<'j, T> {
         name: &str,
         function: impl Fn(T) -> U + Send + Sync + 'static,
     ) -> Stream<'j, U> {
-        self.stateless(name, Arc::new(move |record, out| out.emit(function(record))))
+        self.stateless(
+            name,
+            Arc::new(move |record, out| out.emit(function(record))),
+        )
     }
 
     /// Keeps the records for which `predicate` is true.
@@ -441,9 +441,7 @@ impl<'j, K: Key, T: Data> KeyedStream<'j, K, T> {
         let hash_of = Arc::clone(&key_of);
         let key_hash: KeyHash<T> = Arc::new(move |record: &T| stable_hash(&hash_of(record)));
         let key_hash: Arc<dyn Any + Send + Sync> = Arc::new(key_hash);
-        let function: Arc<
-            dyn Fn(&K, &mut S, T, &mut Collector<'_, U>) -> Result<(), BoxError> + Send + Sync,
-        > = Arc::new(function);
+        let function: ProcessFn<K, S, T, U> = Arc::new(function);
         let max_parallelism = self.job.config.max_parallelism;
         let make_core = Arc::new(move |subtask: usize, _parallelism: usize| {
             Box::new(KeyedCore {

@@ -36,11 +36,10 @@ use crate::runtime::pool::{ActorSlot, ArbiterPool, Placement, PoolConfig};
 use crate::runtime::stage::Inject;
 use crate::runtime::{ActorTag, Generation};
 use crate::storage::{
-    self, CheckpointStore, CommitRequest, KeyGroupLayout, MemoryCheckpointStore, PartId,
-    StoreError,
+    self, CheckpointStore, CommitRequest, KeyGroupLayout, MemoryCheckpointStore, PartId, StoreError,
 };
 
-use super::physical::{start_generation, GenerationHandles, PhysicalPlan};
+use super::physical::{start_generation, GenerationHandles, PhysicalPlan, SupervisorLinks};
 use super::restart::{RestartDecision, RestartTracker};
 use super::shell::{Control, NodeEvent, NodeEventKind};
 use super::{
@@ -76,7 +75,9 @@ pub(crate) fn run(name: String, plan: PhysicalPlan) -> Result<JobReport, JobErro
     let (result, pool) = match outcome {
         Ok(outcome) => outcome,
         Err(_) => (
-            Err(JobError::Internal("the supervisor stopped without a result".into())),
+            Err(JobError::Internal(
+                "the supervisor stopped without a result".into(),
+            )),
             None,
         ),
     };
@@ -344,15 +345,18 @@ impl Supervisor {
         )?;
         let address = context.address();
         let failures = FailureSink::from_recipient(address.clone().recipient());
+        let links = SupervisorLinks {
+            events: address.recipient(),
+            failures,
+            span: self.span.clone(),
+        };
         let handles = start_generation(
             &self.plan,
             &pool,
             self.generation,
-            &address.recipient(),
-            &failures,
+            &links,
             &parts,
             last_completed,
-            &self.span,
         )?;
         let nodes = self.plan.node_count();
         self.pool = Some(pool);
@@ -434,13 +438,18 @@ impl Supervisor {
                     self.trigger(checkpoint, kind);
                 }
                 CoordinatorAction::Complete(completed) => {
-                    self.persist(completed.checkpoint, completed.kind, completed.parts, context);
+                    self.persist(
+                        completed.checkpoint,
+                        completed.kind,
+                        completed.parts,
+                        context,
+                    );
                 }
                 CoordinatorAction::Abort {
                     checkpoint, reason, ..
                 } => {
                     let span = self.span.clone();
-        let _entered = span.enter();
+                    let _entered = span.enter();
                     tracing::info!(checkpoint = checkpoint.0, ?reason, "checkpoint aborted");
                     self.triggered_at.remove(&checkpoint);
                     if reason.is_failure() {
@@ -600,7 +609,10 @@ impl Supervisor {
             Err(error) => {
                 // Known gap: persistence failures are reported but do not
                 // count towards the tolerable checkpoint failures.
-                tracing::warn!(checkpoint = checkpoint.0, "checkpoint not persisted: {error}");
+                tracing::warn!(
+                    checkpoint = checkpoint.0,
+                    "checkpoint not persisted: {error}"
+                );
                 self.report.failed_checkpoints.push(FailedCheckpoint {
                     checkpoint: checkpoint.0,
                     reason: error.to_string(),
@@ -702,7 +714,7 @@ impl Supervisor {
         }
         if let Some(done) = self.done.take() {
             let span = self.span.clone();
-        let _entered = span.enter();
+            let _entered = span.enter();
             tracing::info!(job = %self.name, ok = result.is_ok(), "job finished");
             // The receiver waits in `run`; if it is gone nobody needs the
             // result.
@@ -775,9 +787,12 @@ impl Handler<PoolStopped> for Supervisor {
         if stopped.generation != self.generation || self.phase != Phase::Restarting {
             return;
         }
-        context.run_later(Duration::from_millis(self.restart_delay_ms), |supervisor, context| {
-            supervisor.generation = Generation(supervisor.generation.0 + 1);
-            supervisor.request_load(context);
-        });
+        context.run_later(
+            Duration::from_millis(self.restart_delay_ms),
+            |supervisor, context| {
+                supervisor.generation = Generation(supervisor.generation.0 + 1);
+                supervisor.request_load(context);
+            },
+        );
     }
 }
