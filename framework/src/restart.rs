@@ -472,7 +472,12 @@ impl RestartTracker {
     }
 
     /// Returns the current backoff (with jitter, capped) and grows the next.
-    fn next_backoff_ms(&mut self, delay_ms_max: u64, multiplier: f64, jitter: Option<Jitter>) -> u64 {
+    fn next_backoff_ms(
+        &mut self,
+        delay_ms_max: u64,
+        multiplier: f64,
+        jitter: Option<Jitter>,
+    ) -> u64 {
         let max_ms = delay_ms_max as f64;
         let base_ms = self.backoff_ms;
         self.backoff_ms = (base_ms * multiplier).min(max_ms);
