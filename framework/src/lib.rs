@@ -14,6 +14,9 @@
 //!   opaque bytes and never knows what is inside a part.
 //! - [`protocol`]: the pure checkpoint state machines (per node, coordinator),
 //!   graph analysis and the consistency oracle. No I/O, clocks or actors.
+//! - [`restart`]: restart strategies (none, fixed delay, exponential
+//!   backoff, failure rate) and the pure tracker the supervisor asks after
+//!   each failure. No clocks, threads or actors: time is an input.
 //! - [`runtime`]: actix arbiters, actors and channels (batching, credits,
 //!   fairness, panic reports). It never decides protocol questions.
 //!
@@ -21,6 +24,7 @@
 
 pub mod job;
 pub mod protocol;
+pub mod restart;
 pub mod runtime;
 pub mod state;
 pub mod storage;
