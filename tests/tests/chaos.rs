@@ -108,7 +108,7 @@ fn run(seed: u64) -> Result<String, String> {
             max_parallelism: 16,
             arbiters: Some(2),
             restart: RestartStrategy::FixedDelay {
-                attempts: 10,
+                attempts_max: 10,
                 delay_ms: 0,
             },
             ..JobConfig::default()

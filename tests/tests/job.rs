@@ -155,7 +155,10 @@ fn a_failure_without_restarts_fails_the_job_with_its_cause() {
     let faults = Faults::new(vec![("count", 100, FaultKind::Error)]);
     let (output, _) = declare(&job, RECORDS, [2; 6], PACING, &faults);
     let error = job.run().expect_err("the job fails");
-    let JobError::RestartsExhausted { restarts, cause } = error else {
+    let JobError::RestartsExhausted {
+        restarts, cause, ..
+    } = error
+    else {
         panic!("unexpected error {error}");
     };
     assert_eq!(restarts, 0);

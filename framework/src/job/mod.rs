@@ -48,7 +48,6 @@
 mod connectors;
 mod ops;
 mod physical;
-mod restart;
 mod route;
 mod shell;
 mod stream;
@@ -58,14 +57,15 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::protocol::{CoordinatorConfigError, GraphError, SnapshotMode};
+use crate::restart::RestartConfigError;
 use crate::runtime::RuntimeError;
 use crate::storage::{CheckpointStore, FsCheckpointStore, StoreError};
 
+pub use crate::restart::RestartStrategy;
 pub use connectors::{
     CollectHandle, CollectSink, ReadStatus, Sink, SinkWriter, Source, SourceReader, VecSource,
 };
 pub use ops::Key;
-pub use restart::RestartStrategy;
 pub use route::Collector;
 pub use shell::Data;
 pub use stream::{Job, KeyedStateHandle, KeyedStream, SinkHandle, Stream};
@@ -91,7 +91,8 @@ pub struct JobConfig {
     pub mode: SnapshotMode,
     /// Where checkpoints go; `None` means a fresh in-memory store per run.
     pub store: Option<Arc<dyn CheckpointStore>>,
-    /// What to do when the job fails.
+    /// What to do when the job fails (default: Flink's exponential
+    /// backoff from 1 s, never giving up).
     pub restart: RestartStrategy,
     /// The parallelism of operators that do not set their own.
     pub default_parallelism: usize,
@@ -177,6 +178,9 @@ pub enum JobError {
     /// The graph cannot be checkpointed in the chosen mode.
     #[error("graph: {0}")]
     Graph(#[from] GraphError),
+    /// The restart strategy is unusable.
+    #[error("restart strategy: {0}")]
+    Restart(#[from] RestartConfigError),
     /// The checkpoint schedule is unusable.
     #[error("checkpoint coordinator: {0}")]
     Coordinator(#[from] CoordinatorConfigError),
@@ -187,10 +191,12 @@ pub enum JobError {
     #[error("checkpoint store: {0}")]
     Store(#[from] StoreError),
     /// The restart strategy gave up; `cause` is the last failure.
-    #[error("job failed after {restarts} restarts; last failure: {cause}")]
+    #[error("job failed after {restarts} restarts ({reason}); last failure: {cause}")]
     RestartsExhausted {
         /// How many restarts happened.
         restarts: u32,
+        /// Why the strategy gave up.
+        reason: String,
         /// The root cause (operator, subtask, generation and message).
         cause: String,
     },

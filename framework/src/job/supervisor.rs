@@ -40,17 +40,18 @@ use crate::storage::{
 };
 
 use super::physical::{start_generation, GenerationHandles, PhysicalPlan, SupervisorLinks};
-use super::restart::{RestartDecision, RestartTracker};
 use super::shell::{Control, NodeEvent, NodeEventKind};
 use super::{
     CheckpointReport, FailedCheckpoint, JobError, JobReport, OperatorReport, RestartReport,
 };
+use crate::restart::{RestartDecision, RestartTracker};
 
 type Outcome = (Result<JobReport, JobError>, Option<ArbiterPool>);
 
 /// Runs a planned job to completion on its own threads.
 pub(crate) fn run(name: String, plan: PhysicalPlan) -> Result<JobReport, JobError> {
     let span = tracing::info_span!("job", job = %name);
+    let restarts = RestartTracker::new(plan.config.restart.clone())?;
     let store: Arc<dyn CheckpointStore> = match &plan.config.store {
         Some(store) => Arc::clone(store),
         None => Arc::new(MemoryCheckpointStore::new(&name)?),
@@ -69,7 +70,7 @@ pub(crate) fn run(name: String, plan: PhysicalPlan) -> Result<JobReport, JobErro
         Placement::Arbiter(0),
         tag,
         FailureSink::log_only(),
-        move |_| Supervisor::new(name, plan, writer, done_sender, supervisor_span),
+        move |_| Supervisor::new(name, plan, writer, done_sender, supervisor_span, restarts),
     )?;
     let outcome = done.recv();
     let (result, pool) = match outcome {
@@ -259,8 +260,8 @@ impl Supervisor {
         writer: mpsc::Sender<WriterJob>,
         done: mpsc::Sender<Outcome>,
         span: tracing::Span,
+        restarts: RestartTracker,
     ) -> Supervisor {
-        let restarts = RestartTracker::new(plan.config.restart);
         let report = JobReport {
             job: name.clone(),
             operators: plan
@@ -368,6 +369,7 @@ impl Supervisor {
             final_from: None,
         });
         self.phase = Phase::Running;
+        self.restarts.on_running(self.now_ms());
         tracing::info!(
             generation = self.generation.0,
             restored_from = last_completed.map(|checkpoint| checkpoint.0),
@@ -629,18 +631,20 @@ impl Supervisor {
             context.cancel_future(timer);
         }
         self.retire_generation();
-        match self.restarts.on_failure() {
-            RestartDecision::GiveUp => {
-                tracing::error!(generation = self.generation.0, %cause, "job failed");
+        match self.restarts.on_failure(self.now_ms()) {
+            RestartDecision::GiveUp { reason } => {
+                tracing::error!(generation = self.generation.0, %cause, %reason, "job failed");
                 let error = JobError::RestartsExhausted {
-                    restarts: self.restarts.restarts(),
+                    restarts: self.restarts.attempts(),
+                    reason: reason.to_string(),
                     cause,
                 };
                 self.finish(Err(error), context);
             }
-            RestartDecision::RestartAfter { delay_ms } => {
+            RestartDecision::Restart { delay_ms, attempt } => {
                 tracing::warn!(
                     generation = self.generation.0,
+                    attempt,
                     delay_ms,
                     %cause,
                     "restarting the job"
