@@ -305,20 +305,28 @@ pub mod pipeline {
         id % 5 != 3
     }
 
-    /// Declares the pipeline on `job` over records `0..records`.
-    pub fn declare(
-        job: &Job,
-        records: u64,
-        shape: Shape,
-        pacing: Pacing,
-        faults: &Faults,
-    ) -> (CollectHandle<(u64, u64)>, KeyedStateHandle<u64, KeyTotals>) {
+    /// A collect sink whose commits fail as `faults` plan (stage
+    /// `"commit"`), and the handle to its committed output.
+    pub fn faulty_collect(faults: &Faults) -> (FaultyCommitSink, CollectHandle<(u64, u64)>) {
         let (collect, output) = CollectSink::new();
         let sink = FaultyCommitSink {
             inner: collect,
             faults: faults.clone(),
             commits: Arc::new(AtomicU64::new(0)),
         };
+        (sink, output)
+    }
+
+    /// Declares the pipeline on `job` over records `0..records`, ending in
+    /// `sink`; returns the handle to `count`'s final keyed state.
+    pub fn declare(
+        job: &Job,
+        records: u64,
+        shape: Shape,
+        pacing: Pacing,
+        faults: &Faults,
+        sink: impl Sink<(u64, u64)>,
+    ) -> KeyedStateHandle<u64, KeyTotals> {
         let (parse_faults, keep_faults, count_faults, format_faults) = (
             faults.clone(),
             faults.clone(),
@@ -358,7 +366,7 @@ pub mod pipeline {
             .parallelism(shape[4])
             .sink("collect", sink)
             .parallelism(shape[5]);
-        (output, state)
+        state
     }
 
     /// The failure-free result, computed directly: the sorted sink output

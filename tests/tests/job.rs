@@ -12,7 +12,7 @@ use snapflow::job::{
 };
 use snapflow::protocol::SnapshotMode;
 use snapflow::runtime::BoxError;
-use snapflow_tests::pipeline::{declare, expected, Pacing, Shape};
+use snapflow_tests::pipeline::{declare, expected, faulty_collect, Pacing, Shape};
 use snapflow_tests::{FaultKind, Faults};
 
 const RECORDS: u64 = 3_000;
@@ -34,7 +34,8 @@ fn config(parallelism: usize, mode: SnapshotMode, interval_ms: Option<u64>) -> J
 
 fn check(shape: Shape, mode: SnapshotMode, interval_ms: Option<u64>) {
     let job = Job::new("pipeline", config(1, mode, interval_ms));
-    let (output, state) = declare(&job, RECORDS, shape, PACING, &Faults::none());
+    let (sink, output) = faulty_collect(&Faults::none());
+    let state = declare(&job, RECORDS, shape, PACING, &Faults::none(), sink);
     let report = job.run().expect("the job runs");
     let (expected_output, expected_state) = expected(RECORDS);
     let mut committed = output.committed();
@@ -153,7 +154,8 @@ fn a_failure_without_restarts_fails_the_job_with_its_cause() {
         },
     );
     let faults = Faults::new(vec![("count", 100, FaultKind::Error)]);
-    let (output, _) = declare(&job, RECORDS, [2; 6], PACING, &faults);
+    let (sink, output) = faulty_collect(&faults);
+    let _state = declare(&job, RECORDS, [2; 6], PACING, &faults, sink);
     let error = job.run().expect_err("the job fails");
     let JobError::RestartsExhausted {
         restarts, cause, ..
