@@ -384,3 +384,148 @@ pub mod pipeline {
         (output, state)
     }
 }
+
+/// An exactly-once file sink for the process-crash test: two-phase commit
+/// with files. `pre_commit` writes the open transaction to
+/// `pending-<subtask>-<checkpoint>` (written to a temporary name, then
+/// renamed, so a file is whole or absent), `commit` renames pending files
+/// to `committed-<subtask>-<checkpoint>`, and `recover` commits the pending
+/// files the restored checkpoint lists and deletes every other pending
+/// file of its subtask (the abort). Only `committed-*` files are output.
+///
+/// It survives a killed process, not a lost machine: files are not
+/// fsynced, because the page cache outlives a SIGKILL.
+pub mod file_sink {
+    use std::fs;
+    use std::io;
+    use std::path::{Path, PathBuf};
+
+    use snapflow::job::{Sink, SinkWriter};
+    use snapflow::runtime::BoxError;
+
+    /// The sink; one directory for every subtask.
+    pub struct FileSink {
+        dir: PathBuf,
+    }
+
+    impl FileSink {
+        /// A sink writing into `dir` (created if missing).
+        pub fn new(dir: impl Into<PathBuf>) -> io::Result<FileSink> {
+            let dir = dir.into();
+            fs::create_dir_all(&dir)?;
+            Ok(FileSink { dir })
+        }
+    }
+
+    impl Sink<(u64, u64)> for FileSink {
+        fn writer(&self, subtask: usize, _parallelism: usize) -> Box<dyn SinkWriter<(u64, u64)>> {
+            Box::new(FileWriter {
+                dir: self.dir.clone(),
+                subtask,
+                open: String::new(),
+                pending: Vec::new(),
+            })
+        }
+    }
+
+    struct FileWriter {
+        dir: PathBuf,
+        subtask: usize,
+        open: String,
+        /// Pre-committed checkpoints not yet committed, ascending.
+        pending: Vec<u64>,
+    }
+
+    impl FileWriter {
+        fn path(&self, state: &str, checkpoint: u64) -> PathBuf {
+            self.dir
+                .join(format!("{state}-{}-{checkpoint}", self.subtask))
+        }
+
+        fn commit_file(&self, checkpoint: u64) -> io::Result<()> {
+            let pending = self.path("pending", checkpoint);
+            if pending.exists() {
+                fs::rename(pending, self.path("committed", checkpoint))?;
+            }
+            Ok(())
+        }
+    }
+
+    impl SinkWriter<(u64, u64)> for FileWriter {
+        fn write(&mut self, batch: Vec<(u64, u64)>) -> Result<(), BoxError> {
+            for (key, count) in batch {
+                self.open.push_str(&format!("{key} {count}\n"));
+            }
+            Ok(())
+        }
+
+        fn pre_commit(&mut self, checkpoint: u64) -> Result<Vec<u8>, BoxError> {
+            let temporary = self.path("writing", checkpoint);
+            fs::write(&temporary, std::mem::take(&mut self.open))?;
+            fs::rename(temporary, self.path("pending", checkpoint))?;
+            self.pending.push(checkpoint);
+            let listed: Vec<String> = self.pending.iter().map(u64::to_string).collect();
+            Ok(listed.join(",").into_bytes())
+        }
+
+        fn commit(&mut self, checkpoint: u64) -> Result<(), BoxError> {
+            while let Some(&first) = self.pending.first() {
+                if first > checkpoint {
+                    break;
+                }
+                self.commit_file(first)?;
+                self.pending.remove(0);
+            }
+            Ok(())
+        }
+
+        fn recover(&mut self, state: &[u8]) -> Result<(), BoxError> {
+            let listed: Vec<u64> = std::str::from_utf8(state)?
+                .split(',')
+                .filter(|text| !text.is_empty())
+                .map(str::parse)
+                .collect::<Result<_, _>>()?;
+            for &checkpoint in &listed {
+                self.commit_file(checkpoint)?;
+            }
+            // Abort: pending files the checkpoint does not list were
+            // written after it.
+            let prefix = format!("pending-{}-", self.subtask);
+            for entry in fs::read_dir(&self.dir)? {
+                let name = entry?.file_name().to_string_lossy().into_owned();
+                if name.starts_with(&prefix) {
+                    fs::remove_file(self.dir.join(name))?;
+                }
+            }
+            Ok(())
+        }
+    }
+
+    /// Every committed record in `dir`, sorted.
+    pub fn committed(dir: &Path) -> io::Result<Vec<(u64, u64)>> {
+        let mut records = Vec::new();
+        for entry in fs::read_dir(dir)? {
+            let entry = entry?;
+            if !entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with("committed-")
+            {
+                continue;
+            }
+            for line in fs::read_to_string(entry.path())?.lines() {
+                let mut numbers = line.split(' ').map(str::parse::<u64>);
+                if let (Some(Ok(key)), Some(Ok(count))) = (numbers.next(), numbers.next()) {
+                    records.push((key, count));
+                } else {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("bad line {line:?} in {}", entry.path().display()),
+                    ));
+                }
+            }
+        }
+        records.sort_unstable();
+        Ok(records)
+    }
+}

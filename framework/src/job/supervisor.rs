@@ -250,6 +250,8 @@ pub(crate) struct Supervisor {
     failure: Option<(String, Instant)>,
     /// The wait before the pending restart.
     restart_delay_ms: u64,
+    /// Completed checkpoints sent to the writer and not yet persisted.
+    persisting: usize,
     report: JobReport,
 }
 
@@ -292,6 +294,7 @@ impl Supervisor {
             restarts,
             failure: None,
             restart_delay_ms: 0,
+            persisting: 0,
             report,
         }
     }
@@ -408,6 +411,14 @@ impl Supervisor {
         if self.phase != Phase::Running {
             return;
         }
+        // While a completed checkpoint is still being written, the schedule
+        // pauses: otherwise a store slower than the interval would queue
+        // persists without bound (Flink likewise counts a checkpoint as
+        // pending until it is finalized). Requested checkpoints (the final
+        // one) still start at once, through `request_checkpoint`.
+        if self.persisting > 0 {
+            return;
+        }
         if let Some(due_ms) = running.coordinator.poll_timeout() {
             let delay_ms = due_ms.saturating_sub(self.now_ms());
             self.timer = Some(context.run_later(
@@ -518,6 +529,7 @@ impl Supervisor {
                 storage::CheckpointKind::Checkpoint
             }
         };
+        self.persisting += 1;
         let job = WriterJob::Persist {
             generation: self.generation,
             checkpoint,
@@ -585,7 +597,9 @@ impl Supervisor {
         self.carry_out(context);
     }
 
-    fn on_persisted(&mut self, persisted: Persisted) {
+    fn on_persisted(&mut self, persisted: Persisted, context: &mut Context<Self>) {
+        self.persisting = self.persisting.saturating_sub(1);
+        self.reschedule(context);
         let checkpoint = persisted.checkpoint;
         let started = self.triggered_at.remove(&checkpoint);
         let span = self.span.clone();
@@ -762,8 +776,8 @@ impl Handler<FailureReport> for Supervisor {
 impl Handler<Persisted> for Supervisor {
     type Result = ();
 
-    fn handle(&mut self, persisted: Persisted, _context: &mut Context<Self>) {
-        self.on_persisted(persisted);
+    fn handle(&mut self, persisted: Persisted, context: &mut Context<Self>) {
+        self.on_persisted(persisted, context);
     }
 }
 
