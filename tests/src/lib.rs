@@ -406,14 +406,21 @@ pub mod file_sink {
     /// The sink; one directory for every subtask.
     pub struct FileSink {
         dir: PathBuf,
+        commit_delay_ms: u64,
     }
 
     impl FileSink {
-        /// A sink writing into `dir` (created if missing).
-        pub fn new(dir: impl Into<PathBuf>) -> io::Result<FileSink> {
+        /// A sink writing into `dir` (created if missing) that waits
+        /// `commit_delay_ms` before each commit, which widens the window
+        /// in which a crash finds a durable checkpoint whose output is not
+        /// committed yet (recovery must commit it).
+        pub fn new(dir: impl Into<PathBuf>, commit_delay_ms: u64) -> io::Result<FileSink> {
             let dir = dir.into();
             fs::create_dir_all(&dir)?;
-            Ok(FileSink { dir })
+            Ok(FileSink {
+                dir,
+                commit_delay_ms,
+            })
         }
     }
 
@@ -424,6 +431,7 @@ pub mod file_sink {
                 subtask,
                 open: String::new(),
                 pending: Vec::new(),
+                commit_delay_ms: self.commit_delay_ms,
             })
         }
     }
@@ -434,6 +442,7 @@ pub mod file_sink {
         open: String,
         /// Pre-committed checkpoints not yet committed, ascending.
         pending: Vec<u64>,
+        commit_delay_ms: u64,
     }
 
     impl FileWriter {
@@ -469,6 +478,7 @@ pub mod file_sink {
         }
 
         fn commit(&mut self, checkpoint: u64) -> Result<(), BoxError> {
+            std::thread::sleep(std::time::Duration::from_millis(self.commit_delay_ms));
             while let Some(&first) = self.pending.first() {
                 if first > checkpoint {
                     break;

@@ -35,7 +35,7 @@ fn run(store: PathBuf, output: PathBuf, records: u64) -> Result<(), Box<dyn std:
         [2; 6],
         pacing,
         &Faults::none(),
-        FileSink::new(output)?,
+        FileSink::new(output, 20)?,
     );
     let report = job.run()?;
     if let Some(checkpoint) = report.resumed_from {
