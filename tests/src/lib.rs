@@ -185,6 +185,7 @@ pub mod pipeline {
     /// `"commit"` name the commit call (0 for the first, across every
     /// subtask and generation) that fails, after the checkpoint is durable
     /// and before the output is committed; recovery must then commit it.
+    #[derive(Clone)]
     pub struct FaultyCommitSink {
         inner: CollectSink<(u64, u64)>,
         faults: Faults,

@@ -4,6 +4,7 @@
 //! restarts fails the job with its cause, and a slow sink is throttled by
 //! the credit window.
 
+use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
@@ -12,7 +13,10 @@ use snapflow::job::{
 };
 use snapflow::protocol::SnapshotMode;
 use snapflow::runtime::BoxError;
-use snapflow_tests::pipeline::{declare, expected, faulty_collect, Pacing, Shape};
+use snapflow::storage::{CheckpointStore, MemoryCheckpointStore};
+use snapflow_tests::pipeline::{
+    declare, expected, faulty_collect, FaultyCommitSink, Pacing, Shape,
+};
 use snapflow_tests::{FaultKind, Faults};
 
 const RECORDS: u64 = 3_000;
@@ -222,4 +226,57 @@ fn a_slow_sink_throttles_the_source_within_the_window() {
     let mut committed = output.committed();
     committed.sort_unstable();
     assert_eq!(committed, (0..400).collect::<Vec<_>>());
+}
+
+fn slow_pipeline(job: &Job, sink: FaultyCommitSink) {
+    let pacing = Pacing {
+        records_per_read: 8,
+        pause_ms: 1,
+    };
+    let _state = declare(job, RECORDS, [1; 6], pacing, &Faults::none(), sink);
+}
+
+#[test]
+fn a_cancelled_job_stops_with_a_typed_error() {
+    let job = Job::new("cancelled", config(1, SnapshotMode::Aligned, Some(5)));
+    let (sink, _output) = faulty_collect(&Faults::none());
+    slow_pipeline(&job, sink);
+    let running = job.start().expect("the job starts");
+    thread::sleep(Duration::from_millis(30));
+    running.cancel();
+    let error = running.wait().expect_err("cancelled");
+    assert!(matches!(error, JobError::Cancelled), "{error}");
+}
+
+#[test]
+fn stop_with_savepoint_then_resume_is_exactly_once() {
+    let store: Arc<dyn CheckpointStore> =
+        Arc::new(MemoryCheckpointStore::new("stopped").expect("a memory store"));
+    let config = JobConfig {
+        store: Some(Arc::clone(&store)),
+        ..config(1, SnapshotMode::Aligned, Some(20))
+    };
+    let (sink, output) = faulty_collect(&Faults::none());
+    let first = Job::new("stopped", config.clone());
+    slow_pipeline(&first, sink.clone());
+    let running = first.start().expect("the job starts");
+    thread::sleep(Duration::from_millis(40));
+    running.stop_with_savepoint();
+    let stopped = running.wait().expect("the job stops");
+    let second = Job::new("stopped", config);
+    slow_pipeline(&second, sink);
+    let resumed = second.run().expect("the job resumes");
+    eprintln!(
+        "stopped with savepoint {:?}, resumed from {:?}",
+        stopped.savepoint, resumed.resumed_from
+    );
+    assert!(resumed.resumed_from >= stopped.savepoint);
+    if let Some(savepoint) = stopped.savepoint {
+        let listed = store.list().expect("the store lists");
+        assert!(listed.iter().any(|entry| entry.checkpoint == savepoint
+            && entry.kind == snapflow::storage::CheckpointKind::Savepoint));
+    }
+    let mut committed = output.committed();
+    committed.sort_unstable();
+    assert_eq!(committed, expected(RECORDS).0);
 }

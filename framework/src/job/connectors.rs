@@ -156,10 +156,19 @@ impl<T: Clone + 'static> SourceReader<T> for VecReader<T> {
 
 /// A sink that collects committed records in memory, for tests and
 /// examples. Its [`CollectHandle`] shows only committed output, so it shows
-/// exactly-once results even across restarts.
+/// exactly-once results even across restarts. Clones share the output, so
+/// a job resumed in the same process can append to it.
 #[derive(Debug)]
 pub struct CollectSink<T> {
     shared: Arc<Mutex<Committed<T>>>,
+}
+
+impl<T> Clone for CollectSink<T> {
+    fn clone(&self) -> Self {
+        CollectSink {
+            shared: Arc::clone(&self.shared),
+        }
+    }
 }
 
 /// The reader's side of a [`CollectSink`].

@@ -69,6 +69,7 @@ pub use ops::Key;
 pub use route::Collector;
 pub use shell::Data;
 pub use stream::{Job, KeyedStateHandle, KeyedStream, SinkHandle, Stream};
+pub use supervisor::RunningJob;
 
 /// How a job runs: checkpoints, snapshot mode, store, restarts, parallelism
 /// and transport tuning.
@@ -200,6 +201,9 @@ pub enum JobError {
         /// The root cause (operator, subtask, generation and message).
         cause: String,
     },
+    /// The job was cancelled.
+    #[error("the job was cancelled")]
+    Cancelled,
     /// A bug in the job layer (wiring of mismatched types, a lost
     /// supervisor); never expected.
     #[error("internal error: {0}")]
@@ -232,6 +236,9 @@ pub struct JobReport {
     pub restarts: Vec<RestartReport>,
     /// The checkpoint the first generation restored from (a resumed job).
     pub resumed_from: Option<u64>,
+    /// The savepoint the job stopped with
+    /// ([`RunningJob::stop_with_savepoint`]).
+    pub savepoint: Option<u64>,
 }
 
 impl JobReport {

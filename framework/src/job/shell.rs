@@ -74,9 +74,9 @@ pub(crate) enum NodeEventKind {
     /// Every input ended (a source: it is exhausted); no barrier can reach
     /// the node any more, so it must be triggered directly.
     InputsEnded,
-    /// The node processed the completion of `checkpoint` after its input
-    /// ended: its output up to the end is committed.
-    Finished { checkpoint: CheckpointId },
+    /// The node processed the completion of `checkpoint`: a sink
+    /// committed its output up to it.
+    Committed { checkpoint: CheckpointId },
 }
 
 impl Message for NodeEvent {
@@ -362,9 +362,7 @@ impl<In: Data, Out: Data> StageLogic for StageShell<In, Out> {
                 self.machine.on_complete(checkpoint);
                 self.taken.forget_up_to(checkpoint);
                 self.core.on_complete(checkpoint)?;
-                if self.inputs_ended {
-                    self.env.tell(NodeEventKind::Finished { checkpoint });
-                }
+                self.env.tell(NodeEventKind::Committed { checkpoint });
             }
             other => return Err(format!("{other:?} was injected").into()),
         }
@@ -496,9 +494,7 @@ impl<T: Data> SourceLogic for SourceShell<T> {
             Control::Complete(checkpoint) => {
                 self.machine.on_complete(checkpoint);
                 self.taken.forget_up_to(checkpoint);
-                if self.exhausted {
-                    self.env.tell(NodeEventKind::Finished { checkpoint });
-                }
+                self.env.tell(NodeEventKind::Committed { checkpoint });
             }
             other => return Err(format!("{other:?} was injected into a source").into()),
         }

@@ -25,7 +25,8 @@ use super::physical::{
 };
 use super::route::{stable_hash, Collector, KeyHash};
 use super::shell::{Core, Data, OperatorCounters};
-use super::{supervisor, JobConfig, JobError, JobReport};
+use super::supervisor::{self, RunningJob};
+use super::{JobConfig, JobError, JobReport};
 
 struct OperatorSpec {
     name: String,
@@ -188,8 +189,14 @@ impl Job {
     /// sink's output), and reports. Blocks the calling thread; the job runs
     /// on its own actix system and arbiters.
     pub fn run(self) -> Result<JobReport, JobError> {
+        self.start()?.wait()
+    }
+
+    /// Validates the job and starts it on its own threads; the handle
+    /// cancels it, stops it with a savepoint, or waits for it.
+    pub fn start(self) -> Result<RunningJob, JobError> {
         let plan = self.plan()?;
-        supervisor::run(self.name, plan)
+        supervisor::start(self.name, plan)
     }
 
     fn plan(&self) -> Result<PhysicalPlan, JobError> {

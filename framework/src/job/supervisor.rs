@@ -48,8 +48,58 @@ use crate::restart::{RestartDecision, RestartTracker};
 
 type Outcome = (Result<JobReport, JobError>, Option<ArbiterPool>);
 
-/// Runs a planned job to completion on its own threads.
-pub(crate) fn run(name: String, plan: PhysicalPlan) -> Result<JobReport, JobError> {
+/// A job running on its own threads: cancel it, stop it with a savepoint,
+/// or wait for it to finish.
+pub struct RunningJob {
+    supervisor: Addr<Supervisor>,
+    done: mpsc::Receiver<Outcome>,
+    control: ArbiterPool,
+    writer_thread: thread::JoinHandle<()>,
+}
+
+impl RunningJob {
+    /// Stops the job as soon as possible, without a savepoint; [`RunningJob::wait`]
+    /// then returns [`JobError::Cancelled`]. Output not yet committed is
+    /// dropped (sinks roll it back when the job resumes).
+    pub fn cancel(&self) {
+        self.supervisor.do_send(Stop { savepoint: false });
+    }
+
+    /// Takes a savepoint and stops the job once every subtask has processed
+    /// its completion (sinks committed everything before it). The job can
+    /// resume from it later: a new run on the same store starts from the
+    /// newest checkpoint or savepoint. [`RunningJob::wait`] then reports the
+    /// savepoint's id in [`JobReport::savepoint`]. A bounded job that ends
+    /// first simply finishes.
+    pub fn stop_with_savepoint(&self) {
+        self.supervisor.do_send(Stop { savepoint: true });
+    }
+
+    /// Blocks until the job finishes, fails, or is stopped.
+    pub fn wait(self) -> Result<JobReport, JobError> {
+        let (result, pool) = match self.done.recv() {
+            Ok(outcome) => outcome,
+            Err(_) => (
+                Err(JobError::Internal(
+                    "the supervisor stopped without a result".into(),
+                )),
+                None,
+            ),
+        };
+        if let Some(pool) = pool {
+            pool.shutdown()?;
+        }
+        self.control.shutdown()?;
+        // The writer ends when the supervisor (its only sender) is dropped.
+        if self.writer_thread.join().is_err() {
+            return Err(JobError::Internal("the checkpoint writer panicked".into()));
+        }
+        result
+    }
+}
+
+/// Starts a planned job on its own threads.
+pub(crate) fn start(name: String, plan: PhysicalPlan) -> Result<RunningJob, JobError> {
     let span = tracing::info_span!("job", job = %name);
     let restarts = RestartTracker::new(plan.config.restart.clone())?;
     let store: Arc<dyn CheckpointStore> = match &plan.config.store {
@@ -60,37 +110,29 @@ pub(crate) fn run(name: String, plan: PhysicalPlan) -> Result<JobReport, JobErro
         arbiters: NonZeroUsize::MIN,
     })?;
     let slot: ActorSlot<Supervisor> = ActorSlot::new();
-    let address = slot.address();
-    let (writer, writer_thread) = spawn_writer(store, address)?;
+    let supervisor = slot.address();
+    let (writer, writer_thread) = spawn_writer(store, supervisor.clone())?;
     let (done_sender, done) = mpsc::channel::<Outcome>();
     let tag = ActorTag::new("supervisor", 0, Generation(0));
-    let supervisor_span = span.clone();
     control.start_in_slot(
         slot,
         Placement::Arbiter(0),
         tag,
         FailureSink::log_only(),
-        move |_| Supervisor::new(name, plan, writer, done_sender, supervisor_span, restarts),
+        move |_| Supervisor::new(name, plan, writer, done_sender, span, restarts),
     )?;
-    let outcome = done.recv();
-    let (result, pool) = match outcome {
-        Ok(outcome) => outcome,
-        Err(_) => (
-            Err(JobError::Internal(
-                "the supervisor stopped without a result".into(),
-            )),
-            None,
-        ),
-    };
-    if let Some(pool) = pool {
-        pool.shutdown()?;
-    }
-    control.shutdown()?;
-    // The writer ends when the supervisor (its only sender) is dropped.
-    if writer_thread.join().is_err() {
-        return Err(JobError::Internal("the checkpoint writer panicked".into()));
-    }
-    result
+    Ok(RunningJob {
+        supervisor,
+        done,
+        control,
+        writer_thread,
+    })
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Stop {
+    savepoint: bool,
 }
 
 /// Work for the writer thread.
@@ -224,8 +266,8 @@ struct Running {
     coordinator: Coordinator<Vec<u8>>,
     /// Per node: its input ended (a source: exhausted).
     ended: Vec<bool>,
-    /// Per node: it processed a completion after its input ended.
-    finished: Vec<bool>,
+    /// Per node: the newest completion it processed (sinks committed).
+    committed: Vec<Option<CheckpointId>>,
     /// The first checkpoint triggered after every input ended.
     final_from: Option<CheckpointId>,
 }
@@ -252,6 +294,10 @@ pub(crate) struct Supervisor {
     restart_delay_ms: u64,
     /// Completed checkpoints sent to the writer and not yet persisted.
     persisting: usize,
+    /// The user asked to stop with a savepoint.
+    stop_requested: bool,
+    /// The stop savepoint, while it is triggered and not yet persisted.
+    savepoint_in_flight: Option<CheckpointId>,
     report: JobReport,
 }
 
@@ -295,6 +341,8 @@ impl Supervisor {
             failure: None,
             restart_delay_ms: 0,
             persisting: 0,
+            stop_requested: false,
+            savepoint_in_flight: None,
             report,
         }
     }
@@ -368,7 +416,7 @@ impl Supervisor {
             handles,
             coordinator,
             ended: vec![false; nodes],
-            finished: vec![false; nodes],
+            committed: vec![None; nodes],
             final_from: None,
         });
         self.phase = Phase::Running;
@@ -389,6 +437,7 @@ impl Supervisor {
             self.report.resumed_from = last_completed.map(|checkpoint| checkpoint.0);
         }
         self.reschedule(context);
+        self.request_savepoint(context);
         Ok(())
     }
 
@@ -472,6 +521,10 @@ impl Supervisor {
                         });
                     }
                     self.broadcast(Control::Abort(checkpoint));
+                    if self.savepoint_in_flight == Some(checkpoint) {
+                        self.savepoint_in_flight = None;
+                        self.request_savepoint(context);
+                    }
                 }
                 CoordinatorAction::FailJob {
                     consecutive_failures,
@@ -490,6 +543,9 @@ impl Supervisor {
         tracing::info!(checkpoint = checkpoint.0, ?kind, "checkpoint triggered");
         self.highest_triggered = self.highest_triggered.max(checkpoint);
         self.triggered_at.insert(checkpoint, Instant::now());
+        if kind == CheckpointKind::Savepoint {
+            self.savepoint_in_flight = Some(checkpoint);
+        }
         let Some(running) = &self.running else {
             return;
         };
@@ -583,18 +639,67 @@ impl Supervisor {
                         .request_checkpoint(now_ms, CheckpointKind::Requested);
                 }
             }
-            NodeEventKind::Finished { checkpoint } => {
-                if running.final_from.is_some_and(|first| checkpoint >= first) {
-                    running.finished[node] = true;
-                    if running.finished.iter().all(|&finished| finished) {
-                        let report = self.final_report();
-                        self.finish(Ok(report), context);
-                        return;
-                    }
+            NodeEventKind::Committed { checkpoint } => {
+                running.committed[node] = running.committed[node].max(Some(checkpoint));
+                if self.is_done() {
+                    let report = self.final_report();
+                    self.finish(Ok(report), context);
+                    return;
                 }
             }
         }
         self.carry_out(context);
+    }
+
+    /// Whether every subtask committed a checkpoint that ends the job: one
+    /// triggered after every input ended, or the stop savepoint.
+    fn is_done(&self) -> bool {
+        let Some(running) = &self.running else {
+            return false;
+        };
+        let all_committed = |first: CheckpointId| {
+            running
+                .committed
+                .iter()
+                .all(|committed| committed.is_some_and(|checkpoint| checkpoint >= first))
+        };
+        let ended = running.final_from.is_some_and(all_committed);
+        let stopped = self.stop_requested
+            && self
+                .report
+                .savepoint
+                .is_some_and(|savepoint| all_committed(CheckpointId(savepoint)));
+        ended || stopped
+    }
+
+    fn on_stop(&mut self, savepoint: bool, context: &mut Context<Self>) {
+        if self.phase == Phase::Done {
+            return;
+        }
+        if !savepoint {
+            let span = self.span.clone();
+            let _entered = span.enter();
+            tracing::info!("job cancelled");
+            self.finish(Err(JobError::Cancelled), context);
+            return;
+        }
+        self.stop_requested = true;
+        self.request_savepoint(context);
+    }
+
+    /// Asks the coordinator for the stop savepoint (again, after an abort
+    /// or a restart); while the job is not running it is asked at start.
+    fn request_savepoint(&mut self, context: &mut Context<Self>) {
+        if !self.stop_requested || self.savepoint_in_flight.is_some() {
+            return;
+        }
+        let now_ms = self.now_ms();
+        if let (Phase::Running, Some(running)) = (self.phase, &mut self.running) {
+            running
+                .coordinator
+                .request_checkpoint(now_ms, CheckpointKind::Savepoint);
+            self.carry_out(context);
+        }
     }
 
     fn on_persisted(&mut self, persisted: Persisted, context: &mut Context<Self>) {
@@ -618,11 +723,19 @@ impl Supervisor {
                     duration_ms,
                     size_bytes,
                 });
+                if self.savepoint_in_flight == Some(checkpoint) {
+                    self.savepoint_in_flight = None;
+                    self.report.savepoint = Some(checkpoint.0);
+                }
                 if persisted.generation == self.generation && self.phase == Phase::Running {
                     self.broadcast(Control::Complete(checkpoint));
                 }
             }
             Err(error) => {
+                if self.savepoint_in_flight == Some(checkpoint) {
+                    self.savepoint_in_flight = None;
+                    self.request_savepoint(context);
+                }
                 // Known gap: persistence failures are reported but do not
                 // count towards the tolerable checkpoint failures.
                 tracing::warn!(
@@ -699,6 +812,7 @@ impl Supervisor {
             return;
         };
         running.coordinator.abort_all(self.now_ms());
+        self.savepoint_in_flight = None;
         for (operator, stats) in &running.handles.channel_stats {
             let report = &mut self.report.operators[*operator];
             report.in_flight_batches_peak = report
@@ -812,5 +926,13 @@ impl Handler<PoolStopped> for Supervisor {
                 supervisor.request_load(context);
             },
         );
+    }
+}
+
+impl Handler<Stop> for Supervisor {
+    type Result = ();
+
+    fn handle(&mut self, stop: Stop, context: &mut Context<Self>) {
+        self.on_stop(stop.savepoint, context);
     }
 }
