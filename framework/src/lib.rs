@@ -9,9 +9,12 @@
 //!
 //! - [`state`]: the [`Snapshot`] trait, schema descriptors and the byte format
 //!   of one state blob. It never does I/O and knows nothing of actors.
+//! - [`keyed`]: key groups and the keyed state backend (per-key state,
+//!   snapshot per key group, restore at another parallelism).
 //!
 //! This crate never talks to a network and never spawns a process.
 
+pub mod keyed;
 pub mod state;
 
 pub use snapflow_macros::Snapshot;
