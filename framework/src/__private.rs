@@ -7,7 +7,7 @@
 //! varint). This is exactly postcard's encoding of the equivalent tuple, but
 //! it needs no serde derive on the user's type and has no arity limit.
 
-use crate::state::{check_exact_schema, blob, Snapshot, StateError, StoredSchema};
+use crate::state::{blob, check_exact_schema, Snapshot, StateError, StoredSchema};
 use serde::{de::DeserializeOwned, Serialize};
 
 pub use crate::state::{FieldSchema, Schema, SchemaShape, VariantSchema};

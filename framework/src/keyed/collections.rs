@@ -23,10 +23,13 @@ use std::hash::Hash;
 /// Decoding a hostile map allocates at most what serde's cautious size hint
 /// allows (1 MiB per map) before the entries are actually read.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(transparent, bound(
-    serialize = "UK: Serialize + Eq + Hash, UV: Serialize",
-    deserialize = "UK: Deserialize<'de> + Eq + Hash, UV: Deserialize<'de>"
-))]
+#[serde(
+    transparent,
+    bound(
+        serialize = "UK: Serialize + Eq + Hash, UV: Serialize",
+        deserialize = "UK: Deserialize<'de> + Eq + Hash, UV: Deserialize<'de>"
+    )
+)]
 pub struct MapState<UK, UV> {
     entries: HashMap<UK, UV, BuildStableHasher>,
 }

@@ -146,8 +146,11 @@ impl MaxParallelism {
                 parallelism,
             });
         }
-        let (max, parallelism, subtask) =
-            (u64::from(self.0), u64::from(parallelism), u64::from(subtask));
+        let (max, parallelism, subtask) = (
+            u64::from(self.0),
+            u64::from(parallelism),
+            u64::from(subtask),
+        );
         // Flink: start = ceil(subtask * max / parallelism) and inclusive
         // end = ((subtask + 1) * max - 1) / parallelism; our end is one past.
         // Both fit in u32 because they are at most `max`.

@@ -93,47 +93,78 @@ pub(crate) fn schema_section<S: Snapshot>() -> Result<Vec<u8>, StateError> {
     Ok(bytes)
 }
 
-/// Encodes one key group's entries as a part. `scratch` is a reusable
-/// buffer for payloads, so a snapshot allocates once per part, not per key.
-pub(crate) fn encode<'a, K, S>(
-    max_parallelism: MaxParallelism,
-    key_group: u32,
-    schema: &[u8],
-    entries: impl ExactSizeIterator<Item = &'a (K, S)>,
-    scratch: &mut Vec<u8>,
-) -> Result<Vec<u8>, StateError>
-where
-    K: Serialize + 'a,
-    S: Snapshot + 'a,
-{
-    let entry_count = entries.len() as u64;
-    let mut out = vec![0u8; PART_HEADER_LEN];
-    out.extend_from_slice(schema);
-    for (key, state) in entries {
-        out = postcard::to_extend(key, out).map_err(|error| StateError::Encode {
+/// Builds one key group's part entry by entry. Entries are appended as
+/// they come, so a snapshot can fill every key group's part in one pass
+/// over its table.
+pub(crate) struct PartWriter {
+    out: Vec<u8>,
+    entry_count: u64,
+    schema_len: u32,
+}
+
+impl PartWriter {
+    /// A part with no entries yet; `schema` comes from [`schema_section`].
+    pub(crate) fn new(schema: &[u8]) -> Self {
+        let mut out = Vec::with_capacity(PART_HEADER_LEN + schema.len());
+        out.resize(PART_HEADER_LEN, 0);
+        out.extend_from_slice(schema);
+        PartWriter {
+            out,
+            entry_count: 0,
+            // `schema_section` refused anything over MAX_SCHEMA_LEN.
+            schema_len: schema.len() as u32,
+        }
+    }
+
+    /// Appends one entry. `scratch` is a reusable buffer for the payload,
+    /// whose length must be written before it.
+    pub(crate) fn push<K: Serialize, S: Snapshot>(
+        &mut self,
+        key: &K,
+        state: &S,
+        scratch: &mut Vec<u8>,
+    ) -> Result<(), StateError> {
+        let out = std::mem::take(&mut self.out);
+        self.out = postcard::to_extend(key, out).map_err(|error| StateError::Encode {
             type_name: std::any::type_name::<K>(),
             reason: error.to_string(),
         })?;
         scratch.clear();
         state.encode_payload(scratch)?;
-        out = postcard::to_extend(&(scratch.len() as u64), out).map_err(|error| {
+        let out = std::mem::take(&mut self.out);
+        self.out = postcard::to_extend(&(scratch.len() as u64), out).map_err(|error| {
             StateError::Encode {
                 type_name: S::SCHEMA.type_name,
                 reason: error.to_string(),
             }
         })?;
-        out.extend_from_slice(scratch);
+        self.out.extend_from_slice(scratch);
+        self.entry_count += 1;
+        Ok(())
     }
-    let header = PartHeader {
-        max_parallelism: max_parallelism.get(),
-        key_group,
-        entry_count,
-        schema_len: schema.len() as u32,
-        body_len: (out.len() - PART_HEADER_LEN) as u64,
-        body_crc: crc32fast::hash(&out[PART_HEADER_LEN..]),
-    };
-    write_header(&header, &mut out[..PART_HEADER_LEN]);
-    Ok(out)
+
+    /// Writes the header and returns the part's bytes.
+    pub(crate) fn finish(mut self, max_parallelism: MaxParallelism, key_group: u32) -> Vec<u8> {
+        let header = PartHeader {
+            max_parallelism: max_parallelism.get(),
+            key_group,
+            entry_count: self.entry_count,
+            schema_len: self.schema_len,
+            body_len: (self.out.len() - PART_HEADER_LEN) as u64,
+            body_crc: crc32fast::hash(&self.out[PART_HEADER_LEN..]),
+        };
+        write_header(&header, &mut self.out[..PART_HEADER_LEN]);
+        self.out
+    }
+}
+
+/// How many entries a part can really hold: its header's count, capped by
+/// its length (each entry takes at least one byte), or 0 when the header
+/// does not decode. Used only to size tables before decoding.
+pub(crate) fn plausible_entries(bytes: &[u8]) -> usize {
+    decode_header(bytes)
+        .map(|header| header.entry_count.min(bytes.len() as u64) as usize)
+        .unwrap_or(0)
 }
 
 /// Decodes and checks a part's fixed header: magic, format version, header
@@ -190,8 +221,8 @@ pub(crate) fn decode_header(bytes: &[u8]) -> Result<PartHeader, String> {
 }
 
 /// Decodes a part of `key_group` and inserts its entries into `table`,
-/// which must be empty. On error `table` may hold some entries; callers
-/// discard it.
+/// which may hold other key groups' entries. On error `table` may hold some
+/// of the part's entries; callers discard it.
 pub(crate) fn decode_into<K, S>(
     bytes: &[u8],
     max_parallelism: MaxParallelism,
@@ -234,21 +265,32 @@ where
         Err(error) => return Err(corrupt(format!("schema section does not decode: {error}"))),
     };
     // Each entry takes at least one byte (its payload length), so the
-    // remaining input bounds how many entries can really follow.
+    // remaining input bounds how many entries can really follow. Restore
+    // usually reserved for all parts already, and then this is a no-op.
     let plausible = header.entry_count.min(entries.len() as u64) as usize;
     table.reserve(plausible, |(key, _)| key_hash(key));
     let state_error = |source: StateError| KeyedError::State { key_group, source };
+    // When the writer's schema is exactly this build's, every payload can be
+    // decoded directly; otherwise each goes through `decode_stored`, which
+    // checks the schema and follows the upgrade chain. The check is made
+    // once per part because `Snapshot::fingerprint` rebuilds the schema
+    // text on each call, which made a per-entry check dominate restore.
+    let exact = stored.version == S::SCHEMA.version && stored.fingerprint == S::fingerprint();
     for _ in 0..header.entry_count {
         if entries.is_empty() {
             return Err(corrupt(format!(
-                "the header claims {} entries but the part ends after {}",
-                header.entry_count,
-                table.len()
+                "the header claims {} entries but the part ends early",
+                header.entry_count
             )));
         }
         let (key, payload, rest) = take_entry::<K>(entries).map_err(corrupt)?;
         entries = rest;
-        let state = S::decode_stored(&stored, payload).map_err(state_error)?;
+        let state = if exact {
+            S::decode_payload(payload)
+        } else {
+            S::decode_stored(&stored, payload)
+        }
+        .map_err(state_error)?;
         insert_checked(table, max_parallelism, key_group, key, state)?;
     }
     if !entries.is_empty() {
@@ -271,12 +313,7 @@ fn take_entry<K: DeserializeOwned>(input: &[u8]) -> Result<(K, &[u8], &[u8]), St
     let length = usize::try_from(length)
         .ok()
         .filter(|length| *length <= rest.len())
-        .ok_or_else(|| {
-            format!(
-                "a payload claims {length} bytes but {} remain",
-                rest.len()
-            )
-        })?;
+        .ok_or_else(|| format!("a payload claims {length} bytes but {} remain", rest.len()))?;
     let (payload, rest) = rest.split_at(length);
     Ok((key, payload, rest))
 }
