@@ -129,8 +129,11 @@ fn checksum(entries: impl Iterator<Item = (u64, u64)>) -> u64 {
     })
 }
 
+/// A named workload: counts `records` records and returns a digest.
+type Case = (&'static str, fn(u64) -> u64);
+
 fn throughput(records: u64) {
-    let cases: [(&str, fn(u64) -> u64); 5] = [
+    let cases: [Case; 5] = [
         ("KeyedState<u64, Count>", keyed_state),
         ("HashMap<u64,u64> stable hasher", stable_hashmap),
         ("HashMap<u64,u64> std SipHash", std_hashmap),
