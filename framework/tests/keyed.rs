@@ -189,6 +189,46 @@ proptest! {
     }
 }
 
+/// Asserts that every key in `keys` is owned by exactly one of
+/// `parallelism` subtasks, the one `subtask_for_key_group` names.
+fn check_owners(parallelism: u32, keys: std::ops::Range<u64>) {
+    let ranges: Vec<KeyGroupRange> = (0..parallelism)
+        .map(|subtask| range_for_subtask(128, parallelism, subtask).unwrap())
+        .collect();
+    for key in keys {
+        let key_group = max128().key_group_of(key_hash(&key));
+        let owners: Vec<usize> = (0..ranges.len())
+            .filter(|index| ranges[*index].contains(key_group))
+            .collect();
+        let routed = subtask_for_key_group(128, parallelism, key_group).unwrap() as usize;
+        assert_eq!(
+            owners,
+            vec![routed],
+            "key {key} at parallelism {parallelism}"
+        );
+    }
+}
+
+#[test]
+fn every_key_has_exactly_one_owner_at_parallelism_1() {
+    check_owners(1, 0..5000);
+}
+
+#[test]
+fn every_key_has_exactly_one_owner_at_parallelism_2() {
+    check_owners(2, 0..5000);
+}
+
+#[test]
+fn every_key_has_exactly_one_owner_at_parallelism_3() {
+    check_owners(3, 0..5000);
+}
+
+#[test]
+fn every_key_has_exactly_one_owner_at_parallelism_128() {
+    check_owners(128, 0..5000);
+}
+
 // ---------------------------------------------------------------- hashing
 
 fn check_hash<K: std::hash::Hash + ?Sized>(key: &K, hash: u64, key_group: u32) {
@@ -315,6 +355,11 @@ fn foreign_key_is_a_typed_error() {
     assert_eq!(state.get(&key), None);
     assert_eq!(state.remove(&key), None);
     assert!(state.is_empty());
+    assert_eq!(
+        state.dirty_key_groups().count(),
+        0,
+        "a refused key marked a group"
+    );
 }
 
 #[test]
@@ -373,6 +418,12 @@ fn snapshot_writes_every_owned_group_once() {
     ));
     let restored: KeyedState<u64, Count> =
         KeyedState::restore(max128(), state.range(), snapshot.into_parts()).unwrap();
+    assert_eq!(
+        restored.dirty_key_groups().count(),
+        0,
+        "restored state starts clean"
+    );
+    assert_eq!(restored.len(), owned.len());
     assert_eq!(merged(&[restored]), merged(&[state]));
 }
 
