@@ -182,6 +182,8 @@ fn ranges_partition_every_small_max_exactly() {
 }
 
 proptest! {
+    #![proptest_config(keyed_support::proptest_config(256))]
+
     #[test]
     fn ranges_partition_any_max_exactly(max in 1u32..=32768, parallelism_seed in any::<u32>()) {
         let parallelism = parallelism_seed % max + 1;
@@ -476,7 +478,7 @@ fn tally_strategy() -> impl Strategy<Value = Tally> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(keyed_support::proptest_config(256))]
 
     #[test]
     fn rescaling_counts_keeps_every_key(

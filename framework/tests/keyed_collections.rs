@@ -65,6 +65,8 @@ fn empty_collections_round_trip() {
 }
 
 proptest! {
+    #![proptest_config(keyed_support::proptest_config(256))]
+
     #[test]
     fn collections_round_trip(
         entries in prop::collection::hash_map(".{0,8}", any::<u64>(), 0..20),

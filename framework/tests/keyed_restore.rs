@@ -369,7 +369,7 @@ fn garbage_schema_section_is_rejected() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+    #![proptest_config(keyed_support::proptest_config(2000))]
 
     #[test]
     fn random_bytes_are_rejected_without_panic(bytes in prop::collection::vec(any::<u8>(), 0..200)) {

@@ -18,6 +18,18 @@ use snapflow::state::{FieldSchema, Schema, SchemaShape, Snapshot, StateError, St
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 
+/// `cases` cases per property. Failures are persisted next to the test
+/// file (`<file>.regressions`), because proptest's default location expects
+/// a `lib.rs` and integration tests have none.
+pub fn proptest_config(cases: u32) -> proptest::test_runner::Config {
+    proptest::test_runner::Config {
+        failure_persistence: Some(Box::new(
+            proptest::test_runner::FileFailurePersistence::WithSource("regressions"),
+        )),
+        ..proptest::test_runner::Config::with_cases(cases)
+    }
+}
+
 /// A counter, the state of the keyed-count benchmark.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Count {
