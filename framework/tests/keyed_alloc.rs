@@ -198,6 +198,23 @@ fn a_payload_claiming_a_huge_length() {
     assert!(!restored);
 }
 
+#[test]
+fn get_or_default_allocates_nothing_for_an_existing_key() {
+    let mut state: KeyedState<String, Count> = KeyedState::for_subtask(max128(), 1, 0).unwrap();
+    let keys: Vec<String> = (0..100).map(|index| format!("key-{index}")).collect();
+    for key in &keys {
+        state.get_or_default(key).count += 1;
+    }
+    let (_, usage) = measure(|| {
+        for key in &keys {
+            state.get_or_default(key).count += 1;
+        }
+    });
+    assert_eq!(usage.total_bytes, 0, "{usage:?}");
+    let (_, usage) = measure(|| state.get_or_default(&"new".to_string()).count += 1);
+    assert!(usage.total_bytes > 0, "a new key is cloned: {usage:?}");
+}
+
 proptest! {
     #![proptest_config(keyed_support::proptest_config(256))]
 
