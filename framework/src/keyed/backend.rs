@@ -346,7 +346,7 @@ impl<K: StateKey, S: Snapshot> KeyedState<K, S> {
             .collect();
         let mut scratch = Vec::new();
         // One pass over the table in memory order, appending each entry to
-        // its key group's part: 128 sequential write streams. Gathering the
+        // its key group's part: one sequential write stream per key group. Gathering the
         // entries per group first and then encoding them read the table in
         // random order and was several times slower for 1 M keys.
         for (key, state) in self.table.iter() {
@@ -405,16 +405,27 @@ impl<K: StateKey, S: Snapshot> KeyedState<K, S> {
         parts: impl IntoIterator<Item = (u32, B)>,
     ) -> Result<Self, KeyedError> {
         let mut state = Self::new(max_parallelism, range)?;
-        let parts: Vec<(u32, B)> = parts.into_iter().collect();
+        // Checked while collecting, so at most one part per owned key group
+        // is ever held, whatever the iterator yields.
         let mut seen = vec![false; range.len()];
-        for (key_group, _) in &parts {
-            let key_group = *key_group;
+        let mut owned_parts: Vec<(u32, B)> = Vec::with_capacity(range.len());
+        for (key_group, bytes) in parts {
             if !range.contains(key_group) {
                 return Err(KeyedError::ForeignKeyGroup { key_group, range });
             }
             if std::mem::replace(&mut seen[(key_group - range.start) as usize], true) {
                 return Err(KeyedError::DuplicateKeyGroup { key_group });
             }
+            owned_parts.push((key_group, bytes));
+        }
+        let parts = owned_parts;
+        let missing = seen.iter().filter(|seen| !**seen).count();
+        if let Some(first) = seen.iter().position(|seen| !*seen) {
+            return Err(KeyedError::MissingKeyGroups {
+                range,
+                missing,
+                first_missing: range.start + first as u32,
+            });
         }
         // Size the table once instead of growing it through every power of
         // two; the claim of each part is capped by its length (see
@@ -431,14 +442,6 @@ impl<K: StateKey, S: Snapshot> KeyedState<K, S> {
                 *key_group,
                 &mut state.table,
             )?;
-        }
-        let missing = seen.iter().filter(|seen| !**seen).count();
-        if let Some(first) = seen.iter().position(|seen| !*seen) {
-            return Err(KeyedError::MissingKeyGroups {
-                range,
-                missing,
-                first_missing: range.start + first as u32,
-            });
         }
         Ok(state)
     }
