@@ -185,6 +185,12 @@ proptest! {
     #![proptest_config(keyed_support::proptest_config(256))]
 
     #[test]
+    fn key_group_is_always_below_max(hash in any::<u64>(), max in 1u32..=32768) {
+        let key_group = key_group_of(hash, max).unwrap();
+        prop_assert!(key_group < max, "hash {hash:#x} max {max} gave {key_group}");
+    }
+
+    #[test]
     fn ranges_partition_any_max_exactly(max in 1u32..=32768, parallelism_seed in any::<u32>()) {
         let parallelism = parallelism_seed % max + 1;
         check_partition(max, parallelism);
