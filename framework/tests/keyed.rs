@@ -442,11 +442,23 @@ where
     K: snapflow::keyed::StateKey + Ord + std::fmt::Debug,
     S: snapflow::state::Snapshot + Clone + PartialEq + std::fmt::Debug,
 {
-    let parts = snapshot_all(&fill(max128(), from, entries));
-    assert_eq!(parts.len(), 128, "one part per key group");
-    let restored = restore_all::<K, S>(max128(), to, &parts).unwrap();
+    check_rescale_with(max128(), entries, from, to);
+}
+
+fn check_rescale_with<K, S>(max: MaxParallelism, entries: &BTreeMap<K, S>, from: u32, to: u32)
+where
+    K: snapflow::keyed::StateKey + Ord + std::fmt::Debug,
+    S: snapflow::state::Snapshot + Clone + PartialEq + std::fmt::Debug,
+{
+    let parts = snapshot_all(&fill(max, from, entries));
+    assert_eq!(parts.len(), max.get() as usize, "one part per key group");
+    let restored = restore_all::<K, S>(max, to, &parts).unwrap();
     assert_eq!(restored.len(), to as usize);
-    assert_eq!(&merged(&restored), entries, "rescale {from} -> {to}");
+    assert_eq!(
+        &merged(&restored),
+        entries,
+        "rescale {from} -> {to} at max {max}"
+    );
 }
 
 fn counts(pairs: &[(u64, u64)]) -> BTreeMap<u64, Count> {
@@ -463,6 +475,16 @@ fn rescale_2_to_1_and_3() {
     check_rescale(&entries, 2, 3);
     check_rescale(&entries, 3, 2);
     check_rescale(&entries, 1, 128);
+}
+
+#[test]
+fn rescale_with_few_key_groups() {
+    let entries = counts(&(0..500).map(|key| (key, key)).collect::<Vec<_>>());
+    let max = |value| MaxParallelism::new(value).unwrap();
+    check_rescale_with(max(1), &entries, 1, 1);
+    check_rescale_with(max(3), &entries, 2, 3);
+    check_rescale_with(max(7), &entries, 2, 1);
+    check_rescale_with(max(7), &entries, 3, 7);
 }
 
 #[test]
