@@ -95,8 +95,18 @@ fn parse_options() -> Result<Options, String> {
 /// yields exactly the same words again.
 fn word_at(index: u64) -> String {
     const WORDS: [&str; 12] = [
-        "stream", "state", "barrier", "snapshot", "actor", "channel", "marker", "cut",
-        "source", "sink", "operator", "checkpoint",
+        "stream",
+        "state",
+        "barrier",
+        "snapshot",
+        "actor",
+        "channel",
+        "marker",
+        "cut",
+        "source",
+        "sink",
+        "operator",
+        "checkpoint",
     ];
     let mixed = index.wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(17);
     WORDS[(mixed % WORDS.len() as u64) as usize].to_string()
