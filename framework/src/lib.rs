@@ -19,10 +19,13 @@
 //!   each failure. No clocks, threads or actors: time is an input.
 //! - [`runtime`]: actix arbiters, actors and channels (batching, credits,
 //!   fairness, panic reports). It never decides protocol questions.
+//! - [`keyed`]: key groups and the keyed state backend (per-key state,
+//!   snapshot per key group, restore at another parallelism).
 //!
 //! This crate never talks to a network and never spawns a process.
 
 pub mod job;
+pub mod keyed;
 pub mod protocol;
 pub mod restart;
 pub mod runtime;

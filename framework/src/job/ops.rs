@@ -6,9 +6,9 @@
 //! becomes bytes. It never sees the protocol or the transport: the shell in
 //! [`super::shell`] calls these cores.
 //!
-//! Keyed state here is a private, simple form (a `HashMap` per subtask,
-//! snapshotted with each entry's key group so a later rescale can split it);
-//! the richer `snapflow::keyed` module replaces it when it lands.
+//! Keyed state is [`crate::keyed::KeyedState`], snapshotted per key group
+//! (so a restore at another parallelism could take its key groups from any
+//! old subtask's part; the job layer does not rescale yet).
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -17,12 +17,13 @@ use std::sync::{Arc, Mutex};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::keyed::{parts_in_range, KeyedState, MaxParallelism};
 use crate::protocol::CheckpointId;
 use crate::runtime::BoxError;
-use crate::state::{blob, Snapshot};
+use crate::state::Snapshot;
 
 use super::connectors::SinkWriter;
-use super::route::{key_group, stable_hash, Collector};
+use super::route::Collector;
 use super::shell::{Core, Data};
 
 /// A stateless per-record function.
@@ -65,16 +66,41 @@ pub(crate) type FinalStates<K, S> = Arc<Mutex<HashMap<usize, HashMap<K, S>>>>;
 /// The keyed process function with per-key state.
 pub(crate) struct KeyedCore<K, S, In, Out: Send + 'static> {
     pub(crate) subtask: usize,
-    pub(crate) max_parallelism: u32,
     pub(crate) key_of: Arc<dyn Fn(&In) -> K + Send + Sync>,
     pub(crate) function: ProcessFn<K, S, In, Out>,
-    pub(crate) states: HashMap<K, S>,
+    pub(crate) states: KeyedState<K, S>,
     pub(crate) publish: Option<FinalStates<K, S>>,
 }
 
-/// The stored form of one subtask's keyed state: (key group, key, state
-/// blob) per key.
-type KeyedEntries<K> = Vec<(u32, K, Vec<u8>)>;
+/// The stored form of one subtask's keyed state: one part per key group.
+type KeyGroupParts = Vec<(u32, Vec<u8>)>;
+
+impl<K: Key, S, In, Out: Send + 'static> KeyedCore<K, S, In, Out> {
+    /// Empty state for `subtask` of `parallelism`.
+    ///
+    /// # Panics
+    ///
+    /// If `subtask` or `parallelism` do not fit `max_parallelism`: the plan
+    /// checked both before anything started, so this is a bug.
+    pub(crate) fn new(
+        max_parallelism: MaxParallelism,
+        parallelism: usize,
+        subtask: usize,
+        key_of: Arc<dyn Fn(&In) -> K + Send + Sync>,
+        function: ProcessFn<K, S, In, Out>,
+        publish: Option<FinalStates<K, S>>,
+    ) -> Self {
+        let states = KeyedState::for_subtask(max_parallelism, parallelism as u32, subtask as u32)
+            .unwrap_or_else(|error| panic!("bug: the plan let through {error}"));
+        KeyedCore {
+            subtask,
+            key_of,
+            function,
+            states,
+            publish,
+        }
+    }
+}
 
 impl<K, S, In, Out> Core<In, Out> for KeyedCore<K, S, In, Out>
 where
@@ -86,34 +112,21 @@ where
     fn process(&mut self, batch: Vec<In>, out: &mut Collector<'_, Out>) -> Result<(), BoxError> {
         for record in batch {
             let key = (self.key_of)(&record);
-            // Two lookups for a new key, one for a known key: the key is
-            // cloned only when it is inserted.
-            if !self.states.contains_key(&key) {
-                self.states.insert(key.clone(), S::default());
-            }
-            let Some(state) = self.states.get_mut(&key) else {
-                return Err("a key inserted a moment ago is missing".into());
-            };
+            let state = self.states.try_get_or_default(&key)?;
             (self.function)(&key, state, record, out)?;
         }
         Ok(())
     }
 
     fn snapshot(&mut self, _checkpoint: CheckpointId) -> Result<Vec<u8>, BoxError> {
-        let mut entries: KeyedEntries<K> = Vec::with_capacity(self.states.len());
-        for (key, state) in &self.states {
-            let group = key_group(stable_hash(key), self.max_parallelism);
-            entries.push((group, key.clone(), blob::encode(state)?));
-        }
-        Ok(postcard::to_allocvec(&entries)?)
+        let parts: KeyGroupParts = self.states.snapshot()?.into_parts().collect();
+        Ok(postcard::to_allocvec(&parts)?)
     }
 
     fn restore(&mut self, state: &[u8]) -> Result<(), BoxError> {
-        let entries: KeyedEntries<K> = postcard::from_bytes(state)?;
-        self.states.clear();
-        for (_group, key, bytes) in entries {
-            self.states.insert(key, blob::decode(&bytes)?);
-        }
+        let parts: KeyGroupParts = postcard::from_bytes(state)?;
+        let (max_parallelism, range) = (self.states.max_parallelism(), self.states.range());
+        self.states = KeyedState::restore(max_parallelism, range, parts_in_range(range, parts))?;
         Ok(())
     }
 
@@ -122,7 +135,12 @@ where
             let mut published = publish
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
-            published.insert(self.subtask, self.states.clone());
+            let states = self
+                .states
+                .iter()
+                .map(|(key, state)| (key.clone(), state.clone()))
+                .collect();
+            published.insert(self.subtask, states);
         }
         Ok(())
     }

@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 use actix::{Addr, Recipient};
 
+use crate::keyed::MaxParallelism;
 use crate::protocol::{CheckpointId, GraphBuilder, NodeConfig, NodeMachine, SnapshotPlan};
 use crate::runtime::channel::{
     channel, ChannelConfig, ChannelId, ChannelReceiver, ChannelSender, ChannelStats, Credit,
@@ -129,7 +130,8 @@ impl<Out: Data> OutputSide<Out> {
                     })?;
                 RouteKind::Hash {
                     key_hash: Arc::clone(key_hash),
-                    max_parallelism,
+                    max_parallelism: MaxParallelism::new(max_parallelism)
+                        .map_err(|error| JobError::InvalidConfig(error.to_string()))?,
                 }
             }
         };

@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
 
+use crate::keyed::{self, MaxParallelism};
 use crate::runtime::BoxError;
 use crate::state::Snapshot;
 use crate::storage::names;
@@ -23,7 +24,7 @@ use super::physical::{
     CoreFactory, Partition, PhysicalPlan, PlannedEdge, PlannedOperator, SourceTemplate,
     StageTemplate, Template,
 };
-use super::route::{stable_hash, Collector, KeyHash};
+use super::route::{Collector, KeyHash};
 use super::shell::{Core, Data, OperatorCounters};
 use super::supervisor::{self, RunningJob};
 use super::{JobConfig, JobError, JobReport};
@@ -206,10 +207,8 @@ impl Job {
                 "default_parallelism must be at least 1".into(),
             ));
         }
-        if config.max_parallelism == 0 {
-            return Err(JobError::InvalidConfig(
-                "max_parallelism must be at least 1".into(),
-            ));
+        if let Err(error) = MaxParallelism::new(config.max_parallelism) {
+            return Err(JobError::InvalidConfig(error.to_string()));
         }
         let spec = self.graph.take();
         if let Some(error) = spec.errors.into_iter().next() {
@@ -446,19 +445,22 @@ impl<'j, K: Key, T: Data> KeyedStream<'j, K, T> {
     {
         let key_of = self.key_of;
         let hash_of = Arc::clone(&key_of);
-        let key_hash: KeyHash<T> = Arc::new(move |record: &T| stable_hash(&hash_of(record)));
+        let key_hash: KeyHash<T> = Arc::new(move |record: &T| keyed::key_hash(&hash_of(record)));
         let key_hash: Arc<dyn Any + Send + Sync> = Arc::new(key_hash);
         let function: ProcessFn<K, S, T, U> = Arc::new(function);
-        let max_parallelism = self.job.config.max_parallelism;
-        let make_core = Arc::new(move |subtask: usize, _parallelism: usize| {
-            Box::new(KeyedCore {
-                subtask,
+        // Checked again by the plan; an invalid value makes `run` fail with
+        // a typed error before this factory is ever called.
+        let max_parallelism =
+            MaxParallelism::new(self.job.config.max_parallelism).unwrap_or_default();
+        let make_core = Arc::new(move |subtask: usize, parallelism: usize| {
+            Box::new(KeyedCore::new(
                 max_parallelism,
-                key_of: Arc::clone(&key_of),
-                function: Arc::clone(&function),
-                states: HashMap::new(),
-                publish: publish.clone(),
-            }) as Box<dyn Core<T, U>>
+                parallelism,
+                subtask,
+                Arc::clone(&key_of),
+                Arc::clone(&function),
+                publish.clone(),
+            )) as Box<dyn Core<T, U>>
         });
         let operator = self.job.stage(
             name,

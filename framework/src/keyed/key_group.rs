@@ -1,0 +1,311 @@
+//! Key groups: the unit in which keyed state is split, routed and rescaled.
+//!
+//! This module owns the arithmetic that maps a key hash to a key group and a
+//! key group to a subtask. It never stores state and never hashes keys
+//! itself (see [`super::hash`]).
+//!
+//! As in Apache Flink, a job has a fixed number of key groups, its *max
+//! parallelism*, chosen when the job is first created and stored in every
+//! checkpoint's metadata. Each subtask of a keyed operator owns one
+//! contiguous [`KeyGroupRange`]. Because the key-to-group mapping never
+//! depends on the parallelism, a snapshot taken at parallelism 2 can be
+//! restored at parallelism 3: every new subtask takes the key groups of its
+//! new range, wherever they were written.
+//!
+//! The range and subtask formulas are Flink's
+//! (`KeyGroupRangeAssignment.computeKeyGroupRangeForOperatorIndex` and
+//! `computeOperatorIndexForKeyGroup`), with one difference in
+//! representation: [`KeyGroupRange::end`] is exclusive here, inclusive in
+//! Flink. The key-to-group step is our own (see [`MaxParallelism::key_group_of`]),
+//! because our key hash is not Java's `hashCode`.
+
+use std::fmt;
+
+/// The number of key groups when the user does not choose one.
+pub const DEFAULT_MAX_PARALLELISM: u32 = 128;
+
+/// The largest accepted max parallelism (Flink's limit, `1 << 15`).
+pub const UPPER_BOUND_MAX_PARALLELISM: u32 = 1 << 15;
+
+/// An invalid max parallelism, parallelism, subtask index or key group.
+///
+/// These are configuration errors: the same inputs fail again, so none is
+/// retryable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum KeyGroupError {
+    /// The max parallelism is 0 or above [`UPPER_BOUND_MAX_PARALLELISM`].
+    #[error(
+        "max parallelism {max_parallelism} is out of range; it must be between 1 and \
+         {UPPER_BOUND_MAX_PARALLELISM}"
+    )]
+    InvalidMaxParallelism {
+        /// The value given.
+        max_parallelism: u32,
+    },
+    /// The parallelism is 0.
+    #[error("parallelism must be at least 1")]
+    ZeroParallelism,
+    /// The parallelism exceeds the max parallelism, so some subtask would own
+    /// no key group.
+    #[error(
+        "parallelism {parallelism} exceeds the max parallelism {max_parallelism}; a keyed \
+         operator cannot have more subtasks than key groups"
+    )]
+    ParallelismAboveMax {
+        /// The parallelism given.
+        parallelism: u32,
+        /// The job's max parallelism.
+        max_parallelism: u32,
+    },
+    /// The subtask index is not below the parallelism.
+    #[error("subtask index {subtask} is out of range for parallelism {parallelism}")]
+    SubtaskOutOfRange {
+        /// The subtask index given.
+        subtask: u32,
+        /// The parallelism.
+        parallelism: u32,
+    },
+    /// The key group is not below the max parallelism.
+    #[error("key group {key_group} is out of range for max parallelism {max_parallelism}")]
+    KeyGroupOutOfRange {
+        /// The key group given.
+        key_group: u32,
+        /// The job's max parallelism.
+        max_parallelism: u32,
+    },
+    /// A key group range is empty, reversed, or reaches past the max
+    /// parallelism.
+    #[error("key group range {range} is not a non-empty range within 0..{max_parallelism}")]
+    InvalidRange {
+        /// The range given.
+        range: KeyGroupRange,
+        /// The job's max parallelism.
+        max_parallelism: u32,
+    },
+}
+
+impl KeyGroupError {
+    /// Whether trying again with the same input could succeed: never.
+    pub fn is_retryable(&self) -> bool {
+        false
+    }
+}
+
+/// A validated max parallelism: the number of key groups of a job, between 1
+/// and [`UPPER_BOUND_MAX_PARALLELISM`].
+///
+/// It deserializes through the same validation, so checkpoint metadata with
+/// an out-of-range value is rejected when read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "u32", into = "u32")]
+pub struct MaxParallelism(u32);
+
+impl MaxParallelism {
+    /// Validates `max_parallelism`.
+    pub fn new(max_parallelism: u32) -> Result<Self, KeyGroupError> {
+        if max_parallelism == 0 || max_parallelism > UPPER_BOUND_MAX_PARALLELISM {
+            return Err(KeyGroupError::InvalidMaxParallelism { max_parallelism });
+        }
+        Ok(MaxParallelism(max_parallelism))
+    }
+
+    /// The number of key groups.
+    pub fn get(self) -> u32 {
+        self.0
+    }
+
+    /// The key group of a key hash, in `0..self.get()`.
+    ///
+    /// The hash is multiplied by a fixed odd constant and the upper 32 bits
+    /// of the product are scaled onto `0..max_parallelism` with a
+    /// multiply-shift (Lemire's "fast range"), which needs no division. The
+    /// extra multiply makes the group depend on every bit of the hash, so it
+    /// is not correlated with the bits the in-memory hash tables use (the low
+    /// bits for the bucket, the top seven for the tag); without it, all keys
+    /// of one group would share a tag and every lookup would compare keys
+    /// needlessly. This formula is part of the checkpoint format: changing it
+    /// moves keys between groups, and restore rejects such checkpoints.
+    #[inline]
+    pub fn key_group_of(self, key_hash: u64) -> u32 {
+        const GROUP_MIX: u64 = 0xd6e8_feb8_6659_fd93;
+        let mixed = key_hash.wrapping_mul(GROUP_MIX) >> 32;
+        ((mixed * u64::from(self.0)) >> 32) as u32
+    }
+
+    /// The key groups owned by `subtask` of `parallelism` subtasks.
+    pub fn range_for_subtask(
+        self,
+        parallelism: u32,
+        subtask: u32,
+    ) -> Result<KeyGroupRange, KeyGroupError> {
+        self.check_parallelism(parallelism)?;
+        if subtask >= parallelism {
+            return Err(KeyGroupError::SubtaskOutOfRange {
+                subtask,
+                parallelism,
+            });
+        }
+        let (max, parallelism, subtask) = (
+            u64::from(self.0),
+            u64::from(parallelism),
+            u64::from(subtask),
+        );
+        // Flink: start = ceil(subtask * max / parallelism) and inclusive
+        // end = ((subtask + 1) * max - 1) / parallelism; our end is one past.
+        // Both fit in u32 because they are at most `max`.
+        let start = (subtask * max).div_ceil(parallelism);
+        let end = ((subtask + 1) * max - 1) / parallelism + 1;
+        Ok(KeyGroupRange {
+            start: start as u32,
+            end: end as u32,
+        })
+    }
+
+    /// The subtask of `parallelism` subtasks that owns `key_group`.
+    pub fn subtask_for_key_group(
+        self,
+        parallelism: u32,
+        key_group: u32,
+    ) -> Result<u32, KeyGroupError> {
+        self.check_parallelism(parallelism)?;
+        self.check_key_group(key_group)?;
+        // Flink: keyGroupId * parallelism / maxParallelism; below parallelism
+        // because key_group < max.
+        Ok((u64::from(key_group) * u64::from(parallelism) / u64::from(self.0)) as u32)
+    }
+
+    /// Checks that a range is non-empty and lies within `0..self.get()`.
+    pub fn check_range(self, range: KeyGroupRange) -> Result<(), KeyGroupError> {
+        if range.start >= range.end || range.end > self.0 {
+            return Err(KeyGroupError::InvalidRange {
+                range,
+                max_parallelism: self.0,
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks that `key_group` is below the max parallelism.
+    pub fn check_key_group(self, key_group: u32) -> Result<(), KeyGroupError> {
+        if key_group >= self.0 {
+            return Err(KeyGroupError::KeyGroupOutOfRange {
+                key_group,
+                max_parallelism: self.0,
+            });
+        }
+        Ok(())
+    }
+
+    fn check_parallelism(self, parallelism: u32) -> Result<(), KeyGroupError> {
+        if parallelism == 0 {
+            return Err(KeyGroupError::ZeroParallelism);
+        }
+        if parallelism > self.0 {
+            return Err(KeyGroupError::ParallelismAboveMax {
+                parallelism,
+                max_parallelism: self.0,
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Default for MaxParallelism {
+    fn default() -> Self {
+        MaxParallelism(DEFAULT_MAX_PARALLELISM)
+    }
+}
+
+impl TryFrom<u32> for MaxParallelism {
+    type Error = KeyGroupError;
+
+    fn try_from(value: u32) -> Result<Self, Self::Error> {
+        MaxParallelism::new(value)
+    }
+}
+
+impl From<MaxParallelism> for u32 {
+    fn from(value: MaxParallelism) -> Self {
+        value.0
+    }
+}
+
+impl fmt::Display for MaxParallelism {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// A contiguous, half-open range of key groups `start..end` owned by one
+/// subtask.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct KeyGroupRange {
+    /// The first key group in the range.
+    pub start: u32,
+    /// One past the last key group in the range.
+    pub end: u32,
+}
+
+impl KeyGroupRange {
+    /// The range `start..end`; not validated (see
+    /// [`MaxParallelism::check_range`]).
+    pub fn new(start: u32, end: u32) -> Self {
+        KeyGroupRange { start, end }
+    }
+
+    /// Whether `key_group` is in the range.
+    #[inline]
+    pub fn contains(&self, key_group: u32) -> bool {
+        self.start <= key_group && key_group < self.end
+    }
+
+    /// The number of key groups in the range (0 for an empty or reversed
+    /// range).
+    pub fn len(&self) -> usize {
+        self.end.saturating_sub(self.start) as usize
+    }
+
+    /// Whether the range holds no key group.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The key groups of the range in ascending order.
+    pub fn iter(&self) -> std::ops::Range<u32> {
+        self.start..self.end
+    }
+}
+
+impl fmt::Display for KeyGroupRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}..{}", self.start, self.end)
+    }
+}
+
+/// The key group of `key_hash` among `max_parallelism` groups; see
+/// [`MaxParallelism::key_group_of`]. Validates `max_parallelism` on every
+/// call; hot paths should hold a [`MaxParallelism`] instead.
+pub fn key_group_of(key_hash: u64, max_parallelism: u32) -> Result<u32, KeyGroupError> {
+    Ok(MaxParallelism::new(max_parallelism)?.key_group_of(key_hash))
+}
+
+/// The key groups owned by `subtask` (0-based) of `parallelism` subtasks;
+/// see [`MaxParallelism::range_for_subtask`].
+pub fn range_for_subtask(
+    max_parallelism: u32,
+    parallelism: u32,
+    subtask: u32,
+) -> Result<KeyGroupRange, KeyGroupError> {
+    MaxParallelism::new(max_parallelism)?.range_for_subtask(parallelism, subtask)
+}
+
+/// The subtask of `parallelism` subtasks that owns `key_group`; see
+/// [`MaxParallelism::subtask_for_key_group`].
+pub fn subtask_for_key_group(
+    max_parallelism: u32,
+    parallelism: u32,
+    key_group: u32,
+) -> Result<u32, KeyGroupError> {
+    MaxParallelism::new(max_parallelism)?.subtask_for_key_group(parallelism, key_group)
+}

@@ -1,0 +1,381 @@
+//! The byte format of one key group's snapshot (a *part*): a fixed header,
+//! the state type's schema once, then every (key, state) entry.
+//!
+//! This module owns encoding and decoding of parts. It never decides which
+//! key groups a subtask owns and never does I/O; storage moves parts as
+//! opaque bytes.
+//!
+//! # Layout (format version 1, integers little-endian)
+//!
+//! | offset | size | field |
+//! |-------:|-----:|-------|
+//! | 0      | 4    | magic `b"SFKG"` |
+//! | 4      | 2    | format version, `1` |
+//! | 6      | 2    | flags, `0` (reserved; any other value is rejected) |
+//! | 8      | 4    | max parallelism of the job |
+//! | 12     | 4    | key group |
+//! | 16     | 8    | entry count `N` |
+//! | 24     | 4    | schema section length `S` (at most [`MAX_SCHEMA_LEN`]) |
+//! | 28     | 8    | body length `B` (schema section and entries) |
+//! | 36     | 4    | body CRC: CRC-32 (IEEE) of bytes `44..44 + B` |
+//! | 40     | 4    | header CRC: CRC-32 (IEEE) of bytes `0..40` |
+//! | 44     | S    | postcard of the state type's [`StoredSchema`] |
+//! | 44 + S | ...  | `N` entries, then nothing |
+//!
+//! An entry is the key in postcard, then the state's payload length as a
+//! postcard varint, then the payload as written by
+//! [`Snapshot::encode_payload`]. The schema is written once per part, not
+//! per entry, and each payload is decoded with
+//! [`Snapshot::decode_stored`], so a part written by an older version of the
+//! state type goes through that type's upgrade chain.
+//!
+//! # Decoding hostile bytes
+//!
+//! Every length is checked against the bytes present before it is used;
+//! nothing is preallocated beyond one table slot per remaining input byte
+//! (each entry takes at least one byte, its payload length). A flipped bit
+//! is always caught by one of the two CRCs. Past the CRCs (forged parts),
+//! the entry count, trailing bytes, duplicate keys and each key's key group
+//! are checked, so a forged part decodes into an error, never a panic.
+
+use super::hash::key_hash;
+use super::key_group::MaxParallelism;
+use super::KeyedError;
+use crate::state::blob::MAX_SCHEMA_LEN;
+use crate::state::{Snapshot, StateError, StoredSchema};
+use hashbrown::HashTable;
+use serde::{de::DeserializeOwned, Serialize};
+
+/// The four bytes every part starts with.
+pub const PART_MAGIC: [u8; 4] = *b"SFKG";
+/// The part format version this build writes and reads.
+pub const PART_FORMAT_VERSION: u16 = 1;
+/// The length of a part's fixed header.
+pub const PART_HEADER_LEN: usize = 44;
+
+/// The fixed header of a part, as decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PartHeader {
+    /// The job's max parallelism.
+    pub max_parallelism: u32,
+    /// The key group.
+    pub key_group: u32,
+    /// The number of entries.
+    pub entry_count: u64,
+    /// The schema section's length.
+    pub schema_len: u32,
+    /// The length of everything after the header.
+    pub body_len: u64,
+    /// CRC-32 of everything after the header.
+    pub body_crc: u32,
+}
+
+/// The schema section of parts of state type `S`, computed once per
+/// snapshot and copied into every part.
+pub(crate) fn schema_section<S: Snapshot>() -> Result<Vec<u8>, StateError> {
+    let stored = StoredSchema {
+        fingerprint: S::fingerprint(),
+        ..StoredSchema::of(&S::SCHEMA)
+    };
+    let bytes = postcard::to_allocvec(&stored).map_err(|error| StateError::Encode {
+        type_name: S::SCHEMA.type_name,
+        reason: error.to_string(),
+    })?;
+    if bytes.len() > MAX_SCHEMA_LEN as usize {
+        return Err(StateError::Encode {
+            type_name: S::SCHEMA.type_name,
+            reason: format!(
+                "schema section of {} bytes is larger than the limit {MAX_SCHEMA_LEN}",
+                bytes.len()
+            ),
+        });
+    }
+    Ok(bytes)
+}
+
+/// Builds one key group's part entry by entry. Entries are appended as
+/// they come, so a snapshot can fill every key group's part in one pass
+/// over its table.
+pub(crate) struct PartWriter {
+    out: Vec<u8>,
+    entry_count: u64,
+    schema_len: u32,
+}
+
+impl PartWriter {
+    /// A part with no entries yet; `schema` comes from [`schema_section`].
+    pub(crate) fn new(schema: &[u8]) -> Self {
+        let mut out = Vec::with_capacity(PART_HEADER_LEN + schema.len());
+        out.resize(PART_HEADER_LEN, 0);
+        out.extend_from_slice(schema);
+        PartWriter {
+            out,
+            entry_count: 0,
+            // `schema_section` refused anything over MAX_SCHEMA_LEN.
+            schema_len: schema.len() as u32,
+        }
+    }
+
+    /// Appends one entry. `scratch` is a reusable buffer for the payload,
+    /// whose length must be written before it.
+    pub(crate) fn push<K: Serialize, S: Snapshot>(
+        &mut self,
+        key: &K,
+        state: &S,
+        scratch: &mut Vec<u8>,
+    ) -> Result<(), StateError> {
+        let out = std::mem::take(&mut self.out);
+        self.out = postcard::to_extend(key, out).map_err(|error| StateError::Encode {
+            type_name: std::any::type_name::<K>(),
+            reason: error.to_string(),
+        })?;
+        scratch.clear();
+        state.encode_payload(scratch)?;
+        let out = std::mem::take(&mut self.out);
+        self.out = postcard::to_extend(&(scratch.len() as u64), out).map_err(|error| {
+            StateError::Encode {
+                type_name: S::SCHEMA.type_name,
+                reason: error.to_string(),
+            }
+        })?;
+        self.out.extend_from_slice(scratch);
+        self.entry_count += 1;
+        Ok(())
+    }
+
+    /// Writes the header and returns the part's bytes.
+    pub(crate) fn finish(mut self, max_parallelism: MaxParallelism, key_group: u32) -> Vec<u8> {
+        let header = PartHeader {
+            max_parallelism: max_parallelism.get(),
+            key_group,
+            entry_count: self.entry_count,
+            schema_len: self.schema_len,
+            body_len: (self.out.len() - PART_HEADER_LEN) as u64,
+            body_crc: crc32fast::hash(&self.out[PART_HEADER_LEN..]),
+        };
+        write_header(&header, &mut self.out[..PART_HEADER_LEN]);
+        self.out
+    }
+}
+
+/// How many entries a part can really hold: its header's count, capped by
+/// its length (each entry takes at least one byte), or 0 when the header
+/// does not decode. Used only to size tables before decoding.
+pub(crate) fn plausible_entries(bytes: &[u8]) -> usize {
+    decode_header(bytes)
+        .map(|header| header.entry_count.min(bytes.len() as u64) as usize)
+        .unwrap_or(0)
+}
+
+/// Decodes and checks a part's fixed header: magic, format version, header
+/// CRC, flags, the schema length limit and that the lengths add up to the
+/// input's length. It does not check the body CRC, the max parallelism or
+/// the key group; [`decode_into`] does.
+pub(crate) fn decode_header(bytes: &[u8]) -> Result<PartHeader, String> {
+    if bytes.len() < PART_HEADER_LEN {
+        return Err(format!(
+            "{} bytes is shorter than the {PART_HEADER_LEN}-byte header",
+            bytes.len()
+        ));
+    }
+    if bytes[0..4] != PART_MAGIC {
+        return Err(format!("bad magic {:02x?}", &bytes[0..4]));
+    }
+    let version = read_u16(bytes, 4);
+    if version != PART_FORMAT_VERSION {
+        return Err(format!(
+            "part format version {version} is not supported (this build reads \
+             {PART_FORMAT_VERSION}), or the header is damaged"
+        ));
+    }
+    if crc32fast::hash(&bytes[..40]) != read_u32(bytes, 40) {
+        return Err("header checksum mismatch".to_string());
+    }
+    let flags = read_u16(bytes, 6);
+    if flags != 0 {
+        return Err(format!("reserved flags {flags:#06x} are set"));
+    }
+    let header = PartHeader {
+        max_parallelism: read_u32(bytes, 8),
+        key_group: read_u32(bytes, 12),
+        entry_count: read_u64(bytes, 16),
+        schema_len: read_u32(bytes, 24),
+        body_len: read_u64(bytes, 28),
+        body_crc: read_u32(bytes, 36),
+    };
+    let body_len = (bytes.len() - PART_HEADER_LEN) as u64;
+    if header.body_len != body_len {
+        return Err(format!(
+            "header claims a {}-byte body but {body_len} bytes follow the header",
+            header.body_len
+        ));
+    }
+    if header.schema_len > MAX_SCHEMA_LEN || u64::from(header.schema_len) > body_len {
+        return Err(format!(
+            "schema section claims {} bytes; the limit is {MAX_SCHEMA_LEN} and the body has \
+             {body_len}",
+            header.schema_len
+        ));
+    }
+    Ok(header)
+}
+
+/// Decodes a part of `key_group` and inserts its entries into `table`,
+/// which may hold other key groups' entries. On error `table` may hold some
+/// of the part's entries; callers discard it.
+pub(crate) fn decode_into<K, S>(
+    bytes: &[u8],
+    max_parallelism: MaxParallelism,
+    key_group: u32,
+    table: &mut HashTable<(K, S)>,
+) -> Result<(), KeyedError>
+where
+    K: DeserializeOwned + Eq + std::hash::Hash,
+    S: Snapshot,
+{
+    let corrupt = |reason: String| KeyedError::CorruptPart { key_group, reason };
+    let header = decode_header(bytes).map_err(corrupt)?;
+    if header.max_parallelism != max_parallelism.get() {
+        return Err(KeyedError::MaxParallelismMismatch {
+            key_group,
+            stored: header.max_parallelism,
+            expected: max_parallelism.get(),
+        });
+    }
+    if header.key_group != key_group {
+        return Err(corrupt(format!(
+            "the part is labelled key group {key_group} but holds key group {}",
+            header.key_group
+        )));
+    }
+    let body = &bytes[PART_HEADER_LEN..];
+    if crc32fast::hash(body) != header.body_crc {
+        return Err(corrupt("body checksum mismatch".to_string()));
+    }
+    // `decode_header` proved `schema_len <= body.len()`.
+    let (schema_bytes, mut entries) = body.split_at(header.schema_len as usize);
+    let stored = match postcard::take_from_bytes::<StoredSchema>(schema_bytes) {
+        Ok((stored, [])) => stored,
+        Ok((_, rest)) => {
+            return Err(corrupt(format!(
+                "{} trailing bytes after the schema section",
+                rest.len()
+            )))
+        }
+        Err(error) => return Err(corrupt(format!("schema section does not decode: {error}"))),
+    };
+    // Each entry takes at least one byte (its payload length), so the
+    // remaining input bounds how many entries can really follow. Restore
+    // usually reserved for all parts already, and then this is a no-op.
+    let plausible = header.entry_count.min(entries.len() as u64) as usize;
+    table.reserve(plausible, |(key, _)| key_hash(key));
+    let state_error = |source: StateError| KeyedError::State { key_group, source };
+    // When the writer's schema is exactly this build's, every payload can be
+    // decoded directly; otherwise each goes through `decode_stored`, which
+    // checks the schema and follows the upgrade chain. The check is made
+    // once per part because `Snapshot::fingerprint` rebuilds the schema
+    // text on each call, which made a per-entry check dominate restore.
+    let exact = stored.version == S::SCHEMA.version && stored.fingerprint == S::fingerprint();
+    for _ in 0..header.entry_count {
+        if entries.is_empty() {
+            return Err(corrupt(format!(
+                "the header claims {} entries but the part ends early",
+                header.entry_count
+            )));
+        }
+        let (key, payload, rest) = take_entry::<K>(entries).map_err(corrupt)?;
+        entries = rest;
+        let state = if exact {
+            S::decode_payload(payload)
+        } else {
+            S::decode_stored(&stored, payload)
+        }
+        .map_err(state_error)?;
+        insert_checked(table, max_parallelism, key_group, key, state)?;
+    }
+    if !entries.is_empty() {
+        return Err(corrupt(format!(
+            "{} trailing bytes after the last of {} entries",
+            entries.len(),
+            header.entry_count
+        )));
+    }
+    Ok(())
+}
+
+/// Splits one entry off the front of `input`: the decoded key, the raw
+/// payload, and the rest.
+fn take_entry<K: DeserializeOwned>(input: &[u8]) -> Result<(K, &[u8], &[u8]), String> {
+    let (key, rest) = postcard::take_from_bytes::<K>(input)
+        .map_err(|error| format!("a key does not decode: {error}"))?;
+    let (length, rest) = postcard::take_from_bytes::<u64>(rest)
+        .map_err(|error| format!("a payload length does not decode: {error}"))?;
+    let length = usize::try_from(length)
+        .ok()
+        .filter(|length| *length <= rest.len())
+        .ok_or_else(|| format!("a payload claims {length} bytes but {} remain", rest.len()))?;
+    let (payload, rest) = rest.split_at(length);
+    Ok((key, payload, rest))
+}
+
+/// Inserts a restored entry after checking that its key belongs to
+/// `key_group` and is not already present.
+fn insert_checked<K, S>(
+    table: &mut HashTable<(K, S)>,
+    max_parallelism: MaxParallelism,
+    key_group: u32,
+    key: K,
+    state: S,
+) -> Result<(), KeyedError>
+where
+    K: Eq + std::hash::Hash,
+{
+    let hash = key_hash(&key);
+    let computed = max_parallelism.key_group_of(hash);
+    if computed != key_group {
+        return Err(KeyedError::KeyGroupMismatch {
+            stored: key_group,
+            computed,
+        });
+    }
+    match table.entry(hash, |(other, _)| *other == key, |(k, _)| key_hash(k)) {
+        hashbrown::hash_table::Entry::Occupied(_) => Err(KeyedError::DuplicateKey { key_group }),
+        hashbrown::hash_table::Entry::Vacant(vacant) => {
+            vacant.insert((key, state));
+            Ok(())
+        }
+    }
+}
+
+fn write_header(header: &PartHeader, out: &mut [u8]) {
+    out[0..4].copy_from_slice(&PART_MAGIC);
+    out[4..6].copy_from_slice(&PART_FORMAT_VERSION.to_le_bytes());
+    out[6..8].copy_from_slice(&0u16.to_le_bytes());
+    out[8..12].copy_from_slice(&header.max_parallelism.to_le_bytes());
+    out[12..16].copy_from_slice(&header.key_group.to_le_bytes());
+    out[16..24].copy_from_slice(&header.entry_count.to_le_bytes());
+    out[24..28].copy_from_slice(&header.schema_len.to_le_bytes());
+    out[28..36].copy_from_slice(&header.body_len.to_le_bytes());
+    out[36..40].copy_from_slice(&header.body_crc.to_le_bytes());
+    let header_crc = crc32fast::hash(&out[..40]);
+    out[40..44].copy_from_slice(&header_crc.to_le_bytes());
+}
+
+// The readers below are only called with offsets inside the 44-byte header
+// after the length check, so their slicing cannot go out of range.
+
+fn read_u16(bytes: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([bytes[at], bytes[at + 1]])
+}
+
+fn read_u32(bytes: &[u8], at: usize) -> u32 {
+    let mut buffer = [0u8; 4];
+    buffer.copy_from_slice(&bytes[at..at + 4]);
+    u32::from_le_bytes(buffer)
+}
+
+fn read_u64(bytes: &[u8], at: usize) -> u64 {
+    let mut buffer = [0u8; 8];
+    buffer.copy_from_slice(&bytes[at..at + 8]);
+    u64::from_le_bytes(buffer)
+}
