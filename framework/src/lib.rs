@@ -12,6 +12,8 @@
 //!
 //! This crate never talks to a network and never spawns a process.
 
+pub mod sink;
+pub mod source;
 pub mod state;
 
 pub use snapflow_macros::Snapshot;
