@@ -38,7 +38,12 @@ fn take<S: Source>(source: &mut S, count: usize, batch_records: usize) -> Vec<S:
 /// Reads `cut` records, takes the position, reads the rest; then seeks the
 /// same source back and a fresh one (a restore) to that position, and both
 /// must read the same rest. Returns everything the split produced.
-fn check_resume<F>(factory: &F, subtask: usize, parallelism: usize, cut: usize) -> Vec<<F::Source as Source>::Item>
+fn check_resume<F>(
+    factory: &F,
+    subtask: usize,
+    parallelism: usize,
+    cut: usize,
+) -> Vec<<F::Source as Source>::Item>
 where
     F: SourceFactory,
     <F::Source as Source>::Item: PartialEq + Debug,
@@ -47,7 +52,10 @@ where
     let mut head = take(&mut source, cut, 3);
     let position = source.position();
     let rest = drain(&mut source, 4);
-    assert_eq!(source.poll_batch(&mut Vec::new(), 4).expect("poll"), SourcePoll::Ended);
+    assert_eq!(
+        source.poll_batch(&mut Vec::new(), 4).expect("poll"),
+        SourcePoll::Ended
+    );
     source.seek(&position).expect("seek back");
     assert_eq!(drain(&mut source, 7), rest, "same source after seek back");
     let mut restored = factory.split(subtask, parallelism).expect("split");
@@ -89,7 +97,10 @@ fn vec_source_resumes_and_partitions() {
 fn generator_source_resumes_and_partitions() {
     for range in [0..0, 5..6, 100..137] {
         let expected: Vec<u64> = range.clone().map(|index| index * 3).collect();
-        check_contiguous(&GeneratorSourceFactory::new(range, |index| index * 3), &expected);
+        check_contiguous(
+            &GeneratorSourceFactory::new(range, |index| index * 3),
+            &expected,
+        );
     }
 }
 
@@ -98,7 +109,10 @@ fn generator_source_fills_one_batch_in_one_call() {
     let factory = GeneratorSourceFactory::new(0..10_000, |index| index as u32);
     let mut source = factory.split(0, 1).unwrap();
     let mut out = Vec::new();
-    assert_eq!(source.poll_batch(&mut out, 4096).unwrap(), SourcePoll::Produced(4096));
+    assert_eq!(
+        source.poll_batch(&mut out, 4096).unwrap(),
+        SourcePoll::Produced(4096)
+    );
     assert_eq!(source.position(), SourcePosition::from_index(4096));
 }
 
@@ -113,8 +127,11 @@ fn iter_source_resumes_and_strides() {
                 for cut in [1, 2, whole.len() / 2, whole.len()] {
                     assert_eq!(check_resume(&factory, subtask, parallelism, cut), whole);
                 }
-                let stride: Vec<u32> =
-                    (0..length).skip(subtask).step_by(parallelism).map(|value| value * 2).collect();
+                let stride: Vec<u32> = (0..length)
+                    .skip(subtask)
+                    .step_by(parallelism)
+                    .map(|value| value * 2)
+                    .collect();
                 assert_eq!(whole, stride);
                 seen.extend(whole);
             }
@@ -129,7 +146,10 @@ fn iter_source_rejects_another_subtasks_position() {
     let factory = IterSourceFactory::new(|| 0..10);
     let mut source = factory.split(1, 2).unwrap();
     let error = source.seek(&SourcePosition::from_index(4)).unwrap_err();
-    assert!(matches!(error, SourceError::PositionOutOfSplit { position: 4, .. }), "{error}");
+    assert!(
+        matches!(error, SourceError::PositionOutOfSplit { position: 4, .. }),
+        "{error}"
+    );
 }
 
 #[test]
@@ -147,9 +167,24 @@ fn positions_outside_the_split_or_malformed_are_rejected() {
     let factory = VecSourceFactory::new((0..10).collect::<Vec<u8>>());
     let mut source = factory.split(1, 2).unwrap();
     let error = source.seek(&SourcePosition::from_index(2)).unwrap_err();
-    assert!(matches!(error, SourceError::PositionOutOfSplit { position: 2, start: 5, end: 10 }), "{error}");
-    let error = source.seek(&SourcePosition::from_bytes(vec![1, 2, 3])).unwrap_err();
-    assert!(matches!(error, SourceError::MalformedPosition { length_bytes: 3 }), "{error}");
+    assert!(
+        matches!(
+            error,
+            SourceError::PositionOutOfSplit {
+                position: 2,
+                start: 5,
+                end: 10
+            }
+        ),
+        "{error}"
+    );
+    let error = source
+        .seek(&SourcePosition::from_bytes(vec![1, 2, 3]))
+        .unwrap_err();
+    assert!(
+        matches!(error, SourceError::MalformedPosition { length_bytes: 3 }),
+        "{error}"
+    );
     assert!(!error.is_retryable());
 }
 
@@ -189,8 +224,16 @@ fn read_lines(contents: &[u8], max_line_bytes: usize) -> Result<Vec<String>, Sou
 }
 
 fn check_lines(contents: &str, expected: &[&str]) {
-    assert_eq!(read_lines(contents.as_bytes(), 64).expect("read"), expected, "{contents:?}");
-    assert_eq!(expected_lines(contents), expected, "the test oracle disagrees on {contents:?}");
+    assert_eq!(
+        read_lines(contents.as_bytes(), 64).expect("read"),
+        expected,
+        "{contents:?}"
+    );
+    assert_eq!(
+        expected_lines(contents),
+        expected,
+        "the test oracle disagrees on {contents:?}"
+    );
     let file = write_file(contents.as_bytes());
     let expected: Vec<String> = expected.iter().map(|line| line.to_string()).collect();
     check_contiguous(&FileLinesSourceFactory::new(file.path()), &expected);
@@ -225,7 +268,9 @@ fn file_lines_lone_carriage_return_at_end_stays() {
 #[test]
 fn file_seek_to_a_line_start_resumes() {
     let file = write_file(b"abc\ndef\nghi\n");
-    let mut source = FileLinesSourceFactory::new(file.path()).split(0, 1).unwrap();
+    let mut source = FileLinesSourceFactory::new(file.path())
+        .split(0, 1)
+        .unwrap();
     source.seek(&SourcePosition::from_index(4)).unwrap();
     assert_eq!(drain(&mut source, 10), ["def", "ghi"]);
     source.seek(&SourcePosition::from_index(12)).unwrap();
@@ -235,17 +280,27 @@ fn file_seek_to_a_line_start_resumes() {
 #[test]
 fn file_seek_into_the_middle_of_a_line_is_a_typed_error() {
     let file = write_file(b"abc\ndef\n");
-    let mut source = FileLinesSourceFactory::new(file.path()).split(0, 1).unwrap();
+    let mut source = FileLinesSourceFactory::new(file.path())
+        .split(0, 1)
+        .unwrap();
     take(&mut source, 1, 1);
     for offset in [1, 3, 5] {
-        let error = source.seek(&SourcePosition::from_index(offset)).unwrap_err();
-        assert!(matches!(error, SourceError::NotLineStart { offset_bytes } if offset_bytes == offset), "{error}");
+        let error = source
+            .seek(&SourcePosition::from_index(offset))
+            .unwrap_err();
+        assert!(
+            matches!(error, SourceError::NotLineStart { offset_bytes } if offset_bytes == offset),
+            "{error}"
+        );
         assert!(!error.is_retryable());
     }
     // A failed seek leaves the source where it was.
     assert_eq!(drain(&mut source, 10), ["def"]);
     let error = source.seek(&SourcePosition::from_index(9)).unwrap_err();
-    assert!(matches!(error, SourceError::PositionOutOfSplit { position: 9, .. }), "{error}");
+    assert!(
+        matches!(error, SourceError::PositionOutOfSplit { position: 9, .. }),
+        "{error}"
+    );
 }
 
 #[test]
@@ -254,11 +309,23 @@ fn file_line_longer_than_the_bound_is_a_typed_error() {
     let factory = FileLinesSourceFactory::new(file.path()).max_line_bytes(3);
     let mut source = factory.split(0, 1).unwrap();
     let mut out = Vec::new();
-    assert_eq!(source.poll_batch(&mut out, 10).unwrap(), SourcePoll::Produced(1));
+    assert_eq!(
+        source.poll_batch(&mut out, 10).unwrap(),
+        SourcePoll::Produced(1)
+    );
     assert_eq!(out, ["abc"]);
     for _ in 0..2 {
         let error = source.poll_batch(&mut out, 10).unwrap_err();
-        assert!(matches!(error, SourceError::LineTooLong { offset_bytes: 4, max_line_bytes: 3 }), "{error}");
+        assert!(
+            matches!(
+                error,
+                SourceError::LineTooLong {
+                    offset_bytes: 4,
+                    max_line_bytes: 3
+                }
+            ),
+            "{error}"
+        );
         assert!(!error.is_retryable());
     }
     assert_eq!(source.position(), SourcePosition::from_index(4));
@@ -268,20 +335,34 @@ fn file_line_longer_than_the_bound_is_a_typed_error() {
 
 #[test]
 fn file_line_bound_excludes_the_line_ending() {
-    assert_eq!(read_lines(b"abc\r\nabc\nabc", 3).unwrap(), ["abc", "abc", "abc"]);
-    assert!(matches!(read_lines(b"abcd", 3), Err(SourceError::LineTooLong { .. })));
-    assert!(matches!(read_lines(b"abc\rd\n", 3), Err(SourceError::LineTooLong { .. })));
+    assert_eq!(
+        read_lines(b"abc\r\nabc\nabc", 3).unwrap(),
+        ["abc", "abc", "abc"]
+    );
+    assert!(matches!(
+        read_lines(b"abcd", 3),
+        Err(SourceError::LineTooLong { .. })
+    ));
+    assert!(matches!(
+        read_lines(b"abc\rd\n", 3),
+        Err(SourceError::LineTooLong { .. })
+    ));
 }
 
 #[test]
 fn file_line_that_is_not_utf8_is_a_typed_error() {
     let error = read_lines(b"ok\n\xff\xfe\n", 64).unwrap_err();
-    assert!(matches!(error, SourceError::InvalidUtf8 { offset_bytes: 3 }), "{error}");
+    assert!(
+        matches!(error, SourceError::InvalidUtf8 { offset_bytes: 3 }),
+        "{error}"
+    );
 }
 
 #[test]
 fn missing_file_is_an_io_error() {
-    let error = FileLinesSourceFactory::new("/nonexistent/snapflow/input").split(0, 1).unwrap_err();
+    let error = FileLinesSourceFactory::new("/nonexistent/snapflow/input")
+        .split(0, 1)
+        .unwrap_err();
     assert!(matches!(error, SourceError::Io { .. }), "{error}");
     assert!(!error.is_retryable());
 }

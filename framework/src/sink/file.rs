@@ -59,6 +59,7 @@ pub struct FileSinkFactory<T, F> {
     dir: PathBuf,
     prefix: String,
     encode: F,
+    fsync: bool,
     _records: PhantomData<fn(&T)>,
 }
 
@@ -92,8 +93,18 @@ impl<T, F: Fn(&T, &mut Vec<u8>) + Clone> FileSinkFactory<T, F> {
             dir,
             prefix: DEFAULT_PREFIX.to_string(),
             encode,
+            fsync: true,
             _records: PhantomData,
         })
+    }
+
+    /// Whether pre-commit, commit and restore fsync files and directories;
+    /// on by default. Turned off, output stays exactly-once across process
+    /// crashes (the kernel's page cache outlives the process) but not
+    /// across power loss or a kernel crash: for tests and scratch output.
+    pub fn fsync(mut self, enabled: bool) -> Self {
+        self.fsync = enabled;
+        self
     }
 
     /// Uses `prefix` for file names: 1 to 64 ASCII letters, digits or `_`.
@@ -143,6 +154,7 @@ impl<T, F: Fn(&T, &mut Vec<u8>) + Clone> SinkFactory for FileSinkFactory<T, F> {
                 subtask,
             },
             encode: self.encode.clone(),
+            fsync: self.fsync,
             open: None,
             buffer: Vec::new(),
             pending: BTreeSet::new(),
@@ -207,6 +219,7 @@ fn parse_decimal(text: &str) -> Option<u64> {
 pub struct FileSink<T, F> {
     names: Names,
     encode: F,
+    fsync: bool,
     /// The open transaction's file, created at the first write.
     open: Option<File>,
     /// Encoded records not yet written to `open`; bounded by flushing at
@@ -220,6 +233,23 @@ pub struct FileSink<T, F> {
 }
 
 impl<T, F> FileSink<T, F> {
+    /// Makes renames and deletions in `dir` durable (if fsync is on).
+    fn sync_dir(&self, dir: &Path) -> Result<(), SinkError> {
+        if !self.fsync {
+            return Ok(());
+        }
+        File::open(dir)
+            .and_then(|handle| handle.sync_all())
+            .map_err(io_error("syncing", dir))
+    }
+
+    /// Syncs the output directory (new committed files) and `.pending`
+    /// (their old names gone, rolled-back files deleted).
+    fn sync_dirs(&self) -> Result<(), SinkError> {
+        self.sync_dir(&self.names.dir)?;
+        self.sync_dir(&self.names.pending_dir)
+    }
+
     fn write_buffer(&mut self) -> Result<(), SinkError> {
         if self.buffer.is_empty() {
             return Ok(());
@@ -305,11 +335,13 @@ impl<T, F: Fn(&T, &mut Vec<u8>)> Sink for FileSink<T, F> {
         self.write_buffer()?;
         if let Some(file) = self.open.take() {
             let open_path = self.names.in_progress();
-            file.sync_all().map_err(io_error("syncing", &open_path))?;
+            if self.fsync {
+                file.sync_all().map_err(io_error("syncing", &open_path))?;
+            }
             drop(file);
             let part_path = self.names.pending(checkpoint_id);
             fs::rename(&open_path, &part_path).map_err(io_error("renaming", &open_path))?;
-            sync_dir(&self.names.pending_dir)?;
+            self.sync_dir(&self.names.pending_dir)?;
             self.pending.insert(checkpoint_id);
         }
         self.last_pre_commit = Some(checkpoint_id);
@@ -330,8 +362,7 @@ impl<T, F: Fn(&T, &mut Vec<u8>)> Sink for FileSink<T, F> {
             self.commit_one(id)?;
             self.pending.remove(&id);
         }
-        sync_dir(&self.names.dir)?;
-        sync_dir(&self.names.pending_dir)
+        self.sync_dirs()
     }
 
     fn abort(&mut self) -> Result<(), SinkError> {
@@ -349,8 +380,7 @@ impl<T, F: Fn(&T, &mut Vec<u8>)> Sink for FileSink<T, F> {
             self.commit_one(*id)?;
         }
         self.delete_pending_except(&listed.iter().copied().collect())?;
-        sync_dir(&self.names.dir)?;
-        sync_dir(&self.names.pending_dir)?;
+        self.sync_dirs()?;
         self.open = None;
         self.buffer.clear();
         self.pending.clear();
@@ -396,13 +426,6 @@ fn parse_committed(name: &str, prefix: &str) -> Option<(u64, u64)> {
 
 fn exists(path: &Path) -> Result<bool, SinkError> {
     path.try_exists().map_err(io_error("checking", path))
-}
-
-/// Makes renames and deletions in `dir` durable.
-fn sync_dir(dir: &Path) -> Result<(), SinkError> {
-    File::open(dir)
-        .and_then(|handle| handle.sync_all())
-        .map_err(io_error("syncing", dir))
 }
 
 fn io_error(operation: &'static str, path: &Path) -> impl FnOnce(io::Error) -> SinkError {
