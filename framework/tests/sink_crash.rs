@@ -40,6 +40,8 @@ const SEEDS: u64 = 256;
 /// Crashes per run are capped so every run ends; after the cap the run
 /// finishes without faults.
 const MAX_CRASHES: u32 = 12;
+/// Steps of one generation before the run is declared stuck.
+const MAX_STEPS: u32 = 100_000;
 const CRASH_MESSAGE: &str = "injected crash";
 
 /// A sink wrapper that dies on a chosen call, with a partial effect that
@@ -275,7 +277,9 @@ where
     fn run_generation(&mut self) -> Result<(), Stop> {
         let mut generation = self.start()?;
         let mut batch = Vec::new();
-        loop {
+        // A correct run needs a few steps per record; the bound turns a
+        // source that never ends into a failure instead of a hang.
+        for _ in 0..MAX_STEPS {
             if generation.ended.iter().all(|ended| *ended) {
                 for sink in &mut generation.sinks {
                     sink.finish()?;
@@ -301,6 +305,7 @@ where
                 self.checkpoint(&mut generation, false)?;
             }
         }
+        Err(Stop::Error(format!("no end after {MAX_STEPS} steps")))
     }
 
     /// One checkpoint: pre-commit everywhere, complete, commit (with lost

@@ -416,3 +416,22 @@ proptest! {
         prop_assert_eq!(all, expected_lines(&contents));
     }
 }
+
+#[test]
+fn file_that_shrinks_after_the_split_is_a_typed_error() {
+    let file = write_file(b"abc\ndef\n");
+    let mut source = FileLinesSourceFactory::new(file.path())
+        .split(0, 1)
+        .unwrap();
+    std::fs::write(file.path(), b"abc\n").unwrap();
+    let mut out = Vec::new();
+    assert_eq!(
+        source.poll_batch(&mut out, 10).unwrap(),
+        SourcePoll::Produced(1)
+    );
+    let error = source.poll_batch(&mut out, 10).unwrap_err();
+    assert!(
+        matches!(error, SourceError::FileChanged { offset_bytes: 4 }),
+        "{error}"
+    );
+}

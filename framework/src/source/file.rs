@@ -156,6 +156,14 @@ impl FileLinesSource {
                 break;
             }
         }
+        if consumed == 0 {
+            // The split's end was computed from the file's length at split
+            // time, so the file got shorter since. Yielding empty lines here
+            // would never reach the end.
+            return Err(SourceError::FileChanged {
+                offset_bytes: self.next,
+            });
+        }
         if self.line.len() > self.max_line_bytes {
             return Err(self.too_long());
         }

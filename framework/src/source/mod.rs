@@ -278,6 +278,13 @@ pub enum SourceError {
         /// The configured bound.
         max_line_bytes: usize,
     },
+    /// The file ended before the split did: it changed after the split was
+    /// made (sources never follow a changing file).
+    #[error("the file ended early at byte offset {offset_bytes}; it changed while being read")]
+    FileChanged {
+        /// Where the next line should have started.
+        offset_bytes: u64,
+    },
     /// A line that is not UTF-8.
     #[error("the line at byte offset {offset_bytes} is not valid UTF-8")]
     InvalidUtf8 {
@@ -318,6 +325,7 @@ impl SourceError {
             | SourceError::NotLineStart { .. }
             | SourceError::LineTooLong { .. }
             | SourceError::InvalidUtf8 { .. }
+            | SourceError::FileChanged { .. }
             | SourceError::SeekUnsupported
             | SourceError::InvalidSplit { .. } => false,
         }
