@@ -231,8 +231,7 @@ where
     }
 
     fn maybe_driver_crash(&mut self) -> bool {
-        let crash = self.crashes < MAX_CRASHES && self.rng.gen_bool(self.crash_chance);
-        crash
+        self.crashes < MAX_CRASHES && self.rng.gen_bool(self.crash_chance)
     }
 
     /// Builds a generation and restores it from the last completed
