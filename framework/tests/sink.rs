@@ -449,3 +449,19 @@ proptest! {
         }
     }
 }
+
+/// A runtime shares factories between arbiter threads and moves sinks into
+/// them; these bounds must hold for the built-ins.
+#[test]
+fn built_in_sinks_can_cross_threads() {
+    fn shared<T: Send + Sync + 'static>(_: &T) {}
+    fn movable<T: Send + 'static>(_: &T) {}
+    let dir = tempfile::tempdir().unwrap();
+    let files = factory(dir.path());
+    shared(&files);
+    movable(&files.create(0, 1).unwrap());
+    let handle = CollectHandle::<String>::new();
+    shared(&handle);
+    movable(&handle.sink(0));
+    movable(&PrintSink::<u8, _>::stdout());
+}

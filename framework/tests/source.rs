@@ -435,3 +435,87 @@ fn file_that_shrinks_after_the_split_is_a_typed_error() {
         "{error}"
     );
 }
+
+#[test]
+fn generator_poll_reuses_the_callers_buffer() {
+    let factory = GeneratorSourceFactory::new(0..100_000, |index| index);
+    let mut source = factory.split(0, 1).unwrap();
+    let mut out = Vec::with_capacity(1024);
+    let buffer = out.as_ptr();
+    for _ in 0..50 {
+        out.clear();
+        assert_eq!(
+            source.poll_batch(&mut out, 1024).unwrap(),
+            SourcePoll::Produced(1024)
+        );
+        assert_eq!(
+            out.as_ptr(),
+            buffer,
+            "a batch that fits must not reallocate"
+        );
+    }
+}
+
+/// A source that cannot rewind, as a user might write for a socket.
+struct Counter {
+    next: u64,
+}
+
+impl Source for Counter {
+    type Item = u64;
+
+    fn poll_batch(
+        &mut self,
+        out: &mut Vec<u64>,
+        max_records: usize,
+    ) -> Result<SourcePoll, SourceError> {
+        if max_records == 0 {
+            return Ok(SourcePoll::Idle);
+        }
+        out.push(self.next);
+        self.next += 1;
+        Ok(SourcePoll::Produced(1))
+    }
+
+    fn position(&self) -> SourcePosition {
+        SourcePosition::default()
+    }
+
+    fn seek(&mut self, _position: &SourcePosition) -> Result<(), SourceError> {
+        Err(SourceError::SeekUnsupported)
+    }
+
+    fn can_seek(&self) -> bool {
+        false
+    }
+}
+
+#[test]
+fn a_source_that_cannot_seek_reports_at_least_once() {
+    use snapflow::source::Guarantee;
+    let counter = Counter { next: 0 };
+    assert_eq!(counter.guarantee(), Guarantee::AtLeastOnce);
+    let vec_source = VecSourceFactory::new(vec![1]).split(0, 1).unwrap();
+    assert_eq!(vec_source.guarantee(), Guarantee::ExactlyOnce);
+}
+
+/// A runtime shares factories between arbiter threads and moves sources
+/// into them; these bounds must hold for the built-ins.
+#[test]
+fn built_in_sources_can_cross_threads() {
+    fn shared<T: Send + Sync + 'static>(_: &T) {}
+    fn movable<T: Send + 'static>(_: &T) {}
+    let vec_factory = VecSourceFactory::new(vec![1_u8]);
+    shared(&vec_factory);
+    movable(&vec_factory.split(0, 1).unwrap());
+    let generator = GeneratorSourceFactory::new(0..1, |index| index);
+    shared(&generator);
+    movable(&generator.split(0, 1).unwrap());
+    let file = write_file(b"x\n");
+    let lines = FileLinesSourceFactory::new(file.path());
+    shared(&lines);
+    movable(&lines.split(0, 1).unwrap());
+    let iter = IterSourceFactory::new(|| 0..3);
+    shared(&iter);
+    movable(&iter.split(0, 1).unwrap());
+}
