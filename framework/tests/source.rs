@@ -147,7 +147,14 @@ fn iter_source_rejects_another_subtasks_position() {
     let mut source = factory.split(1, 2).unwrap();
     let error = source.seek(&SourcePosition::from_index(4)).unwrap_err();
     assert!(
-        matches!(error, SourceError::PositionOutOfSplit { position: 4, .. }),
+        matches!(
+            error,
+            SourceError::ForeignPosition {
+                position: 4,
+                subtask: 1,
+                parallelism: 2
+            }
+        ),
         "{error}"
     );
 }

@@ -13,7 +13,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use super::{PendingTransactions, Sink, SinkError, SinkFactory, SinkState};
+use super::{
+    check_ascending, subtask_u32, PendingTransactions, Sink, SinkError, SinkFactory, SinkState,
+};
 
 /// What one subtask has stored in the handle.
 #[derive(Debug)]
@@ -223,22 +225,4 @@ impl<T: Clone> Sink for CollectSink<T> {
         self.finished = true;
         Ok(())
     }
-}
-
-/// Pre-commit ids must rise, or two transactions would share an id.
-pub(super) fn check_ascending(last: Option<u64>, checkpoint_id: u64) -> Result<(), SinkError> {
-    match last {
-        Some(last) if checkpoint_id <= last => Err(SinkError::Misuse {
-            reason: format!("pre_commit({checkpoint_id}) after pre_commit({last}); ids must rise"),
-        }),
-        _ => Ok(()),
-    }
-}
-
-/// The subtask as stored in [`PendingTransactions`].
-pub(super) fn subtask_u32(subtask: usize) -> Result<u32, SinkError> {
-    u32::try_from(subtask).map_err(|_| SinkError::InvalidName {
-        name: subtask.to_string(),
-        reason: "subtask index above u32::MAX",
-    })
 }

@@ -27,8 +27,9 @@ use std::io::{self, Write};
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 
-use super::collect::{check_ascending, subtask_u32};
-use super::{PendingTransactions, Sink, SinkError, SinkFactory, SinkState};
+use super::{
+    check_ascending, subtask_u32, PendingTransactions, Sink, SinkError, SinkFactory, SinkState,
+};
 
 /// The file-name prefix used unless another is given.
 pub const DEFAULT_PREFIX: &str = "part";

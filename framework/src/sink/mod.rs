@@ -346,6 +346,13 @@ pub enum SinkError {
         #[source]
         source: io::Error,
     },
+    /// Writing to a sink's output stream (not a file it manages) failed.
+    #[error("sink output failed: {source}")]
+    Output {
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
     /// A name (file prefix, subtask number) the sink cannot use.
     #[error("invalid sink name `{name}`: {reason}")]
     InvalidName {
@@ -406,7 +413,9 @@ impl SinkError {
     /// errors are retryable; bad state, lost data and misuse are not.
     pub fn is_retryable(&self) -> bool {
         match self {
-            SinkError::Io { source, .. } => crate::source::is_transient(source),
+            SinkError::Io { source, .. } | SinkError::Output { source } => {
+                crate::source::is_transient(source)
+            }
             SinkError::Custom { retryable, .. } => *retryable,
             SinkError::InvalidName { .. }
             | SinkError::MalformedState { .. }
@@ -416,4 +425,22 @@ impl SinkError {
             | SinkError::Misuse { .. } => false,
         }
     }
+}
+
+/// Pre-commit ids must rise, or two transactions would share an id.
+pub(crate) fn check_ascending(last: Option<u64>, checkpoint_id: u64) -> Result<(), SinkError> {
+    match last {
+        Some(last) if checkpoint_id <= last => Err(SinkError::Misuse {
+            reason: format!("pre_commit({checkpoint_id}) after pre_commit({last}); ids must rise"),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// The subtask as stored in [`PendingTransactions`].
+pub(crate) fn subtask_u32(subtask: usize) -> Result<u32, SinkError> {
+    u32::try_from(subtask).map_err(|_| SinkError::InvalidName {
+        name: subtask.to_string(),
+        reason: "subtask index above u32::MAX",
+    })
 }

@@ -8,7 +8,6 @@
 use std::fmt::Display;
 use std::io::{self, BufWriter, Stdout, Write};
 use std::marker::PhantomData;
-use std::path::PathBuf;
 
 use super::{Guarantee, Sink, SinkError, SinkState};
 
@@ -63,11 +62,7 @@ impl<T, W: Write> PrintSink<T, W> {
 }
 
 fn io_error(source: io::Error) -> SinkError {
-    SinkError::Io {
-        operation: "printing to",
-        path: PathBuf::from("<writer>"),
-        source,
-    }
+    SinkError::Output { source }
 }
 
 impl<T: Display, W: Write> Sink for PrintSink<T, W> {

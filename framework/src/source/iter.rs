@@ -118,10 +118,10 @@ where
     fn seek(&mut self, position: &SourcePosition) -> Result<(), SourceError> {
         let index = position.to_index()?;
         if index % self.parallelism != self.subtask {
-            return Err(SourceError::PositionOutOfSplit {
+            return Err(SourceError::ForeignPosition {
                 position: index,
-                start: self.subtask,
-                end: u64::MAX,
+                subtask: self.subtask as usize,
+                parallelism: self.parallelism as usize,
             });
         }
         self.iter = (self.make)().into_iter();

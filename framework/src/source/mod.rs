@@ -264,6 +264,17 @@ pub enum SourceError {
         /// The last valid position of the split (its end).
         end: u64,
     },
+    /// A position that another subtask's split produced (a striding
+    /// split, where subtask `s` of `p` owns the indices `s + k * p`).
+    #[error("source position {position} does not belong to subtask {subtask} of {parallelism}")]
+    ForeignPosition {
+        /// The position asked for.
+        position: u64,
+        /// This source's subtask.
+        subtask: usize,
+        /// This source's parallelism.
+        parallelism: usize,
+    },
     /// A file position that is not the first byte of a line.
     #[error("byte offset {offset_bytes} is not the start of a line")]
     NotLineStart {
@@ -322,6 +333,7 @@ impl SourceError {
             SourceError::Custom { retryable, .. } => *retryable,
             SourceError::MalformedPosition { .. }
             | SourceError::PositionOutOfSplit { .. }
+            | SourceError::ForeignPosition { .. }
             | SourceError::NotLineStart { .. }
             | SourceError::LineTooLong { .. }
             | SourceError::InvalidUtf8 { .. }
