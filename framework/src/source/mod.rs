@@ -25,6 +25,54 @@
 //!   its [`Guarantee`] is then [`Guarantee::AtLeastOnce`], because snapflow
 //!   cannot replay what it read after the last checkpoint.
 //!
+//! # How a runtime drives a source and a sink
+//!
+//! One subtask, without actors: read a batch, write it, and at a checkpoint
+//! store the source's position with the sink's pre-commit state; commit
+//! when the checkpoint is complete. A restore seeks and restores from what
+//! was stored.
+//!
+//! ```
+//! use snapflow::sink::{CollectHandle, Sink};
+//! use snapflow::source::{GeneratorSourceFactory, Source, SourceFactory, SourcePoll};
+//!
+//! let handle = CollectHandle::new();
+//! let factory = GeneratorSourceFactory::new(0..10, |index| index * index);
+//! let mut source = factory.split(0, 1)?;
+//! let mut sink = handle.sink(0);
+//! sink.restore(None)?;
+//!
+//! let mut batch = Vec::with_capacity(4);
+//! let mut stored = None;
+//! for checkpoint_id in 1.. {
+//!     batch.clear();
+//!     let ended = source.poll_batch(&mut batch, 4)? == SourcePoll::Ended;
+//!     sink.write_batch(&batch)?;
+//!     if ended {
+//!         sink.finish()?;
+//!     }
+//!     // Here every batch ends with a checkpoint; a runtime takes one when
+//!     // the coordinator's barrier arrives.
+//!     let position = source.position();
+//!     let state = sink.pre_commit(checkpoint_id)?;
+//!     stored = Some((position, state)); // the checkpoint is complete
+//!     sink.commit(checkpoint_id)?;
+//!     if ended {
+//!         break;
+//!     }
+//! }
+//! assert_eq!(handle.committed(), [0, 1, 4, 9, 16, 25, 36, 49, 64, 81]);
+//!
+//! // A restore: a new source and sink, rewound to what was stored.
+//! let (position, state) = stored.expect("a checkpoint completed");
+//! let mut source = factory.split(0, 1)?;
+//! source.seek(&position)?;
+//! let mut sink = handle.sink(0);
+//! sink.restore(Some(&state))?;
+//! assert_eq!(source.poll_batch(&mut batch, 4)?, SourcePoll::Ended);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! Positions are per subtask. Restoring a checkpoint at a different
 //! parallelism is not supported by these sources: a split's position only
 //! makes sense for the same split (a known gap; it gives a typed error when
