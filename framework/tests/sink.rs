@@ -465,3 +465,22 @@ fn built_in_sinks_can_cross_threads() {
     movable(&handle.sink(0));
     movable(&PrintSink::<u8, _>::stdout());
 }
+
+/// A runtime may hold sinks as trait objects: one virtual call per batch.
+#[test]
+fn sinks_work_as_trait_objects() {
+    let dir = tempfile::tempdir().unwrap();
+    let handle = CollectHandle::new();
+    let sinks: Vec<Box<dyn Sink<Item = u32>>> = vec![
+        Box::new(handle.sink(0)),
+        Box::new(factory(dir.path()).create(0, 1).unwrap()),
+    ];
+    for mut sink in sinks {
+        sink.restore(None).unwrap();
+        sink.write_batch(&[4, 5]).unwrap();
+        sink.pre_commit(1).unwrap();
+        sink.commit(1).unwrap();
+    }
+    assert_eq!(handle.committed(), [4, 5]);
+    assert_eq!(read(dir.path().join("part-0-1")), "4\n5\n");
+}

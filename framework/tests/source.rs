@@ -390,10 +390,21 @@ fn file_contents() -> impl Strategy<Value = String> {
     })
 }
 
+/// 64 cases from a random seed, or from `SNAPFLOW_SEED` when it is set.
+fn proptest_config() -> ProptestConfig {
+    let mut config = ProptestConfig::with_cases(64);
+    if let Ok(seed) = std::env::var("SNAPFLOW_SEED") {
+        let seed = seed.parse().expect("SNAPFLOW_SEED must be an integer");
+        config.rng_seed = proptest::test_runner::RngSeed::Fixed(seed);
+    }
+    config
+}
+
 proptest! {
     // proptest prints the failing input and records it in
-    // `source.proptest-regressions`, which replays it first on the next run.
-    #![proptest_config(ProptestConfig::with_cases(64))]
+    // `source.proptest-regressions`, which replays it first on the next run;
+    // SNAPFLOW_SEED (or PROPTEST_RNG_SEED) replays a whole run.
+    #![proptest_config(proptest_config())]
 
     #[test]
     fn file_source_resumes_after_a_random_cut(
@@ -525,4 +536,27 @@ fn built_in_sources_can_cross_threads() {
     let iter = IterSourceFactory::new(|| 0..3);
     shared(&iter);
     movable(&iter.split(0, 1).unwrap());
+}
+
+/// A runtime may hold sources as trait objects: one virtual call per batch,
+/// never per record.
+#[test]
+fn sources_work_as_trait_objects() {
+    let factories: Vec<Box<dyn Fn() -> Box<dyn Source<Item = u64>>>> = vec![
+        Box::new(|| Box::new(VecSourceFactory::new(vec![0, 1, 2]).split(0, 1).unwrap())),
+        Box::new(|| {
+            Box::new(
+                GeneratorSourceFactory::new(0..3, |index| index)
+                    .split(0, 1)
+                    .unwrap(),
+            )
+        }),
+        Box::new(|| Box::new(IterSourceFactory::new(|| 0..3_u64).split(0, 1).unwrap())),
+    ];
+    for make in factories {
+        let mut source = make();
+        let mut out = Vec::new();
+        while source.poll_batch(&mut out, 2).unwrap() != SourcePoll::Ended {}
+        assert_eq!(out, [0, 1, 2]);
+    }
 }
