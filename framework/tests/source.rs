@@ -542,19 +542,16 @@ fn built_in_sources_can_cross_threads() {
 /// never per record.
 #[test]
 fn sources_work_as_trait_objects() {
-    let factories: Vec<Box<dyn Fn() -> Box<dyn Source<Item = u64>>>> = vec![
-        Box::new(|| Box::new(VecSourceFactory::new(vec![0, 1, 2]).split(0, 1).unwrap())),
-        Box::new(|| {
-            Box::new(
-                GeneratorSourceFactory::new(0..3, |index| index)
-                    .split(0, 1)
-                    .unwrap(),
-            )
-        }),
-        Box::new(|| Box::new(IterSourceFactory::new(|| 0..3_u64).split(0, 1).unwrap())),
+    let sources: Vec<Box<dyn Source<Item = u64>>> = vec![
+        Box::new(VecSourceFactory::new(vec![0, 1, 2]).split(0, 1).unwrap()),
+        Box::new(
+            GeneratorSourceFactory::new(0..3, |index| index)
+                .split(0, 1)
+                .unwrap(),
+        ),
+        Box::new(IterSourceFactory::new(|| 0..3_u64).split(0, 1).unwrap()),
     ];
-    for make in factories {
-        let mut source = make();
+    for mut source in sources {
         let mut out = Vec::new();
         while source.poll_batch(&mut out, 2).unwrap() != SourcePoll::Ended {}
         assert_eq!(out, [0, 1, 2]);
