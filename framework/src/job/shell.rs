@@ -11,6 +11,10 @@
 //! supervisor with the node's report. Triggers, completions and aborts come
 //! from the supervisor as injected controls.
 //!
+//! The head of an iteration also ends its loop: once its other inputs
+//! ended and its feedback stayed idle long enough, it ends the feedback
+//! inputs itself (see `LoopHead`).
+//!
 //! It never decides a protocol question (the machine does), never does I/O
 //! (the supervisor's writer thread does) and never restarts anything.
 
@@ -168,10 +172,14 @@ impl TakenStates {
         self.entries.push((checkpoint, state));
     }
 
-    fn take(&mut self, checkpoint: CheckpointId) -> Vec<u8> {
+    /// The state taken for `checkpoint`. The machine reports a part only
+    /// after its snapshot, so a missing state is a bug in this shell; it
+    /// fails the subtask (and restarts the job) rather than acking an
+    /// empty state.
+    fn take(&mut self, checkpoint: CheckpointId) -> Result<Vec<u8>, BoxError> {
         match self.entries.iter().position(|(id, _)| *id == checkpoint) {
-            Some(index) => self.entries.remove(index).1,
-            None => Vec::new(),
+            Some(index) => Ok(self.entries.remove(index).1),
+            None => Err(format!("no state was taken for {checkpoint}").into()),
         }
     }
 
@@ -288,7 +296,7 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
                     }
                 }
                 NodeAction::ReportPart(part) => {
-                    let state = self.taken.take(part.checkpoint);
+                    let state = self.taken.take(part.checkpoint)?;
                     let mut channels = Vec::with_capacity(part.channel_states.len());
                     for channel_state in part.channel_states {
                         channels.push((
@@ -562,7 +570,7 @@ impl<T: Data> SourceShell<T> {
                     }
                 }
                 NodeAction::ReportPart(part) => {
-                    let state = self.taken.take(part.checkpoint);
+                    let state = self.taken.take(part.checkpoint)?;
                     let bytes = postcard::to_allocvec(&PartBytes {
                         state,
                         channels: Vec::new(),

@@ -356,6 +356,11 @@ impl Supervisor {
         }
     }
 
+    /// The span of one checkpoint's events, under the job's span.
+    fn checkpoint_span(&self, checkpoint: CheckpointId) -> tracing::Span {
+        tracing::info_span!(parent: &self.span, "checkpoint", checkpoint = checkpoint.0)
+    }
+
     fn now_ms(&self) -> u64 {
         u64::try_from(self.clock.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
@@ -519,7 +524,7 @@ impl Supervisor {
                 CoordinatorAction::Abort {
                     checkpoint, reason, ..
                 } => {
-                    let span = self.span.clone();
+                    let span = self.checkpoint_span(checkpoint);
                     let _entered = span.enter();
                     tracing::info!(checkpoint = checkpoint.0, ?reason, "checkpoint aborted");
                     self.triggered_at.remove(&checkpoint);
@@ -547,7 +552,7 @@ impl Supervisor {
     }
 
     fn trigger(&mut self, checkpoint: CheckpointId, kind: CheckpointKind) {
-        let span = self.span.clone();
+        let span = self.checkpoint_span(checkpoint);
         let _entered = span.enter();
         tracing::info!(checkpoint = checkpoint.0, ?kind, "checkpoint triggered");
         self.highest_triggered = self.highest_triggered.max(checkpoint);
@@ -725,7 +730,7 @@ impl Supervisor {
         self.reschedule(context);
         let checkpoint = persisted.checkpoint;
         let started = self.triggered_at.remove(&checkpoint);
-        let span = self.span.clone();
+        let span = self.checkpoint_span(checkpoint);
         let _entered = span.enter();
         match persisted.result {
             Ok(size_bytes) => {
