@@ -284,3 +284,21 @@ fn stop_with_savepoint_then_resume_is_exactly_once() {
     committed.sort_unstable();
     assert_eq!(committed, expected(RECORDS).0);
 }
+
+#[test]
+fn union_and_flat_map_deliver_every_record_once() {
+    let job = Job::new("union", config(2, SnapshotMode::Aligned, Some(5)));
+    let output = CollectHandle::new();
+    let low = job.source("low", VecSourceFactory::new((0..100_u64).collect()));
+    let high = job
+        .source("high", VecSourceFactory::new((100..200_u64).collect()))
+        .parallelism(3);
+    low.union(high)
+        .flat_map("twice", |n: u64| [n, n])
+        .sink("collect", output.clone());
+    job.run().expect("the job runs");
+    let mut committed = output.committed();
+    committed.sort_unstable();
+    let expected: Vec<u64> = (0..200).flat_map(|n| [n, n]).collect();
+    assert_eq!(committed, expected);
+}
