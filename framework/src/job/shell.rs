@@ -99,6 +99,13 @@ pub(crate) struct PartBytes {
     pub(crate) channels: Vec<(u32, Vec<u8>)>,
 }
 
+/// Whether a recorded channel state (postcard of a list of batches) holds
+/// no batch: a postcard sequence starts with its length, so the empty
+/// list is the single byte 0.
+pub(crate) fn is_empty_channel(messages: &[u8]) -> bool {
+    messages == [0]
+}
+
 /// Counters of one logical operator, summed over subtasks and generations.
 #[derive(Debug, Default)]
 pub(crate) struct OperatorCounters {

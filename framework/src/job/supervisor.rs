@@ -151,7 +151,7 @@ enum WriterJob {
 }
 
 /// A restored checkpoint: its id and every part.
-type Restored = Option<(CheckpointId, BTreeMap<PartId, Vec<u8>>)>;
+type Restored = Option<(CheckpointId, BTreeMap<PartId, Vec<u8>>, KeyGroupLayout)>;
 
 #[derive(Message)]
 #[rtype(result = "()")]
@@ -245,9 +245,13 @@ fn load(store: &dyn CheckpointStore) -> Result<Restored, StoreError> {
             skipped.reason
         );
     }
-    Ok(report
-        .checkpoint
-        .map(|loaded| (CheckpointId(loaded.metadata.checkpoint), loaded.parts)))
+    Ok(report.checkpoint.map(|loaded| {
+        (
+            CheckpointId(loaded.metadata.checkpoint),
+            loaded.parts,
+            loaded.metadata.key_groups,
+        )
+    }))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -382,7 +386,9 @@ impl Supervisor {
         let span = self.span.clone();
         let _entered = span.enter();
         let (last_completed, parts) = match restored {
-            Some((checkpoint, parts)) => (Some(checkpoint), parts),
+            Some((checkpoint, parts, layout)) => {
+                (Some(checkpoint), self.plan.redistribute(parts, &layout)?)
+            }
             None => (None, BTreeMap::new()),
         };
         if let Some(checkpoint) = last_completed {
