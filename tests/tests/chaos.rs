@@ -11,7 +11,7 @@
 //! lost (every expected output is committed, every key's count is at least
 //! the exact one); duplicates are allowed.
 //!
-//! Seeds: `SNAPFLOW_CHAOS_SEEDS` (default 20) seeds from 1 on, for each
+//! Seeds: `SNAPFLOW_CHAOS_SEEDS` (default 200, what CI runs) seeds from 1 on, for each
 //! test; `SNAPFLOW_SEED=n` replays seed n. A failing run names its seed.
 
 use std::panic;
@@ -203,7 +203,7 @@ fn quiet_injected_panics() {
 
 fn check(guarantee: Guarantee) {
     quiet_injected_panics();
-    let seeds = seeds("SNAPFLOW_CHAOS_SEEDS", 20);
+    let seeds = seeds("SNAPFLOW_CHAOS_SEEDS", 200);
     let (mut checkpoints, mut restarts, mut recovery_ms) = (0, 0, 0);
     for &seed in &seeds {
         let (sender, receiver) = mpsc::channel();
