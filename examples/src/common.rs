@@ -146,7 +146,7 @@ impl CommonOptions {
             parallelism: 2,
             crashes: CrashSpec::Random { count: 2, seed: 42 },
             checkpoint_root: PathBuf::from("target/snapflow-checkpoints"),
-            checkpoint_interval_ms: 100,
+            checkpoint_interval_ms: 200,
             records_per_second: 20_000,
         }
     }
@@ -214,7 +214,9 @@ impl CommonOptions {
     /// crashes, so that an unplanned failure loop still ends.
     pub fn restart_strategy(&self, planned_crashes: usize) -> RestartStrategy {
         RestartStrategy::FixedDelay {
-            attempts_max: u32::try_from(planned_crashes).unwrap_or(u32::MAX).saturating_add(3),
+            attempts_max: u32::try_from(planned_crashes)
+                .unwrap_or(u32::MAX)
+                .saturating_add(3),
             delay_ms: 50,
         }
     }

@@ -10,5 +10,7 @@
 //! `snapflow::keyed` APIs and says which layout it relies on.
 
 pub mod common;
+pub mod dedup;
+pub mod online_model;
 pub mod progress;
 pub mod wordcount;

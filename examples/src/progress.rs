@@ -18,7 +18,9 @@ use tracing_subscriber::prelude::*;
 /// Installs the progress printer as the global subscriber (once; later
 /// calls, or a subscriber installed by someone else, win silently).
 pub fn install() {
-    let _ = tracing_subscriber::registry().with(ProgressLayer).try_init();
+    let _ = tracing_subscriber::registry()
+        .with(ProgressLayer)
+        .try_init();
 }
 
 /// The layer; see the module docs.

@@ -92,7 +92,10 @@ pub struct WordCount {
 /// Runs the example; `Ok` only when the result matches the direct count.
 pub fn run(options: &Options) -> Result<(), ExampleError> {
     let lines = input_lines(options)?;
-    let words: usize = lines.iter().map(|line| line.split_whitespace().count()).sum();
+    let words: usize = lines
+        .iter()
+        .map(|line| line.split_whitespace().count())
+        .sum();
     let common = &options.common;
     let crashes = CrashPlan::new(common.crashes.records(lines.len() as u64));
     let store = fresh_store(&common.checkpoint_root, "wordcount")?;
@@ -103,7 +106,10 @@ pub fn run(options: &Options) -> Result<(), ExampleError> {
         common.checkpoint_interval_ms,
         store.job_dir().display()
     );
-    println!("  crashes planned in `count` at lines {:?}", crashes.records());
+    println!(
+        "  crashes planned in `count` at lines {:?}",
+        crashes.records()
+    );
     let expected = direct_count(&lines);
 
     let config = JobConfig {
@@ -115,7 +121,11 @@ pub fn run(options: &Options) -> Result<(), ExampleError> {
     };
     let job = Job::new("wordcount", config);
     let (sink, updates) = CollectSink::new();
-    let numbered: Vec<(u64, String)> = lines.into_iter().zip(0_u64..).map(|(l, n)| (n, l)).collect();
+    let numbered: Vec<(u64, String)> = lines
+        .into_iter()
+        .zip(0_u64..)
+        .map(|(l, n)| (n, l))
+        .collect();
     let injected = crashes.clone();
     let (counted, state) = job
         .source("lines", PacedSource::new(numbered, common.pacing()))
