@@ -68,7 +68,7 @@ pub use connectors::{
 pub use ops::Key;
 pub use route::Collector;
 pub use shell::Data;
-pub use stream::{Job, KeyedStateHandle, KeyedStream, SinkHandle, Stream};
+pub use stream::{Feedback, Job, KeyedStateHandle, KeyedStream, SinkHandle, Stream};
 pub use supervisor::RunningJob;
 
 /// How a job runs: checkpoints, snapshot mode, store, restarts, parallelism
@@ -88,7 +88,9 @@ pub struct JobConfig {
     /// restarts.
     pub tolerable_checkpoint_failures: u32,
     /// The snapshot algorithm: aligned (default), unaligned or
-    /// at-least-once. Cyclic graphs are not supported by the builder yet.
+    /// at-least-once. With iterations, aligned means
+    /// [`SnapshotMode::Cyclic`]: forward edges aligned, feedback edges
+    /// recorded.
     pub mode: SnapshotMode,
     /// Where checkpoints go; `None` means a fresh in-memory store per run.
     pub store: Option<Arc<dyn CheckpointStore>>,
@@ -170,6 +172,16 @@ pub enum JobError {
     /// `.parallelism(n)` on a stream that several operators produce (a union).
     #[error("parallelism set on a union stream; set it on each input instead")]
     ParallelismOnUnion,
+    /// An iteration was opened with [`Stream::iterate`] and never closed.
+    #[error("iteration `{name}` is never closed with close_loop")]
+    LoopNotClosed {
+        /// The iteration head's name.
+        name: String,
+    },
+    /// A loop that is not one iteration closed on a stream derived from its
+    /// head (for example closed with an unrelated stream).
+    #[error("a feedback edge does not close a loop through its iteration head")]
+    UnsupportedLoop,
     /// The job has no operators.
     #[error("the job has no operators")]
     EmptyJob,

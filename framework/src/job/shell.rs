@@ -16,6 +16,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use actix::{Message, Recipient};
 use serde::de::DeserializeOwned;
@@ -50,6 +51,8 @@ pub enum Control {
     Complete(CheckpointId),
     /// Injected: the checkpoint was aborted.
     Abort(CheckpointId),
+    /// Injected into a loop head: time passed (it may end its loop).
+    Tick,
 }
 
 /// What a subtask tells the supervisor.
@@ -128,6 +131,9 @@ pub(crate) struct ShellEnv {
     /// The part of the restored checkpoint, if any.
     pub(crate) restore: Option<Vec<u8>>,
     pub(crate) span: tracing::Span,
+    /// For the head of an iteration: how long its feedback must be idle,
+    /// after its other inputs ended, before it ends the loop.
+    pub(crate) loop_idle_ms: Option<u64>,
 }
 
 impl ShellEnv {
@@ -167,8 +173,39 @@ impl TakenStates {
     }
 }
 
+/// The loop-ending rule of an iteration head (as Flink's bounded
+/// iterations): once every input that is not a feedback edge has ended,
+/// and no feedback batch arrived for `idle_ms`, the feedback inputs are
+/// ended by the head itself (the machine sees an end of input on them), so
+/// the end of input can flow around the loop. Whatever still arrives on a
+/// feedback input afterwards is dropped: choose `idle_ms` above the loop's
+/// latency.
+struct LoopHead {
+    /// Per input channel: whether it is a feedback edge.
+    feedback: Vec<bool>,
+    idle_ms: u64,
+    last_feedback: Instant,
+    ended: bool,
+}
+
+impl LoopHead {
+    /// Whether an item on `input` is dropped because the loop has ended;
+    /// a record batch on a feedback input also counts as loop activity
+    /// (barriers do not: they circulate as long as checkpoints run).
+    fn is_dropped(&mut self, input: usize, records: bool) -> bool {
+        if !self.feedback.get(input).copied().unwrap_or(false) {
+            return false;
+        }
+        if records {
+            self.last_feedback = Instant::now();
+        }
+        self.ended
+    }
+}
+
 /// The stage shell: one operator instance with inputs.
 pub(crate) struct StageShell<In: Data, Out: Data> {
+    loop_head: Option<LoopHead>,
     env: ShellEnv,
     machine: NodeMachine<Vec<In>>,
     core: Box<dyn Core<In, Out>>,
@@ -184,8 +221,16 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
         machine: NodeMachine<Vec<In>>,
         core: Box<dyn Core<In, Out>>,
         router: Router<Out>,
+        feedback: Vec<bool>,
     ) -> Self {
+        let loop_head = env.loop_idle_ms.map(|idle_ms| LoopHead {
+            feedback,
+            idle_ms,
+            last_feedback: Instant::now(),
+            ended: false,
+        });
         StageShell {
+            loop_head,
             env,
             machine,
             core,
@@ -316,6 +361,11 @@ impl<In: Data, Out: Data> StageLogic for StageShell<In, Out> {
         batch: Vec<In>,
         io: &mut StageIo<'_, Out, Control>,
     ) -> Result<(), BoxError> {
+        if let Some(head) = &mut self.loop_head {
+            if head.is_dropped(input, true) {
+                return Ok(());
+            }
+        }
         if let Delivery::Process(batch) = self.machine.on_data(input, batch) {
             self.process(batch, io.outputs())?;
         }
@@ -333,6 +383,11 @@ impl<In: Data, Out: Data> StageLogic for StageShell<In, Out> {
         control: Control,
         io: &mut StageIo<'_, Out, Control>,
     ) -> Result<(), BoxError> {
+        if let Some(head) = &mut self.loop_head {
+            if head.is_dropped(input, false) {
+                return Ok(());
+            }
+        }
         match control {
             Control::Barrier(checkpoint) => self.machine.on_barrier(input, checkpoint),
             Control::End => self.machine.on_end_of_input(input),
@@ -364,9 +419,35 @@ impl<In: Data, Out: Data> StageLogic for StageShell<In, Out> {
                 self.core.on_complete(checkpoint)?;
                 self.env.tell(NodeEventKind::Committed { checkpoint });
             }
+            Control::Tick => self.maybe_end_loop(io)?,
             other => return Err(format!("{other:?} was injected").into()),
         }
         self.drive(io)
+    }
+}
+
+impl<In: Data, Out: Data> StageShell<In, Out> {
+    /// The loop head's rule (see [`LoopHead`]): ends the feedback inputs
+    /// once the loop has been idle long enough, driving the machine after
+    /// each end as the contract says.
+    fn maybe_end_loop(&mut self, io: &mut StageIo<'_, Out, Control>) -> Result<(), BoxError> {
+        let Some(head) = &mut self.loop_head else {
+            return Ok(());
+        };
+        let idle = head.last_feedback.elapsed() >= Duration::from_millis(head.idle_ms);
+        if head.ended || !idle || !self.machine.needs_trigger() {
+            return Ok(());
+        }
+        head.ended = true;
+        let feedback: Vec<usize> = (0..head.feedback.len())
+            .filter(|&input| head.feedback[input])
+            .collect();
+        tracing::debug!(node = self.env.node, "iteration idle: ending its feedback");
+        for input in feedback {
+            self.machine.on_end_of_input(input);
+            self.drive(io)?;
+        }
+        Ok(())
     }
 }
 

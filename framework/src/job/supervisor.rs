@@ -298,6 +298,8 @@ pub(crate) struct Supervisor {
     stop_requested: bool,
     /// The stop savepoint, while it is triggered and not yet persisted.
     savepoint_in_flight: Option<CheckpointId>,
+    /// Timers ticking the iteration heads of the running generation.
+    tickers: Vec<SpawnHandle>,
     report: JobReport,
 }
 
@@ -343,6 +345,7 @@ impl Supervisor {
             persisting: 0,
             stop_requested: false,
             savepoint_in_flight: None,
+            tickers: Vec::new(),
             report,
         }
     }
@@ -627,6 +630,15 @@ impl Supervisor {
             }
             NodeEventKind::InputsEnded => {
                 running.ended[node] = true;
+                if let Some(idle_ms) = self.plan.is_loop_head(node) {
+                    // The head decides when its loop is idle; it needs a
+                    // clock, which the supervisor's ticks give it.
+                    let inject = running.handles.injects[node].clone();
+                    let period = Duration::from_millis((idle_ms / 4).max(1));
+                    self.tickers.push(context.run_interval(period, move |_, _| {
+                        inject.do_send(Inject(Control::Tick));
+                    }));
+                }
                 for checkpoint in running.coordinator.add_initiator(node) {
                     running.handles.injects[node].do_send(Inject(Control::Trigger(checkpoint)));
                 }
@@ -754,9 +766,7 @@ impl Supervisor {
     fn fail(&mut self, cause: String, context: &mut Context<Self>) {
         let span = self.span.clone();
         let _entered = span.enter();
-        if let Some(timer) = self.timer.take() {
-            context.cancel_future(timer);
-        }
+        self.cancel_timers(context);
         self.retire_generation();
         match self.restarts.on_failure(self.now_ms()) {
             RestartDecision::GiveUp { reason } => {
@@ -805,6 +815,15 @@ impl Supervisor {
         }
     }
 
+    fn cancel_timers(&mut self, context: &mut Context<Self>) {
+        if let Some(timer) = self.timer.take() {
+            context.cancel_future(timer);
+        }
+        for ticker in self.tickers.drain(..) {
+            context.cancel_future(ticker);
+        }
+    }
+
     /// Folds the generation's channel statistics into the report and drops
     /// the coordinator (aborting what was in flight).
     fn retire_generation(&mut self) {
@@ -841,9 +860,7 @@ impl Supervisor {
     fn finish(&mut self, result: Result<JobReport, JobError>, context: &mut Context<Self>) {
         self.phase = Phase::Done;
         self.retire_generation();
-        if let Some(timer) = self.timer.take() {
-            context.cancel_future(timer);
-        }
+        self.cancel_timers(context);
         if let Some(done) = self.done.take() {
             let span = self.span.clone();
             let _entered = span.enter();
