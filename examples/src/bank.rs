@@ -204,7 +204,10 @@ pub fn run(options: &Options) -> Result<(), ExampleError> {
         },
         store.job_dir().display()
     );
-    println!("  crashes planned in `accounts` at orders {:?}", crashes.records());
+    println!(
+        "  crashes planned in `accounts` at orders {:?}",
+        crashes.records()
+    );
     let config = JobConfig {
         checkpoint_interval_ms: Some(common.checkpoint_interval_ms),
         default_parallelism: common.parallelism,
@@ -367,7 +370,9 @@ fn check_final(
     for message in ledger {
         if let Message::Settled { order } = message {
             if !settled.insert(*order) {
-                return Err(ExampleError::Mismatch(format!("order {order} settled twice")));
+                return Err(ExampleError::Mismatch(format!(
+                    "order {order} settled twice"
+                )));
             }
         }
     }
@@ -424,7 +429,11 @@ impl Audit {
             for (channel, recorded) in &stored.channels {
                 let batches: Vec<Vec<Message>> = postcard::from_bytes(recorded)
                     .map_err(|error| format!("part {part} channel {channel}: {error}"))?;
-                in_flight += batches.iter().flatten().map(Message::in_flight).sum::<i64>();
+                in_flight += batches
+                    .iter()
+                    .flatten()
+                    .map(Message::in_flight)
+                    .sum::<i64>();
             }
             if part.operator == "accounts" {
                 let groups: Vec<(u32, Vec<u8>)> = postcard::from_bytes(&stored.state)
@@ -475,7 +484,9 @@ impl fmt::Debug for AuditedStore {
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // The data stays consistent if a holder panicked: each update is one
     // insert or push.
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl AuditedStore {

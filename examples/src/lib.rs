@@ -9,6 +9,7 @@
 //! stored bytes through the public `snapflow::storage` and
 //! `snapflow::keyed` APIs and says which layout it relies on.
 
+pub mod bank;
 pub mod common;
 pub mod dedup;
 pub mod online_model;

@@ -4,7 +4,7 @@
 //! in parallel.
 
 use snapflow_examples::common::{CommonOptions, ExampleError};
-use snapflow_examples::{dedup, online_model, wordcount};
+use snapflow_examples::{bank, dedup, online_model, wordcount};
 
 fn check<O>(
     mut options: O,
@@ -25,6 +25,24 @@ fn wordcount_smoke() {
         |options| &mut options.common,
         wordcount::run,
     );
+}
+
+#[test]
+fn bank_smoke() {
+    check(
+        bank::Options::smoke(),
+        |options| &mut options.common,
+        bank::run,
+    );
+}
+
+#[test]
+fn bank_unaligned_smoke() {
+    let options = bank::Options {
+        unaligned: true,
+        ..bank::Options::smoke()
+    };
+    check(options, |options| &mut options.common, bank::run);
 }
 
 #[test]
