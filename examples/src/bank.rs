@@ -458,6 +458,9 @@ impl Audit {
     }
 }
 
+/// The parts of one checkpoint, as written.
+type Parts = Vec<(PartId, Vec<u8>)>;
+
 /// The file store, plus an audit of every checkpoint it commits: it keeps
 /// each part's bytes as they are written and, on commit, decodes them into
 /// the snapshot's total and prints it.
@@ -468,7 +471,7 @@ pub struct AuditedStore {
     /// checkpoints in flight: a commit or discard removes its entry, and a
     /// commit also drops every older entry (an older checkpoint abandoned
     /// by a crashed generation is never committed after a newer one).
-    pending: Mutex<BTreeMap<CheckpointId, Vec<(PartId, Vec<u8>)>>>,
+    pending: Mutex<BTreeMap<CheckpointId, Parts>>,
     audits: Mutex<Vec<SnapshotAudit>>,
 }
 
