@@ -205,7 +205,7 @@ pub fn run(options: &Options) -> Result<(), ExampleError> {
         store.job_dir().display()
     );
     println!(
-        "  crashes planned in `accounts` at orders {:?}",
+        "  crashes planned in `accounts` at input records (orders) {:?}",
         crashes.records()
     );
     let config = JobConfig {
@@ -231,11 +231,13 @@ pub fn run(options: &Options) -> Result<(), ExampleError> {
     let job = Job::new("bank", config);
     let (sink, ledger) = CollectSink::new();
     let injected = crashes.clone();
-    // A credit comes back within milliseconds; 200 ms without one means
-    // the loop is drained once the orders have ended.
+    // A credit comes back within milliseconds; half a second without one
+    // means the loop is drained once the orders have ended. (A credit
+    // delayed longer would be dropped by the loop's end and the final check
+    // would fail loudly, not silently.)
     let (head, feedback) = job
         .source("orders", PacedSource::new(orders.clone(), common.pacing()))
-        .iterate("transfers", 200);
+        .iterate("transfers", 500);
     let (moved, balances) = head.key_by(Message::account).process_with_state(
         "accounts",
         move |_account: &u32, account: &mut Account, message: Message, out| {

@@ -299,7 +299,7 @@ impl CrashPlan {
         let planned = self.crashes.binary_search_by_key(&record, |(at, _)| *at);
         if let Ok(index) = planned {
             if !self.crashes[index].1.swap(true, Ordering::SeqCst) {
-                panic!("{CRASH_MESSAGE} at record {record}");
+                panic!("{CRASH_MESSAGE} at input record {record}");
             }
         }
     }

@@ -98,7 +98,7 @@ pub fn run(options: &Options) -> Result<(), ExampleError> {
         store.job_dir().display()
     );
     println!(
-        "  crashes planned in `dedup` at events {:?}",
+        "  crashes planned in `dedup` at input records (events) {:?}",
         crashes.records()
     );
 

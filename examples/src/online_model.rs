@@ -129,7 +129,7 @@ pub fn run(options: &Options) -> Result<(), ExampleError> {
         store.job_dir().display()
     );
     println!(
-        "  crashes planned in `model` at readings {:?}",
+        "  crashes planned in `model` at input records (readings) {:?}",
         crashes.records()
     );
     let expected = direct(&readings);

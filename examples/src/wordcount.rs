@@ -107,7 +107,7 @@ pub fn run(options: &Options) -> Result<(), ExampleError> {
         store.job_dir().display()
     );
     println!(
-        "  crashes planned in `count` at lines {:?}",
+        "  crashes planned in `count` at input records (lines) {:?}",
         crashes.records()
     );
     let expected = direct_count(&lines);
