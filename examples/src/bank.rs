@@ -28,7 +28,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde::{Deserialize, Serialize};
-use snapflow::job::{CollectSink, Job, JobConfig};
+use snapflow::job::{CollectHandle, CollectSink, Job, JobConfig, KeyedStateHandle};
 use snapflow::keyed::{KeyGroupRange, KeyedState, MaxParallelism};
 use snapflow::protocol::SnapshotMode;
 use snapflow::storage::{
@@ -40,7 +40,7 @@ use snapflow::Snapshot;
 
 use crate::common::{
     check_crashes, fresh_store, print_report, Arguments, CommonOptions, CrashPlan, ExampleError,
-    PacedSource, Rng,
+    PacedSource, Pacing, Rng,
 };
 
 /// The options of the bank example.
@@ -208,54 +208,74 @@ pub fn run(options: &Options) -> Result<(), ExampleError> {
         "  crashes planned in `accounts` at input records (orders) {:?}",
         crashes.records()
     );
-    let config = JobConfig {
-        checkpoint_interval_ms: Some(common.checkpoint_interval_ms),
-        default_parallelism: common.parallelism,
-        restart: common.restart_strategy(crashes.planned()),
-        mode,
-        ..JobConfig::default()
-    };
+    let max_parallelism = JobConfig::default().max_parallelism;
     let audit = Arc::new(AuditedStore::new(
         store,
         Audit {
             accounts: options.accounts,
             initial_balance: options.initial_balance,
-            max_parallelism: config.max_parallelism,
+            max_parallelism,
         },
     ));
     let config = JobConfig {
-        store: Some(Arc::clone(&audit) as Arc<dyn CheckpointStore>),
-        ..config
+        mode,
+        max_parallelism,
+        ..common.job_config(
+            Arc::clone(&audit) as Arc<dyn CheckpointStore>,
+            crashes.planned(),
+        )
     };
-
     let job = Job::new("bank", config);
+    let (ledger, balances) = declare(&job, orders.clone(), common.pacing(), &crashes);
+    let report = job.run()?;
+    print_report(&report);
+
+    let audits = audit.audits();
+    check_crashes(&crashes, &report)?;
+    check_snapshots(&audits, options.initial_total())?;
+    let latest = audit.check_latest_on_disk()?;
+    println!(
+        "latest checkpoint {} read back from disk: total {}",
+        latest.checkpoint, latest.total
+    );
+    check_snapshots(std::slice::from_ref(&latest), options.initial_total())?;
+    check_final(options, &orders, &balances.snapshot(), &ledger.committed())?;
+    println!(
+        "check: OK, all {} snapshots held the initial total {}, every transfer settled exactly \
+         once and the final balances equal a direct computation, despite {} crashes",
+        audits.len(),
+        options.initial_total(),
+        report.restarts.len()
+    );
+    Ok(())
+}
+
+/// orders → transfers (loop head) → key_by account → accounts → in-flight
+/// (back to the head) and settled → ledger.
+fn declare(
+    job: &Job,
+    orders: Vec<Message>,
+    pacing: Pacing,
+    crashes: &CrashPlan,
+) -> (CollectHandle<Message>, KeyedStateHandle<u32, Account>) {
     let (sink, ledger) = CollectSink::new();
-    let injected = crashes.clone();
+    let crashes = crashes.clone();
     // A credit comes back within milliseconds; half a second without one
     // means the loop is drained once the orders have ended. (A credit
     // delayed longer would be dropped by the loop's end and the final check
     // would fail loudly, not silently.)
     let (head, feedback) = job
-        .source("orders", PacedSource::new(orders.clone(), common.pacing()))
+        .source("orders", PacedSource::new(orders, pacing))
         .iterate("transfers", 500);
     let (moved, balances) = head.key_by(Message::account).process_with_state(
         "accounts",
         move |_account: &u32, account: &mut Account, message: Message, out| {
-            match message {
-                Message::Debit {
-                    order, to, amount, ..
-                } => {
-                    injected.check(order);
-                    account.change -= amount;
-                    out.emit(Message::Credit { order, to, amount });
-                }
-                Message::Credit { order, amount, .. } => {
-                    account.change += amount;
-                    out.emit(Message::Settled { order });
-                }
-                Message::Settled { .. } => {}
+            if let Message::Debit { order, .. } = message {
+                crashes.check(order);
             }
-            account.operations += 1;
+            if let Some(next) = apply(account, message) {
+                out.emit(next);
+            }
             Ok(())
         },
     );
@@ -270,33 +290,25 @@ pub fn run(options: &Options) -> Result<(), ExampleError> {
             matches!(message, Message::Settled { .. })
         })
         .sink("ledger", sink);
-    let report = job.run()?;
-    print_report(&report);
+    (ledger, balances)
+}
 
-    let audits = audit.audits();
-    check_crashes(&crashes, &report)?;
-    check_snapshots(&audits, options.initial_total())?;
-    let latest = audit.check_latest_on_disk()?;
-    println!(
-        "latest checkpoint {} read back from disk: total {}",
-        latest.checkpoint, latest.total
-    );
-    check_final(options, &orders, &balances.snapshot(), &ledger.committed())?;
-    if latest.total != options.initial_total() {
-        return Err(ExampleError::Mismatch(format!(
-            "the latest checkpoint on disk holds {} instead of {}",
-            latest.total,
-            options.initial_total()
-        )));
+/// One account's step: a debit sends a credit on, a credit settles.
+fn apply(account: &mut Account, message: Message) -> Option<Message> {
+    account.operations += 1;
+    match message {
+        Message::Debit {
+            order, to, amount, ..
+        } => {
+            account.change -= amount;
+            Some(Message::Credit { order, to, amount })
+        }
+        Message::Credit { order, amount, .. } => {
+            account.change += amount;
+            Some(Message::Settled { order })
+        }
+        Message::Settled { .. } => None,
     }
-    println!(
-        "check: OK, all {} snapshots held the initial total {}, every transfer settled exactly \
-         once and the final balances equal a direct computation, despite {} crashes",
-        audits.len(),
-        options.initial_total(),
-        report.restarts.len()
-    );
-    Ok(())
 }
 
 /// Random transfers between distinct accounts.
@@ -612,5 +624,108 @@ impl CheckpointStore for AuditedStore {
 
     fn pin(&self, checkpoint: CheckpointId) -> Result<CheckpointPin, StoreError> {
         self.inner.pin(checkpoint)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::Serialize;
+
+    /// The job layer's part layout, mirrored to build test parts.
+    #[derive(Serialize)]
+    struct Part {
+        state: Vec<u8>,
+        channels: Vec<(u32, Vec<u8>)>,
+    }
+
+    const MAX_PARALLELISM: u32 = 4;
+
+    fn accounts_part(changes: &[(u32, i64)]) -> Vec<u8> {
+        let max_parallelism = MaxParallelism::new(MAX_PARALLELISM).expect("valid");
+        let mut state: KeyedState<u32, Account> =
+            KeyedState::new(max_parallelism, KeyGroupRange::new(0, MAX_PARALLELISM))
+                .expect("valid range");
+        for &(account, change) in changes {
+            state.get_or_default(&account).change = change;
+        }
+        let groups: Vec<(u32, Vec<u8>)> = state.snapshot().expect("encodes").into_parts().collect();
+        let state = postcard::to_allocvec(&groups).expect("encodes");
+        postcard::to_allocvec(&Part {
+            state,
+            channels: Vec::new(),
+        })
+        .expect("encodes")
+    }
+
+    fn loop_part(credits: &[i64]) -> Vec<u8> {
+        let batch: Vec<Message> = credits
+            .iter()
+            .map(|&amount| Message::Credit {
+                order: 0,
+                to: 1,
+                amount,
+            })
+            .collect();
+        let channel = postcard::to_allocvec(&vec![batch]).expect("encodes");
+        postcard::to_allocvec(&Part {
+            state: Vec::new(),
+            channels: vec![(1, channel)],
+        })
+        .expect("encodes")
+    }
+
+    fn total(changes: &[(u32, i64)], credits: &[i64]) -> Result<SnapshotAudit, String> {
+        let audit = Audit {
+            accounts: 3,
+            initial_balance: 100,
+            max_parallelism: MAX_PARALLELISM,
+        };
+        let parts = [
+            (PartId::new("accounts", 0), accounts_part(changes)),
+            (PartId::new("transfers", 0), loop_part(credits)),
+        ];
+        audit.total(
+            7,
+            parts.iter().map(|(part, bytes)| (part, bytes.as_slice())),
+        )
+    }
+
+    #[test]
+    fn money_in_flight_counts_towards_the_total() {
+        let audit = total(&[(0, -30), (2, 10)], &[20]).expect("decodes");
+        assert_eq!((audit.total, audit.in_flight), (300, 20));
+    }
+
+    #[test]
+    fn a_snapshot_that_misses_money_in_flight_is_a_mismatch() {
+        let audit = total(&[(0, -30)], &[]).expect("decodes");
+        let error = check_snapshots(&[audit], 300).expect_err("30 are missing");
+        assert!(matches!(error, ExampleError::Mismatch(_)));
+    }
+
+    #[test]
+    fn garbage_parts_are_decode_errors() {
+        let audit = Audit {
+            accounts: 1,
+            initial_balance: 1,
+            max_parallelism: MAX_PARALLELISM,
+        };
+        let part = (PartId::new("accounts", 0), vec![0xff; 3]);
+        let result = audit.total(1, std::iter::once((&part.0, part.1.as_slice())));
+        assert!(result.is_err());
+    }
+
+    #[test]
+    fn transfers_go_to_another_account() {
+        for message in generate(5, 1_000) {
+            let Message::Debit {
+                from, to, amount, ..
+            } = message
+            else {
+                panic!("orders are debits");
+            };
+            assert!(from != to && to < 5 && (1..=100).contains(&amount));
+        }
     }
 }

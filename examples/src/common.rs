@@ -10,9 +10,11 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Once};
 
-use snapflow::job::{JobError, ReadStatus, RestartStrategy, Source, SourceReader, VecSource};
+use snapflow::job::{
+    JobConfig, JobError, ReadStatus, RestartStrategy, Source, SourceReader, VecSource,
+};
 use snapflow::runtime::BoxError;
-use snapflow::storage::{FsCheckpointStore, StoreError};
+use snapflow::storage::{CheckpointStore, FsCheckpointStore, StoreError};
 
 /// Why an example did not succeed.
 #[derive(Debug, thiserror::Error)]
@@ -207,6 +209,18 @@ impl CommonOptions {
         Pacing {
             records_per_read: (per_subtask * PAUSE_MS / 1000).max(1) as usize,
             pause_ms: PAUSE_MS,
+        }
+    }
+
+    /// The job configuration every example uses: periodic checkpoints into
+    /// `store`, the parallelism, and restarts for the planned crashes.
+    pub fn job_config(&self, store: Arc<dyn CheckpointStore>, planned_crashes: usize) -> JobConfig {
+        JobConfig {
+            checkpoint_interval_ms: Some(self.checkpoint_interval_ms),
+            default_parallelism: self.parallelism,
+            restart: self.restart_strategy(planned_crashes),
+            store: Some(store),
+            ..JobConfig::default()
         }
     }
 
@@ -498,4 +512,63 @@ pub fn check_crashes(
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(spec: CrashSpec, records: u64, expected: &[u64]) {
+        let chosen: Vec<u64> = spec.records(records).into_iter().collect();
+        assert_eq!(chosen, expected, "{spec:?} over {records} records");
+    }
+
+    #[test]
+    fn crash_every_n_stays_inside_the_input() {
+        check(CrashSpec::Every(4), 13, &[4, 8, 12]);
+    }
+
+    #[test]
+    fn no_crash_plans_nothing() {
+        check(CrashSpec::None, 100, &[]);
+    }
+
+    #[test]
+    fn random_crashes_fall_in_the_middle_and_replay_from_the_seed() {
+        let spec = CrashSpec::Random { count: 5, seed: 3 };
+        let chosen = spec.records(1_000);
+        assert_eq!(chosen.len(), 5);
+        assert!(chosen.iter().all(|record| (100..900).contains(record)));
+        assert_eq!(chosen, spec.records(1_000));
+    }
+
+    #[test]
+    fn more_random_crashes_than_records_are_capped() {
+        let chosen = CrashSpec::Random { count: 50, seed: 1 }.records(10);
+        assert_eq!(chosen.len(), 8);
+    }
+
+    #[test]
+    fn a_planned_crash_fires_once() {
+        let plan = CrashPlan::new([5].into());
+        plan.check(4);
+        assert!(std::panic::catch_unwind(|| plan.check(5)).is_err());
+        plan.check(5);
+        assert_eq!((plan.fired(), plan.planned()), (1, 1));
+    }
+
+    #[test]
+    fn common_flags_parse() {
+        let mut options = CommonOptions::full();
+        let mut arguments = Arguments::new(vec!["7".into()]);
+        assert!(options
+            .apply("--crash-every", &mut arguments)
+            .expect("valid"));
+        assert_eq!(options.crashes, CrashSpec::Every(7));
+        let mut arguments = Arguments::new(vec!["x".into()]);
+        assert!(options.apply("--rate", &mut arguments).is_err());
+        assert!(!options
+            .apply("--other", &mut arguments)
+            .expect("not common"));
+    }
 }

@@ -14,12 +14,14 @@
 
 use std::collections::BTreeSet;
 
-use snapflow::job::{CollectSink, Job, JobConfig};
+use std::sync::Arc;
+
+use snapflow::job::{CollectHandle, CollectSink, Job};
 use snapflow::Snapshot;
 
 use crate::common::{
     check_crashes, fresh_store, print_report, Arguments, CommonOptions, CrashPlan, ExampleError,
-    PacedSource, Rng,
+    PacedSource, Pacing, Rng,
 };
 
 /// The options of the dedup example.
@@ -102,31 +104,12 @@ pub fn run(options: &Options) -> Result<(), ExampleError> {
         crashes.records()
     );
 
-    let config = JobConfig {
-        checkpoint_interval_ms: Some(common.checkpoint_interval_ms),
-        default_parallelism: common.parallelism,
-        restart: common.restart_strategy(crashes.planned()),
-        store: Some(std::sync::Arc::new(store)),
-        ..JobConfig::default()
-    };
-    let job = Job::new("dedup", config);
-    let (sink, unique) = CollectSink::new();
-    let injected = crashes.clone();
     let total = events.len();
-    job.source("events", PacedSource::new(events, common.pacing()))
-        .key_by(|(_, id, _): &Event| *id)
-        .process(
-            "dedup",
-            move |_id: &u64, seen: &mut Seen, event: Event, out| {
-                injected.check(event.0);
-                if !seen.emitted {
-                    seen.emitted = true;
-                    out.emit(event);
-                }
-                Ok(())
-            },
-        )
-        .sink("unique", sink);
+    let job = Job::new(
+        "dedup",
+        common.job_config(Arc::new(store), crashes.planned()),
+    );
+    let unique = declare(&job, events, common.pacing(), &crashes);
     let report = job.run()?;
     print_report(&report);
 
@@ -143,6 +126,32 @@ pub fn run(options: &Options) -> Result<(), ExampleError> {
         report.restarts.len()
     );
     Ok(())
+}
+
+/// events → key_by id → dedup → unique.
+fn declare(
+    job: &Job,
+    events: Vec<Event>,
+    pacing: Pacing,
+    crashes: &CrashPlan,
+) -> CollectHandle<Event> {
+    let (sink, unique) = CollectSink::new();
+    let crashes = crashes.clone();
+    job.source("events", PacedSource::new(events, pacing))
+        .key_by(|(_, id, _): &Event| *id)
+        .process(
+            "dedup",
+            move |_id: &u64, seen: &mut Seen, event: Event, out| {
+                crashes.check(event.0);
+                if !seen.emitted {
+                    seen.emitted = true;
+                    out.emit(event);
+                }
+                Ok(())
+            },
+        )
+        .sink("unique", sink);
+    unique
 }
 
 /// Every id once, and a third of them again (some twice more), each repeat
@@ -191,4 +200,41 @@ fn check_unique(committed: &[Event], ids: u64) -> Result<(), ExampleError> {
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(id: u64) -> Event {
+        (0, id, format!("payload of {id}"))
+    }
+
+    #[test]
+    fn each_id_once_passes() {
+        assert!(check_unique(&[event(1), event(0)], 2).is_ok());
+    }
+
+    #[test]
+    fn a_duplicate_is_a_mismatch() {
+        assert!(check_unique(&[event(0), event(1), event(1)], 2).is_err());
+    }
+
+    #[test]
+    fn a_lost_id_is_a_mismatch() {
+        assert!(check_unique(&[event(0)], 2).is_err());
+    }
+
+    #[test]
+    fn deliveries_repeat_some_ids_after_the_original() {
+        let events = deliveries(500);
+        let ids: BTreeSet<u64> = events.iter().map(|(_, id, _)| *id).collect();
+        assert_eq!(ids.len(), 500);
+        assert!(events.len() > 600, "about a third are repeated");
+        let first = |id: u64| events.iter().position(|event| event.1 == id);
+        assert!(events
+            .iter()
+            .enumerate()
+            .all(|(position, (_, id, _))| first(*id) <= Some(position)));
+    }
 }

@@ -17,12 +17,14 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use snapflow::job::{CollectSink, Job, JobConfig};
+use std::sync::Arc;
+
+use snapflow::job::{CollectHandle, CollectSink, Job, KeyedStateHandle};
 use snapflow::Snapshot;
 
 use crate::common::{
     check_crashes, fresh_store, print_report, Arguments, CommonOptions, CrashPlan, ExampleError,
-    PacedSource, Rng,
+    PacedSource, Pacing, Rng,
 };
 
 /// The options of the online_model example.
@@ -134,29 +136,11 @@ pub fn run(options: &Options) -> Result<(), ExampleError> {
     );
     let expected = direct(&readings);
 
-    let config = JobConfig {
-        checkpoint_interval_ms: Some(common.checkpoint_interval_ms),
-        default_parallelism: common.parallelism,
-        restart: common.restart_strategy(crashes.planned()),
-        store: Some(std::sync::Arc::new(store)),
-        ..JobConfig::default()
-    };
-    let job = Job::new("online_model", config);
-    let (sink, estimates) = CollectSink::new();
-    let injected = crashes.clone();
-    let (updates, models) = job
-        .source("readings", PacedSource::new(readings, common.pacing()))
-        .key_by(|(_, sensor, _): &Reading| *sensor)
-        .process_with_state(
-            "model",
-            move |sensor: &u64, model: &mut Model, (position, _, value): Reading, out| {
-                injected.check(position);
-                model.update(value);
-                out.emit((*sensor, model.count, model.mean));
-                Ok(())
-            },
-        );
-    updates.sink("estimates", sink);
+    let job = Job::new(
+        "online_model",
+        common.job_config(Arc::new(store), crashes.planned()),
+    );
+    let (estimates, models) = declare(&job, readings, common.pacing(), &crashes);
     let report = job.run()?;
     print_report(&report);
 
@@ -178,6 +162,31 @@ pub fn run(options: &Options) -> Result<(), ExampleError> {
         report.restarts.len()
     );
     Ok(())
+}
+
+/// readings → key_by sensor → model → estimates.
+fn declare(
+    job: &Job,
+    readings: Vec<Reading>,
+    pacing: Pacing,
+    crashes: &CrashPlan,
+) -> (CollectHandle<(u64, u64, f64)>, KeyedStateHandle<u64, Model>) {
+    let (sink, estimates) = CollectSink::new();
+    let crashes = crashes.clone();
+    let (updates, models) = job
+        .source("readings", PacedSource::new(readings, pacing))
+        .key_by(|(_, sensor, _): &Reading| *sensor)
+        .process_with_state(
+            "model",
+            move |sensor: &u64, model: &mut Model, (position, _, value): Reading, out| {
+                crashes.check(position);
+                model.update(value);
+                out.emit((*sensor, model.count, model.mean));
+                Ok(())
+            },
+        );
+    updates.sink("estimates", sink);
+    (estimates, models)
 }
 
 /// Readings of sensors with different means and spreads.
@@ -275,4 +284,38 @@ fn check_estimates(
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn welford_matches_the_textbook_formula() {
+        let readings = generate(2_000, 3);
+        let expected = direct(&readings);
+        let mut models: BTreeMap<u64, Model> = BTreeMap::new();
+        for (_, sensor, value) in &readings {
+            models.entry(*sensor).or_default().update(*value);
+        }
+        assert!(check_models(&models, &expected).is_ok());
+    }
+
+    #[test]
+    fn a_model_that_missed_a_reading_is_a_mismatch() {
+        let readings = generate(200, 2);
+        let expected = direct(&readings);
+        let mut models: BTreeMap<u64, Model> = BTreeMap::new();
+        for (_, sensor, value) in readings.iter().skip(1) {
+            models.entry(*sensor).or_default().update(*value);
+        }
+        assert!(check_models(&models, &expected).is_err());
+    }
+
+    #[test]
+    fn a_missing_estimate_is_a_mismatch() {
+        let expected: BTreeMap<u64, (u64, f64, f64)> = [(0, (2, 1.0, 0.0))].into();
+        assert!(check_estimates(&[(0, 1, 1.0), (0, 2, 1.0)], &expected).is_ok());
+        assert!(check_estimates(&[(0, 2, 1.0)], &expected).is_err());
+    }
 }

@@ -17,12 +17,14 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::time::Instant;
 
-use snapflow::job::{CollectSink, Job, JobConfig};
+use std::sync::Arc;
+
+use snapflow::job::{CollectHandle, CollectSink, Job, KeyedStateHandle};
 use snapflow::Snapshot;
 
 use crate::common::{
     check_crashes, fresh_store, print_report, Arguments, CommonOptions, CrashPlan, ExampleError,
-    PacedSource, Rng,
+    PacedSource, Pacing, Rng,
 };
 
 /// The options of the wordcount example.
@@ -112,39 +114,11 @@ pub fn run(options: &Options) -> Result<(), ExampleError> {
     );
     let expected = direct_count(&lines);
 
-    let config = JobConfig {
-        checkpoint_interval_ms: Some(common.checkpoint_interval_ms),
-        default_parallelism: common.parallelism,
-        restart: common.restart_strategy(crashes.planned()),
-        store: Some(std::sync::Arc::new(store)),
-        ..JobConfig::default()
-    };
-    let job = Job::new("wordcount", config);
-    let (sink, updates) = CollectSink::new();
-    let numbered: Vec<(u64, String)> = lines
-        .into_iter()
-        .zip(0_u64..)
-        .map(|(l, n)| (n, l))
-        .collect();
-    let injected = crashes.clone();
-    let (counted, state) = job
-        .source("lines", PacedSource::new(numbered, common.pacing()))
-        .flat_map("split", |(line_number, line): (u64, String)| {
-            words_of(&line)
-                .map(|word| (word, line_number))
-                .collect::<Vec<_>>()
-        })
-        .key_by(|(word, _): &(String, u64)| word.clone())
-        .process_with_state(
-            "count",
-            move |word: &String, state: &mut WordCount, (_, line_number): (String, u64), out| {
-                injected.check(line_number);
-                state.count += 1;
-                out.emit((word.clone(), state.count));
-                Ok(())
-            },
-        );
-    counted.sink("updates", sink);
+    let job = Job::new(
+        "wordcount",
+        common.job_config(Arc::new(store), crashes.planned()),
+    );
+    let (updates, state) = declare(&job, lines, common.pacing(), &crashes);
     let started = Instant::now();
     let report = job.run()?;
     let elapsed_ms = started.elapsed().as_millis();
@@ -170,6 +144,40 @@ pub fn run(options: &Options) -> Result<(), ExampleError> {
         report.restarts.len()
     );
     Ok(())
+}
+
+/// lines → split → key_by word → count → updates.
+fn declare(
+    job: &Job,
+    lines: Vec<String>,
+    pacing: Pacing,
+    crashes: &CrashPlan,
+) -> (
+    CollectHandle<(String, u64)>,
+    KeyedStateHandle<String, WordCount>,
+) {
+    let (sink, updates) = CollectSink::new();
+    let numbered: Vec<(u64, String)> = (0_u64..).zip(lines).collect();
+    let crashes = crashes.clone();
+    let (counted, state) = job
+        .source("lines", PacedSource::new(numbered, pacing))
+        .flat_map("split", |(line_number, line): (u64, String)| {
+            words_of(&line)
+                .map(|word| (word, line_number))
+                .collect::<Vec<_>>()
+        })
+        .key_by(|(word, _): &(String, u64)| word.clone())
+        .process_with_state(
+            "count",
+            move |word: &String, state: &mut WordCount, (_, line_number): (String, u64), out| {
+                crashes.check(line_number);
+                state.count += 1;
+                out.emit((word.clone(), state.count));
+                Ok(())
+            },
+        );
+    counted.sink("updates", sink);
+    (updates, state)
 }
 
 fn input_lines(options: &Options) -> Result<Vec<String>, ExampleError> {
@@ -295,4 +303,56 @@ fn check_updates(
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn expected() -> BTreeMap<String, u64> {
+        [("a".to_owned(), 2), ("b".to_owned(), 1)].into()
+    }
+
+    fn updates(list: &[(&str, u64)]) -> Vec<(String, u64)> {
+        list.iter()
+            .map(|&(word, count)| (word.to_owned(), count))
+            .collect()
+    }
+
+    #[test]
+    fn exactly_once_updates_pass() {
+        assert!(check_updates(&updates(&[("a", 2), ("b", 1), ("a", 1)]), &expected()).is_ok());
+    }
+
+    #[test]
+    fn a_duplicated_update_is_a_mismatch() {
+        let committed = updates(&[("a", 1), ("a", 1), ("a", 2), ("b", 1)]);
+        assert!(check_updates(&committed, &expected()).is_err());
+    }
+
+    #[test]
+    fn a_lost_update_is_a_mismatch() {
+        assert!(check_updates(&updates(&[("a", 2), ("b", 1)]), &expected()).is_err());
+    }
+
+    #[test]
+    fn a_wrong_count_is_a_mismatch() {
+        let counts: BTreeMap<String, u64> = [("a".to_owned(), 2), ("b".to_owned(), 2)].into();
+        assert!(check_counts(&counts, &expected()).is_err());
+    }
+
+    #[test]
+    fn words_are_lowercased_without_punctuation() {
+        let words: Vec<String> = words_of("The cut, the MARKER! -- ok").collect();
+        assert_eq!(words, ["the", "cut", "the", "marker", "ok"]);
+    }
+
+    #[test]
+    fn generated_text_has_the_requested_words() {
+        let words: usize = generated_text(1_000)
+            .iter()
+            .map(|line| line.split_whitespace().count())
+            .sum();
+        assert_eq!(words, 1_000);
+    }
 }
