@@ -87,6 +87,9 @@ pub const USAGE: &str = "[--readings N] [--sensors N] <common options>";
 /// One reading: its position in the stream, the sensor and the value.
 pub type Reading = (u64, u64, f64);
 
+/// One committed estimate: the sensor, its readings so far and their mean.
+pub type Estimate = (u64, u64, f64);
+
 /// Welford's running mean and variance of one sensor.
 #[derive(Snapshot, Debug, Clone, Default, PartialEq)]
 pub struct Model {
@@ -170,7 +173,7 @@ fn declare(
     readings: Vec<Reading>,
     pacing: Pacing,
     crashes: &CrashPlan,
-) -> (CollectHandle<(u64, u64, f64)>, KeyedStateHandle<u64, Model>) {
+) -> (CollectHandle<Estimate>, KeyedStateHandle<u64, Model>) {
     let (sink, estimates) = CollectSink::new();
     let crashes = crashes.clone();
     let (updates, models) = job
@@ -261,7 +264,7 @@ fn check_models(
 
 /// One committed estimate per reading: counts exactly `1..=count` per sensor.
 fn check_estimates(
-    estimates: &[(u64, u64, f64)],
+    estimates: &[Estimate],
     expected: &BTreeMap<u64, (u64, f64, f64)>,
 ) -> Result<(), ExampleError> {
     let mut counts: HashMap<u64, Vec<u64>> = HashMap::new();
