@@ -10,12 +10,11 @@
 
 use std::panic;
 
-use snapflow::job::{
-    CollectHandle, CollectSink, Job, JobConfig, JobError, KeyedStateHandle, RestartStrategy,
-};
+use snapflow::job::{Job, JobConfig, JobError, KeyedStateHandle, RestartStrategy};
 use snapflow::protocol::SnapshotMode;
+use snapflow::sink::CollectHandle;
 use snapflow::Snapshot;
-use snapflow_tests::pipeline::{PacedSource, Pacing};
+use snapflow_tests::pipeline::{PacedSourceFactory, Pacing};
 use snapflow_tests::{seeds, FaultKind, Faults, TestRng};
 
 /// How often a record with this id passes the loop.
@@ -36,13 +35,12 @@ fn declare(
     parallelism: [usize; 4],
     faults: &Faults,
 ) -> (CollectHandle<u64>, KeyedStateHandle<u64, Visits>) {
-    let (sink, output) = CollectSink::new();
+    let output = CollectHandle::new();
     let pacing = Pacing {
         records_per_read: 32,
-        pause_ms: 1,
     };
     let (head, feedback) = job
-        .source("ids", PacedSource::new(records, pacing))
+        .source("ids", PacedSourceFactory::new(records, pacing))
         .parallelism(parallelism[0])
         .map("hops", |id: u64| (id, hops(id)))
         .iterate("loop", 100);
@@ -68,7 +66,7 @@ fn declare(
     hopped
         .filter("exit", |&(_, remaining): &(u64, u64)| remaining == 0)
         .map("done", |(id, _): (u64, u64)| id)
-        .sink("collect", sink);
+        .sink("collect", output.clone());
     (output, visits)
 }
 
@@ -168,20 +166,18 @@ fn loops_are_exactly_once_under_failures() {
 #[test]
 fn an_unclosed_loop_is_rejected_before_start() {
     let job = Job::new("open", JobConfig::default());
-    let (sink, _) = CollectSink::new();
     let (head, _feedback) = job
         .source(
             "ids",
-            PacedSource::new(
+            PacedSourceFactory::new(
                 10,
                 Pacing {
                     records_per_read: 8,
-                    pause_ms: 1,
                 },
             ),
         )
         .iterate("loop", 10);
-    head.sink("collect", sink);
+    head.sink("collect", CollectHandle::new());
     let error = job.run().expect_err("rejected");
     assert!(
         matches!(error, JobError::LoopNotClosed { ref name } if name == "loop"),

@@ -2,8 +2,9 @@
 //! that runs it end to end with checkpoints and exactly-once recovery.
 //!
 //! This module owns the user's vocabulary for a job ([`Job`], [`JobConfig`],
-//! [`Stream`], [`KeyedStream`], [`Collector`], the [`Source`] and [`Sink`]
-//! contracts), the translation of the logical graph into a graph of subtasks
+//! [`Stream`], [`KeyedStream`], [`Collector`]; sources and sinks are the
+//! [`crate::source::SourceFactory`] and [`crate::sink::SinkFactory`] of
+//! their own modules), the translation of the logical graph into a graph of subtasks
 //! with channels and partitioners, the operator shells that drive one
 //! protocol [`NodeMachine`](crate::protocol::NodeMachine) per subtask, and
 //! the supervisor actor that drives the
@@ -18,7 +19,9 @@
 //! connected region of the failed subtask is not done yet.
 //!
 //! ```
-//! use snapflow::job::{CollectSink, Job, JobConfig, VecSource};
+//! use snapflow::job::{Job, JobConfig};
+//! use snapflow::sink::CollectHandle;
+//! use snapflow::source::VecSourceFactory;
 //!
 //! #[derive(snapflow::Snapshot, Default, Clone, Debug)]
 //! struct Count {
@@ -26,8 +29,8 @@
 //! }
 //!
 //! let job = Job::new("doc", JobConfig { checkpoint_interval_ms: Some(20), ..JobConfig::default() });
-//! let (sink, output) = CollectSink::new();
-//! job.source("numbers", VecSource::new((0..100_u64).collect()))
+//! let output = CollectHandle::new();
+//! job.source("numbers", VecSourceFactory::new((0..100_u64).collect()))
 //!     .map("tenths", |n| n / 10)
 //!     .key_by(|n: &u64| *n)
 //!     .process("count", |key: &u64, state: &mut Count, _n: u64, out| {
@@ -35,7 +38,7 @@
 //!         out.emit((*key, state.seen));
 //!         Ok(())
 //!     })
-//!     .sink("collect", sink);
+//!     .sink("collect", output.clone());
 //! let report = job.run()?;
 //! let mut counts = output.committed();
 //! counts.sort();
@@ -45,7 +48,6 @@
 //! # Ok::<(), snapflow::job::JobError>(())
 //! ```
 
-mod connectors;
 mod ops;
 mod physical;
 mod route;
@@ -59,12 +61,10 @@ use std::sync::Arc;
 use crate::protocol::{CoordinatorConfigError, GraphError, SnapshotMode};
 use crate::restart::RestartConfigError;
 use crate::runtime::RuntimeError;
+use crate::source::Guarantee;
 use crate::storage::{CheckpointStore, FsCheckpointStore, StoreError};
 
 pub use crate::restart::RestartStrategy;
-pub use connectors::{
-    CollectHandle, CollectSink, ReadStatus, Sink, SinkWriter, Source, SourceReader, VecSource,
-};
 pub use ops::Key;
 pub use route::Collector;
 pub use shell::Data;
@@ -234,8 +234,12 @@ impl JobError {
 }
 
 /// What a finished job reports.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct JobReport {
+    /// What the job guarantees after a restore: exactly-once unless the
+    /// mode is at-least-once, a source cannot seek, or a sink cannot roll
+    /// back.
+    pub guarantee: Guarantee,
     /// The job's name.
     pub job: String,
     /// Per operator, in declaration order.

@@ -33,10 +33,10 @@ use crate::runtime::stage::{Inject, StageActor, StageConfig};
 use crate::runtime::{ActorTag, Generation};
 use crate::storage::PartId;
 
-use super::connectors::Source;
 use super::route::{EdgeRoute, KeyHash, RouteKind, Router};
 use super::shell::{
-    Control, Core, Data, NodeEvent, OperatorCounters, ShellEnv, SourceShell, StageShell,
+    Control, Core, Data, NodeEvent, OperatorCounters, ShellEnv, SourceMaker, SourceShell,
+    StageShell,
 };
 use super::{JobConfig, JobError};
 
@@ -267,7 +267,7 @@ impl<In: Data, Out: Data> SubtaskSlot for StageSlot<In, Out> {
 }
 
 pub(crate) struct SourceTemplate<T> {
-    pub(crate) source: Arc<dyn Source<T>>,
+    pub(crate) make: SourceMaker<T>,
 }
 
 impl<T: Data> Template for SourceTemplate<T> {
@@ -275,7 +275,7 @@ impl<T: Data> Template for SourceTemplate<T> {
         Box::new(SourceSlot {
             slot: ActorSlot::new(),
             outputs: OutputSide::new(),
-            source: Arc::clone(&self.source),
+            make: Arc::clone(&self.make),
         })
     }
 }
@@ -283,7 +283,7 @@ impl<T: Data> Template for SourceTemplate<T> {
 struct SourceSlot<T: Data> {
     slot: ActorSlot<SourceActor<SourceShell<T>>>,
     outputs: OutputSide<T>,
-    source: Arc<dyn Source<T>>,
+    make: SourceMaker<T>,
 }
 
 impl<T: Data> SubtaskSlot for SourceSlot<T> {
@@ -326,7 +326,7 @@ impl<T: Data> SubtaskSlot for SourceSlot<T> {
         let SourceSlot {
             slot,
             outputs,
-            source,
+            make,
         } = *self;
         let machine = new_machine::<Vec<T>>(start.node_config, start.last_completed)?;
         let router = Router {
@@ -343,8 +343,14 @@ impl<T: Data> SubtaskSlot for SourceSlot<T> {
             tag,
             failures.clone(),
             move |_| {
-                let reader = source.reader(subtask, parallelism);
-                let shell = SourceShell::new(env, machine, reader, router, read_batch);
+                let shell = SourceShell::new(
+                    env,
+                    machine,
+                    make,
+                    (subtask, parallelism),
+                    router,
+                    read_batch,
+                );
                 SourceActor::new(actor_tag, shell, senders, SourceConfig::default(), failures)
             },
         )?;

@@ -18,16 +18,19 @@ use crate::runtime::BoxError;
 use crate::state::Snapshot;
 use crate::storage::names;
 
-use super::connectors::{Sink, Source};
-use super::ops::{FinalStates, Key, KeyedCore, ProcessFn, RecordFn, SinkCore, StatelessCore};
+use super::ops::{
+    FinalStates, Key, KeyedCore, ProcessFn, RecordFn, SinkCore, SinkMaker, StatelessCore,
+};
 use super::physical::{
     CoreFactory, Partition, PhysicalPlan, PlannedEdge, PlannedOperator, SourceTemplate,
     StageTemplate, Template,
 };
 use super::route::{Collector, KeyHash};
-use super::shell::{Core, Data, OperatorCounters};
+use super::shell::{Core, Data, OperatorCounters, SourceMaker};
 use super::supervisor::{self, RunningJob};
 use super::{JobConfig, JobError, JobReport};
+use crate::sink::{Sink, SinkFactory};
+use crate::source::{Source, SourceFactory};
 
 struct OperatorSpec {
     name: String,
@@ -123,11 +126,21 @@ impl Job {
         &self.name
     }
 
-    /// Adds a source operator.
-    pub fn source<T: Data>(&self, name: &str, source: impl Source<T>) -> Stream<'_, T> {
-        let template = SourceTemplate::<T> {
-            source: Arc::new(source),
-        };
+    /// Adds a source operator: `factory` makes each subtask's split. A
+    /// source that cannot seek makes the job at-least-once
+    /// ([`JobReport::guarantee`] says so).
+    pub fn source<F>(&self, name: &str, factory: F) -> Stream<'_, <F::Source as Source>::Item>
+    where
+        F: SourceFactory + Send + Sync + 'static,
+        F::Source: 'static,
+        <F::Source as Source>::Item: Data,
+    {
+        let make: SourceMaker<<F::Source as Source>::Item> =
+            Arc::new(move |subtask, parallelism| {
+                let source = factory.split(subtask, parallelism)?;
+                Ok(Box::new(source) as Box<dyn Source<Item = _>>)
+            });
+        let template = SourceTemplate { make };
         let operator = self.add_operator(name, true, Box::new(template));
         Stream {
             job: self,
@@ -410,13 +423,25 @@ impl<'j, T: Data> Stream<'j, T> {
         self
     }
 
-    /// Ends the stream in a sink. Returns the same stream's job handle so
-    /// the sink's parallelism can be set.
-    pub fn sink(self, name: &str, sink: impl Sink<T>) -> SinkHandle<'j> {
-        let sink = Arc::new(sink);
+    /// Ends the stream in a sink: `factory` makes each subtask's sink,
+    /// driven through two-phase commit (pre-commit at each checkpoint,
+    /// commit when it is complete, restore before the first record).
+    /// Returns a handle to set the sink's parallelism.
+    pub fn sink<F>(self, name: &str, factory: F) -> SinkHandle<'j>
+    where
+        F: SinkFactory + Send + Sync + 'static,
+        F::Sink: Sink<Item = T> + 'static,
+    {
+        let make: SinkMaker<T> = Arc::new(move |subtask, parallelism| {
+            let sink = factory.create(subtask, parallelism)?;
+            Ok(Box::new(sink) as Box<dyn Sink<Item = T>>)
+        });
         let make_core = Arc::new(move |subtask: usize, parallelism: usize| {
             Box::new(SinkCore {
-                writer: sink.writer(subtask, parallelism),
+                make: Arc::clone(&make),
+                subtask,
+                parallelism,
+                sink: None,
             }) as Box<dyn Core<T, ()>>
         });
         let operator = self

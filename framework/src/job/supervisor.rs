@@ -45,6 +45,7 @@ use super::{
     CheckpointReport, FailedCheckpoint, JobError, JobReport, OperatorReport, RestartReport,
 };
 use crate::restart::{RestartDecision, RestartTracker};
+use crate::source::Guarantee;
 
 type Outcome = (Result<JobReport, JobError>, Option<ArbiterPool>);
 
@@ -313,6 +314,7 @@ impl Supervisor {
         restarts: RestartTracker,
     ) -> Supervisor {
         let report = JobReport {
+            guarantee: Guarantee::ExactlyOnce,
             job: name.clone(),
             operators: plan
                 .operators
@@ -323,7 +325,11 @@ impl Supervisor {
                     ..OperatorReport::default()
                 })
                 .collect(),
-            ..JobReport::default()
+            checkpoints: Vec::new(),
+            failed_checkpoints: Vec::new(),
+            restarts: Vec::new(),
+            resumed_from: None,
+            savepoint: None,
         };
         Supervisor {
             name,
@@ -845,6 +851,9 @@ impl Supervisor {
     fn final_report(&mut self) -> JobReport {
         self.retire_generation();
         let mut report = self.report.clone();
+        if self.plan.config.mode == crate::protocol::SnapshotMode::AtLeastOnce {
+            report.guarantee = Guarantee::AtLeastOnce;
+        }
         for (operator, planned) in report.operators.iter_mut().zip(&self.plan.operators) {
             let counters = &planned.counters;
             operator.records_in = counters
@@ -853,6 +862,12 @@ impl Supervisor {
             operator.records_out = counters
                 .records_out
                 .load(std::sync::atomic::Ordering::Relaxed);
+            if counters
+                .at_least_once
+                .load(std::sync::atomic::Ordering::Relaxed)
+            {
+                report.guarantee = Guarantee::AtLeastOnce;
+            }
         }
         report
     }
