@@ -28,9 +28,10 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde::{Deserialize, Serialize};
-use snapflow::job::{CollectHandle, CollectSink, Job, JobConfig, KeyedStateHandle};
+use snapflow::job::{Job, JobConfig, KeyedStateHandle};
 use snapflow::keyed::{KeyGroupRange, KeyedState, MaxParallelism};
 use snapflow::protocol::SnapshotMode;
+use snapflow::sink::CollectHandle;
 use snapflow::storage::{
     CheckpointId, CheckpointKind, CheckpointMetadata, CheckpointPin, CheckpointStore,
     CheckpointSummary, CommitRequest, FsCheckpointStore, LoadReport, LoadedCheckpoint, PartId,
@@ -258,7 +259,8 @@ fn declare(
     pacing: Pacing,
     crashes: &CrashPlan,
 ) -> (CollectHandle<Message>, KeyedStateHandle<u32, Account>) {
-    let (sink, ledger) = CollectSink::new();
+    let ledger = CollectHandle::new();
+    let sink = ledger.clone();
     let crashes = crashes.clone();
     // A credit comes back within milliseconds; half a second without one
     // means the loop is drained once the orders have ended. (A credit

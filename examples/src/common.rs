@@ -9,11 +9,12 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Once};
+use std::time::{Duration, Instant};
 
-use snapflow::job::{
-    JobConfig, JobError, ReadStatus, RestartStrategy, Source, SourceReader, VecSource,
+use snapflow::job::{JobConfig, JobError, RestartStrategy};
+use snapflow::source::{
+    Source, SourceError, SourceFactory, SourcePoll, SourcePosition, VecSource, VecSourceFactory,
 };
-use snapflow::runtime::BoxError;
 use snapflow::storage::{CheckpointStore, FsCheckpointStore, StoreError};
 
 /// Why an example did not succeed.
@@ -398,10 +399,10 @@ pub struct Pacing {
     pub pause_ms: u64,
 }
 
-/// A [`VecSource`] read at a pace, like a live stream, so that checkpoints
-/// and crashes happen while records are in flight.
+/// A [`VecSourceFactory`] read at a pace, like a live stream, so that
+/// checkpoints and crashes happen while records are in flight.
 pub struct PacedSource<T> {
-    inner: VecSource<T>,
+    inner: VecSourceFactory<T>,
     pacing: Pacing,
 }
 
@@ -409,44 +410,54 @@ impl<T> PacedSource<T> {
     /// `records` read at `pacing`.
     pub fn new(records: Vec<T>, pacing: Pacing) -> PacedSource<T> {
         PacedSource {
-            inner: VecSource::new(records),
+            inner: VecSourceFactory::new(records),
             pacing,
         }
     }
 }
 
-impl<T: Clone + Send + Sync + 'static> Source<T> for PacedSource<T> {
-    fn reader(&self, subtask: usize, parallelism: usize) -> Box<dyn SourceReader<T>> {
-        Box::new(PacedReader {
-            inner: self.inner.reader(subtask, parallelism),
+impl<T: Clone> SourceFactory for PacedSource<T> {
+    type Source = PacedReader<T>;
+
+    fn split(&self, subtask: usize, parallelism: usize) -> Result<PacedReader<T>, SourceError> {
+        Ok(PacedReader {
+            inner: self.inner.split(subtask, parallelism)?,
             pacing: self.pacing,
+            next_read: Instant::now(),
         })
     }
 }
 
-struct PacedReader<T> {
-    inner: Box<dyn SourceReader<T>>,
+/// One subtask's paced reader: it says [`SourcePoll::Idle`] until its
+/// pause has passed (the job polls an idle source again a moment later).
+pub struct PacedReader<T> {
+    inner: VecSource<T>,
     pacing: Pacing,
+    next_read: Instant,
 }
 
-impl<T: 'static> SourceReader<T> for PacedReader<T> {
-    fn read(&mut self, max_records: usize, out: &mut Vec<T>) -> Result<ReadStatus, BoxError> {
-        let status = self
-            .inner
-            .read(max_records.min(self.pacing.records_per_read), out)?;
-        Ok(match status {
-            ReadStatus::Ready => ReadStatus::Idle {
-                retry_after_ms: self.pacing.pause_ms,
-            },
-            other => other,
-        })
+impl<T: Clone> Source for PacedReader<T> {
+    type Item = T;
+
+    fn poll_batch(
+        &mut self,
+        out: &mut Vec<T>,
+        max_records: usize,
+    ) -> Result<SourcePoll, SourceError> {
+        let now = Instant::now();
+        if now < self.next_read {
+            return Ok(SourcePoll::Idle);
+        }
+        self.next_read = now + Duration::from_millis(self.pacing.pause_ms);
+        self.inner
+            .poll_batch(out, max_records.min(self.pacing.records_per_read))
     }
 
-    fn position(&self) -> Vec<u8> {
+    fn position(&self) -> SourcePosition {
         self.inner.position()
     }
 
-    fn seek(&mut self, position: &[u8]) -> Result<(), BoxError> {
+    fn seek(&mut self, position: &SourcePosition) -> Result<(), SourceError> {
         self.inner.seek(position)
     }
 }

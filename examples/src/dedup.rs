@@ -16,7 +16,8 @@ use std::collections::BTreeSet;
 
 use std::sync::Arc;
 
-use snapflow::job::{CollectHandle, CollectSink, Job};
+use snapflow::job::Job;
+use snapflow::sink::CollectHandle;
 use snapflow::Snapshot;
 
 use crate::common::{
@@ -135,7 +136,8 @@ fn declare(
     pacing: Pacing,
     crashes: &CrashPlan,
 ) -> CollectHandle<Event> {
-    let (sink, unique) = CollectSink::new();
+    let unique = CollectHandle::new();
+    let sink = unique.clone();
     let crashes = crashes.clone();
     job.source("events", PacedSource::new(events, pacing))
         .key_by(|(_, id, _): &Event| *id)

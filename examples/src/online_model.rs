@@ -19,7 +19,8 @@ use std::collections::{BTreeMap, HashMap};
 
 use std::sync::Arc;
 
-use snapflow::job::{CollectHandle, CollectSink, Job, KeyedStateHandle};
+use snapflow::job::{Job, KeyedStateHandle};
+use snapflow::sink::CollectHandle;
 use snapflow::Snapshot;
 
 use crate::common::{
@@ -174,7 +175,8 @@ fn declare(
     pacing: Pacing,
     crashes: &CrashPlan,
 ) -> (CollectHandle<Estimate>, KeyedStateHandle<u64, Model>) {
-    let (sink, estimates) = CollectSink::new();
+    let estimates = CollectHandle::new();
+    let sink = estimates.clone();
     let crashes = crashes.clone();
     let (updates, models) = job
         .source("readings", PacedSource::new(readings, pacing))

@@ -19,7 +19,8 @@ use std::time::Instant;
 
 use std::sync::Arc;
 
-use snapflow::job::{CollectHandle, CollectSink, Job, KeyedStateHandle};
+use snapflow::job::{Job, KeyedStateHandle};
+use snapflow::sink::CollectHandle;
 use snapflow::Snapshot;
 
 use crate::common::{
@@ -156,7 +157,8 @@ fn declare(
     CollectHandle<(String, u64)>,
     KeyedStateHandle<String, WordCount>,
 ) {
-    let (sink, updates) = CollectSink::new();
+    let updates = CollectHandle::new();
+    let sink = updates.clone();
     let numbered: Vec<(u64, String)> = (0_u64..).zip(lines).collect();
     let crashes = crashes.clone();
     let (counted, state) = job
