@@ -46,11 +46,16 @@ pub enum ExampleError {
 }
 
 impl ExampleError {
-    /// Whether running the example again could succeed (an I/O or store
-    /// hiccup); a usage error or a mismatch never heals by itself.
+    /// Whether running the example again could succeed (a transient I/O or
+    /// store failure); a missing file, a usage error or a mismatch never
+    /// heals by itself.
     pub fn is_retryable(&self) -> bool {
+        use std::io::ErrorKind;
         match self {
-            ExampleError::Io { .. } => true,
+            ExampleError::Io { source, .. } => !matches!(
+                source.kind(),
+                ErrorKind::NotFound | ErrorKind::PermissionDenied | ErrorKind::InvalidData
+            ),
             ExampleError::Job(error) => error.is_retryable(),
             ExampleError::Store(error) => error.is_retryable(),
             ExampleError::Usage(_) | ExampleError::Decode(_) | ExampleError::Mismatch(_) => false,

@@ -85,4 +85,5 @@ fn a_missing_input_file_is_an_io_error() {
     options.input = Some("/nonexistent/snapflow-words.txt".into());
     let error = wordcount::run(&options).expect_err("the file does not exist");
     assert!(matches!(error, ExampleError::Io { .. }));
+    assert!(!error.is_retryable());
 }
