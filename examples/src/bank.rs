@@ -116,7 +116,7 @@ impl Options {
 }
 
 /// The usage line.
-pub const USAGE: &str = "[--accounts N] [--transfers N] [--unaligned] <common options>";
+pub const USAGE: &str = "[--accounts N] [--transfers N] [--unaligned]";
 
 /// What travels through the graph.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

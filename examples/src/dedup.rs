@@ -75,7 +75,7 @@ impl Options {
 }
 
 /// The usage line.
-pub const USAGE: &str = "[--ids N] <common options>";
+pub const USAGE: &str = "[--ids N]";
 
 /// One delivered event: its position in the stream, its id and a payload.
 pub type Event = (u64, u64, String);

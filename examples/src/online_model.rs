@@ -83,7 +83,7 @@ impl Options {
 }
 
 /// The usage line.
-pub const USAGE: &str = "[--readings N] [--sensors N] <common options>";
+pub const USAGE: &str = "[--readings N] [--sensors N]";
 
 /// One reading: its position in the stream, the sensor and the value.
 pub type Reading = (u64, u64, f64);

@@ -83,7 +83,7 @@ impl Options {
 }
 
 /// The usage line.
-pub const USAGE: &str = "[--words N | --input PATH] <common options>";
+pub const USAGE: &str = "[--words N | --input PATH]";
 
 /// A word's state: how often it was seen.
 #[derive(Snapshot, Debug, Clone, Default, PartialEq, Eq)]
