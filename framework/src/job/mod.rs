@@ -14,9 +14,13 @@
 //! machines do), never formats bytes on disk (the store does) and never
 //! moves a record by itself (the runtime's channels do).
 //!
-//! Failover region: a failure anywhere restarts the whole job (every
-//! subtask of the graph), which is always correct; restarting only the
-//! connected region of the failed subtask is not done yet.
+//! Known gaps: a failure anywhere restarts the whole job (every subtask;
+//! always correct, but independent pipelines of one job restart together);
+//! a failure to persist a checkpoint is reported but does not count
+//! towards `tolerable_checkpoint_failures`; a loop ends by an idle timeout
+//! (records fed back after it are dropped); only keyed and stateless
+//! operators can change parallelism on restore; operators are not chained,
+//! so every operator instance is its own actor.
 //!
 //! ```
 //! use snapflow::job::{Job, JobConfig};
@@ -182,6 +186,23 @@ pub enum JobError {
     /// head (for example closed with an unrelated stream).
     #[error("a feedback edge does not close a loop through its iteration head")]
     UnsupportedLoop,
+    /// The checkpoint to restore was written with another max parallelism
+    /// (number of key groups), which is fixed for a job's life.
+    #[error("the checkpoint has {stored} key groups, the job is configured with {configured}")]
+    MaxParallelismChanged {
+        /// In the checkpoint.
+        stored: u32,
+        /// In the job's configuration.
+        configured: u32,
+    },
+    /// An operator's parallelism changed and its state cannot follow.
+    #[error("operator `{operator}` cannot change its parallelism on restore: {reason}")]
+    RescaleUnsupported {
+        /// The operator.
+        operator: String,
+        /// Why.
+        reason: String,
+    },
     /// The job has no operators.
     #[error("the job has no operators")]
     EmptyJob,
