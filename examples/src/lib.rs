@@ -1,3 +1,17 @@
-//! Shared helpers for the runnable examples in this folder. The examples
-//! themselves live beside this crate as `[[example]]` targets; this library
-//! only exists so that the package has a target of its own.
+//! The runnable snapflow examples, as a library: each example's logic lives
+//! in a module here with an `Options` type (`full()`, `smoke()`, `parse`)
+//! and a `run` function that returns `Ok` only when the example's own
+//! check passes. The `[[example]]` targets beside this crate are one-line
+//! mains, and `tests/smoke.rs` runs every example in smoke mode.
+//!
+//! This crate never reaches into snapflow's private modules; where an
+//! example reads the contents of a checkpoint (the bank), it decodes the
+//! stored bytes through the public `snapflow::storage` and
+//! `snapflow::keyed` APIs and says which layout it relies on.
+
+pub mod bank;
+pub mod common;
+pub mod dedup;
+pub mod online_model;
+pub mod progress;
+pub mod wordcount;

@@ -1,0 +1,18 @@
+//! online_model: see `snapflow_examples::online_model` for what it shows and checks.
+//!
+//! ```sh
+//! cargo run --release -p snapflow-examples --example online_model
+//! cargo run --release -p snapflow-examples --example online_model -- --smoke
+//! ```
+
+use snapflow_examples::{common, online_model};
+
+fn main() {
+    let usage = format!("{} {}", online_model::USAGE, common::CommonOptions::USAGE);
+    std::process::exit(common::main_with(
+        "online_model",
+        &usage,
+        online_model::Options::parse,
+        online_model::run,
+    ));
+}

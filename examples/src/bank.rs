@@ -1,0 +1,733 @@
+//! bank: Chandy-Lamport snapshots of a graph with a cycle. Accounts move
+//! money to each other; a transfer debits one account, travels around a
+//! feedback loop as a credit, and is credited to another account. Money is
+//! never created or destroyed, so every consistent snapshot must hold the
+//! initial total: the balances in the accounts' state *plus* the credits
+//! caught in flight, which only a snapshot that records channel state (as
+//! Chandy-Lamport does on the feedback edge) can see.
+//!
+//! The graph: `orders` (paced source of debits) → `transfers` (loop head) →
+//! key_by account → `accounts` (keyed state: the account's balance change;
+//! a debit emits a credit, a credit emits a settlement) → `in-flight`
+//! (credits, back to the loop head) and `settled` → `ledger` (collect
+//! sink). The planned crashes panic inside `accounts`.
+//!
+//! Reading a snapshot's total: the job API offers no hook into a
+//! checkpoint's contents, so this example wraps the file store in an
+//! [`AuditedStore`] that sees every part as it is written and, when the
+//! checkpoint commits, decodes the parts and prints the total. Decoding
+//! relies on the job layer's stored layout, which is not a public contract
+//! (known gap): a part is postcard `(state bytes, [(input channel, postcard
+//! Vec<Vec<record>>)])`, and a keyed operator's state bytes are postcard
+//! `[(key group, snapflow::keyed part)]`. At the end the example also loads
+//! the latest checkpoint back from the directory through
+//! `snapflow::storage` and checks its total.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde::{Deserialize, Serialize};
+use snapflow::job::{Job, JobConfig, KeyedStateHandle};
+use snapflow::keyed::{KeyGroupRange, KeyedState, MaxParallelism};
+use snapflow::protocol::SnapshotMode;
+use snapflow::sink::CollectHandle;
+use snapflow::storage::{
+    CheckpointId, CheckpointKind, CheckpointMetadata, CheckpointPin, CheckpointStore,
+    CheckpointSummary, CommitRequest, FsCheckpointStore, LoadReport, LoadedCheckpoint, PartId,
+    PartInfo, StoreError,
+};
+use snapflow::Snapshot;
+
+use crate::common::{
+    check_crashes, fresh_store, print_report, Arguments, CommonOptions, CrashPlan, ExampleError,
+    PacedSource, Pacing, Rng,
+};
+
+/// The options of the bank example.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    /// Accounts.
+    pub accounts: u32,
+    /// Transfers.
+    pub transfers: u64,
+    /// Each account's opening balance.
+    pub initial_balance: i64,
+    /// Record every channel (unaligned) instead of aligning the forward
+    /// edges and recording only the feedback edge (cyclic).
+    pub unaligned: bool,
+    /// Parallelism, crashes, checkpoints and pace.
+    pub common: CommonOptions,
+}
+
+impl Options {
+    /// A full run: 50 accounts, 30,000 transfers.
+    pub fn full() -> Options {
+        Options {
+            accounts: 50,
+            transfers: 30_000,
+            initial_balance: 1_000,
+            unaligned: false,
+            common: CommonOptions::full(),
+        }
+    }
+
+    /// A tiny run for CI.
+    pub fn smoke() -> Options {
+        Options {
+            accounts: 8,
+            transfers: 800,
+            initial_balance: 1_000,
+            unaligned: false,
+            common: CommonOptions::smoke(),
+        }
+    }
+
+    /// Parses the command line (`--smoke` first selects the smoke defaults).
+    pub fn parse(arguments: Vec<String>) -> Result<Options, ExampleError> {
+        let mut options = if arguments.iter().any(|flag| flag == "--smoke") {
+            Options::smoke()
+        } else {
+            Options::full()
+        };
+        let mut arguments = Arguments::new(arguments);
+        while let Some(flag) = arguments.next_flag() {
+            match flag.as_str() {
+                "--smoke" => {}
+                "--accounts" => {
+                    options.accounts = u32::try_from(arguments.positive(&flag)?)
+                        .map_err(|_| ExampleError::Usage(format!("{flag} is too large")))?;
+                }
+                "--transfers" => options.transfers = arguments.positive(&flag)?,
+                "--unaligned" => options.unaligned = true,
+                other => {
+                    if !options.common.apply(other, &mut arguments)? {
+                        return Err(ExampleError::Usage(format!("unknown option {other}")));
+                    }
+                }
+            }
+        }
+        Ok(options)
+    }
+
+    fn initial_total(&self) -> i64 {
+        i64::from(self.accounts) * self.initial_balance
+    }
+}
+
+/// The usage line.
+pub const USAGE: &str = "[--accounts N] [--transfers N] [--unaligned]";
+
+/// What travels through the graph.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Message {
+    /// Order `order`: take `amount` from `from` and send it to `to`.
+    Debit {
+        /// The order number (its position in the input).
+        order: u64,
+        /// The paying account.
+        from: u32,
+        /// The receiving account.
+        to: u32,
+        /// How much.
+        amount: i64,
+    },
+    /// Money of order `order` on its way to `to`.
+    Credit {
+        /// The order number.
+        order: u64,
+        /// The receiving account.
+        to: u32,
+        /// How much.
+        amount: i64,
+    },
+    /// Order `order` was credited.
+    Settled {
+        /// The order number.
+        order: u64,
+    },
+}
+
+impl Message {
+    /// The account whose state this message touches.
+    fn account(&self) -> u32 {
+        match self {
+            Message::Debit { from, .. } => *from,
+            Message::Credit { to, .. } => *to,
+            // Settlements never reach the accounts; any key will do.
+            Message::Settled { .. } => 0,
+        }
+    }
+
+    /// Money this message carries in flight.
+    fn in_flight(&self) -> i64 {
+        match self {
+            Message::Credit { amount, .. } => *amount,
+            _ => 0,
+        }
+    }
+}
+
+/// One account's state: how its balance changed since it opened.
+/// Overdrafts are allowed, so the final balances do not depend on the order
+/// in which the accounts see debits and credits.
+#[derive(Snapshot, Debug, Clone, Default, PartialEq, Eq)]
+pub struct Account {
+    /// Credits minus debits.
+    pub change: i64,
+    /// Debits and credits applied.
+    pub operations: u64,
+}
+
+/// Runs the example; `Ok` only when every snapshot and the end hold the
+/// initial total and every transfer settled exactly once.
+pub fn run(options: &Options) -> Result<(), ExampleError> {
+    let common = &options.common;
+    let orders = generate(options.accounts, options.transfers);
+    let crashes = CrashPlan::new(common.crashes.records(options.transfers));
+    let store = fresh_store(&common.checkpoint_root, "bank")?;
+    let mode = if options.unaligned {
+        SnapshotMode::Unaligned
+    } else {
+        SnapshotMode::Aligned
+    };
+    println!(
+        "bank: {} accounts of {} (total {}), {} transfers, parallelism {}, {} snapshots into {}",
+        options.accounts,
+        options.initial_balance,
+        options.initial_total(),
+        options.transfers,
+        common.parallelism,
+        if options.unaligned {
+            "unaligned"
+        } else {
+            "cyclic (Chandy-Lamport on the feedback edge)"
+        },
+        store.job_dir().display()
+    );
+    println!(
+        "  crashes planned in `accounts` at input records (orders) {:?}",
+        crashes.records()
+    );
+    let max_parallelism = JobConfig::default().max_parallelism;
+    let audit = Arc::new(AuditedStore::new(
+        store,
+        Audit {
+            accounts: options.accounts,
+            initial_balance: options.initial_balance,
+            max_parallelism,
+        },
+    ));
+    let config = JobConfig {
+        mode,
+        max_parallelism,
+        ..common.job_config(
+            Arc::clone(&audit) as Arc<dyn CheckpointStore>,
+            crashes.planned(),
+        )
+    };
+    let job = Job::new("bank", config);
+    let (ledger, balances) = declare(&job, orders.clone(), common.pacing(), &crashes);
+    let report = job.run()?;
+    print_report(&report);
+
+    let audits = audit.audits();
+    check_crashes(&crashes, &report)?;
+    check_snapshots(&audits, options.initial_total())?;
+    let latest = audit.check_latest_on_disk()?;
+    println!(
+        "latest checkpoint {} read back from disk: total {}",
+        latest.checkpoint, latest.total
+    );
+    check_snapshots(std::slice::from_ref(&latest), options.initial_total())?;
+    check_final(options, &orders, &balances.snapshot(), &ledger.committed())?;
+    println!(
+        "check: OK, all {} snapshots held the initial total {}, every transfer settled exactly \
+         once and the final balances equal a direct computation, despite {} crashes",
+        audits.len(),
+        options.initial_total(),
+        report.restarts.len()
+    );
+    Ok(())
+}
+
+/// orders → transfers (loop head) → key_by account → accounts → in-flight
+/// (back to the head) and settled → ledger.
+fn declare(
+    job: &Job,
+    orders: Vec<Message>,
+    pacing: Pacing,
+    crashes: &CrashPlan,
+) -> (CollectHandle<Message>, KeyedStateHandle<u32, Account>) {
+    let ledger = CollectHandle::new();
+    let sink = ledger.clone();
+    let crashes = crashes.clone();
+    // A credit comes back within milliseconds; half a second without one
+    // means the loop is drained once the orders have ended. (A credit
+    // delayed longer would be dropped by the loop's end and the final check
+    // would fail loudly, not silently.)
+    let (head, feedback) = job
+        .source("orders", PacedSource::new(orders, pacing))
+        .iterate("transfers", 500);
+    let (moved, balances) = head.key_by(Message::account).process_with_state(
+        "accounts",
+        move |_account: &u32, account: &mut Account, message: Message, out| {
+            if let Message::Debit { order, .. } = message {
+                crashes.check(order);
+            }
+            if let Some(next) = apply(account, message) {
+                out.emit(next);
+            }
+            Ok(())
+        },
+    );
+    moved
+        .clone()
+        .filter("in-flight", |message: &Message| {
+            matches!(message, Message::Credit { .. })
+        })
+        .close_loop(feedback);
+    moved
+        .filter("settled", |message: &Message| {
+            matches!(message, Message::Settled { .. })
+        })
+        .sink("ledger", sink);
+    (ledger, balances)
+}
+
+/// One account's step: a debit sends a credit on, a credit settles.
+fn apply(account: &mut Account, message: Message) -> Option<Message> {
+    account.operations += 1;
+    match message {
+        Message::Debit {
+            order, to, amount, ..
+        } => {
+            account.change -= amount;
+            Some(Message::Credit { order, to, amount })
+        }
+        Message::Credit { order, amount, .. } => {
+            account.change += amount;
+            Some(Message::Settled { order })
+        }
+        Message::Settled { .. } => None,
+    }
+}
+
+/// Random transfers between distinct accounts.
+fn generate(accounts: u32, transfers: u64) -> Vec<Message> {
+    let mut rng = Rng::new(11);
+    (0..transfers)
+        .map(|order| {
+            let from = rng.below(u64::from(accounts)) as u32;
+            // Another account whenever there are two or more.
+            let step = 1 + rng.below(u64::from(accounts.max(2) - 1)) as u32;
+            let to = (from + step) % accounts;
+            let amount = 1 + rng.below(100) as i64;
+            Message::Debit {
+                order,
+                from,
+                to,
+                amount,
+            }
+        })
+        .collect()
+}
+
+fn check_snapshots(audits: &[SnapshotAudit], initial_total: i64) -> Result<(), ExampleError> {
+    if audits.is_empty() {
+        return Err(ExampleError::Mismatch("no snapshot completed".into()));
+    }
+    if let Some(error) = audits.iter().find_map(|audit| audit.error.clone()) {
+        return Err(ExampleError::Decode(error));
+    }
+    match audits.iter().find(|audit| audit.total != initial_total) {
+        Some(audit) => Err(ExampleError::Mismatch(format!(
+            "snapshot {} holds {} instead of {initial_total}",
+            audit.checkpoint, audit.total
+        ))),
+        None => Ok(()),
+    }
+}
+
+fn check_final(
+    options: &Options,
+    orders: &[Message],
+    balances: &std::collections::HashMap<u32, Account>,
+    ledger: &[Message],
+) -> Result<(), ExampleError> {
+    let mut expected: BTreeMap<u32, i64> = BTreeMap::new();
+    for order in orders {
+        if let Message::Debit {
+            from, to, amount, ..
+        } = order
+        {
+            *expected.entry(*from).or_default() -= amount;
+            *expected.entry(*to).or_default() += amount;
+        }
+    }
+    for (account, change) in &expected {
+        let actual = balances.get(account).map_or(0, |account| account.change);
+        if actual != *change {
+            return Err(ExampleError::Mismatch(format!(
+                "account {account} changed by {actual} instead of {change}"
+            )));
+        }
+    }
+    let total: i64 =
+        options.initial_total() + balances.values().map(|account| account.change).sum::<i64>();
+    println!("final total {total}");
+    if total != options.initial_total() {
+        return Err(ExampleError::Mismatch(format!(
+            "the final total is {total} instead of {}",
+            options.initial_total()
+        )));
+    }
+    let mut settled = BTreeSet::new();
+    for message in ledger {
+        if let Message::Settled { order } = message {
+            if !settled.insert(*order) {
+                return Err(ExampleError::Mismatch(format!(
+                    "order {order} settled twice"
+                )));
+            }
+        }
+    }
+    if settled.len() as u64 != options.transfers {
+        return Err(ExampleError::Mismatch(format!(
+            "{} orders settled instead of {}",
+            settled.len(),
+            options.transfers
+        )));
+    }
+    Ok(())
+}
+
+/// What one completed snapshot held.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotAudit {
+    /// The checkpoint.
+    pub checkpoint: CheckpointId,
+    /// Balances plus money in flight.
+    pub total: i64,
+    /// Money in flight (credits recorded as channel state).
+    pub in_flight: i64,
+    /// Why the checkpoint could not be decoded, if it could not.
+    pub error: Option<String>,
+}
+
+/// How to turn a checkpoint's parts into a total.
+#[derive(Debug, Clone, Copy)]
+struct Audit {
+    accounts: u32,
+    initial_balance: i64,
+    max_parallelism: u32,
+}
+
+/// One subtask's part as the job layer stores it (see the module docs).
+#[derive(Deserialize)]
+struct StoredPart {
+    state: Vec<u8>,
+    channels: Vec<(u32, Vec<u8>)>,
+}
+
+impl Audit {
+    fn total<'a>(
+        &self,
+        checkpoint: CheckpointId,
+        parts: impl Iterator<Item = (&'a PartId, &'a [u8])>,
+    ) -> Result<SnapshotAudit, String> {
+        let mut key_groups: Vec<(u32, Vec<u8>)> = Vec::new();
+        let mut in_flight = 0;
+        for (part, bytes) in parts {
+            let stored: StoredPart =
+                postcard::from_bytes(bytes).map_err(|error| format!("part {part}: {error}"))?;
+            // Every channel of this graph carries `Message`s.
+            for (channel, recorded) in &stored.channels {
+                let batches: Vec<Vec<Message>> = postcard::from_bytes(recorded)
+                    .map_err(|error| format!("part {part} channel {channel}: {error}"))?;
+                in_flight += batches
+                    .iter()
+                    .flatten()
+                    .map(Message::in_flight)
+                    .sum::<i64>();
+            }
+            if part.operator == "accounts" {
+                let groups: Vec<(u32, Vec<u8>)> = postcard::from_bytes(&stored.state)
+                    .map_err(|error| format!("part {part} state: {error}"))?;
+                key_groups.extend(groups);
+            }
+        }
+        let max_parallelism =
+            MaxParallelism::new(self.max_parallelism).map_err(|error| error.to_string())?;
+        let everything = KeyGroupRange::new(0, self.max_parallelism);
+        let accounts: KeyedState<u32, Account> =
+            KeyedState::restore(max_parallelism, everything, key_groups)
+                .map_err(|error| format!("account states: {error}"))?;
+        let changes: i64 = accounts.iter().map(|(_, account)| account.change).sum();
+        let balances = i64::from(self.accounts) * self.initial_balance + changes;
+        Ok(SnapshotAudit {
+            checkpoint,
+            total: balances + in_flight,
+            in_flight,
+            error: None,
+        })
+    }
+}
+
+/// The parts of one checkpoint, as written.
+type Parts = Vec<(PartId, Vec<u8>)>;
+
+/// The file store, plus an audit of every checkpoint it commits: it keeps
+/// each part's bytes as they are written and, on commit, decodes them into
+/// the snapshot's total and prints it.
+pub struct AuditedStore {
+    inner: FsCheckpointStore,
+    audit: Audit,
+    /// Parts of checkpoints not yet committed or discarded. Bounded by the
+    /// checkpoints in flight: a commit or discard removes its entry, and a
+    /// commit also drops every older entry (an older checkpoint abandoned
+    /// by a crashed generation is never committed after a newer one).
+    pending: Mutex<BTreeMap<CheckpointId, Parts>>,
+    audits: Mutex<Vec<SnapshotAudit>>,
+}
+
+impl fmt::Debug for AuditedStore {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter
+            .debug_struct("AuditedStore")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // The data stays consistent if a holder panicked: each update is one
+    // insert or push.
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl AuditedStore {
+    fn new(inner: FsCheckpointStore, audit: Audit) -> AuditedStore {
+        AuditedStore {
+            inner,
+            audit,
+            pending: Mutex::new(BTreeMap::new()),
+            audits: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Every committed checkpoint's audit, in commit order.
+    pub fn audits(&self) -> Vec<SnapshotAudit> {
+        lock(&self.audits).clone()
+    }
+
+    /// Loads the latest checkpoint back from the directory and audits it.
+    fn check_latest_on_disk(&self) -> Result<SnapshotAudit, ExampleError> {
+        let loaded = self
+            .inner
+            .load_latest()?
+            .checkpoint
+            .ok_or_else(|| ExampleError::Mismatch("no checkpoint on disk".into()))?;
+        self.audit
+            .total(
+                loaded.metadata.checkpoint,
+                loaded
+                    .parts
+                    .iter()
+                    .map(|(part, bytes)| (part, bytes.as_slice())),
+            )
+            .map_err(ExampleError::Decode)
+    }
+
+    fn on_commit(&self, checkpoint: CheckpointId) {
+        let parts = {
+            let mut pending = lock(&self.pending);
+            let newer = pending.split_off(&(checkpoint + 1));
+            let mut done = std::mem::replace(&mut *pending, newer);
+            done.remove(&checkpoint).unwrap_or_default()
+        };
+        let audit = self
+            .audit
+            .total(
+                checkpoint,
+                parts.iter().map(|(part, bytes)| (part, bytes.as_slice())),
+            )
+            .unwrap_or_else(|error| SnapshotAudit {
+                checkpoint,
+                total: 0,
+                in_flight: 0,
+                error: Some(error),
+            });
+        match &audit.error {
+            None => println!(
+                "  snapshot {checkpoint}: total {} ({} in accounts, {} in flight on the loop)",
+                audit.total,
+                audit.total - audit.in_flight,
+                audit.in_flight
+            ),
+            Some(error) => println!("  snapshot {checkpoint}: could not decode: {error}"),
+        }
+        lock(&self.audits).push(audit);
+    }
+}
+
+impl CheckpointStore for AuditedStore {
+    fn job(&self) -> &str {
+        self.inner.job()
+    }
+
+    fn begin(&self, checkpoint: CheckpointId, kind: CheckpointKind) -> Result<(), StoreError> {
+        self.inner.begin(checkpoint, kind)?;
+        lock(&self.pending).insert(checkpoint, Vec::new());
+        Ok(())
+    }
+
+    fn write_part(
+        &self,
+        checkpoint: CheckpointId,
+        part: &PartId,
+        bytes: &[u8],
+    ) -> Result<PartInfo, StoreError> {
+        let info = self.inner.write_part(checkpoint, part, bytes)?;
+        if let Some(parts) = lock(&self.pending).get_mut(&checkpoint) {
+            parts.push((part.clone(), bytes.to_vec()));
+        }
+        Ok(info)
+    }
+
+    fn commit(
+        &self,
+        checkpoint: CheckpointId,
+        request: CommitRequest,
+    ) -> Result<CheckpointMetadata, StoreError> {
+        let metadata = self.inner.commit(checkpoint, request)?;
+        self.on_commit(checkpoint);
+        Ok(metadata)
+    }
+
+    fn discard(&self, checkpoint: CheckpointId) -> Result<(), StoreError> {
+        lock(&self.pending).remove(&checkpoint);
+        self.inner.discard(checkpoint)
+    }
+
+    fn list(&self) -> Result<Vec<CheckpointSummary>, StoreError> {
+        self.inner.list()
+    }
+
+    fn load(&self, checkpoint: CheckpointId) -> Result<LoadedCheckpoint, StoreError> {
+        self.inner.load(checkpoint)
+    }
+
+    fn load_latest(&self) -> Result<LoadReport, StoreError> {
+        self.inner.load_latest()
+    }
+
+    fn pin(&self, checkpoint: CheckpointId) -> Result<CheckpointPin, StoreError> {
+        self.inner.pin(checkpoint)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::Serialize;
+
+    /// The job layer's part layout, mirrored to build test parts.
+    #[derive(Serialize)]
+    struct Part {
+        state: Vec<u8>,
+        channels: Vec<(u32, Vec<u8>)>,
+    }
+
+    const MAX_PARALLELISM: u32 = 4;
+
+    fn accounts_part(changes: &[(u32, i64)]) -> Vec<u8> {
+        let max_parallelism = MaxParallelism::new(MAX_PARALLELISM).expect("valid");
+        let mut state: KeyedState<u32, Account> =
+            KeyedState::new(max_parallelism, KeyGroupRange::new(0, MAX_PARALLELISM))
+                .expect("valid range");
+        for &(account, change) in changes {
+            state.get_or_default(&account).change = change;
+        }
+        let groups: Vec<(u32, Vec<u8>)> = state.snapshot().expect("encodes").into_parts().collect();
+        let state = postcard::to_allocvec(&groups).expect("encodes");
+        postcard::to_allocvec(&Part {
+            state,
+            channels: Vec::new(),
+        })
+        .expect("encodes")
+    }
+
+    fn loop_part(credits: &[i64]) -> Vec<u8> {
+        let batch: Vec<Message> = credits
+            .iter()
+            .map(|&amount| Message::Credit {
+                order: 0,
+                to: 1,
+                amount,
+            })
+            .collect();
+        let channel = postcard::to_allocvec(&vec![batch]).expect("encodes");
+        postcard::to_allocvec(&Part {
+            state: Vec::new(),
+            channels: vec![(1, channel)],
+        })
+        .expect("encodes")
+    }
+
+    fn total(changes: &[(u32, i64)], credits: &[i64]) -> Result<SnapshotAudit, String> {
+        let audit = Audit {
+            accounts: 3,
+            initial_balance: 100,
+            max_parallelism: MAX_PARALLELISM,
+        };
+        let parts = [
+            (PartId::new("accounts", 0), accounts_part(changes)),
+            (PartId::new("transfers", 0), loop_part(credits)),
+        ];
+        audit.total(
+            7,
+            parts.iter().map(|(part, bytes)| (part, bytes.as_slice())),
+        )
+    }
+
+    #[test]
+    fn money_in_flight_counts_towards_the_total() {
+        let audit = total(&[(0, -30), (2, 10)], &[20]).expect("decodes");
+        assert_eq!((audit.total, audit.in_flight), (300, 20));
+    }
+
+    #[test]
+    fn a_snapshot_that_misses_money_in_flight_is_a_mismatch() {
+        let audit = total(&[(0, -30)], &[]).expect("decodes");
+        let error = check_snapshots(&[audit], 300).expect_err("30 are missing");
+        assert!(matches!(error, ExampleError::Mismatch(_)));
+    }
+
+    #[test]
+    fn garbage_parts_are_decode_errors() {
+        let audit = Audit {
+            accounts: 1,
+            initial_balance: 1,
+            max_parallelism: MAX_PARALLELISM,
+        };
+        let part = (PartId::new("accounts", 0), vec![0xff; 3]);
+        let result = audit.total(1, std::iter::once((&part.0, part.1.as_slice())));
+        assert!(result.is_err());
+    }
+
+    #[test]
+    fn transfers_go_to_another_account() {
+        for message in generate(5, 1_000) {
+            let Message::Debit {
+                from, to, amount, ..
+            } = message
+            else {
+                panic!("orders are debits");
+            };
+            assert!(from != to && to < 5 && (1..=100).contains(&amount));
+        }
+    }
+}

@@ -1,0 +1,590 @@
+//! What every example shares: command-line parsing, the crash plan that
+//! injects operator panics, a paced source, the checkpoint directory, the
+//! restart strategy, and the error type.
+//!
+//! This module owns the plumbing that is not the point of any example. It
+//! never builds a job graph: each example module declares its own.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Once};
+use std::time::{Duration, Instant};
+
+use snapflow::job::{JobConfig, JobError, RestartStrategy};
+use snapflow::source::{
+    Source, SourceError, SourceFactory, SourcePoll, SourcePosition, VecSource, VecSourceFactory,
+};
+use snapflow::storage::{CheckpointStore, FsCheckpointStore, StoreError};
+
+/// Why an example did not succeed.
+#[derive(Debug, thiserror::Error)]
+pub enum ExampleError {
+    /// A command-line option was wrong.
+    #[error("{0}")]
+    Usage(String),
+    /// A file could not be read or a directory cleared.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The job could not be built or did not finish.
+    #[error("job: {0}")]
+    Job(#[from] JobError),
+    /// The checkpoint store failed.
+    #[error("checkpoint store: {0}")]
+    Store(#[from] StoreError),
+    /// A checkpoint's bytes could not be decoded.
+    #[error("decoding a checkpoint: {0}")]
+    Decode(String),
+    /// The job ran but its result differs from a direct computation.
+    #[error("MISMATCH: {0}")]
+    Mismatch(String),
+}
+
+impl ExampleError {
+    /// Whether running the example again could succeed (a transient I/O or
+    /// store failure); a missing file, a usage error or a mismatch never
+    /// heals by itself.
+    pub fn is_retryable(&self) -> bool {
+        use std::io::ErrorKind;
+        match self {
+            ExampleError::Io { source, .. } => !matches!(
+                source.kind(),
+                ErrorKind::NotFound | ErrorKind::PermissionDenied | ErrorKind::InvalidData
+            ),
+            ExampleError::Job(error) => error.is_retryable(),
+            ExampleError::Store(error) => error.is_retryable(),
+            ExampleError::Usage(_) | ExampleError::Decode(_) | ExampleError::Mismatch(_) => false,
+        }
+    }
+}
+
+/// Runs an example's `main`: parses the arguments, runs, prints the error
+/// if any, and returns the process exit code (0 success, 1 failure or
+/// mismatch, 2 usage).
+pub fn main_with<O>(
+    name: &str,
+    usage: &str,
+    parse: impl FnOnce(Vec<String>) -> Result<O, ExampleError>,
+    run: impl FnOnce(&O) -> Result<(), ExampleError>,
+) -> i32 {
+    crate::progress::install();
+    let options = match parse(std::env::args().skip(1).collect()) {
+        Ok(options) => options,
+        Err(error) => {
+            eprintln!("{name}: {error}");
+            eprintln!("usage: {name} {usage}");
+            return 2;
+        }
+    };
+    match run(&options) {
+        Ok(()) => 0,
+        Err(error) => {
+            eprintln!("{name}: {error}");
+            1
+        }
+    }
+}
+
+/// Walks `--flag value` pairs; each example matches the flags it knows.
+pub struct Arguments {
+    remaining: std::vec::IntoIter<String>,
+}
+
+impl Arguments {
+    /// The arguments after the program name.
+    pub fn new(arguments: Vec<String>) -> Arguments {
+        Arguments {
+            remaining: arguments.into_iter(),
+        }
+    }
+
+    /// The next flag, if any.
+    pub fn next_flag(&mut self) -> Option<String> {
+        self.remaining.next()
+    }
+
+    /// The value after `flag`.
+    pub fn value(&mut self, flag: &str) -> Result<String, ExampleError> {
+        self.remaining
+            .next()
+            .ok_or_else(|| ExampleError::Usage(format!("{flag} needs a value")))
+    }
+
+    /// The whole-number value after `flag`.
+    pub fn number(&mut self, flag: &str) -> Result<u64, ExampleError> {
+        let text = self.value(flag)?;
+        text.parse::<u64>()
+            .map_err(|_| ExampleError::Usage(format!("{flag} takes a whole number, not {text:?}")))
+    }
+
+    /// The whole-number value after `flag`, at least 1.
+    pub fn positive(&mut self, flag: &str) -> Result<u64, ExampleError> {
+        match self.number(flag)? {
+            0 => Err(ExampleError::Usage(format!("{flag} must be at least 1"))),
+            value => Ok(value),
+        }
+    }
+}
+
+/// The options every example shares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommonOptions {
+    /// Parallelism of every operator.
+    pub parallelism: usize,
+    /// Which records crash an operator.
+    pub crashes: CrashSpec,
+    /// Root directory of the file checkpoint store.
+    pub checkpoint_root: PathBuf,
+    /// Time between periodic checkpoints.
+    pub checkpoint_interval_ms: u64,
+    /// Records the source reads per second, all subtasks together (the pace of a live
+    /// stream, so that checkpoints and crashes happen mid-stream).
+    pub records_per_second: u64,
+}
+
+impl CommonOptions {
+    /// The defaults of a full run.
+    pub fn full() -> CommonOptions {
+        CommonOptions {
+            parallelism: 2,
+            crashes: CrashSpec::Random { count: 2, seed: 42 },
+            checkpoint_root: PathBuf::from("target/snapflow-checkpoints"),
+            checkpoint_interval_ms: 200,
+            records_per_second: 20_000,
+        }
+    }
+
+    /// The defaults of a smoke run: tiny and fast, one crash.
+    pub fn smoke() -> CommonOptions {
+        CommonOptions {
+            parallelism: 2,
+            crashes: CrashSpec::Random { count: 1, seed: 7 },
+            checkpoint_root: PathBuf::from("target/snapflow-checkpoints"),
+            checkpoint_interval_ms: 10,
+            records_per_second: 100_000,
+        }
+    }
+
+    /// Applies `flag` if it is a common option; `Ok(false)` if it is not.
+    pub fn apply(&mut self, flag: &str, arguments: &mut Arguments) -> Result<bool, ExampleError> {
+        match flag {
+            "--parallelism" => {
+                self.parallelism = usize::try_from(arguments.positive(flag)?)
+                    .map_err(|_| ExampleError::Usage(format!("{flag} is too large")))?;
+            }
+            "--crash-every" => self.crashes = CrashSpec::Every(arguments.positive(flag)?),
+            "--crashes" => {
+                let seed = self.crashes.seed();
+                self.crashes = CrashSpec::Random {
+                    count: arguments.number(flag)?,
+                    seed,
+                };
+            }
+            "--seed" => {
+                let seed = arguments.number(flag)?;
+                if let CrashSpec::Random { seed: current, .. } = &mut self.crashes {
+                    *current = seed;
+                }
+            }
+            "--no-crash" => self.crashes = CrashSpec::None,
+            "--checkpoint-dir" => self.checkpoint_root = PathBuf::from(arguments.value(flag)?),
+            "--checkpoint-interval-ms" => {
+                self.checkpoint_interval_ms = arguments.positive(flag)?;
+            }
+            "--rate" => self.records_per_second = arguments.positive(flag)?,
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// The usage text of the common options.
+    pub const USAGE: &'static str = "[--parallelism P] [--crash-every N | --crashes K [--seed S] | --no-crash] \
+         [--checkpoint-dir PATH] [--checkpoint-interval-ms MS] [--rate RECORDS_PER_SECOND] [--smoke]";
+
+    /// How each source subtask is paced: records per read and the pause
+    /// after each, so that all subtasks together read about
+    /// `records_per_second`.
+    pub fn pacing(&self) -> Pacing {
+        const PAUSE_MS: u64 = 5;
+        let per_subtask = self.records_per_second / self.parallelism.max(1) as u64;
+        Pacing {
+            records_per_read: (per_subtask * PAUSE_MS / 1000).max(1) as usize,
+            pause_ms: PAUSE_MS,
+        }
+    }
+
+    /// The job configuration every example uses: periodic checkpoints into
+    /// `store`, the parallelism, and restarts for the planned crashes.
+    pub fn job_config(&self, store: Arc<dyn CheckpointStore>, planned_crashes: usize) -> JobConfig {
+        JobConfig {
+            checkpoint_interval_ms: Some(self.checkpoint_interval_ms),
+            default_parallelism: self.parallelism,
+            restart: self.restart_strategy(planned_crashes),
+            store: Some(store),
+            ..JobConfig::default()
+        }
+    }
+
+    /// Restarts with a short fixed delay, a few more attempts than planned
+    /// crashes, so that an unplanned failure loop still ends.
+    pub fn restart_strategy(&self, planned_crashes: usize) -> RestartStrategy {
+        RestartStrategy::FixedDelay {
+            attempts_max: u32::try_from(planned_crashes)
+                .unwrap_or(u32::MAX)
+                .saturating_add(3),
+            delay_ms: 50,
+        }
+    }
+}
+
+/// Which records crash an operator (each at most once).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CrashSpec {
+    /// No crash.
+    None,
+    /// Records `N`, `2N`, `3N`... of the input.
+    Every(u64),
+    /// `count` records chosen by `seed`, in the middle 80% of the input.
+    Random {
+        /// How many crashes.
+        count: u64,
+        /// Which records.
+        seed: u64,
+    },
+}
+
+impl CrashSpec {
+    fn seed(&self) -> u64 {
+        match self {
+            CrashSpec::Random { seed, .. } => *seed,
+            _ => 42,
+        }
+    }
+
+    /// The record numbers (in `0..records`) that crash.
+    pub fn records(&self, records: u64) -> BTreeSet<u64> {
+        match *self {
+            CrashSpec::None => BTreeSet::new(),
+            CrashSpec::Every(every) => (1..)
+                .map(|n| n * every)
+                .take_while(|&record| record < records)
+                .collect(),
+            CrashSpec::Random { count, seed } => {
+                let low = records / 10;
+                let span = (records * 8 / 10).max(1);
+                let mut rng = Rng::new(seed);
+                let mut chosen = BTreeSet::new();
+                // Bounded: at most `span` distinct records can be chosen.
+                while (chosen.len() as u64) < count.min(span) {
+                    chosen.insert(low + rng.below(span));
+                }
+                chosen
+            }
+        }
+    }
+}
+
+const CRASH_MESSAGE: &str = "injected crash";
+
+/// The planned crashes of a run: an operator calls [`CrashPlan::check`]
+/// with each record's number, and the first time a planned record is seen
+/// the operator panics. Replays of the same record after the restart find
+/// the crash already fired and pass, so each planned crash happens once.
+#[derive(Debug, Clone)]
+pub struct CrashPlan {
+    crashes: Arc<Vec<(u64, AtomicBool)>>,
+}
+
+impl CrashPlan {
+    /// Crashes at these record numbers.
+    pub fn new(records: BTreeSet<u64>) -> CrashPlan {
+        silence_injected_panics();
+        CrashPlan {
+            crashes: Arc::new(
+                records
+                    .into_iter()
+                    .map(|record| (record, AtomicBool::new(false)))
+                    .collect(),
+            ),
+        }
+    }
+
+    /// Panics if `record` is a planned crash that has not fired yet.
+    pub fn check(&self, record: u64) {
+        let planned = self.crashes.binary_search_by_key(&record, |(at, _)| *at);
+        if let Ok(index) = planned {
+            if !self.crashes[index].1.swap(true, Ordering::SeqCst) {
+                panic!("{CRASH_MESSAGE} at input record {record}");
+            }
+        }
+    }
+
+    /// How many crashes are planned.
+    pub fn planned(&self) -> usize {
+        self.crashes.len()
+    }
+
+    /// How many fired.
+    pub fn fired(&self) -> usize {
+        self.crashes
+            .iter()
+            .filter(|(_, fired)| fired.load(Ordering::SeqCst))
+            .count()
+    }
+
+    /// The planned record numbers, for the summary.
+    pub fn records(&self) -> Vec<u64> {
+        self.crashes.iter().map(|(record, _)| *record).collect()
+    }
+}
+
+/// Keeps the default panic message for real bugs but not for the crashes
+/// the examples inject on purpose (the restart is printed instead).
+fn silence_injected_panics() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let payload = info.payload();
+            let message = payload
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| payload.downcast_ref::<&str>().copied());
+            if !message.is_some_and(|message| message.starts_with(CRASH_MESSAGE)) {
+                default(info);
+            }
+        }));
+    });
+}
+
+/// A tiny deterministic generator (splitmix64), so that the examples need
+/// no extra dependency and a seed replays the same input.
+#[derive(Debug, Clone)]
+pub struct Rng {
+    state: u64,
+}
+
+impl Rng {
+    /// A generator from `seed`.
+    pub fn new(seed: u64) -> Rng {
+        Rng { state: seed }
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `0..bound` (`bound` at least 1).
+    pub fn below(&mut self, bound: u64) -> u64 {
+        self.next_u64() % bound.max(1)
+    }
+
+    /// A number in `[0, 1)`.
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1_u64 << 53) as f64
+    }
+}
+
+/// How fast a [`PacedSource`] reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pacing {
+    /// Records per read.
+    pub records_per_read: usize,
+    /// Pause after each read.
+    pub pause_ms: u64,
+}
+
+/// A [`VecSourceFactory`] read at a pace, like a live stream, so that
+/// checkpoints and crashes happen while records are in flight.
+pub struct PacedSource<T> {
+    inner: VecSourceFactory<T>,
+    pacing: Pacing,
+}
+
+impl<T> PacedSource<T> {
+    /// `records` read at `pacing`.
+    pub fn new(records: Vec<T>, pacing: Pacing) -> PacedSource<T> {
+        PacedSource {
+            inner: VecSourceFactory::new(records),
+            pacing,
+        }
+    }
+}
+
+impl<T: Clone> SourceFactory for PacedSource<T> {
+    type Source = PacedReader<T>;
+
+    fn split(&self, subtask: usize, parallelism: usize) -> Result<PacedReader<T>, SourceError> {
+        Ok(PacedReader {
+            inner: self.inner.split(subtask, parallelism)?,
+            pacing: self.pacing,
+            next_read: Instant::now(),
+        })
+    }
+}
+
+/// One subtask's paced reader: it says [`SourcePoll::Idle`] until its
+/// pause has passed (the job polls an idle source again a moment later).
+pub struct PacedReader<T> {
+    inner: VecSource<T>,
+    pacing: Pacing,
+    next_read: Instant,
+}
+
+impl<T: Clone> Source for PacedReader<T> {
+    type Item = T;
+
+    fn poll_batch(
+        &mut self,
+        out: &mut Vec<T>,
+        max_records: usize,
+    ) -> Result<SourcePoll, SourceError> {
+        let now = Instant::now();
+        if now < self.next_read {
+            return Ok(SourcePoll::Idle);
+        }
+        self.next_read = now + Duration::from_millis(self.pacing.pause_ms);
+        self.inner
+            .poll_batch(out, max_records.min(self.pacing.records_per_read))
+    }
+
+    fn position(&self) -> SourcePosition {
+        self.inner.position()
+    }
+
+    fn seek(&mut self, position: &SourcePosition) -> Result<(), SourceError> {
+        self.inner.seek(position)
+    }
+}
+
+/// Opens the file store for `job` under `root` after deleting what an
+/// earlier run left there: a job on a store with checkpoints resumes from
+/// the newest, and every example run is meant to start from scratch.
+pub fn fresh_store(root: &Path, job: &str) -> Result<FsCheckpointStore, ExampleError> {
+    let store = FsCheckpointStore::open(root, job)?;
+    let job_dir = store.job_dir().to_path_buf();
+    drop(store);
+    match std::fs::remove_dir_all(&job_dir) {
+        Ok(()) => {}
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(source) => {
+            return Err(ExampleError::Io {
+                path: job_dir,
+                source,
+            })
+        }
+    }
+    Ok(FsCheckpointStore::open(root, job)?)
+}
+
+/// Prints what a finished job reports: checkpoints, restarts and what each
+/// restored from.
+pub fn print_report(report: &snapflow::job::JobReport) {
+    let bytes: u64 = report
+        .checkpoints
+        .iter()
+        .map(|checkpoint| checkpoint.size_bytes)
+        .sum();
+    println!(
+        "job {}: {} checkpoints completed ({} bytes in all), {} failed, {} restarts",
+        report.job,
+        report.checkpoints.len(),
+        bytes,
+        report.failed_checkpoints.len(),
+        report.restarts.len()
+    );
+    for restart in &report.restarts {
+        let from = restart
+            .restored_from
+            .map_or("the beginning".to_owned(), |id| format!("checkpoint {id}"));
+        println!(
+            "  restart to generation {} from {from} after {} ms ({})",
+            restart.generation, restart.recovery_ms, restart.cause
+        );
+    }
+}
+
+/// Checks that every planned crash fired and caused a restart.
+pub fn check_crashes(
+    crashes: &CrashPlan,
+    report: &snapflow::job::JobReport,
+) -> Result<(), ExampleError> {
+    if crashes.fired() != crashes.planned() || report.restarts.len() < crashes.planned() {
+        return Err(ExampleError::Mismatch(format!(
+            "{} of {} planned crashes fired and the job restarted {} times",
+            crashes.fired(),
+            crashes.planned(),
+            report.restarts.len()
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(spec: CrashSpec, records: u64, expected: &[u64]) {
+        let chosen: Vec<u64> = spec.records(records).into_iter().collect();
+        assert_eq!(chosen, expected, "{spec:?} over {records} records");
+    }
+
+    #[test]
+    fn crash_every_n_stays_inside_the_input() {
+        check(CrashSpec::Every(4), 13, &[4, 8, 12]);
+    }
+
+    #[test]
+    fn no_crash_plans_nothing() {
+        check(CrashSpec::None, 100, &[]);
+    }
+
+    #[test]
+    fn random_crashes_fall_in_the_middle_and_replay_from_the_seed() {
+        let spec = CrashSpec::Random { count: 5, seed: 3 };
+        let chosen = spec.records(1_000);
+        assert_eq!(chosen.len(), 5);
+        assert!(chosen.iter().all(|record| (100..900).contains(record)));
+        assert_eq!(chosen, spec.records(1_000));
+    }
+
+    #[test]
+    fn more_random_crashes_than_records_are_capped() {
+        let chosen = CrashSpec::Random { count: 50, seed: 1 }.records(10);
+        assert_eq!(chosen.len(), 8);
+    }
+
+    #[test]
+    fn a_planned_crash_fires_once() {
+        let plan = CrashPlan::new([5].into());
+        plan.check(4);
+        assert!(std::panic::catch_unwind(|| plan.check(5)).is_err());
+        plan.check(5);
+        assert_eq!((plan.fired(), plan.planned()), (1, 1));
+    }
+
+    #[test]
+    fn common_flags_parse() {
+        let mut options = CommonOptions::full();
+        let mut arguments = Arguments::new(vec!["7".into()]);
+        assert!(options
+            .apply("--crash-every", &mut arguments)
+            .expect("valid"));
+        assert_eq!(options.crashes, CrashSpec::Every(7));
+        let mut arguments = Arguments::new(vec!["x".into()]);
+        assert!(options.apply("--rate", &mut arguments).is_err());
+        assert!(!options
+            .apply("--other", &mut arguments)
+            .expect("not common"));
+    }
+}

@@ -1,0 +1,360 @@
+//! wordcount: counts the words of a generated text (or a file) on the job
+//! API, with keyed state per word, checkpoints in a local directory (the
+//! file store) and injected crashes, then checks the counts against a
+//! direct computation.
+//!
+//! The graph: `lines` (a paced source of numbered lines) → `split`
+//! (flat_map into words, each tagged with its line number) → key_by word →
+//! `count` (keyed state: the word's count; emits `(word, count)` after
+//! every occurrence) → `updates` (a collect sink with two-phase commit).
+//! The planned crashes panic inside `count`, the stateful operator.
+//!
+//! Two checks, both exact: the final per-word state equals a direct count,
+//! and the committed updates of each word are exactly `1..=count` (so no
+//! update was lost or committed twice across the restarts).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use std::sync::Arc;
+
+use snapflow::job::{Job, KeyedStateHandle};
+use snapflow::sink::CollectHandle;
+use snapflow::Snapshot;
+
+use crate::common::{
+    check_crashes, fresh_store, print_report, Arguments, CommonOptions, CrashPlan, ExampleError,
+    PacedSource, Pacing, Rng,
+};
+
+/// The options of the wordcount example.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    /// Words of generated text (ignored with `input`).
+    pub words: u64,
+    /// Count this file's words instead of generated text.
+    pub input: Option<PathBuf>,
+    /// Parallelism, crashes, checkpoints and pace.
+    pub common: CommonOptions,
+}
+
+impl Options {
+    /// A full run: 300,000 words, two crashes, a few seconds in release.
+    pub fn full() -> Options {
+        Options {
+            words: 300_000,
+            input: None,
+            common: CommonOptions::full(),
+        }
+    }
+
+    /// A tiny run for CI.
+    pub fn smoke() -> Options {
+        Options {
+            words: 3_000,
+            input: None,
+            common: CommonOptions::smoke(),
+        }
+    }
+
+    /// Parses the command line (`--smoke` first selects the smoke defaults).
+    pub fn parse(arguments: Vec<String>) -> Result<Options, ExampleError> {
+        let mut options = if arguments.iter().any(|flag| flag == "--smoke") {
+            Options::smoke()
+        } else {
+            Options::full()
+        };
+        let mut arguments = Arguments::new(arguments);
+        while let Some(flag) = arguments.next_flag() {
+            match flag.as_str() {
+                "--smoke" => {}
+                "--words" => options.words = arguments.positive(&flag)?,
+                "--input" => options.input = Some(PathBuf::from(arguments.value(&flag)?)),
+                other => {
+                    if !options.common.apply(other, &mut arguments)? {
+                        return Err(ExampleError::Usage(format!("unknown option {other}")));
+                    }
+                }
+            }
+        }
+        Ok(options)
+    }
+}
+
+/// The usage line.
+pub const USAGE: &str = "[--words N | --input PATH]";
+
+/// A word's state: how often it was seen.
+#[derive(Snapshot, Debug, Clone, Default, PartialEq, Eq)]
+pub struct WordCount {
+    /// Occurrences so far.
+    pub count: u64,
+}
+
+/// Runs the example; `Ok` only when the result matches the direct count.
+pub fn run(options: &Options) -> Result<(), ExampleError> {
+    let lines = input_lines(options)?;
+    let words: usize = lines
+        .iter()
+        .map(|line| line.split_whitespace().count())
+        .sum();
+    let common = &options.common;
+    let crashes = CrashPlan::new(common.crashes.records(lines.len() as u64));
+    let store = fresh_store(&common.checkpoint_root, "wordcount")?;
+    println!(
+        "wordcount: {} lines, {words} words, parallelism {}, checkpoint every {} ms into {}",
+        lines.len(),
+        common.parallelism,
+        common.checkpoint_interval_ms,
+        store.job_dir().display()
+    );
+    println!(
+        "  crashes planned in `count` at input records (lines) {:?}",
+        crashes.records()
+    );
+    let expected = direct_count(&lines);
+
+    let job = Job::new(
+        "wordcount",
+        common.job_config(Arc::new(store), crashes.planned()),
+    );
+    let (updates, state) = declare(&job, lines, common.pacing(), &crashes);
+    let started = Instant::now();
+    let report = job.run()?;
+    let elapsed_ms = started.elapsed().as_millis();
+    print_report(&report);
+
+    let counts: BTreeMap<String, u64> = state
+        .snapshot()
+        .into_iter()
+        .map(|(word, state)| (word, state.count))
+        .collect();
+    print_top(&counts);
+    println!(
+        "done in {elapsed_ms} ms: {} distinct words, {} updates committed",
+        counts.len(),
+        updates.committed().len()
+    );
+    check_crashes(&crashes, &report)?;
+    check_counts(&counts, &expected)?;
+    check_updates(&updates.committed(), &expected)?;
+    println!(
+        "check: OK, the counts equal a direct computation and every update was committed \
+         exactly once despite {} crashes",
+        report.restarts.len()
+    );
+    Ok(())
+}
+
+/// lines → split → key_by word → count → updates.
+fn declare(
+    job: &Job,
+    lines: Vec<String>,
+    pacing: Pacing,
+    crashes: &CrashPlan,
+) -> (
+    CollectHandle<(String, u64)>,
+    KeyedStateHandle<String, WordCount>,
+) {
+    let updates = CollectHandle::new();
+    let sink = updates.clone();
+    let numbered: Vec<(u64, String)> = (0_u64..).zip(lines).collect();
+    let crashes = crashes.clone();
+    let (counted, state) = job
+        .source("lines", PacedSource::new(numbered, pacing))
+        .flat_map("split", |(line_number, line): (u64, String)| {
+            words_of(&line)
+                .map(|word| (word, line_number))
+                .collect::<Vec<_>>()
+        })
+        .key_by(|(word, _): &(String, u64)| word.clone())
+        .process_with_state(
+            "count",
+            move |word: &String, state: &mut WordCount, (_, line_number): (String, u64), out| {
+                crashes.check(line_number);
+                state.count += 1;
+                out.emit((word.clone(), state.count));
+                Ok(())
+            },
+        );
+    counted.sink("updates", sink);
+    (updates, state)
+}
+
+fn input_lines(options: &Options) -> Result<Vec<String>, ExampleError> {
+    match &options.input {
+        Some(path) => std::fs::read_to_string(path)
+            .map(|text| text.lines().map(str::to_owned).collect())
+            .map_err(|source| ExampleError::Io {
+                path: path.clone(),
+                source,
+            }),
+        None => Ok(generated_text(options.words)),
+    }
+}
+
+/// Words are lowercased and stripped of surrounding punctuation.
+fn words_of(line: &str) -> impl Iterator<Item = String> + '_ {
+    line.split_whitespace()
+        .map(|word| {
+            word.trim_matches(|c: char| !c.is_alphanumeric())
+                .to_lowercase()
+        })
+        .filter(|word| !word.is_empty())
+}
+
+/// `words` words of text over a skewed vocabulary, twelve words a line.
+fn generated_text(words: u64) -> Vec<String> {
+    const SYLLABLES: [&str; 16] = [
+        "ka", "lo", "mi", "ne", "su", "ta", "ri", "po", "da", "ve", "zu", "ho", "gi", "be", "fa",
+        "yo",
+    ];
+    let mut rng = Rng::new(2024);
+    let mut lines = Vec::new();
+    let mut line = Vec::with_capacity(12);
+    for _ in 0..words {
+        // The square of a uniform number favours small indices: a few
+        // words are common and many are rare, as in real text.
+        let rank = (rng.unit() * rng.unit() * 600.0) as usize;
+        // Base-16 digits as syllables: distinct ranks give distinct words.
+        let mut digits = rank;
+        let mut word = String::new();
+        loop {
+            word.push_str(SYLLABLES[digits % 16]);
+            digits /= 16;
+            if digits == 0 {
+                break;
+            }
+        }
+        line.push(word);
+        if line.len() == 12 {
+            lines.push(line.join(" "));
+            line.clear();
+        }
+    }
+    if !line.is_empty() {
+        lines.push(line.join(" "));
+    }
+    lines
+}
+
+fn direct_count(lines: &[String]) -> BTreeMap<String, u64> {
+    let mut counts = BTreeMap::new();
+    for line in lines {
+        for word in words_of(line) {
+            *counts.entry(word).or_default() += 1;
+        }
+    }
+    counts
+}
+
+fn print_top(counts: &BTreeMap<String, u64>) {
+    let mut top: Vec<(&String, &u64)> = counts.iter().collect();
+    top.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+    let shown: Vec<String> = top
+        .iter()
+        .take(5)
+        .map(|(word, count)| format!("{word} {count}"))
+        .collect();
+    println!("most common: {}", shown.join(", "));
+}
+
+fn check_counts(
+    counts: &BTreeMap<String, u64>,
+    expected: &BTreeMap<String, u64>,
+) -> Result<(), ExampleError> {
+    if counts == expected {
+        return Ok(());
+    }
+    let differing = expected
+        .iter()
+        .find(|(word, count)| counts.get(*word) != Some(count))
+        .map(|(word, count)| format!("{word}: {:?} instead of {count}", counts.get(word)));
+    Err(ExampleError::Mismatch(format!(
+        "final counts differ from the direct count ({} words instead of {}; first difference {})",
+        counts.len(),
+        expected.len(),
+        differing.unwrap_or_else(|| "an extra word".to_owned())
+    )))
+}
+
+/// Every word's committed updates must be exactly `1..=count`.
+fn check_updates(
+    updates: &[(String, u64)],
+    expected: &BTreeMap<String, u64>,
+) -> Result<(), ExampleError> {
+    let mut seen: HashMap<&str, Vec<u64>> = HashMap::new();
+    for (word, count) in updates {
+        seen.entry(word).or_default().push(*count);
+    }
+    for (word, count) in expected {
+        let mut committed = seen.remove(word.as_str()).unwrap_or_default();
+        committed.sort_unstable();
+        if !committed.iter().copied().eq(1..=*count) {
+            return Err(ExampleError::Mismatch(format!(
+                "the committed updates of {word:?} are not exactly 1..={count} \
+                 ({} updates committed)",
+                committed.len()
+            )));
+        }
+    }
+    if let Some(word) = seen.keys().next() {
+        return Err(ExampleError::Mismatch(format!(
+            "updates were committed for {word:?}, which is not in the input"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn expected() -> BTreeMap<String, u64> {
+        [("a".to_owned(), 2), ("b".to_owned(), 1)].into()
+    }
+
+    fn updates(list: &[(&str, u64)]) -> Vec<(String, u64)> {
+        list.iter()
+            .map(|&(word, count)| (word.to_owned(), count))
+            .collect()
+    }
+
+    #[test]
+    fn exactly_once_updates_pass() {
+        assert!(check_updates(&updates(&[("a", 2), ("b", 1), ("a", 1)]), &expected()).is_ok());
+    }
+
+    #[test]
+    fn a_duplicated_update_is_a_mismatch() {
+        let committed = updates(&[("a", 1), ("a", 1), ("a", 2), ("b", 1)]);
+        assert!(check_updates(&committed, &expected()).is_err());
+    }
+
+    #[test]
+    fn a_lost_update_is_a_mismatch() {
+        assert!(check_updates(&updates(&[("a", 2), ("b", 1)]), &expected()).is_err());
+    }
+
+    #[test]
+    fn a_wrong_count_is_a_mismatch() {
+        let counts: BTreeMap<String, u64> = [("a".to_owned(), 2), ("b".to_owned(), 2)].into();
+        assert!(check_counts(&counts, &expected()).is_err());
+    }
+
+    #[test]
+    fn words_are_lowercased_without_punctuation() {
+        let words: Vec<String> = words_of("The cut, the MARKER! -- ok").collect();
+        assert_eq!(words, ["the", "cut", "the", "marker", "ok"]);
+    }
+
+    #[test]
+    fn generated_text_has_the_requested_words() {
+        let words: usize = generated_text(1_000)
+            .iter()
+            .map(|line| line.split_whitespace().count())
+            .sum();
+        assert_eq!(words, 1_000);
+    }
+}

@@ -1,0 +1,89 @@
+//! Every example in smoke mode (tiny input, one injected crash), through
+//! the same `run` function its `main` calls: each must pass its own check.
+//! Each test uses its own temporary checkpoint directory, so they can run
+//! in parallel.
+
+use snapflow_examples::common::{CommonOptions, ExampleError};
+use snapflow_examples::{bank, dedup, online_model, wordcount};
+
+fn check<O>(
+    mut options: O,
+    common: impl FnOnce(&mut O) -> &mut CommonOptions,
+    run: fn(&O) -> Result<(), ExampleError>,
+) {
+    let directory = tempfile::tempdir().expect("a temporary directory");
+    common(&mut options).checkpoint_root = directory.path().to_path_buf();
+    if let Err(error) = run(&options) {
+        panic!("the example failed: {error}");
+    }
+}
+
+#[test]
+fn wordcount_smoke() {
+    check(
+        wordcount::Options::smoke(),
+        |options| &mut options.common,
+        wordcount::run,
+    );
+}
+
+#[test]
+fn bank_smoke() {
+    check(
+        bank::Options::smoke(),
+        |options| &mut options.common,
+        bank::run,
+    );
+}
+
+#[test]
+fn bank_unaligned_smoke() {
+    let options = bank::Options {
+        unaligned: true,
+        ..bank::Options::smoke()
+    };
+    check(options, |options| &mut options.common, bank::run);
+}
+
+#[test]
+fn dedup_smoke() {
+    check(
+        dedup::Options::smoke(),
+        |options| &mut options.common,
+        dedup::run,
+    );
+}
+
+#[test]
+fn online_model_smoke() {
+    check(
+        online_model::Options::smoke(),
+        |options| &mut options.common,
+        online_model::run,
+    );
+}
+
+#[test]
+fn smoke_flag_selects_the_smoke_options() {
+    let parsed = wordcount::Options::parse(vec!["--smoke".into()]).expect("valid");
+    assert_eq!(parsed, wordcount::Options::smoke());
+}
+
+#[test]
+fn bad_options_are_usage_errors() {
+    let error = dedup::Options::parse(vec!["--parallelism".into(), "0".into()])
+        .expect_err("parallelism 0 is rejected");
+    assert!(matches!(error, ExampleError::Usage(_)));
+    assert!(!error.is_retryable());
+    let error = online_model::Options::parse(vec!["--bogus".into()]).expect_err("unknown flag");
+    assert!(matches!(error, ExampleError::Usage(_)));
+}
+
+#[test]
+fn a_missing_input_file_is_an_io_error() {
+    let mut options = wordcount::Options::smoke();
+    options.input = Some("/nonexistent/snapflow-words.txt".into());
+    let error = wordcount::run(&options).expect_err("the file does not exist");
+    assert!(matches!(error, ExampleError::Io { .. }));
+    assert!(!error.is_retryable());
+}
