@@ -1,0 +1,541 @@
+//! End-to-end benchmark of the keyed count of DESIGN.md section 5 (the
+//! Flink anchor): a replayable sequence source of N records, key = i % K, a
+//! keyed per-key count emitting `(key, count)` per record, and a discarding
+//! sink, run as a real job with checkpoints.
+//!
+//! In one run it prints the job's throughput, its checkpoint figures
+//! (count, duration p50/p99, bytes), the process's peak RSS, and the
+//! throughput of a hand-written single-threaded loop doing the same count
+//! with the same stable hasher, as a ratio. `--compare-off` also runs the
+//! same job with periodic checkpoints off. Every job run checks that the
+//! per-key counts are exact; `--smoke` runs a tiny N and exits non-zero if
+//! they are not. It asserts nothing about speed.
+//!
+//! Alignment time is not in the job report, so it is printed as "n/a".
+//!
+//! Run: `cargo bench -p snapflow --bench keyed_count -- --parallelism 2
+//! --checkpoint-interval-ms 1000` (see `--help`).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hint::black_box;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use snapflow::job::{
+    Job, JobConfig, JobReport, KeyedStateHandle, ReadStatus, Sink, SinkWriter, Source,
+    SourceReader,
+};
+use snapflow::keyed::BuildStableHasher;
+use snapflow::protocol::SnapshotMode;
+use snapflow::runtime::BoxError;
+
+const USAGE: &str = "keyed_count [--records N] [--keys K] [--parallelism P] \
+[--checkpoint-interval-ms MS|off] [--mode aligned|unaligned|at-least-once] [--runs R] \
+[--store memory|fs] [--compare-off] [--smoke]";
+
+/// The per-key state of the count.
+#[derive(snapflow::Snapshot, Default, Clone, Debug)]
+struct Count {
+    count: u64,
+}
+
+/// Where checkpoints go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StoreKind {
+    /// A fresh in-memory store per run.
+    Memory,
+    /// A file-system store in a fresh temporary directory per run (like the
+    /// Flink anchor's local checkpoint directory).
+    Fs,
+}
+
+/// The command line.
+#[derive(Debug, Clone)]
+struct Options {
+    records: u64,
+    keys: u64,
+    parallelism: usize,
+    interval_ms: Option<u64>,
+    mode: SnapshotMode,
+    runs: usize,
+    store: StoreKind,
+    compare_off: bool,
+    smoke: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            records: 50_000_000,
+            keys: 10_000,
+            parallelism: 1,
+            interval_ms: Some(1000),
+            mode: SnapshotMode::Aligned,
+            runs: 1,
+            store: StoreKind::Fs,
+            compare_off: false,
+            smoke: false,
+        }
+    }
+}
+
+fn parse_number<T: std::str::FromStr>(flag: &str, value: Option<String>) -> Result<T, String> {
+    let value = value.ok_or_else(|| format!("{flag} needs a value"))?;
+    value
+        .replace('_', "")
+        .parse()
+        .map_err(|_| format!("{flag}: `{value}` is not a valid number"))
+}
+
+fn parse_mode(value: Option<String>) -> Result<SnapshotMode, String> {
+    match value.as_deref() {
+        Some("aligned") => Ok(SnapshotMode::Aligned),
+        Some("unaligned") => Ok(SnapshotMode::Unaligned),
+        Some("at-least-once") => Ok(SnapshotMode::AtLeastOnce),
+        other => Err(format!("--mode: unknown mode {other:?}")),
+    }
+}
+
+fn parse_interval(value: Option<String>) -> Result<Option<u64>, String> {
+    match value.as_deref() {
+        Some("off") => Ok(None),
+        _ => parse_number("--checkpoint-interval-ms", value).map(Some),
+    }
+}
+
+fn parse_store(value: Option<String>) -> Result<StoreKind, String> {
+    match value.as_deref() {
+        Some("memory") => Ok(StoreKind::Memory),
+        Some("fs") => Ok(StoreKind::Fs),
+        other => Err(format!("--store: unknown store {other:?}")),
+    }
+}
+
+/// Parses the flags; cargo's own `--bench` flag is ignored.
+fn parse(arguments: impl IntoIterator<Item = String>) -> Result<Options, String> {
+    let mut options = Options::default();
+    let mut arguments = arguments.into_iter();
+    while let Some(flag) = arguments.next() {
+        match flag.as_str() {
+            "--records" => options.records = parse_number(&flag, arguments.next())?,
+            "--keys" => options.keys = parse_number(&flag, arguments.next())?,
+            "--parallelism" => options.parallelism = parse_number(&flag, arguments.next())?,
+            "--runs" => options.runs = parse_number(&flag, arguments.next())?,
+            "--checkpoint-interval-ms" => options.interval_ms = parse_interval(arguments.next())?,
+            "--mode" => options.mode = parse_mode(arguments.next())?,
+            "--store" => options.store = parse_store(arguments.next())?,
+            "--compare-off" => options.compare_off = true,
+            "--smoke" => options.smoke = true,
+            "--bench" => {}
+            "--help" | "-h" => return Err(USAGE.to_string()),
+            other => return Err(format!("unknown flag `{other}`\nusage: {USAGE}")),
+        }
+    }
+    if options.smoke {
+        options.records = options.records.min(200_003);
+        options.keys = options.keys.min(1_000);
+        options.interval_ms = options.interval_ms.map(|_| 5);
+    }
+    if options.keys == 0 || options.parallelism == 0 || options.runs == 0 {
+        return Err("--keys, --parallelism and --runs must be at least 1".to_string());
+    }
+    Ok(options)
+}
+
+/// The sequence 0..records, record `i` read by subtask `i % parallelism`;
+/// a subtask's position is the next record it reads.
+struct SequenceSource {
+    records: u64,
+}
+
+impl Source<u64> for SequenceSource {
+    fn reader(&self, subtask: usize, parallelism: usize) -> Box<dyn SourceReader<u64>> {
+        Box::new(SequenceReader {
+            next: subtask as u64,
+            step: parallelism.max(1) as u64,
+            end: self.records,
+        })
+    }
+}
+
+struct SequenceReader {
+    next: u64,
+    step: u64,
+    end: u64,
+}
+
+impl SourceReader<u64> for SequenceReader {
+    fn read(&mut self, max_records: usize, out: &mut Vec<u64>) -> Result<ReadStatus, BoxError> {
+        for _ in 0..max_records {
+            if self.next >= self.end {
+                return Ok(ReadStatus::Exhausted);
+            }
+            out.push(self.next);
+            self.next += self.step;
+        }
+        Ok(ReadStatus::Ready)
+    }
+
+    fn position(&self) -> Vec<u8> {
+        self.next.to_le_bytes().to_vec()
+    }
+
+    fn seek(&mut self, position: &[u8]) -> Result<(), BoxError> {
+        let bytes: [u8; 8] = position
+            .try_into()
+            .map_err(|_| format!("a sequence position is 8 bytes, got {}", position.len()))?;
+        self.next = u64::from_le_bytes(bytes);
+        Ok(())
+    }
+}
+
+/// What a [`DiscardSink`]'s writers committed, shared by all of them: the
+/// committed record count and the committed transactions (so a commit
+/// repeated after a restore counts once).
+#[derive(Default)]
+struct Discarded {
+    records: AtomicU64,
+    done: Mutex<BTreeSet<(usize, u64)>>,
+}
+
+impl Discarded {
+    fn commit(&self, subtask: usize, checkpoint: u64, records: u64) {
+        let mut done = self.done.lock().unwrap_or_else(|error| error.into_inner());
+        if done.insert((subtask, checkpoint)) {
+            self.records.fetch_add(records, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A sink that drops records and counts them with two-phase commit: the
+/// count of a transaction is committed when its checkpoint completes.
+#[derive(Clone, Default)]
+struct DiscardSink {
+    shared: Arc<Discarded>,
+}
+
+impl Sink<(u64, u64)> for DiscardSink {
+    fn writer(&self, subtask: usize, _parallelism: usize) -> Box<dyn SinkWriter<(u64, u64)>> {
+        Box::new(DiscardWriter {
+            shared: Arc::clone(&self.shared),
+            subtask,
+            open: 0,
+            pending: BTreeMap::new(),
+        })
+    }
+}
+
+struct DiscardWriter {
+    shared: Arc<Discarded>,
+    subtask: usize,
+    open: u64,
+    /// Pre-committed record counts per checkpoint; bounded by the
+    /// checkpoints in flight, as every completion drains all older ones.
+    pending: BTreeMap<u64, u64>,
+}
+
+impl SinkWriter<(u64, u64)> for DiscardWriter {
+    fn write(&mut self, batch: Vec<(u64, u64)>) -> Result<(), BoxError> {
+        self.open += black_box(batch).len() as u64;
+        Ok(())
+    }
+
+    fn pre_commit(&mut self, checkpoint: u64) -> Result<Vec<u8>, BoxError> {
+        self.pending.insert(checkpoint, std::mem::take(&mut self.open));
+        let pending: Vec<(u64, u64)> = self.pending.iter().map(|(&id, &n)| (id, n)).collect();
+        Ok(postcard::to_allocvec(&pending)?)
+    }
+
+    fn commit(&mut self, checkpoint: u64) -> Result<(), BoxError> {
+        let later = self.pending.split_off(&(checkpoint + 1));
+        for (id, records) in std::mem::replace(&mut self.pending, later) {
+            self.shared.commit(self.subtask, id, records);
+        }
+        Ok(())
+    }
+
+    fn recover(&mut self, state: &[u8]) -> Result<(), BoxError> {
+        let pending: Vec<(u64, u64)> = postcard::from_bytes(state)?;
+        for (id, records) in pending {
+            self.shared.commit(self.subtask, id, records);
+        }
+        Ok(())
+    }
+}
+
+/// One job run's figures.
+struct JobRun {
+    elapsed: Duration,
+    report: JobReport,
+    peak_rss_kb: Option<u64>,
+}
+
+fn job_config(options: &Options, interval_ms: Option<u64>) -> JobConfig {
+    JobConfig {
+        checkpoint_interval_ms: interval_ms,
+        mode: options.mode,
+        default_parallelism: options.parallelism,
+        ..JobConfig::default()
+    }
+}
+
+/// Runs the job once and checks its output; the store directory (if any)
+/// lives until the run is measured.
+fn run_job(options: &Options, interval_ms: Option<u64>) -> Result<JobRun, String> {
+    let directory = tempfile::tempdir().map_err(|error| format!("temporary directory: {error}"))?;
+    let mut config = job_config(options, interval_ms);
+    if options.store == StoreKind::Fs {
+        config = config
+            .with_store_dir(directory.path(), "keyed-count")
+            .map_err(|error| format!("store: {error}"))?;
+    }
+    let job = Job::new("keyed-count", config);
+    let sink = DiscardSink::default();
+    let keys = options.keys;
+    let (counts, state) = job
+        .source("sequence", SequenceSource {
+            records: options.records,
+        })
+        .key_by(move |i: &u64| i % keys)
+        .process_with_state("count", |key: &u64, state: &mut Count, _i: u64, out| {
+            state.count += 1;
+            out.emit((*key, state.count));
+            Ok(())
+        });
+    counts.sink("discard", sink.clone());
+    reset_peak_rss();
+    let started = Instant::now();
+    let report = job.run().map_err(|error| format!("the job failed: {error}"))?;
+    let elapsed = started.elapsed();
+    let peak_rss_kb = peak_rss_kb();
+    check_output(options, &state, &sink)?;
+    Ok(JobRun {
+        elapsed,
+        report,
+        peak_rss_kb,
+    })
+}
+
+/// The exact count of key `key` among `records` records.
+fn expected_count(records: u64, keys: u64, key: u64) -> u64 {
+    records / keys + u64::from(key < records % keys)
+}
+
+fn check_output(
+    options: &Options,
+    state: &KeyedStateHandle<u64, Count>,
+    sink: &DiscardSink,
+) -> Result<(), String> {
+    let counts = state.snapshot();
+    let distinct = options.keys.min(options.records);
+    if counts.len() as u64 != distinct {
+        return Err(format!("{} keys in state, want {distinct}", counts.len()));
+    }
+    for (key, count) in &counts {
+        let want = expected_count(options.records, options.keys, *key);
+        if count.count != want {
+            return Err(format!("key {key}: count {}, want {want}", count.count));
+        }
+    }
+    let committed = sink.shared.records.load(Ordering::Relaxed);
+    if committed != options.records {
+        return Err(format!(
+            "the sink committed {committed} records, want {}",
+            options.records
+        ));
+    }
+    Ok(())
+}
+
+/// The physical bound: the same count with the same hasher, one thread,
+/// every `(key, count)` handed to `black_box` in place of a sink.
+fn hand_written_loop(records: u64, keys: u64) -> (Duration, HashMap<u64, u64, BuildStableHasher>) {
+    let started = Instant::now();
+    let mut counts: HashMap<u64, u64, BuildStableHasher> = HashMap::with_hasher(BuildStableHasher);
+    for i in 0..records {
+        let key = black_box(i) % keys;
+        let count = counts.entry(key).or_insert(0);
+        *count += 1;
+        black_box((key, *count));
+    }
+    (started.elapsed(), counts)
+}
+
+/// Resets the kernel's peak-RSS mark (`VmHWM`) so the next reading covers
+/// only what follows; silently does nothing where unsupported.
+fn reset_peak_rss() {
+    // Writing 5 to clear_refs resets the peak RSS (Linux 4.0 and later).
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+/// `VmHWM` of this process in KiB, if the kernel reports it.
+fn peak_rss_kb() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|line| line.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// The value at quantile `q` (nearest rank) of sorted `values`.
+fn quantile(sorted: &[u64], q: f64) -> Option<u64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    Some(sorted[rank - 1])
+}
+
+fn mega_per_second(records: u64, elapsed: Duration) -> f64 {
+    records as f64 / elapsed.as_secs_f64() / 1e6
+}
+
+fn summary(label: &str, values: &[f64], unit: &str) -> String {
+    let mut sorted = values.to_vec();
+    let middle = median(&mut sorted);
+    format!(
+        "{label}: median {middle:.2} {unit} (min {:.2}, max {:.2}, {} runs)",
+        sorted[0],
+        sorted[sorted.len() - 1],
+        sorted.len()
+    )
+}
+
+fn print_optional(label: &str, value: Option<u64>, unit: &str) {
+    match value {
+        Some(value) => println!("  {label}: {value} {unit}"),
+        None => println!("  {label}: none"),
+    }
+}
+
+/// Prints the figures of one configuration over its runs; returns the
+/// median records/s in millions.
+fn print_job_runs(title: &str, options: &Options, runs: &[JobRun]) -> f64 {
+    println!("{title}");
+    let rates: Vec<f64> = runs
+        .iter()
+        .map(|run| mega_per_second(options.records, run.elapsed))
+        .collect();
+    println!("  {}", summary("records/s", &rates, "M"));
+    let completed: Vec<f64> = runs
+        .iter()
+        .map(|run| run.report.checkpoints.len() as f64)
+        .collect();
+    println!(
+        "  {}",
+        summary("checkpoints completed (incl. the final one)", &completed, "")
+    );
+    let mut durations: Vec<u64> = runs
+        .iter()
+        .flat_map(|run| run.report.checkpoints.iter().map(|c| c.duration_ms))
+        .collect();
+    durations.sort_unstable();
+    print_optional("checkpoint duration p50", quantile(&durations, 0.5), "ms");
+    print_optional("checkpoint duration p99", quantile(&durations, 0.99), "ms");
+    println!("  alignment time p50/p99: n/a (the job report has no alignment time)");
+    let mut sizes: Vec<u64> = runs
+        .iter()
+        .flat_map(|run| run.report.checkpoints.iter().map(|c| c.size_bytes))
+        .collect();
+    sizes.sort_unstable();
+    print_optional("bytes per checkpoint p50", quantile(&sizes, 0.5), "B");
+    print_optional("bytes per checkpoint max", sizes.last().copied(), "B");
+    let failed: usize = runs
+        .iter()
+        .map(|run| run.report.failed_checkpoints.len())
+        .sum();
+    let restarts: usize = runs.iter().map(|run| run.report.restarts.len()).sum();
+    println!("  failed checkpoints: {failed}, restarts: {restarts} (all runs)");
+    let rss: Vec<f64> = runs
+        .iter()
+        .filter_map(|run| run.peak_rss_kb)
+        .map(|kb| kb as f64 / 1024.0)
+        .collect();
+    if rss.is_empty() {
+        println!("  peak RSS: unavailable");
+    } else {
+        println!("  {}", summary("peak RSS (VmHWM)", &rss, "MiB"));
+    }
+    let mut rates = rates;
+    median(&mut rates)
+}
+
+fn run_config(options: &Options, interval_ms: Option<u64>) -> Result<Vec<JobRun>, String> {
+    (0..options.runs)
+        .map(|_| run_job(options, interval_ms))
+        .collect()
+}
+
+fn run_loop(options: &Options) -> Result<f64, String> {
+    let mut rates = Vec::with_capacity(options.runs);
+    for _ in 0..options.runs {
+        let (elapsed, counts) = hand_written_loop(options.records, options.keys);
+        for (key, count) in &counts {
+            if *count != expected_count(options.records, options.keys, *key) {
+                return Err(format!("the hand-written loop miscounted key {key}"));
+            }
+        }
+        rates.push(mega_per_second(options.records, elapsed));
+    }
+    println!("hand-written loop (1 thread, same stable hasher)");
+    println!("  {}", summary("records/s", &rates, "M"));
+    Ok(median(&mut rates))
+}
+
+fn describe(interval_ms: Option<u64>) -> String {
+    match interval_ms {
+        Some(ms) => format!("checkpoint every {ms} ms"),
+        None => "periodic checkpoints off".to_string(),
+    }
+}
+
+fn run(options: &Options) -> Result<(), String> {
+    println!(
+        "keyed count: {} records, {} keys, parallelism {}, mode {:?}, store {:?}, {} runs",
+        options.records,
+        options.keys,
+        options.parallelism,
+        options.mode,
+        options.store,
+        options.runs
+    );
+    let runs = run_config(options, options.interval_ms)?;
+    let title = format!("job, {}", describe(options.interval_ms));
+    let job_rate = print_job_runs(&title, options, &runs);
+    if options.compare_off && options.interval_ms.is_some() {
+        let off = run_config(options, None)?;
+        let off_rate = print_job_runs("job, periodic checkpoints off", options, &off);
+        println!(
+            "checkpoint overhead: on/off throughput {:.3}",
+            job_rate / off_rate
+        );
+    }
+    let loop_rate = run_loop(options)?;
+    println!("ratio job/loop: {:.4}", job_rate / loop_rate);
+    if options.smoke {
+        println!("smoke: per-key counts and committed record counts are exact");
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let options = match parse(std::env::args().skip(1)) {
+        Ok(options) => options,
+        Err(message) => {
+            eprintln!("{message}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&options) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("keyed_count: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
