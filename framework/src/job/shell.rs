@@ -16,6 +16,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use actix::{Message, Recipient};
 use serde::de::DeserializeOwned;
@@ -66,6 +67,9 @@ pub(crate) enum NodeEventKind {
     Ack {
         checkpoint: CheckpointId,
         part: Vec<u8>,
+        /// Barrier alignment at this node: from its first barrier of the
+        /// checkpoint to its snapshot (0 without a barrier, e.g. a source).
+        alignment_us: u64,
     },
     Decline {
         checkpoint: CheckpointId,
@@ -167,6 +171,42 @@ impl TakenStates {
     }
 }
 
+/// Barrier alignment per checkpoint in flight: when the first barrier
+/// arrived, then how long it took until the snapshot. Bounded like
+/// [`TakenStates`]: entries go when reported, aborted or subsumed.
+#[derive(Default)]
+struct Alignments {
+    entries: Vec<(CheckpointId, Instant, Option<u64>)>,
+}
+
+impl Alignments {
+    fn barrier(&mut self, checkpoint: CheckpointId) {
+        if !self.entries.iter().any(|(id, ..)| *id == checkpoint) {
+            self.entries.push((checkpoint, Instant::now(), None));
+        }
+    }
+
+    fn snapshot(&mut self, checkpoint: CheckpointId) {
+        if let Some((_, first, aligned)) =
+            self.entries.iter_mut().find(|(id, ..)| *id == checkpoint)
+        {
+            let micros = first.elapsed().as_micros();
+            *aligned = Some(u64::try_from(micros).unwrap_or(u64::MAX));
+        }
+    }
+
+    fn take(&mut self, checkpoint: CheckpointId) -> u64 {
+        let index = self.entries.iter().position(|(id, ..)| *id == checkpoint);
+        index
+            .and_then(|index| self.entries.remove(index).2)
+            .unwrap_or(0)
+    }
+
+    fn forget_up_to(&mut self, checkpoint: CheckpointId) {
+        self.entries.retain(|(id, ..)| *id > checkpoint);
+    }
+}
+
 /// The stage shell: one operator instance with inputs.
 pub(crate) struct StageShell<In: Data, Out: Data> {
     env: ShellEnv,
@@ -174,6 +214,7 @@ pub(crate) struct StageShell<In: Data, Out: Data> {
     core: Box<dyn Core<In, Out>>,
     router: Router<Out>,
     taken: TakenStates,
+    alignments: Alignments,
     inputs_ended: bool,
     trigger_requested: bool,
 }
@@ -191,6 +232,7 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
             core,
             router,
             taken: TakenStates::default(),
+            alignments: Alignments::default(),
             inputs_ended: false,
             trigger_requested: false,
         }
@@ -220,6 +262,7 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
                 NodeAction::Process { message, .. } => self.process(message, io.outputs())?,
                 NodeAction::TakeSnapshot(token) => {
                     let checkpoint = token.checkpoint();
+                    self.alignments.snapshot(checkpoint);
                     let state = {
                         let span = self.env.span.clone();
                         let _span = span.enter();
@@ -247,10 +290,12 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
                     self.env.tell(NodeEventKind::Ack {
                         checkpoint: part.checkpoint,
                         part: bytes,
+                        alignment_us: self.alignments.take(part.checkpoint),
                     });
                 }
                 NodeAction::Decline { checkpoint, reason } => {
                     self.taken.forget_up_to(checkpoint);
+                    self.alignments.forget_up_to(checkpoint);
                     self.env.tell(NodeEventKind::Decline { checkpoint, reason });
                 }
             }
@@ -334,7 +379,10 @@ impl<In: Data, Out: Data> StageLogic for StageShell<In, Out> {
         io: &mut StageIo<'_, Out, Control>,
     ) -> Result<(), BoxError> {
         match control {
-            Control::Barrier(checkpoint) => self.machine.on_barrier(input, checkpoint),
+            Control::Barrier(checkpoint) => {
+                self.alignments.barrier(checkpoint);
+                self.machine.on_barrier(input, checkpoint);
+            }
             Control::End => self.machine.on_end_of_input(input),
             other => return Err(format!("{other:?} arrived in-band").into()),
         }
@@ -356,11 +404,13 @@ impl<In: Data, Out: Data> StageLogic for StageShell<In, Out> {
             Control::Trigger(checkpoint) => self.machine.on_trigger(checkpoint),
             Control::Abort(checkpoint) => {
                 self.taken.forget_up_to(checkpoint);
+                self.alignments.forget_up_to(checkpoint);
                 self.machine.on_abort(checkpoint);
             }
             Control::Complete(checkpoint) => {
                 self.machine.on_complete(checkpoint);
                 self.taken.forget_up_to(checkpoint);
+                self.alignments.forget_up_to(checkpoint);
                 self.core.on_complete(checkpoint)?;
                 self.env.tell(NodeEventKind::Committed { checkpoint });
             }
@@ -435,6 +485,7 @@ impl<T: Data> SourceShell<T> {
                     self.env.tell(NodeEventKind::Ack {
                         checkpoint: part.checkpoint,
                         part: bytes,
+                        alignment_us: 0,
                     });
                 }
                 NodeAction::Decline { checkpoint, reason } => {
