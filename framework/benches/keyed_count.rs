@@ -20,30 +20,25 @@
 //! Run: `cargo bench -p snapflow --bench keyed_count -- --parallelism 2
 //! --checkpoint-interval-ms 1000` (see `--help`).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+mod support;
+
+use std::collections::HashMap;
 use std::hint::black_box;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use snapflow::job::{
-    CheckpointReport, Job, JobConfig, JobReport, KeyedStateHandle, ReadStatus, Sink, SinkWriter,
-    Source, SourceReader,
-};
+use snapflow::job::{CheckpointReport, Job, JobConfig, JobReport, KeyedStateHandle};
 use snapflow::keyed::BuildStableHasher;
 use snapflow::protocol::SnapshotMode;
-use snapflow::runtime::BoxError;
+
+use support::{
+    expected_count, median, peak_rss_kb, quantile, reset_peak_rss, Count, DiscardSink,
+    SequenceSource,
+};
 
 const USAGE: &str = "keyed_count [--records N] [--keys K] [--parallelism P] \
 [--checkpoint-interval-ms MS|off] [--mode aligned|unaligned|at-least-once] [--runs R] \
 [--store memory|fs] [--compare-off] [--smoke]";
-
-/// The per-key state of the count.
-#[derive(snapflow::Snapshot, Default, Clone, Debug)]
-struct Count {
-    count: u64,
-}
 
 /// Where checkpoints go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,128 +143,6 @@ fn parse(arguments: impl IntoIterator<Item = String>) -> Result<Options, String>
     Ok(options)
 }
 
-/// The sequence 0..records, record `i` read by subtask `i % parallelism`;
-/// a subtask's position is the next record it reads.
-struct SequenceSource {
-    records: u64,
-}
-
-impl Source<u64> for SequenceSource {
-    fn reader(&self, subtask: usize, parallelism: usize) -> Box<dyn SourceReader<u64>> {
-        Box::new(SequenceReader {
-            next: subtask as u64,
-            step: parallelism.max(1) as u64,
-            end: self.records,
-        })
-    }
-}
-
-struct SequenceReader {
-    next: u64,
-    step: u64,
-    end: u64,
-}
-
-impl SourceReader<u64> for SequenceReader {
-    fn read(&mut self, max_records: usize, out: &mut Vec<u64>) -> Result<ReadStatus, BoxError> {
-        for _ in 0..max_records {
-            if self.next >= self.end {
-                return Ok(ReadStatus::Exhausted);
-            }
-            out.push(self.next);
-            self.next += self.step;
-        }
-        Ok(ReadStatus::Ready)
-    }
-
-    fn position(&self) -> Vec<u8> {
-        self.next.to_le_bytes().to_vec()
-    }
-
-    fn seek(&mut self, position: &[u8]) -> Result<(), BoxError> {
-        let bytes: [u8; 8] = position
-            .try_into()
-            .map_err(|_| format!("a sequence position is 8 bytes, got {}", position.len()))?;
-        self.next = u64::from_le_bytes(bytes);
-        Ok(())
-    }
-}
-
-/// What a [`DiscardSink`]'s writers committed, shared by all of them: the
-/// committed record count and the committed transactions (so a commit
-/// repeated after a restore counts once).
-#[derive(Default)]
-struct Discarded {
-    records: AtomicU64,
-    done: Mutex<BTreeSet<(usize, u64)>>,
-}
-
-impl Discarded {
-    fn commit(&self, subtask: usize, checkpoint: u64, records: u64) {
-        let mut done = self.done.lock().unwrap_or_else(|error| error.into_inner());
-        if done.insert((subtask, checkpoint)) {
-            self.records.fetch_add(records, Ordering::Relaxed);
-        }
-    }
-}
-
-/// A sink that drops records and counts them with two-phase commit: the
-/// count of a transaction is committed when its checkpoint completes.
-#[derive(Clone, Default)]
-struct DiscardSink {
-    shared: Arc<Discarded>,
-}
-
-impl Sink<(u64, u64)> for DiscardSink {
-    fn writer(&self, subtask: usize, _parallelism: usize) -> Box<dyn SinkWriter<(u64, u64)>> {
-        Box::new(DiscardWriter {
-            shared: Arc::clone(&self.shared),
-            subtask,
-            open: 0,
-            pending: BTreeMap::new(),
-        })
-    }
-}
-
-struct DiscardWriter {
-    shared: Arc<Discarded>,
-    subtask: usize,
-    open: u64,
-    /// Pre-committed record counts per checkpoint; bounded by the
-    /// checkpoints in flight, as every completion drains all older ones.
-    pending: BTreeMap<u64, u64>,
-}
-
-impl SinkWriter<(u64, u64)> for DiscardWriter {
-    fn write(&mut self, batch: Vec<(u64, u64)>) -> Result<(), BoxError> {
-        self.open += black_box(batch).len() as u64;
-        Ok(())
-    }
-
-    fn pre_commit(&mut self, checkpoint: u64) -> Result<Vec<u8>, BoxError> {
-        self.pending
-            .insert(checkpoint, std::mem::take(&mut self.open));
-        let pending: Vec<(u64, u64)> = self.pending.iter().map(|(&id, &n)| (id, n)).collect();
-        Ok(postcard::to_allocvec(&pending)?)
-    }
-
-    fn commit(&mut self, checkpoint: u64) -> Result<(), BoxError> {
-        let later = self.pending.split_off(&(checkpoint + 1));
-        for (id, records) in std::mem::replace(&mut self.pending, later) {
-            self.shared.commit(self.subtask, id, records);
-        }
-        Ok(())
-    }
-
-    fn recover(&mut self, state: &[u8]) -> Result<(), BoxError> {
-        let pending: Vec<(u64, u64)> = postcard::from_bytes(state)?;
-        for (id, records) in pending {
-            self.shared.commit(self.subtask, id, records);
-        }
-        Ok(())
-    }
-}
-
 /// One job run's figures.
 struct JobRun {
     elapsed: Duration,
@@ -331,11 +204,6 @@ fn run_job(options: &Options, interval_ms: Option<u64>) -> Result<JobRun, String
     })
 }
 
-/// The exact count of key `key` among `records` records.
-fn expected_count(records: u64, keys: u64, key: u64) -> u64 {
-    records / keys + u64::from(key < records % keys)
-}
-
 fn check_output(
     options: &Options,
     state: &KeyedStateHandle<u64, Count>,
@@ -352,7 +220,7 @@ fn check_output(
             return Err(format!("key {key}: count {}, want {want}", count.count));
         }
     }
-    let committed = sink.shared.records.load(Ordering::Relaxed);
+    let committed = sink.committed();
     if committed != options.records {
         return Err(format!(
             "the sink committed {committed} records, want {}",
@@ -374,35 +242,6 @@ fn hand_written_loop(records: u64, keys: u64) -> (Duration, HashMap<u64, u64, Bu
         black_box((key, *count));
     }
     (started.elapsed(), counts)
-}
-
-/// Resets the kernel's peak-RSS mark (`VmHWM`) to the current RSS so the
-/// next reading covers only what follows; returns whether it could (Linux
-/// 4.0 and later). Without the reset the reading is the peak since the
-/// process started.
-fn reset_peak_rss() -> bool {
-    std::fs::write("/proc/self/clear_refs", "5").is_ok()
-}
-
-/// `VmHWM` of this process in KiB, if the kernel reports it.
-fn peak_rss_kb() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|line| line.starts_with("VmHWM:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
-
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
-}
-
-/// The value at quantile `q` (nearest rank) of sorted `values`.
-fn quantile(sorted: &[u64], q: f64) -> Option<u64> {
-    if sorted.is_empty() {
-        return None;
-    }
-    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    Some(sorted[rank - 1])
 }
 
 fn mega_per_second(records: u64, elapsed: Duration) -> f64 {
