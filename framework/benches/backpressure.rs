@@ -160,7 +160,7 @@ fn print_size(records: u64, elapsed: Duration, report: &JobReport, peak_kb: Opti
     durations.sort_unstable();
     let show = |value: Option<u64>| value.map_or("none".to_string(), |ms| format!("{ms} ms"));
     println!(
-        "{records} records: {:.2} M records/s, peak RSS {}, {periodic} periodic checkpoints \
+        "{records} records: {:.2} M records/s, peak RSS {}, periodic checkpoints: {periodic} \
          (duration p50 {}, p99 {})",
         records as f64 / elapsed.as_secs_f64() / 1e6,
         peak_kb.map_or("unavailable".to_string(), |kb| format!(
