@@ -21,7 +21,7 @@ use snapflow::job::{Job, JobConfig, JobReport, OperatorReport};
 use snapflow::protocol::SnapshotMode;
 
 use support::{
-    expected_count, peak_rss_kb, quantile, reset_peak_rss, Count, DiscardSink, SequenceSource,
+    expected_count, peak_rss_kb, quantile, reset_peak_rss, sequence, Count, DiscardSink,
 };
 
 const USAGE: &str = "backpressure [--sizes N,N,...] [--keys K] [--pause-per-batch-us US] \
@@ -115,7 +115,7 @@ fn run_size(options: &Options, records: u64) -> Result<(Duration, JobReport, Opt
     let sink = DiscardSink::slow(options.pause_per_batch);
     let keys = options.keys;
     let (counts, state) = job
-        .source("sequence", SequenceSource { records })
+        .source("sequence", sequence(records))
         .key_by(move |i: &u64| i % keys)
         .process_with_state("count", |key: &u64, state: &mut Count, _i: u64, out| {
             state.count += 1;

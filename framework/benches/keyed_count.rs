@@ -32,8 +32,7 @@ use snapflow::keyed::BuildStableHasher;
 use snapflow::protocol::SnapshotMode;
 
 use support::{
-    expected_count, median, peak_rss_kb, quantile, reset_peak_rss, Count, DiscardSink,
-    SequenceSource,
+    expected_count, median, peak_rss_kb, quantile, reset_peak_rss, sequence, Count, DiscardSink,
 };
 
 const USAGE: &str = "keyed_count [--records N] [--keys K] [--parallelism P] \
@@ -175,12 +174,7 @@ fn run_job(options: &Options, interval_ms: Option<u64>) -> Result<JobRun, String
     let sink = DiscardSink::default();
     let keys = options.keys;
     let (counts, state) = job
-        .source(
-            "sequence",
-            SequenceSource {
-                records: options.records,
-            },
-        )
+        .source("sequence", sequence(options.records))
         .key_by(move |i: &u64| i % keys)
         .process_with_state("count", |key: &u64, state: &mut Count, _i: u64, out| {
             state.count += 1;

@@ -23,8 +23,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use snapflow::job::{Job, JobConfig, JobReport, ReadStatus, RestartStrategy, Source, SourceReader};
+use snapflow::job::{Job, JobConfig, JobReport, RestartStrategy};
 use snapflow::runtime::BoxError;
+use snapflow::source::{
+    split_range, Source, SourceError, SourceFactory, SourcePoll, SourcePosition,
+};
 
 use support::{expected_count, median, Count, DiscardSink};
 
@@ -90,55 +93,59 @@ fn parse(arguments: impl IntoIterator<Item = String>) -> Result<Options, String>
 /// the failed generation's last ones.
 type Record = (u64, u64);
 
-/// The sequence 0..records, like the keyed count's, tagging each record
-/// with its reader's generation (how many times `parallelism` readers were
-/// made before it).
+/// The sequence 0..records, like the keyed count's (a contiguous share per
+/// subtask), tagging each record with its split's generation: how many
+/// times `parallelism` splits were made before it.
 struct GenerationSource {
     records: u64,
-    readers_made: Arc<AtomicU64>,
+    splits_made: Arc<AtomicU64>,
 }
 
-impl Source<Record> for GenerationSource {
-    fn reader(&self, subtask: usize, parallelism: usize) -> Box<dyn SourceReader<Record>> {
-        let step = parallelism.max(1) as u64;
-        let generation = self.readers_made.fetch_add(1, Ordering::Relaxed) / step;
-        Box::new(GenerationReader {
-            next: subtask as u64,
-            step,
-            end: self.records,
-            generation,
+impl SourceFactory for GenerationSource {
+    type Source = GenerationSplit;
+
+    fn split(&self, subtask: usize, parallelism: usize) -> Result<GenerationSplit, SourceError> {
+        let range = split_range(0..self.records, subtask, parallelism)?;
+        let made = self.splits_made.fetch_add(1, Ordering::Relaxed);
+        Ok(GenerationSplit {
+            next: range.start,
+            end: range.end,
+            generation: made / parallelism as u64,
         })
     }
 }
 
-struct GenerationReader {
+struct GenerationSplit {
     next: u64,
-    step: u64,
     end: u64,
     generation: u64,
 }
 
-impl SourceReader<Record> for GenerationReader {
-    fn read(&mut self, max_records: usize, out: &mut Vec<Record>) -> Result<ReadStatus, BoxError> {
-        for _ in 0..max_records {
-            if self.next >= self.end {
-                return Ok(ReadStatus::Exhausted);
-            }
-            out.push((self.next, self.generation));
-            self.next += self.step;
+impl Source for GenerationSplit {
+    type Item = Record;
+
+    fn poll_batch(
+        &mut self,
+        out: &mut Vec<Record>,
+        max_records: usize,
+    ) -> Result<SourcePoll, SourceError> {
+        if self.next >= self.end {
+            return Ok(SourcePoll::Ended);
         }
-        Ok(ReadStatus::Ready)
+        let stop = self.end.min(self.next.saturating_add(max_records as u64));
+        let generation = self.generation;
+        out.extend((self.next..stop).map(|index| (index, generation)));
+        let produced = (stop - self.next) as usize;
+        self.next = stop;
+        Ok(SourcePoll::Produced(produced))
     }
 
-    fn position(&self) -> Vec<u8> {
-        self.next.to_le_bytes().to_vec()
+    fn position(&self) -> SourcePosition {
+        SourcePosition::from_index(self.next)
     }
 
-    fn seek(&mut self, position: &[u8]) -> Result<(), BoxError> {
-        let bytes: [u8; 8] = position
-            .try_into()
-            .map_err(|_| format!("a sequence position is 8 bytes, got {}", position.len()))?;
-        self.next = u64::from_le_bytes(bytes);
+    fn seek(&mut self, position: &SourcePosition) -> Result<(), SourceError> {
+        self.next = position.to_index()?;
         Ok(())
     }
 }
@@ -199,7 +206,7 @@ fn run_once(options: &Options) -> Result<RecoveryRun, String> {
     let sink = DiscardSink::default();
     let source = GenerationSource {
         records: options.records,
-        readers_made: Arc::default(),
+        splits_made: Arc::default(),
     };
     let (counts, state) = job
         .source("sequence", source)

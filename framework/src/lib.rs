@@ -21,6 +21,10 @@
 //!   fairness, panic reports). It never decides protocol questions.
 //! - [`keyed`]: key groups and the keyed state backend (per-key state,
 //!   snapshot per key group, restore at another parallelism).
+//! - [`source`]: replayable sources (positions, splits per subtask, a Vec,
+//!   an iterator, a generator, lines of a file). No actors.
+//! - [`sink`]: two-phase-commit sinks (collect, print, an exactly-once file
+//!   sink) and the contract a runtime drives them by. No actors.
 //!
 //! This crate never talks to a network and never spawns a process.
 
@@ -29,6 +33,8 @@ pub mod keyed;
 pub mod protocol;
 pub mod restart;
 pub mod runtime;
+pub mod sink;
+pub mod source;
 pub mod state;
 pub mod storage;
 

@@ -152,136 +152,162 @@ impl Faults {
 
 /// The test pipeline: source → parse (map) → keep (filter) → count (keyed
 /// process with state) → format (map) → collect (a two-phase-commit sink
-/// whose commits can fail). Record `id` has key
-/// `id % KEYS` and value `id * 7 % 101`; ids with `id % 5 == 3` are
-/// dropped by the filter; `count` emits `(key, running count)`.
+/// whose commits can fail). Record `id` has key `id % KEYS` and value
+/// `id * 7 % 101`; ids with `id % 5 == 3` are dropped by the filter;
+/// `count` emits `(key, running count)`.
 pub mod pipeline {
     use std::collections::HashMap;
-
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Arc;
 
-    use snapflow::job::{
-        CollectHandle, CollectSink, Job, KeyedStateHandle, ReadStatus, Sink, SinkWriter, Source,
-        SourceReader, VecSource,
+    use snapflow::job::{Job, KeyedStateHandle};
+    use snapflow::sink::{CollectHandle, CollectSink, Sink, SinkError, SinkFactory, SinkState};
+    use snapflow::source::{
+        Source, SourceError, SourceFactory, SourcePoll, SourcePosition, VecSource, VecSourceFactory,
     };
-    use snapflow::runtime::BoxError;
     use snapflow::Snapshot;
 
     use super::Faults;
 
-    /// How fast the source produces: at most `records_per_read` records,
-    /// then a pause of `pause_ms`, so that checkpoints happen while records
-    /// are in flight even for small inputs.
+    /// The number of distinct keys.
+    pub const KEYS: u64 = 37;
+
+    /// How fast the source produces: at most `records_per_read` records
+    /// per poll, and every other poll says it is idle (the runtime then
+    /// waits a millisecond), so that checkpoints happen while records are
+    /// in flight even for small inputs.
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     pub struct Pacing {
         /// Records per read.
         pub records_per_read: usize,
-        /// Pause after each read.
-        pub pause_ms: u64,
     }
 
-    /// A [`CollectSink`] whose commits can fail: planned faults of stage
-    /// `"commit"` name the commit call (0 for the first, across every
-    /// subtask and generation) that fails, after the checkpoint is durable
-    /// and before the output is committed; recovery must then commit it.
+    /// The ids `0..records`, read at a pace.
+    pub struct PacedSourceFactory {
+        inner: VecSourceFactory<u64>,
+        pacing: Pacing,
+    }
+
+    impl PacedSourceFactory {
+        /// The ids `0..records` at `pacing`.
+        pub fn new(records: u64, pacing: Pacing) -> PacedSourceFactory {
+            PacedSourceFactory {
+                inner: VecSourceFactory::new((0..records).collect()),
+                pacing,
+            }
+        }
+    }
+
+    impl SourceFactory for PacedSourceFactory {
+        type Source = PacedSource;
+
+        fn split(&self, subtask: usize, parallelism: usize) -> Result<PacedSource, SourceError> {
+            Ok(PacedSource {
+                inner: self.inner.split(subtask, parallelism)?,
+                pacing: self.pacing,
+                rest: false,
+            })
+        }
+    }
+
+    /// One subtask's paced source.
+    pub struct PacedSource {
+        inner: VecSource<u64>,
+        pacing: Pacing,
+        /// The last poll produced; this one rests.
+        rest: bool,
+    }
+
+    impl Source for PacedSource {
+        type Item = u64;
+
+        fn poll_batch(
+            &mut self,
+            out: &mut Vec<u64>,
+            max_records: usize,
+        ) -> Result<SourcePoll, SourceError> {
+            self.rest = !self.rest;
+            if !self.rest {
+                return Ok(SourcePoll::Idle);
+            }
+            self.inner
+                .poll_batch(out, max_records.min(self.pacing.records_per_read))
+        }
+
+        fn position(&self) -> SourcePosition {
+            self.inner.position()
+        }
+
+        fn seek(&mut self, position: &SourcePosition) -> Result<(), SourceError> {
+            self.inner.seek(position)
+        }
+    }
+
+    /// A [`CollectHandle`] whose sinks' commits can fail: planned faults
+    /// of stage `"commit"` name the commit call (0 for the first, across
+    /// every subtask and generation) that fails, after the checkpoint is
+    /// durable and before the output is committed; recovery must then
+    /// commit it.
     #[derive(Clone)]
     pub struct FaultyCommitSink {
-        inner: CollectSink<(u64, u64)>,
+        inner: CollectHandle<(u64, u64)>,
         faults: Faults,
         commits: Arc<AtomicU64>,
     }
 
-    impl Sink<(u64, u64)> for FaultyCommitSink {
-        fn writer(&self, subtask: usize, parallelism: usize) -> Box<dyn SinkWriter<(u64, u64)>> {
-            Box::new(FaultyCommitWriter {
-                inner: self.inner.writer(subtask, parallelism),
+    impl SinkFactory for FaultyCommitSink {
+        type Sink = FaultyCommitWriter;
+
+        fn create(&self, subtask: usize, parallelism: usize) -> Result<Self::Sink, SinkError> {
+            Ok(FaultyCommitWriter {
+                inner: self.inner.create(subtask, parallelism)?,
                 faults: self.faults.clone(),
                 commits: Arc::clone(&self.commits),
             })
         }
     }
 
-    struct FaultyCommitWriter {
-        inner: Box<dyn SinkWriter<(u64, u64)>>,
+    /// One subtask's sink of a [`FaultyCommitSink`].
+    pub struct FaultyCommitWriter {
+        inner: CollectSink<(u64, u64)>,
         faults: Faults,
         commits: Arc<AtomicU64>,
     }
 
-    impl SinkWriter<(u64, u64)> for FaultyCommitWriter {
-        fn write(&mut self, batch: Vec<(u64, u64)>) -> Result<(), BoxError> {
-            self.inner.write(batch)
+    impl Sink for FaultyCommitWriter {
+        type Item = (u64, u64);
+
+        fn write_batch(&mut self, batch: &[(u64, u64)]) -> Result<(), SinkError> {
+            self.inner.write_batch(batch)
         }
 
-        fn pre_commit(&mut self, checkpoint: u64) -> Result<Vec<u8>, BoxError> {
-            self.inner.pre_commit(checkpoint)
+        fn pre_commit(&mut self, checkpoint_id: u64) -> Result<SinkState, SinkError> {
+            self.inner.pre_commit(checkpoint_id)
         }
 
-        fn commit(&mut self, checkpoint: u64) -> Result<(), BoxError> {
+        fn commit(&mut self, checkpoint_id: u64) -> Result<(), SinkError> {
             let call = self.commits.fetch_add(1, Ordering::SeqCst);
-            self.faults.check("commit", call)?;
-            self.inner.commit(checkpoint)
+            self.faults
+                .check("commit", call)
+                .map_err(|message| SinkError::Custom {
+                    message,
+                    retryable: false,
+                })?;
+            self.inner.commit(checkpoint_id)
         }
 
-        fn recover(&mut self, state: &[u8]) -> Result<(), BoxError> {
-            self.inner.recover(state)
+        fn abort(&mut self) -> Result<(), SinkError> {
+            self.inner.abort()
         }
-    }
 
-    /// A [`VecSource`] read at a given pace.
-    pub struct PacedSource {
-        inner: VecSource<u64>,
-        pacing: Pacing,
-    }
+        fn restore(&mut self, state: Option<&SinkState>) -> Result<(), SinkError> {
+            self.inner.restore(state)
+        }
 
-    impl PacedSource {
-        /// The ids `0..records` at `pacing`.
-        pub fn new(records: u64, pacing: Pacing) -> PacedSource {
-            PacedSource {
-                inner: VecSource::new((0..records).collect()),
-                pacing,
-            }
+        fn finish(&mut self) -> Result<(), SinkError> {
+            self.inner.finish()
         }
     }
-
-    impl Source<u64> for PacedSource {
-        fn reader(&self, subtask: usize, parallelism: usize) -> Box<dyn SourceReader<u64>> {
-            Box::new(PacedReader {
-                inner: self.inner.reader(subtask, parallelism),
-                pacing: self.pacing,
-            })
-        }
-    }
-
-    struct PacedReader {
-        inner: Box<dyn SourceReader<u64>>,
-        pacing: Pacing,
-    }
-
-    impl SourceReader<u64> for PacedReader {
-        fn read(&mut self, max_records: usize, out: &mut Vec<u64>) -> Result<ReadStatus, BoxError> {
-            let status = self
-                .inner
-                .read(max_records.min(self.pacing.records_per_read), out)?;
-            Ok(match status {
-                ReadStatus::Ready => ReadStatus::Idle {
-                    retry_after_ms: self.pacing.pause_ms,
-                },
-                other => other,
-            })
-        }
-
-        fn position(&self) -> Vec<u8> {
-            self.inner.position()
-        }
-
-        fn seek(&mut self, position: &[u8]) -> Result<(), BoxError> {
-            self.inner.seek(position)
-        }
-    }
-
-    /// The number of distinct keys.
-    pub const KEYS: u64 = 37;
 
     /// The per-key state of `count`.
     #[derive(Snapshot, Debug, Clone, Default, PartialEq, Eq)]
@@ -309,9 +335,9 @@ pub mod pipeline {
     /// A collect sink whose commits fail as `faults` plan (stage
     /// `"commit"`), and the handle to its committed output.
     pub fn faulty_collect(faults: &Faults) -> (FaultyCommitSink, CollectHandle<(u64, u64)>) {
-        let (collect, output) = CollectSink::new();
+        let output = CollectHandle::new();
         let sink = FaultyCommitSink {
-            inner: collect,
+            inner: output.clone(),
             faults: faults.clone(),
             commits: Arc::new(AtomicU64::new(0)),
         };
@@ -320,14 +346,18 @@ pub mod pipeline {
 
     /// Declares the pipeline on `job` over records `0..records`, ending in
     /// `sink`; returns the handle to `count`'s final keyed state.
-    pub fn declare(
+    pub fn declare<F>(
         job: &Job,
         records: u64,
         shape: Shape,
         pacing: Pacing,
         faults: &Faults,
-        sink: impl Sink<(u64, u64)>,
-    ) -> KeyedStateHandle<u64, KeyTotals> {
+        sink: F,
+    ) -> KeyedStateHandle<u64, KeyTotals>
+    where
+        F: SinkFactory + Send + Sync + 'static,
+        F::Sink: Sink<Item = (u64, u64)> + 'static,
+    {
         let (parse_faults, keep_faults, count_faults, format_faults) = (
             faults.clone(),
             faults.clone(),
@@ -335,7 +365,7 @@ pub mod pipeline {
             faults.clone(),
         );
         let (counted, state) = job
-            .source("numbers", PacedSource::new(records, pacing))
+            .source("numbers", PacedSourceFactory::new(records, pacing))
             .parallelism(shape[0])
             .map("parse", move |id: u64| {
                 parse_faults.check_or_panic("parse", id);
@@ -386,153 +416,99 @@ pub mod pipeline {
     }
 }
 
-/// An exactly-once file sink for the process-crash test: two-phase commit
-/// with files. `pre_commit` writes the open transaction to
-/// `pending-<subtask>-<checkpoint>` (written to a temporary name, then
-/// renamed, so a file is whole or absent), `commit` renames pending files
-/// to `committed-<subtask>-<checkpoint>`, and `recover` commits the pending
-/// files the restored checkpoint lists and deletes every other pending
-/// file of its subtask (the abort). Only `committed-*` files are output.
-///
-/// It survives a killed process, not a lost machine: files are not
-/// fsynced, because the page cache outlives a SIGKILL.
+/// The exactly-once file sink of [`snapflow::sink`] for the process-crash
+/// test, with commits slowed down: the delay widens the window in which a
+/// crash finds a durable checkpoint whose output is not committed yet
+/// (recovery must then commit it). Files are not fsynced: the page cache
+/// outlives a SIGKILL.
 pub mod file_sink {
     use std::fs;
-    use std::io;
-    use std::path::{Path, PathBuf};
+    use std::path::Path;
+    use std::thread;
+    use std::time::Duration;
 
-    use snapflow::job::{Sink, SinkWriter};
-    use snapflow::runtime::BoxError;
+    use snapflow::sink::{
+        committed_files, FileSink, FileSinkFactory, Sink, SinkError, SinkFactory, SinkState,
+        DEFAULT_PREFIX,
+    };
 
-    /// The sink; one directory for every subtask.
-    pub struct FileSink {
-        dir: PathBuf,
+    type Encode = fn(&(u64, u64), &mut Vec<u8>);
+
+    fn encode(record: &(u64, u64), out: &mut Vec<u8>) {
+        out.extend_from_slice(format!("{} {}\n", record.0, record.1).as_bytes());
+    }
+
+    /// The sink factory.
+    pub struct SlowCommitFileSink {
+        inner: FileSinkFactory<(u64, u64), Encode>,
         commit_delay_ms: u64,
     }
 
-    impl FileSink {
-        /// A sink writing into `dir` (created if missing) that waits
-        /// `commit_delay_ms` before each commit, which widens the window
-        /// in which a crash finds a durable checkpoint whose output is not
-        /// committed yet (recovery must commit it).
-        pub fn new(dir: impl Into<PathBuf>, commit_delay_ms: u64) -> io::Result<FileSink> {
-            let dir = dir.into();
-            fs::create_dir_all(&dir)?;
-            Ok(FileSink {
-                dir,
+    impl SlowCommitFileSink {
+        /// Writes into `dir`, waiting `commit_delay_ms` before each commit.
+        pub fn new(dir: &Path, commit_delay_ms: u64) -> Result<Self, SinkError> {
+            Ok(SlowCommitFileSink {
+                inner: FileSinkFactory::new(dir, encode as Encode)?.fsync(false),
                 commit_delay_ms,
             })
         }
     }
 
-    impl Sink<(u64, u64)> for FileSink {
-        fn writer(&self, subtask: usize, _parallelism: usize) -> Box<dyn SinkWriter<(u64, u64)>> {
-            Box::new(FileWriter {
-                dir: self.dir.clone(),
-                subtask,
-                open: String::new(),
-                pending: Vec::new(),
+    impl SinkFactory for SlowCommitFileSink {
+        type Sink = SlowCommit;
+
+        fn create(&self, subtask: usize, parallelism: usize) -> Result<SlowCommit, SinkError> {
+            Ok(SlowCommit {
+                inner: self.inner.create(subtask, parallelism)?,
                 commit_delay_ms: self.commit_delay_ms,
             })
         }
     }
 
-    struct FileWriter {
-        dir: PathBuf,
-        subtask: usize,
-        open: String,
-        /// Pre-committed checkpoints not yet committed, ascending.
-        pending: Vec<u64>,
+    /// One subtask's sink.
+    pub struct SlowCommit {
+        inner: FileSink<(u64, u64), Encode>,
         commit_delay_ms: u64,
     }
 
-    impl FileWriter {
-        fn path(&self, state: &str, checkpoint: u64) -> PathBuf {
-            self.dir
-                .join(format!("{state}-{}-{checkpoint}", self.subtask))
+    impl Sink for SlowCommit {
+        type Item = (u64, u64);
+
+        fn write_batch(&mut self, batch: &[(u64, u64)]) -> Result<(), SinkError> {
+            self.inner.write_batch(batch)
         }
 
-        fn commit_file(&self, checkpoint: u64) -> io::Result<()> {
-            let pending = self.path("pending", checkpoint);
-            if pending.exists() {
-                fs::rename(pending, self.path("committed", checkpoint))?;
-            }
-            Ok(())
-        }
-    }
-
-    impl SinkWriter<(u64, u64)> for FileWriter {
-        fn write(&mut self, batch: Vec<(u64, u64)>) -> Result<(), BoxError> {
-            for (key, count) in batch {
-                self.open.push_str(&format!("{key} {count}\n"));
-            }
-            Ok(())
+        fn pre_commit(&mut self, checkpoint_id: u64) -> Result<SinkState, SinkError> {
+            self.inner.pre_commit(checkpoint_id)
         }
 
-        fn pre_commit(&mut self, checkpoint: u64) -> Result<Vec<u8>, BoxError> {
-            let temporary = self.path("writing", checkpoint);
-            fs::write(&temporary, std::mem::take(&mut self.open))?;
-            fs::rename(temporary, self.path("pending", checkpoint))?;
-            self.pending.push(checkpoint);
-            let listed: Vec<String> = self.pending.iter().map(u64::to_string).collect();
-            Ok(listed.join(",").into_bytes())
+        fn commit(&mut self, checkpoint_id: u64) -> Result<(), SinkError> {
+            thread::sleep(Duration::from_millis(self.commit_delay_ms));
+            self.inner.commit(checkpoint_id)
         }
 
-        fn commit(&mut self, checkpoint: u64) -> Result<(), BoxError> {
-            std::thread::sleep(std::time::Duration::from_millis(self.commit_delay_ms));
-            while let Some(&first) = self.pending.first() {
-                if first > checkpoint {
-                    break;
-                }
-                self.commit_file(first)?;
-                self.pending.remove(0);
-            }
-            Ok(())
+        fn abort(&mut self) -> Result<(), SinkError> {
+            self.inner.abort()
         }
 
-        fn recover(&mut self, state: &[u8]) -> Result<(), BoxError> {
-            let listed: Vec<u64> = std::str::from_utf8(state)?
-                .split(',')
-                .filter(|text| !text.is_empty())
-                .map(str::parse)
-                .collect::<Result<_, _>>()?;
-            for &checkpoint in &listed {
-                self.commit_file(checkpoint)?;
-            }
-            // Abort: pending files the checkpoint does not list were
-            // written after it.
-            let prefix = format!("pending-{}-", self.subtask);
-            for entry in fs::read_dir(&self.dir)? {
-                let name = entry?.file_name().to_string_lossy().into_owned();
-                if name.starts_with(&prefix) {
-                    fs::remove_file(self.dir.join(name))?;
-                }
-            }
-            Ok(())
+        fn restore(&mut self, state: Option<&SinkState>) -> Result<(), SinkError> {
+            self.inner.restore(state)
+        }
+
+        fn finish(&mut self) -> Result<(), SinkError> {
+            self.inner.finish()
         }
     }
 
     /// Every committed record in `dir`, sorted.
-    pub fn committed(dir: &Path) -> io::Result<Vec<(u64, u64)>> {
+    pub fn committed(dir: &Path) -> Result<Vec<(u64, u64)>, Box<dyn std::error::Error>> {
         let mut records = Vec::new();
-        for entry in fs::read_dir(dir)? {
-            let entry = entry?;
-            if !entry
-                .file_name()
-                .to_string_lossy()
-                .starts_with("committed-")
-            {
-                continue;
-            }
-            for line in fs::read_to_string(entry.path())?.lines() {
+        for file in committed_files(dir, DEFAULT_PREFIX)? {
+            for line in fs::read_to_string(&file)?.lines() {
                 let mut numbers = line.split(' ').map(str::parse::<u64>);
-                if let (Some(Ok(key)), Some(Ok(count))) = (numbers.next(), numbers.next()) {
-                    records.push((key, count));
-                } else {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        format!("bad line {line:?} in {}", entry.path().display()),
-                    ));
+                match (numbers.next(), numbers.next()) {
+                    (Some(Ok(key)), Some(Ok(count))) => records.push((key, count)),
+                    _ => return Err(format!("bad line {line:?} in {}", file.display()).into()),
                 }
             }
         }

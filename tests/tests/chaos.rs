@@ -77,7 +77,6 @@ fn plan(seed: u64, guarantee: Guarantee) -> Plan {
         batch_size_max: rng.between(4, 64) as usize,
         pacing: Pacing {
             records_per_read: rng.between(16, 64) as usize,
-            pause_ms: 1,
         },
         faults,
     }

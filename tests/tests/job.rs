@@ -8,11 +8,10 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use snapflow::job::{
-    CollectSink, Job, JobConfig, JobError, RestartStrategy, Sink, SinkWriter, VecSource,
-};
+use snapflow::job::{Job, JobConfig, JobError, RestartStrategy};
 use snapflow::protocol::SnapshotMode;
-use snapflow::runtime::BoxError;
+use snapflow::sink::{CollectHandle, CollectSink, Sink, SinkError, SinkFactory, SinkState};
+use snapflow::source::{Guarantee, VecSourceFactory};
 use snapflow::storage::{CheckpointStore, MemoryCheckpointStore};
 use snapflow_tests::pipeline::{
     declare, expected, faulty_collect, FaultyCommitSink, Pacing, Shape,
@@ -22,7 +21,6 @@ use snapflow_tests::{FaultKind, Faults};
 const RECORDS: u64 = 3_000;
 const PACING: Pacing = Pacing {
     records_per_read: 64,
-    pause_ms: 1,
 };
 
 fn config(parallelism: usize, mode: SnapshotMode, interval_ms: Option<u64>) -> JobConfig {
@@ -53,6 +51,11 @@ fn check(shape: Shape, mode: SnapshotMode, interval_ms: Option<u64>) {
     assert_eq!(operator("count").records_in, kept);
     assert_eq!(operator("collect").records_in, kept);
     assert!(report.restarts.is_empty());
+    let guarantee = match mode {
+        SnapshotMode::AtLeastOnce => Guarantee::AtLeastOnce,
+        _ => Guarantee::ExactlyOnce,
+    };
+    assert_eq!(report.guarantee, guarantee);
     assert!(
         !report.checkpoints.is_empty(),
         "the final checkpoint commits the sinks"
@@ -108,10 +111,9 @@ fn build_error(declare: impl FnOnce(&Job)) -> JobError {
 #[test]
 fn duplicate_names_are_rejected_before_start() {
     let error = build_error(|job| {
-        let (sink, _) = CollectSink::new();
-        job.source("twice", VecSource::new(vec![1_u64]))
+        job.source("twice", VecSourceFactory::new(vec![1_u64]))
             .map("twice", |n| n)
-            .sink("out", sink);
+            .sink("out", CollectHandle::new());
     });
     assert!(matches!(error, JobError::DuplicateName { ref name } if name == "twice"));
     assert!(!error.is_retryable());
@@ -120,10 +122,9 @@ fn duplicate_names_are_rejected_before_start() {
 #[test]
 fn zero_parallelism_is_rejected_before_start() {
     let error = build_error(|job| {
-        let (sink, _) = CollectSink::new();
-        job.source("numbers", VecSource::new(vec![1_u64]))
+        job.source("numbers", VecSourceFactory::new(vec![1_u64]))
             .parallelism(0)
-            .sink("out", sink);
+            .sink("out", CollectHandle::new());
     });
     assert!(matches!(
         error,
@@ -140,10 +141,9 @@ fn parallelism_above_the_key_groups_is_rejected() {
             ..JobConfig::default()
         },
     );
-    let (sink, _) = CollectSink::new();
-    job.source("numbers", VecSource::new(vec![1_u64]))
+    job.source("numbers", VecSourceFactory::new(vec![1_u64]))
         .parallelism(3)
-        .sink("out", sink);
+        .sink("out", CollectHandle::<u64>::new());
     let error = job.run().expect_err("rejected");
     assert!(matches!(error, JobError::BadParallelism { max: 2, .. }));
 }
@@ -177,29 +177,34 @@ fn a_failure_without_restarts_fails_the_job_with_its_cause() {
 }
 
 /// A sink that sleeps per batch, in front of a collect sink.
-struct SlowSink(CollectSink<u64>);
+struct SlowSink(CollectHandle<u64>);
 
-struct SlowWriter(Box<dyn SinkWriter<u64>>);
+struct SlowWriter(CollectSink<u64>);
 
-impl Sink<u64> for SlowSink {
-    fn writer(&self, subtask: usize, parallelism: usize) -> Box<dyn SinkWriter<u64>> {
-        Box::new(SlowWriter(self.0.writer(subtask, parallelism)))
+impl SinkFactory for SlowSink {
+    type Sink = SlowWriter;
+    fn create(&self, subtask: usize, parallelism: usize) -> Result<SlowWriter, SinkError> {
+        Ok(SlowWriter(self.0.create(subtask, parallelism)?))
     }
 }
 
-impl SinkWriter<u64> for SlowWriter {
-    fn write(&mut self, batch: Vec<u64>) -> Result<(), BoxError> {
+impl Sink for SlowWriter {
+    type Item = u64;
+    fn write_batch(&mut self, batch: &[u64]) -> Result<(), SinkError> {
         thread::sleep(Duration::from_millis(1));
-        self.0.write(batch)
+        self.0.write_batch(batch)
     }
-    fn pre_commit(&mut self, checkpoint: u64) -> Result<Vec<u8>, BoxError> {
-        self.0.pre_commit(checkpoint)
+    fn pre_commit(&mut self, checkpoint_id: u64) -> Result<SinkState, SinkError> {
+        self.0.pre_commit(checkpoint_id)
     }
-    fn commit(&mut self, checkpoint: u64) -> Result<(), BoxError> {
-        self.0.commit(checkpoint)
+    fn commit(&mut self, checkpoint_id: u64) -> Result<(), SinkError> {
+        self.0.commit(checkpoint_id)
     }
-    fn recover(&mut self, state: &[u8]) -> Result<(), BoxError> {
-        self.0.recover(state)
+    fn abort(&mut self) -> Result<(), SinkError> {
+        self.0.abort()
+    }
+    fn restore(&mut self, state: Option<&SinkState>) -> Result<(), SinkError> {
+        self.0.restore(state)
     }
 }
 
@@ -216,9 +221,9 @@ fn a_slow_sink_throttles_the_source_within_the_window() {
             ..JobConfig::default()
         },
     );
-    let (collect, output) = CollectSink::new();
-    job.source("numbers", VecSource::new((0..400_u64).collect()))
-        .sink("slow", SlowSink(collect));
+    let output = CollectHandle::new();
+    job.source("numbers", VecSourceFactory::new((0..400_u64).collect()))
+        .sink("slow", SlowSink(output.clone()));
     let report = job.run().expect("the job runs");
     let source = report.operator("numbers").expect("reported");
     assert!(source.in_flight_batches_peak <= window_batches as u64);
@@ -231,7 +236,6 @@ fn a_slow_sink_throttles_the_source_within_the_window() {
 fn slow_pipeline(job: &Job, sink: FaultyCommitSink) {
     let pacing = Pacing {
         records_per_read: 8,
-        pause_ms: 1,
     };
     let _state = declare(job, RECORDS, [1; 6], pacing, &Faults::none(), sink);
 }

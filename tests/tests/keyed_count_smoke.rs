@@ -10,8 +10,10 @@
 
 use std::collections::HashMap;
 
-use snapflow::job::{CollectSink, Job, JobConfig, VecSource};
+use snapflow::job::{Job, JobConfig};
 use snapflow::protocol::SnapshotMode;
+use snapflow::sink::CollectHandle;
+use snapflow::source::VecSourceFactory;
 
 const RECORDS: u64 = 20_003;
 const KEYS: u64 = 100;
@@ -35,16 +37,16 @@ fn check(parallelism: usize, mode: SnapshotMode, interval_ms: Option<u64>) {
         ..JobConfig::default()
     };
     let job = Job::new("keyed-count-smoke", config);
-    let (sink, output) = CollectSink::new();
+    let output = CollectHandle::new();
     let (counts, state) = job
-        .source("sequence", VecSource::new((0..RECORDS).collect()))
+        .source("sequence", VecSourceFactory::new((0..RECORDS).collect()))
         .key_by(|i: &u64| i % KEYS)
         .process_with_state("count", |key: &u64, state: &mut Count, _i: u64, out| {
             state.count += 1;
             out.emit((*key, state.count));
             Ok(())
         });
-    counts.sink("collect", sink);
+    counts.sink("collect", output.clone());
     let report = job.run().expect("the job runs");
     assert!(report.restarts.is_empty(), "no failure was injected");
 

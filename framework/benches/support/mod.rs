@@ -1,5 +1,5 @@
-//! What the end-to-end benchmarks share: the keyed count's state, a
-//! replayable sequence source, a discarding sink with two-phase commit (and
+//! What the end-to-end benchmarks share: the keyed count's state, the
+//! replayable sequence source (the project's generator), a discarding sink with two-phase commit (and
 //! an optional pause per batch), peak-RSS readings and order statistics.
 //!
 //! It is a module of each benchmark binary, not a target of its own; each
@@ -12,62 +12,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use snapflow::job::{ReadStatus, Sink, SinkWriter, Source, SourceReader};
-use snapflow::runtime::BoxError;
+use snapflow::sink::{Sink, SinkError, SinkFactory, SinkState};
+use snapflow::source::GeneratorSourceFactory;
 
 /// The per-key state of the count.
 #[derive(snapflow::Snapshot, Default, Clone, Debug)]
 pub struct Count {
     /// Records seen for the key.
     pub count: u64,
-}
-
-/// The sequence 0..records, record `i` read by subtask `i % parallelism`;
-/// a subtask's position is the next record it reads.
-pub struct SequenceSource {
-    /// How many records: 0..records.
-    pub records: u64,
-}
-
-impl Source<u64> for SequenceSource {
-    fn reader(&self, subtask: usize, parallelism: usize) -> Box<dyn SourceReader<u64>> {
-        Box::new(SequenceReader {
-            next: subtask as u64,
-            step: parallelism.max(1) as u64,
-            end: self.records,
-        })
-    }
-}
-
-struct SequenceReader {
-    next: u64,
-    step: u64,
-    end: u64,
-}
-
-impl SourceReader<u64> for SequenceReader {
-    fn read(&mut self, max_records: usize, out: &mut Vec<u64>) -> Result<ReadStatus, BoxError> {
-        for _ in 0..max_records {
-            if self.next >= self.end {
-                return Ok(ReadStatus::Exhausted);
-            }
-            out.push(self.next);
-            self.next += self.step;
-        }
-        Ok(ReadStatus::Ready)
-    }
-
-    fn position(&self) -> Vec<u8> {
-        self.next.to_le_bytes().to_vec()
-    }
-
-    fn seek(&mut self, position: &[u8]) -> Result<(), BoxError> {
-        let bytes: [u8; 8] = position
-            .try_into()
-            .map_err(|_| format!("a sequence position is 8 bytes, got {}", position.len()))?;
-        self.next = u64::from_le_bytes(bytes);
-        Ok(())
-    }
 }
 
 /// What a [`DiscardSink`]'s writers committed, shared by all of them: the
@@ -112,9 +64,11 @@ impl DiscardSink {
     }
 }
 
-impl Sink<(u64, u64)> for DiscardSink {
-    fn writer(&self, subtask: usize, _parallelism: usize) -> Box<dyn SinkWriter<(u64, u64)>> {
-        Box::new(DiscardWriter {
+impl SinkFactory for DiscardSink {
+    type Sink = DiscardWriter;
+
+    fn create(&self, subtask: usize, _parallelism: usize) -> Result<DiscardWriter, SinkError> {
+        Ok(DiscardWriter {
             shared: Arc::clone(&self.shared),
             subtask,
             pause_per_batch: self.pause_per_batch,
@@ -124,7 +78,8 @@ impl Sink<(u64, u64)> for DiscardSink {
     }
 }
 
-struct DiscardWriter {
+/// One subtask's [`DiscardSink`]: record counts per transaction.
+pub struct DiscardWriter {
     shared: Arc<Discarded>,
     subtask: usize,
     pause_per_batch: Duration,
@@ -134,8 +89,19 @@ struct DiscardWriter {
     pending: BTreeMap<u64, u64>,
 }
 
-impl SinkWriter<(u64, u64)> for DiscardWriter {
-    fn write(&mut self, batch: Vec<(u64, u64)>) -> Result<(), BoxError> {
+impl DiscardWriter {
+    fn commit_up_to(&mut self, checkpoint: u64) {
+        let later = self.pending.split_off(&(checkpoint + 1));
+        for (id, records) in std::mem::replace(&mut self.pending, later) {
+            self.shared.commit(self.subtask, id, records);
+        }
+    }
+}
+
+impl Sink for DiscardWriter {
+    type Item = (u64, u64);
+
+    fn write_batch(&mut self, batch: &[(u64, u64)]) -> Result<(), SinkError> {
         if !self.pause_per_batch.is_zero() {
             std::thread::sleep(self.pause_per_batch);
         }
@@ -143,28 +109,51 @@ impl SinkWriter<(u64, u64)> for DiscardWriter {
         Ok(())
     }
 
-    fn pre_commit(&mut self, checkpoint: u64) -> Result<Vec<u8>, BoxError> {
+    fn pre_commit(&mut self, checkpoint_id: u64) -> Result<SinkState, SinkError> {
         self.pending
-            .insert(checkpoint, std::mem::take(&mut self.open));
+            .insert(checkpoint_id, std::mem::take(&mut self.open));
         let pending: Vec<(u64, u64)> = self.pending.iter().map(|(&id, &n)| (id, n)).collect();
-        Ok(postcard::to_allocvec(&pending)?)
+        let bytes = postcard::to_allocvec(&pending).map_err(|error| SinkError::MalformedState {
+            reason: error.to_string(),
+        })?;
+        Ok(SinkState::from_bytes(bytes))
     }
 
-    fn commit(&mut self, checkpoint: u64) -> Result<(), BoxError> {
-        let later = self.pending.split_off(&(checkpoint + 1));
-        for (id, records) in std::mem::replace(&mut self.pending, later) {
-            self.shared.commit(self.subtask, id, records);
-        }
+    fn commit(&mut self, checkpoint_id: u64) -> Result<(), SinkError> {
+        self.commit_up_to(checkpoint_id);
         Ok(())
     }
 
-    fn recover(&mut self, state: &[u8]) -> Result<(), BoxError> {
-        let pending: Vec<(u64, u64)> = postcard::from_bytes(state)?;
+    fn abort(&mut self) -> Result<(), SinkError> {
+        self.open = 0;
+        Ok(())
+    }
+
+    fn restore(&mut self, state: Option<&SinkState>) -> Result<(), SinkError> {
+        self.open = 0;
+        self.pending.clear();
+        let Some(state) = state else {
+            return Ok(());
+        };
+        let pending: Vec<(u64, u64)> =
+            postcard::from_bytes(state.as_bytes()).map_err(|error| SinkError::MalformedState {
+                reason: error.to_string(),
+            })?;
         for (id, records) in pending {
             self.shared.commit(self.subtask, id, records);
         }
         Ok(())
     }
+}
+
+/// The sequence `0..records` from the project's generator source (each
+/// subtask reads a contiguous share; a position is the next index).
+pub fn sequence(records: u64) -> GeneratorSourceFactory<fn(u64) -> u64> {
+    GeneratorSourceFactory::new(0..records, identity)
+}
+
+fn identity(index: u64) -> u64 {
+    index
 }
 
 /// The exact count of key `key` among `records` records.

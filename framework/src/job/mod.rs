@@ -2,8 +2,9 @@
 //! that runs it end to end with checkpoints and exactly-once recovery.
 //!
 //! This module owns the user's vocabulary for a job ([`Job`], [`JobConfig`],
-//! [`Stream`], [`KeyedStream`], [`Collector`], the [`Source`] and [`Sink`]
-//! contracts), the translation of the logical graph into a graph of subtasks
+//! [`Stream`], [`KeyedStream`], [`Collector`]; sources and sinks are the
+//! [`crate::source::SourceFactory`] and [`crate::sink::SinkFactory`] of
+//! their own modules), the translation of the logical graph into a graph of subtasks
 //! with channels and partitioners, the operator shells that drive one
 //! protocol [`NodeMachine`](crate::protocol::NodeMachine) per subtask, and
 //! the supervisor actor that drives the
@@ -18,7 +19,9 @@
 //! connected region of the failed subtask is not done yet.
 //!
 //! ```
-//! use snapflow::job::{CollectSink, Job, JobConfig, VecSource};
+//! use snapflow::job::{Job, JobConfig};
+//! use snapflow::sink::CollectHandle;
+//! use snapflow::source::VecSourceFactory;
 //!
 //! #[derive(snapflow::Snapshot, Default, Clone, Debug)]
 //! struct Count {
@@ -26,8 +29,8 @@
 //! }
 //!
 //! let job = Job::new("doc", JobConfig { checkpoint_interval_ms: Some(20), ..JobConfig::default() });
-//! let (sink, output) = CollectSink::new();
-//! job.source("numbers", VecSource::new((0..100_u64).collect()))
+//! let output = CollectHandle::new();
+//! job.source("numbers", VecSourceFactory::new((0..100_u64).collect()))
 //!     .map("tenths", |n| n / 10)
 //!     .key_by(|n: &u64| *n)
 //!     .process("count", |key: &u64, state: &mut Count, _n: u64, out| {
@@ -35,7 +38,7 @@
 //!         out.emit((*key, state.seen));
 //!         Ok(())
 //!     })
-//!     .sink("collect", sink);
+//!     .sink("collect", output.clone());
 //! let report = job.run()?;
 //! let mut counts = output.committed();
 //! counts.sort();
@@ -45,7 +48,6 @@
 //! # Ok::<(), snapflow::job::JobError>(())
 //! ```
 
-mod connectors;
 mod ops;
 mod physical;
 mod route;
@@ -59,16 +61,14 @@ use std::sync::Arc;
 use crate::protocol::{CoordinatorConfigError, GraphError, SnapshotMode};
 use crate::restart::RestartConfigError;
 use crate::runtime::RuntimeError;
+use crate::source::Guarantee;
 use crate::storage::{CheckpointStore, FsCheckpointStore, StoreError};
 
 pub use crate::restart::RestartStrategy;
-pub use connectors::{
-    CollectHandle, CollectSink, ReadStatus, Sink, SinkWriter, Source, SourceReader, VecSource,
-};
 pub use ops::Key;
 pub use route::Collector;
 pub use shell::Data;
-pub use stream::{Job, KeyedStateHandle, KeyedStream, SinkHandle, Stream};
+pub use stream::{Feedback, Job, KeyedStateHandle, KeyedStream, SinkHandle, Stream};
 pub use supervisor::RunningJob;
 
 /// How a job runs: checkpoints, snapshot mode, store, restarts, parallelism
@@ -88,7 +88,9 @@ pub struct JobConfig {
     /// restarts.
     pub tolerable_checkpoint_failures: u32,
     /// The snapshot algorithm: aligned (default), unaligned or
-    /// at-least-once. Cyclic graphs are not supported by the builder yet.
+    /// at-least-once. With iterations, aligned means
+    /// [`SnapshotMode::Cyclic`]: forward edges aligned, feedback edges
+    /// recorded.
     pub mode: SnapshotMode,
     /// Where checkpoints go; `None` means a fresh in-memory store per run.
     pub store: Option<Arc<dyn CheckpointStore>>,
@@ -170,6 +172,16 @@ pub enum JobError {
     /// `.parallelism(n)` on a stream that several operators produce (a union).
     #[error("parallelism set on a union stream; set it on each input instead")]
     ParallelismOnUnion,
+    /// An iteration was opened with [`Stream::iterate`] and never closed.
+    #[error("iteration `{name}` is never closed with close_loop")]
+    LoopNotClosed {
+        /// The iteration head's name.
+        name: String,
+    },
+    /// A loop that is not one iteration closed on a stream derived from its
+    /// head (for example closed with an unrelated stream).
+    #[error("a feedback edge does not close a loop through its iteration head")]
+    UnsupportedLoop,
     /// The job has no operators.
     #[error("the job has no operators")]
     EmptyJob,
@@ -222,8 +234,12 @@ impl JobError {
 }
 
 /// What a finished job reports.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct JobReport {
+    /// What the job guarantees after a restore: exactly-once unless the
+    /// mode is at-least-once, a source cannot seek, or a sink cannot roll
+    /// back.
+    pub guarantee: Guarantee,
     /// The job's name.
     pub job: String,
     /// Per operator, in declaration order.

@@ -22,9 +22,10 @@ use crate::protocol::CheckpointId;
 use crate::runtime::BoxError;
 use crate::state::Snapshot;
 
-use super::connectors::SinkWriter;
 use super::route::Collector;
 use super::shell::{Core, Data};
+use crate::sink::{Sink, SinkError, SinkState};
+use crate::source::Guarantee;
 
 /// A stateless per-record function.
 pub(crate) type RecordFn<In, Out> = Arc<dyn Fn(In, &mut Collector<'_, Out>) + Send + Sync>;
@@ -46,7 +47,7 @@ impl<In: Data, Out: Data> Core<In, Out> for StatelessCore<In, Out> {
         Ok(Vec::new())
     }
 
-    fn restore(&mut self, _state: &[u8]) -> Result<(), BoxError> {
+    fn restore(&mut self, _state: Option<&[u8]>) -> Result<(), BoxError> {
         Ok(())
     }
 }
@@ -123,7 +124,10 @@ where
         Ok(postcard::to_allocvec(&parts)?)
     }
 
-    fn restore(&mut self, state: &[u8]) -> Result<(), BoxError> {
+    fn restore(&mut self, state: Option<&[u8]>) -> Result<(), BoxError> {
+        let Some(state) = state else {
+            return Ok(());
+        };
         let parts: KeyGroupParts = postcard::from_bytes(state)?;
         let (max_parallelism, range) = (self.states.max_parallelism(), self.states.range());
         self.states = KeyedState::restore(max_parallelism, range, parts_in_range(range, parts))?;
@@ -146,26 +150,58 @@ where
     }
 }
 
+/// Makes the sink of one subtask (subtask, parallelism).
+pub(crate) type SinkMaker<T> =
+    Arc<dyn Fn(usize, usize) -> Result<Box<dyn Sink<Item = T>>, SinkError> + Send + Sync>;
+
 /// The sink core: writes batches, pre-commits at the snapshot, commits on
-/// completion, recovers on restore.
+/// completion, restores (committing what the checkpoint lists and aborting
+/// the rest) before the first batch.
 pub(crate) struct SinkCore<T> {
-    pub(crate) writer: Box<dyn SinkWriter<T>>,
+    pub(crate) make: SinkMaker<T>,
+    pub(crate) subtask: usize,
+    pub(crate) parallelism: usize,
+    /// Made in `restore`, on the actor's thread, so that a failure to open
+    /// it is a typed failure report.
+    pub(crate) sink: Option<Box<dyn Sink<Item = T>>>,
+}
+
+impl<T> SinkCore<T> {
+    fn sink(&mut self) -> Result<&mut Box<dyn Sink<Item = T>>, BoxError> {
+        self.sink
+            .as_mut()
+            .ok_or_else(|| "the sink was used before it was restored".into())
+    }
 }
 
 impl<T: Data> Core<T, ()> for SinkCore<T> {
     fn process(&mut self, batch: Vec<T>, _out: &mut Collector<'_, ()>) -> Result<(), BoxError> {
-        self.writer.write(batch)
+        Ok(self.sink()?.write_batch(&batch)?)
     }
 
     fn snapshot(&mut self, checkpoint: CheckpointId) -> Result<Vec<u8>, BoxError> {
-        self.writer.pre_commit(checkpoint.0)
+        Ok(self.sink()?.pre_commit(checkpoint.0)?.as_bytes().to_vec())
     }
 
-    fn restore(&mut self, state: &[u8]) -> Result<(), BoxError> {
-        self.writer.recover(state)
+    fn restore(&mut self, state: Option<&[u8]>) -> Result<(), BoxError> {
+        let mut sink = (self.make)(self.subtask, self.parallelism)?;
+        let state = state.map(|bytes| SinkState::from_bytes(bytes.to_vec()));
+        sink.restore(state.as_ref())?;
+        self.sink = Some(sink);
+        Ok(())
     }
 
     fn on_complete(&mut self, checkpoint: CheckpointId) -> Result<(), BoxError> {
-        self.writer.commit(checkpoint.0)
+        Ok(self.sink()?.commit(checkpoint.0)?)
+    }
+
+    fn on_end(&mut self, _out: &mut Collector<'_, ()>) -> Result<(), BoxError> {
+        Ok(self.sink()?.finish()?)
+    }
+
+    fn guarantee(&self) -> Guarantee {
+        self.sink
+            .as_ref()
+            .map_or(Guarantee::ExactlyOnce, |sink| sink.guarantee())
     }
 }

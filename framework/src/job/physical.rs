@@ -19,7 +19,9 @@ use std::sync::Arc;
 use actix::{Addr, Recipient};
 
 use crate::keyed::MaxParallelism;
-use crate::protocol::{CheckpointId, GraphBuilder, NodeConfig, NodeMachine, SnapshotPlan};
+use crate::protocol::{
+    CheckpointId, GraphBuilder, GraphError, NodeConfig, NodeMachine, SnapshotMode, SnapshotPlan,
+};
 use crate::runtime::channel::{
     channel, ChannelConfig, ChannelId, ChannelReceiver, ChannelSender, ChannelStats, Credit,
     Delivery, Window,
@@ -31,10 +33,10 @@ use crate::runtime::stage::{Inject, StageActor, StageConfig};
 use crate::runtime::{ActorTag, Generation};
 use crate::storage::PartId;
 
-use super::connectors::Source;
 use super::route::{EdgeRoute, KeyHash, RouteKind, Router};
 use super::shell::{
-    Control, Core, Data, NodeEvent, OperatorCounters, ShellEnv, SourceShell, StageShell,
+    Control, Core, Data, NodeEvent, OperatorCounters, ShellEnv, SourceMaker, SourceShell,
+    StageShell,
 };
 use super::{JobConfig, JobError};
 
@@ -233,6 +235,7 @@ impl<In: Data, Out: Data> SubtaskSlot for StageSlot<In, Out> {
             inputs,
             make_core,
         } = *self;
+        let feedback = start.node_config.feedback.clone();
         let machine = new_machine::<Vec<In>>(start.node_config, start.last_completed)?;
         let router = Router {
             edges: outputs.routes,
@@ -248,7 +251,7 @@ impl<In: Data, Out: Data> SubtaskSlot for StageSlot<In, Out> {
             failures.clone(),
             move |_| {
                 let core = make_core(subtask, parallelism);
-                let shell = StageShell::new(env, machine, core, router);
+                let shell = StageShell::new(env, machine, core, router, feedback);
                 StageActor::new(
                     actor_tag,
                     shell,
@@ -264,7 +267,7 @@ impl<In: Data, Out: Data> SubtaskSlot for StageSlot<In, Out> {
 }
 
 pub(crate) struct SourceTemplate<T> {
-    pub(crate) source: Arc<dyn Source<T>>,
+    pub(crate) make: SourceMaker<T>,
 }
 
 impl<T: Data> Template for SourceTemplate<T> {
@@ -272,7 +275,7 @@ impl<T: Data> Template for SourceTemplate<T> {
         Box::new(SourceSlot {
             slot: ActorSlot::new(),
             outputs: OutputSide::new(),
-            source: Arc::clone(&self.source),
+            make: Arc::clone(&self.make),
         })
     }
 }
@@ -280,7 +283,7 @@ impl<T: Data> Template for SourceTemplate<T> {
 struct SourceSlot<T: Data> {
     slot: ActorSlot<SourceActor<SourceShell<T>>>,
     outputs: OutputSide<T>,
-    source: Arc<dyn Source<T>>,
+    make: SourceMaker<T>,
 }
 
 impl<T: Data> SubtaskSlot for SourceSlot<T> {
@@ -323,7 +326,7 @@ impl<T: Data> SubtaskSlot for SourceSlot<T> {
         let SourceSlot {
             slot,
             outputs,
-            source,
+            make,
         } = *self;
         let machine = new_machine::<Vec<T>>(start.node_config, start.last_completed)?;
         let router = Router {
@@ -340,8 +343,14 @@ impl<T: Data> SubtaskSlot for SourceSlot<T> {
             tag,
             failures.clone(),
             move |_| {
-                let reader = source.reader(subtask, parallelism);
-                let shell = SourceShell::new(env, machine, reader, router, read_batch);
+                let shell = SourceShell::new(
+                    env,
+                    machine,
+                    make,
+                    (subtask, parallelism),
+                    router,
+                    read_batch,
+                );
                 SourceActor::new(actor_tag, shell, senders, SourceConfig::default(), failures)
             },
         )?;
@@ -367,12 +376,16 @@ pub(crate) struct PlannedOperator {
     pub(crate) first_node: usize,
     pub(crate) template: Box<dyn Template>,
     pub(crate) counters: Arc<OperatorCounters>,
+    /// For an iteration head: its idle timeout.
+    pub(crate) loop_idle_ms: Option<u64>,
 }
 
 /// One logical edge, resolved.
 pub(crate) struct PlannedEdge {
     pub(crate) partition: Partition,
     pub(crate) key_hash: Option<Arc<dyn Any + Send + Sync>>,
+    /// A feedback edge closing an iteration (a back edge of a cycle).
+    pub(crate) feedback: bool,
 }
 
 /// One physical channel.
@@ -447,7 +460,28 @@ impl PhysicalPlan {
             builder = builder.edge(&name(edge.from), &name(edge.to));
         }
         let graph = builder.build()?;
-        let snapshot = graph.plan(config.mode, &[])?;
+        let has_loops = logical_edges.iter().any(|edge| edge.feedback);
+        // Aligned on a DAG is Cyclic on a DAG; with loops, Cyclic is the
+        // exactly-once aligned mode (forward ALIGN, back edges RECORD).
+        let mode = match config.mode {
+            SnapshotMode::Aligned if has_loops => SnapshotMode::Cyclic,
+            mode => mode,
+        };
+        // The back edges are exactly the declared feedback channels: the
+        // loop heads end their loops by them, and only they are unbounded.
+        let feedback: Vec<usize> = edges
+            .iter()
+            .enumerate()
+            .filter(|(_, edge)| logical_edges[edge.logical].feedback)
+            .map(|(id, _)| id)
+            .collect();
+        let snapshot =
+            graph
+                .plan_with_back_edges(mode, &feedback)
+                .map_err(|error| match error {
+                    GraphError::BadBackEdges { .. } => JobError::UnsupportedLoop,
+                    other => JobError::Graph(other),
+                })?;
         Ok(PhysicalPlan {
             operators,
             nodes,
@@ -461,6 +495,11 @@ impl PhysicalPlan {
     /// The node count.
     pub(crate) fn node_count(&self) -> usize {
         self.nodes.len()
+    }
+
+    /// Whether `node` is the head of an iteration.
+    pub(crate) fn is_loop_head(&self, node: usize) -> Option<u64> {
+        self.operators[self.nodes[node].0].loop_idle_ms
     }
 
     /// The store's part id of a node.
@@ -534,6 +573,13 @@ pub(crate) fn start_generation(
             previous = Some((edge.from, edge.logical));
         }
         let target = slots[edge.to].delivery_target()?;
+        // Feedback edges are unbounded: a bounded back edge can deadlock
+        // the loop (see `Window::Unbounded`).
+        let config = if plan.logical_edges[edge.logical].feedback {
+            config.unbounded()
+        } else {
+            config
+        };
         let receiver =
             slots[edge.from].connect(target, ChannelId(id as u64), generation, config)?;
         channel_stats.push((plan.nodes[edge.from].0, receiver.stats().clone()));
@@ -558,6 +604,7 @@ pub(crate) fn start_generation(
             counters: Arc::clone(&planned.counters),
             restore: restore.get(&plan.part_id(node)).cloned(),
             span,
+            loop_idle_ms: planned.loop_idle_ms,
         };
         slot.start(SlotStart {
             pool,

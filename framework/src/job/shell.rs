@@ -14,9 +14,9 @@
 //! It never decides a protocol question (the machine does), never does I/O
 //! (the supervisor's writer thread does) and never restarts anything.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use actix::{Message, Recipient};
 use serde::de::DeserializeOwned;
@@ -28,8 +28,8 @@ use crate::runtime::source::{SourceLogic, SourcePoll};
 use crate::runtime::stage::{StageIo, StageLogic};
 use crate::runtime::{BoxError, Generation};
 
-use super::connectors::{ReadStatus, SourceReader};
 use super::route::{Collector, Router};
+use crate::source::{Guarantee, Source, SourceError, SourcePoll as ReadStatus, SourcePosition};
 
 /// Bound on the serde-friendly record types that flow between operators:
 /// they are cloned for fan-out and recorded channel state, and serialized
@@ -51,6 +51,8 @@ pub enum Control {
     Complete(CheckpointId),
     /// Injected: the checkpoint was aborted.
     Abort(CheckpointId),
+    /// Injected into a loop head: time passed (it may end its loop).
+    Tick,
 }
 
 /// What a subtask tells the supervisor.
@@ -101,6 +103,9 @@ pub(crate) struct PartBytes {
 pub(crate) struct OperatorCounters {
     pub(crate) records_in: AtomicU64,
     pub(crate) records_out: AtomicU64,
+    /// A subtask's connector guarantees only at-least-once (a source that
+    /// cannot seek, a sink that cannot roll back).
+    pub(crate) at_least_once: AtomicBool,
 }
 
 /// The user-facing logic of one stage instance.
@@ -109,8 +114,13 @@ pub(crate) trait Core<In, Out: Send + 'static>: 'static {
     fn process(&mut self, batch: Vec<In>, out: &mut Collector<'_, Out>) -> Result<(), BoxError>;
     /// The synchronous part of a checkpoint: the state as bytes.
     fn snapshot(&mut self, checkpoint: CheckpointId) -> Result<Vec<u8>, BoxError>;
-    /// Restores from bytes [`Core::snapshot`] returned.
-    fn restore(&mut self, state: &[u8]) -> Result<(), BoxError>;
+    /// Starts the core: from bytes [`Core::snapshot`] returned, or fresh
+    /// (`None`). Called once, before any batch.
+    fn restore(&mut self, state: Option<&[u8]>) -> Result<(), BoxError>;
+    /// What this core guarantees after a restore.
+    fn guarantee(&self) -> Guarantee {
+        Guarantee::ExactlyOnce
+    }
     /// A checkpoint is complete (sinks commit).
     fn on_complete(&mut self, checkpoint: CheckpointId) -> Result<(), BoxError> {
         let _ = checkpoint;
@@ -132,6 +142,9 @@ pub(crate) struct ShellEnv {
     /// The part of the restored checkpoint, if any.
     pub(crate) restore: Option<Vec<u8>>,
     pub(crate) span: tracing::Span,
+    /// For the head of an iteration: how long its feedback must be idle,
+    /// after its other inputs ended, before it ends the loop.
+    pub(crate) loop_idle_ms: Option<u64>,
 }
 
 impl ShellEnv {
@@ -207,8 +220,39 @@ impl Alignments {
     }
 }
 
+/// The loop-ending rule of an iteration head (as Flink's bounded
+/// iterations): once every input that is not a feedback edge has ended,
+/// and no feedback batch arrived for `idle_ms`, the feedback inputs are
+/// ended by the head itself (the machine sees an end of input on them), so
+/// the end of input can flow around the loop. Whatever still arrives on a
+/// feedback input afterwards is dropped: choose `idle_ms` above the loop's
+/// latency.
+struct LoopHead {
+    /// Per input channel: whether it is a feedback edge.
+    feedback: Vec<bool>,
+    idle_ms: u64,
+    last_feedback: Instant,
+    ended: bool,
+}
+
+impl LoopHead {
+    /// Whether an item on `input` is dropped because the loop has ended;
+    /// a record batch on a feedback input also counts as loop activity
+    /// (barriers do not: they circulate as long as checkpoints run).
+    fn is_dropped(&mut self, input: usize, records: bool) -> bool {
+        if !self.feedback.get(input).copied().unwrap_or(false) {
+            return false;
+        }
+        if records {
+            self.last_feedback = Instant::now();
+        }
+        self.ended
+    }
+}
+
 /// The stage shell: one operator instance with inputs.
 pub(crate) struct StageShell<In: Data, Out: Data> {
+    loop_head: Option<LoopHead>,
     env: ShellEnv,
     machine: NodeMachine<Vec<In>>,
     core: Box<dyn Core<In, Out>>,
@@ -225,8 +269,16 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
         machine: NodeMachine<Vec<In>>,
         core: Box<dyn Core<In, Out>>,
         router: Router<Out>,
+        feedback: Vec<bool>,
     ) -> Self {
+        let loop_head = env.loop_idle_ms.map(|idle_ms| LoopHead {
+            feedback,
+            idle_ms,
+            last_feedback: Instant::now(),
+            ended: false,
+        });
         StageShell {
+            loop_head,
             env,
             machine,
             core,
@@ -310,6 +362,15 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
         self.after_input(io)
     }
 
+    fn note_guarantee(&self) {
+        if self.core.guarantee() == Guarantee::AtLeastOnce {
+            self.env
+                .counters
+                .at_least_once
+                .store(true, Ordering::Relaxed);
+        }
+    }
+
     fn after_input(&mut self, io: &mut StageIo<'_, Out, Control>) -> Result<(), BoxError> {
         if !self.inputs_ended && self.machine.all_inputs_ended() {
             self.inputs_ended = true;
@@ -332,12 +393,15 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
 
     fn restore(&mut self, io: &mut StageIo<'_, Out, Control>) -> Result<(), BoxError> {
         let Some(bytes) = self.env.restore.take() else {
+            self.core.restore(None)?;
+            self.note_guarantee();
             return Ok(());
         };
         let span = self.env.span.clone();
         let _span = span.enter();
         let part: PartBytes = postcard::from_bytes(&bytes)?;
-        self.core.restore(&part.state)?;
+        self.core.restore(Some(&part.state))?;
+        self.note_guarantee();
         // Recorded channel state is delivered before any new input: this
         // runs before the stage processes its first delivery.
         for (_channel, messages) in part.channels {
@@ -361,6 +425,11 @@ impl<In: Data, Out: Data> StageLogic for StageShell<In, Out> {
         batch: Vec<In>,
         io: &mut StageIo<'_, Out, Control>,
     ) -> Result<(), BoxError> {
+        if let Some(head) = &mut self.loop_head {
+            if head.is_dropped(input, true) {
+                return Ok(());
+            }
+        }
         if let Delivery::Process(batch) = self.machine.on_data(input, batch) {
             self.process(batch, io.outputs())?;
         }
@@ -378,6 +447,11 @@ impl<In: Data, Out: Data> StageLogic for StageShell<In, Out> {
         control: Control,
         io: &mut StageIo<'_, Out, Control>,
     ) -> Result<(), BoxError> {
+        if let Some(head) = &mut self.loop_head {
+            if head.is_dropped(input, false) {
+                return Ok(());
+            }
+        }
         match control {
             Control::Barrier(checkpoint) => {
                 self.alignments.barrier(checkpoint);
@@ -414,17 +488,57 @@ impl<In: Data, Out: Data> StageLogic for StageShell<In, Out> {
                 self.core.on_complete(checkpoint)?;
                 self.env.tell(NodeEventKind::Committed { checkpoint });
             }
+            Control::Tick => self.maybe_end_loop(io)?,
             other => return Err(format!("{other:?} was injected").into()),
         }
         self.drive(io)
     }
 }
 
+impl<In: Data, Out: Data> StageShell<In, Out> {
+    /// The loop head's rule (see [`LoopHead`]): ends the feedback inputs
+    /// once the loop has been idle long enough, driving the machine after
+    /// each end as the contract says.
+    fn maybe_end_loop(&mut self, io: &mut StageIo<'_, Out, Control>) -> Result<(), BoxError> {
+        let Some(head) = &mut self.loop_head else {
+            return Ok(());
+        };
+        let idle = head.last_feedback.elapsed() >= Duration::from_millis(head.idle_ms);
+        if head.ended || !idle || !self.machine.needs_trigger() {
+            return Ok(());
+        }
+        head.ended = true;
+        let feedback: Vec<usize> = (0..head.feedback.len())
+            .filter(|&input| head.feedback[input])
+            .collect();
+        tracing::debug!(node = self.env.node, "iteration idle: ending its feedback");
+        for input in feedback {
+            self.machine.on_end_of_input(input);
+            self.drive(io)?;
+        }
+        Ok(())
+    }
+}
+
+/// Makes the source of one subtask (subtask, parallelism).
+pub(crate) type SourceMaker<T> =
+    Arc<dyn Fn(usize, usize) -> Result<Box<dyn Source<Item = T>>, SourceError> + Send + Sync>;
+
+/// How long a source that said [`ReadStatus::Idle`] waits before the next
+/// poll.
+const IDLE_RETRY_MS: u64 = 1;
+
 /// The source shell: one source instance, an initiator.
 pub(crate) struct SourceShell<T: Data> {
     env: ShellEnv,
     machine: NodeMachine<Vec<T>>,
-    reader: Box<dyn SourceReader<T>>,
+    make: SourceMaker<T>,
+    subtask: usize,
+    parallelism: usize,
+    /// Made (and sought to the restored position) on first use, on the
+    /// actor's thread, so that a failure to open it is a typed failure
+    /// report, not a panic in the actor's constructor.
+    reader: Option<Box<dyn Source<Item = T>>>,
     router: Router<T>,
     buffer: Vec<T>,
     read_batch: usize,
@@ -436,14 +550,18 @@ impl<T: Data> SourceShell<T> {
     pub(crate) fn new(
         env: ShellEnv,
         machine: NodeMachine<Vec<T>>,
-        reader: Box<dyn SourceReader<T>>,
+        make: SourceMaker<T>,
+        (subtask, parallelism): (usize, usize),
         router: Router<T>,
         read_batch: usize,
     ) -> Self {
         SourceShell {
             env,
             machine,
-            reader,
+            make,
+            subtask,
+            parallelism,
+            reader: None,
             router,
             buffer: Vec::with_capacity(read_batch),
             read_batch: read_batch.max(1),
@@ -452,12 +570,28 @@ impl<T: Data> SourceShell<T> {
         }
     }
 
-    fn restore_once(&mut self) -> Result<(), BoxError> {
-        let Some(bytes) = self.env.restore.take() else {
-            return Ok(());
-        };
-        let part: PartBytes = postcard::from_bytes(&bytes)?;
-        self.reader.seek(&part.state)
+    /// The reader, opened and sought to the restored position on first use.
+    fn reader(&mut self) -> Result<&mut Box<dyn Source<Item = T>>, BoxError> {
+        if self.reader.is_none() {
+            let mut reader = (self.make)(self.subtask, self.parallelism)?;
+            if !reader.can_seek() {
+                // Documented: such a source is at-least-once at best.
+                self.env
+                    .counters
+                    .at_least_once
+                    .store(true, Ordering::Relaxed);
+            }
+            if let Some(bytes) = self.env.restore.take() {
+                let part: PartBytes = postcard::from_bytes(&bytes)?;
+                if reader.can_seek() {
+                    reader.seek(&SourcePosition::from_bytes(part.state))?;
+                }
+            }
+            self.reader = Some(reader);
+        }
+        self.reader
+            .as_mut()
+            .ok_or_else(|| "the source reader was just made".into())
     }
 
     fn drive(&mut self, outputs: &mut Outputs<T, Control>) -> Result<(), BoxError> {
@@ -467,8 +601,8 @@ impl<T: Data> SourceShell<T> {
                     return Err("a source has no inputs to process".into());
                 }
                 NodeAction::TakeSnapshot(token) => {
-                    self.taken
-                        .insert(token.checkpoint(), self.reader.position());
+                    let position = self.reader()?.position().as_bytes().to_vec();
+                    self.taken.insert(token.checkpoint(), position);
                     self.machine.state_recorded(token);
                 }
                 NodeAction::EmitBarrier(checkpoint) => {
@@ -503,23 +637,27 @@ impl<T: Data> SourceLogic for SourceShell<T> {
     type Control = Control;
 
     fn poll(&mut self, outputs: &mut Outputs<T, Control>) -> Result<SourcePoll, BoxError> {
-        self.restore_once()?;
         if self.exhausted {
             return Ok(SourcePoll::Exhausted);
         }
-        let status = self.reader.read(self.read_batch, &mut self.buffer)?;
-        let records = self.buffer.len() as u64;
-        for record in self.buffer.drain(..) {
+        let read_batch = self.read_batch;
+        let mut buffer = std::mem::take(&mut self.buffer);
+        let status = self.reader()?.poll_batch(&mut buffer, read_batch);
+        let records = buffer.len() as u64;
+        for record in buffer.drain(..) {
             self.router.route(record, outputs);
         }
+        self.buffer = buffer;
         self.env
             .counters
             .records_out
             .fetch_add(records, Ordering::Relaxed);
-        Ok(match status {
-            ReadStatus::Ready => SourcePoll::Ready,
-            ReadStatus::Idle { retry_after_ms } => SourcePoll::Idle { retry_after_ms },
-            ReadStatus::Exhausted => {
+        Ok(match status? {
+            ReadStatus::Produced(_) => SourcePoll::Ready,
+            ReadStatus::Idle => SourcePoll::Idle {
+                retry_after_ms: IDLE_RETRY_MS,
+            },
+            ReadStatus::Ended => {
                 self.exhausted = true;
                 outputs.broadcast_control(Control::End);
                 self.env.tell(NodeEventKind::InputsEnded);
@@ -533,9 +671,6 @@ impl<T: Data> SourceLogic for SourceShell<T> {
         control: Control,
         outputs: &mut Outputs<T, Control>,
     ) -> Result<(), BoxError> {
-        // A trigger may come before the first poll; the position must be
-        // the restored one by then.
-        self.restore_once()?;
         match control {
             Control::Trigger(checkpoint) => self.machine.on_trigger(checkpoint),
             Control::Abort(checkpoint) => {

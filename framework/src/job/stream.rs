@@ -18,22 +18,26 @@ use crate::runtime::BoxError;
 use crate::state::Snapshot;
 use crate::storage::names;
 
-use super::connectors::{Sink, Source};
-use super::ops::{FinalStates, Key, KeyedCore, ProcessFn, RecordFn, SinkCore, StatelessCore};
+use super::ops::{
+    FinalStates, Key, KeyedCore, ProcessFn, RecordFn, SinkCore, SinkMaker, StatelessCore,
+};
 use super::physical::{
     CoreFactory, Partition, PhysicalPlan, PlannedEdge, PlannedOperator, SourceTemplate,
     StageTemplate, Template,
 };
 use super::route::{Collector, KeyHash};
-use super::shell::{Core, Data, OperatorCounters};
+use super::shell::{Core, Data, OperatorCounters, SourceMaker};
 use super::supervisor::{self, RunningJob};
 use super::{JobConfig, JobError, JobReport};
+use crate::sink::{Sink, SinkFactory};
+use crate::source::{Source, SourceFactory};
 
 struct OperatorSpec {
     name: String,
     parallelism: Option<usize>,
     is_source: bool,
     template: Box<dyn Template>,
+    loop_idle_ms: Option<u64>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -48,6 +52,7 @@ struct EdgeSpec {
     to: usize,
     kind: EdgeKind,
     key_hash: Option<Arc<dyn Any + Send + Sync>>,
+    feedback: bool,
 }
 
 #[derive(Default)]
@@ -56,6 +61,8 @@ struct GraphSpec {
     edges: Vec<EdgeSpec>,
     /// Mistakes found while declaring; the first is returned by `run`.
     errors: Vec<JobError>,
+    /// Iteration heads not closed yet.
+    open_loops: Vec<usize>,
 }
 
 /// A streaming job under construction. Declare sources, operators and
@@ -119,11 +126,21 @@ impl Job {
         &self.name
     }
 
-    /// Adds a source operator.
-    pub fn source<T: Data>(&self, name: &str, source: impl Source<T>) -> Stream<'_, T> {
-        let template = SourceTemplate::<T> {
-            source: Arc::new(source),
-        };
+    /// Adds a source operator: `factory` makes each subtask's split. A
+    /// source that cannot seek makes the job at-least-once
+    /// ([`JobReport::guarantee`] says so).
+    pub fn source<F>(&self, name: &str, factory: F) -> Stream<'_, <F::Source as Source>::Item>
+    where
+        F: SourceFactory + Send + Sync + 'static,
+        F::Source: 'static,
+        <F::Source as Source>::Item: Data,
+    {
+        let make: SourceMaker<<F::Source as Source>::Item> =
+            Arc::new(move |subtask, parallelism| {
+                let source = factory.split(subtask, parallelism)?;
+                Ok(Box::new(source) as Box<dyn Source<Item = _>>)
+            });
+        let template = SourceTemplate { make };
         let operator = self.add_operator(name, true, Box::new(template));
         Stream {
             job: self,
@@ -150,6 +167,7 @@ impl Job {
             parallelism: None,
             is_source,
             template,
+            loop_idle_ms: None,
         });
         graph.operators.len() - 1
     }
@@ -168,6 +186,7 @@ impl Job {
                 to,
                 kind,
                 key_hash: key_hash.clone(),
+                feedback: false,
             });
         }
     }
@@ -217,6 +236,11 @@ impl Job {
         if spec.operators.is_empty() {
             return Err(JobError::EmptyJob);
         }
+        if let Some(&head) = spec.open_loops.first() {
+            return Err(JobError::LoopNotClosed {
+                name: spec.operators[head].name.clone(),
+            });
+        }
         let mut first_node = 0;
         let mut operators = Vec::with_capacity(spec.operators.len());
         let mut sources = Vec::with_capacity(spec.operators.len());
@@ -236,6 +260,7 @@ impl Job {
                 first_node,
                 template: operator.template,
                 counters: Arc::new(OperatorCounters::default()),
+                loop_idle_ms: operator.loop_idle_ms,
             });
             first_node += parallelism;
         }
@@ -256,6 +281,7 @@ impl Job {
                 PlannedEdge {
                     partition,
                     key_hash: edge.key_hash,
+                    feedback: edge.feedback,
                 },
             ));
         }
@@ -340,6 +366,44 @@ impl<'j, T: Data> Stream<'j, T> {
         }
     }
 
+    /// Opens an iteration: the returned stream carries this stream's
+    /// records and, once the loop is closed with [`Stream::close_loop`],
+    /// every record fed back. Checkpoints stay exactly-once (feedback edges
+    /// are recorded as channel state, DESIGN section 3); feedback channels
+    /// are unbounded. A bounded job ends its loop when every input of the
+    /// head but the feedback has ended and no record came back for
+    /// `idle_timeout_ms` (records fed back later are dropped), as Flink's
+    /// bounded iterations do.
+    pub fn iterate(self, name: &str, idle_timeout_ms: u64) -> (Stream<'j, T>, Feedback<'j, T>) {
+        let job = self.job;
+        let stream = self.stateless(name, Arc::new(|record, out| out.emit(record)));
+        let head = stream.producers[0];
+        let mut graph = job.graph.borrow_mut();
+        graph.operators[head].loop_idle_ms = Some(idle_timeout_ms);
+        graph.open_loops.push(head);
+        drop(graph);
+        let feedback = Feedback {
+            head,
+            _records: PhantomData,
+        };
+        (stream, feedback)
+    }
+
+    /// Closes an iteration: this stream's records go back to its head.
+    pub fn close_loop(self, feedback: Feedback<'j, T>) {
+        let mut graph = self.job.graph.borrow_mut();
+        graph.open_loops.retain(|&head| head != feedback.head);
+        for &from in &self.producers {
+            graph.edges.push(EdgeSpec {
+                from,
+                to: feedback.head,
+                kind: EdgeKind::Auto,
+                key_hash: None,
+                feedback: true,
+            });
+        }
+    }
+
     /// Merges two streams of the same type.
     pub fn union(mut self, other: Stream<'j, T>) -> Stream<'j, T> {
         self.producers.extend(other.producers);
@@ -359,13 +423,25 @@ impl<'j, T: Data> Stream<'j, T> {
         self
     }
 
-    /// Ends the stream in a sink. Returns the same stream's job handle so
-    /// the sink's parallelism can be set.
-    pub fn sink(self, name: &str, sink: impl Sink<T>) -> SinkHandle<'j> {
-        let sink = Arc::new(sink);
+    /// Ends the stream in a sink: `factory` makes each subtask's sink,
+    /// driven through two-phase commit (pre-commit at each checkpoint,
+    /// commit when it is complete, restore before the first record).
+    /// Returns a handle to set the sink's parallelism.
+    pub fn sink<F>(self, name: &str, factory: F) -> SinkHandle<'j>
+    where
+        F: SinkFactory + Send + Sync + 'static,
+        F::Sink: Sink<Item = T> + 'static,
+    {
+        let make: SinkMaker<T> = Arc::new(move |subtask, parallelism| {
+            let sink = factory.create(subtask, parallelism)?;
+            Ok(Box::new(sink) as Box<dyn Sink<Item = T>>)
+        });
         let make_core = Arc::new(move |subtask: usize, parallelism: usize| {
             Box::new(SinkCore {
-                writer: sink.writer(subtask, parallelism),
+                make: Arc::clone(&make),
+                subtask,
+                parallelism,
+                sink: None,
             }) as Box<dyn Core<T, ()>>
         });
         let operator = self
@@ -374,6 +450,23 @@ impl<'j, T: Data> Stream<'j, T> {
         SinkHandle {
             job: self.job,
             operator,
+        }
+    }
+}
+
+/// The open end of an iteration: close it with [`Stream::close_loop`].
+#[must_use = "an iteration must be closed with Stream::close_loop"]
+pub struct Feedback<'j, T> {
+    head: usize,
+    _records: PhantomData<fn(&'j ()) -> T>,
+}
+
+impl<T> Clone for Stream<'_, T> {
+    fn clone(&self) -> Self {
+        Stream {
+            job: self.job,
+            producers: self.producers.clone(),
+            _records: PhantomData,
         }
     }
 }

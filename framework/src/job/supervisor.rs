@@ -45,6 +45,7 @@ use super::{
     CheckpointReport, FailedCheckpoint, JobError, JobReport, OperatorReport, RestartReport,
 };
 use crate::restart::{RestartDecision, RestartTracker};
+use crate::source::Guarantee;
 
 type Outcome = (Result<JobReport, JobError>, Option<ArbiterPool>);
 
@@ -301,6 +302,8 @@ pub(crate) struct Supervisor {
     stop_requested: bool,
     /// The stop savepoint, while it is triggered and not yet persisted.
     savepoint_in_flight: Option<CheckpointId>,
+    /// Timers ticking the iteration heads of the running generation.
+    tickers: Vec<SpawnHandle>,
     report: JobReport,
 }
 
@@ -314,6 +317,7 @@ impl Supervisor {
         restarts: RestartTracker,
     ) -> Supervisor {
         let report = JobReport {
+            guarantee: Guarantee::ExactlyOnce,
             job: name.clone(),
             operators: plan
                 .operators
@@ -324,7 +328,11 @@ impl Supervisor {
                     ..OperatorReport::default()
                 })
                 .collect(),
-            ..JobReport::default()
+            checkpoints: Vec::new(),
+            failed_checkpoints: Vec::new(),
+            restarts: Vec::new(),
+            resumed_from: None,
+            savepoint: None,
         };
         Supervisor {
             name,
@@ -347,6 +355,7 @@ impl Supervisor {
             persisting: 0,
             stop_requested: false,
             savepoint_in_flight: None,
+            tickers: Vec::new(),
             report,
         }
     }
@@ -640,6 +649,15 @@ impl Supervisor {
             }
             NodeEventKind::InputsEnded => {
                 running.ended[node] = true;
+                if let Some(idle_ms) = self.plan.is_loop_head(node) {
+                    // The head decides when its loop is idle; it needs a
+                    // clock, which the supervisor's ticks give it.
+                    let inject = running.handles.injects[node].clone();
+                    let period = Duration::from_millis((idle_ms / 4).max(1));
+                    self.tickers.push(context.run_interval(period, move |_, _| {
+                        inject.do_send(Inject(Control::Tick));
+                    }));
+                }
                 for checkpoint in running.coordinator.add_initiator(node) {
                     running.handles.injects[node].do_send(Inject(Control::Trigger(checkpoint)));
                 }
@@ -769,9 +787,7 @@ impl Supervisor {
     fn fail(&mut self, cause: String, context: &mut Context<Self>) {
         let span = self.span.clone();
         let _entered = span.enter();
-        if let Some(timer) = self.timer.take() {
-            context.cancel_future(timer);
-        }
+        self.cancel_timers(context);
         self.retire_generation();
         match self.restarts.on_failure(self.now_ms()) {
             RestartDecision::GiveUp { reason } => {
@@ -820,6 +836,15 @@ impl Supervisor {
         }
     }
 
+    fn cancel_timers(&mut self, context: &mut Context<Self>) {
+        if let Some(timer) = self.timer.take() {
+            context.cancel_future(timer);
+        }
+        for ticker in self.tickers.drain(..) {
+            context.cancel_future(ticker);
+        }
+    }
+
     /// Folds the generation's channel statistics into the report and drops
     /// the coordinator (aborting what was in flight).
     fn retire_generation(&mut self) {
@@ -842,6 +867,9 @@ impl Supervisor {
     fn final_report(&mut self) -> JobReport {
         self.retire_generation();
         let mut report = self.report.clone();
+        if self.plan.config.mode == crate::protocol::SnapshotMode::AtLeastOnce {
+            report.guarantee = Guarantee::AtLeastOnce;
+        }
         for (operator, planned) in report.operators.iter_mut().zip(&self.plan.operators) {
             let counters = &planned.counters;
             operator.records_in = counters
@@ -850,6 +878,12 @@ impl Supervisor {
             operator.records_out = counters
                 .records_out
                 .load(std::sync::atomic::Ordering::Relaxed);
+            if counters
+                .at_least_once
+                .load(std::sync::atomic::Ordering::Relaxed)
+            {
+                report.guarantee = Guarantee::AtLeastOnce;
+            }
         }
         report
     }
@@ -857,9 +891,7 @@ impl Supervisor {
     fn finish(&mut self, result: Result<JobReport, JobError>, context: &mut Context<Self>) {
         self.phase = Phase::Done;
         self.retire_generation();
-        if let Some(timer) = self.timer.take() {
-            context.cancel_future(timer);
-        }
+        self.cancel_timers(context);
         if let Some(done) = self.done.take() {
             let span = self.span.clone();
             let _entered = span.enter();

@@ -161,6 +161,13 @@ pub enum GraphError {
         /// The name.
         name: String,
     },
+    /// Back edges given to [`LogicalGraph::plan_with_back_edges`] that do
+    /// not make the rest of the graph a DAG reachable from the sources.
+    #[error("unusable back edges: {reason}")]
+    BadBackEdges {
+        /// What is wrong with them.
+        reason: String,
+    },
     /// Two preferred initiators lie in the same strongly connected component.
     #[error("`{first}` and `{second}` are in the same cycle; choose one initiator per cycle")]
     TwoInitiatorsInComponent {
@@ -284,16 +291,7 @@ impl LogicalGraph {
         initiators.extend(chosen);
         let back_edges = self.back_edges(&initiators);
         let policies = self.policies(mode, &back_edges)?;
-        let feedback = self
-            .inputs
-            .iter()
-            .map(|inputs| {
-                inputs
-                    .iter()
-                    .map(|edge| back_edges.binary_search(edge).is_ok())
-                    .collect()
-            })
-            .collect();
+        let feedback = self.feedback_flags(&back_edges);
         Ok(SnapshotPlan {
             mode,
             initiators,
@@ -301,6 +299,83 @@ impl LogicalGraph {
             policies,
             feedback,
         })
+    }
+
+    /// Plans with back edges the caller chose (for example the feedback
+    /// edges a job builder declared) instead of the depth-first search of
+    /// [`LogicalGraph::plan`]: on a graph of parallel subtasks the search
+    /// can pick other edges of the same cycles than the ones that close
+    /// the user's loops. Removing `back_edges` must leave a DAG in which
+    /// every node with inputs keeps a forward input (so every node is
+    /// reachable from a source, and Cyclic mode terminates); the
+    /// initiators are the sources.
+    pub fn plan_with_back_edges(
+        &self,
+        mode: SnapshotMode,
+        back_edges: &[usize],
+    ) -> Result<SnapshotPlan, GraphError> {
+        let mut back = back_edges.to_vec();
+        back.sort_unstable();
+        back.dedup();
+        if let Some(&edge) = back.iter().find(|&&edge| edge >= self.edges.len()) {
+            return Err(GraphError::BadBackEdges {
+                reason: format!("edge {edge} does not exist"),
+            });
+        }
+        let is_back = |edge: &usize| back.binary_search(edge).is_ok();
+        let mut forward_inputs: Vec<usize> = self
+            .inputs
+            .iter()
+            .map(|inputs| inputs.iter().filter(|edge| !is_back(edge)).count())
+            .collect();
+        if let Some(node) = (0..self.node_count())
+            .find(|&node| !self.inputs[node].is_empty() && forward_inputs[node] == 0)
+        {
+            return Err(GraphError::BadBackEdges {
+                reason: format!("`{}` has only back edges as inputs", self.names[node]),
+            });
+        }
+        // Kahn's algorithm over the forward edges.
+        let mut ready: Vec<usize> = self.sources();
+        let mut visited = 0;
+        while let Some(node) = ready.pop() {
+            visited += 1;
+            for edge in self.outputs[node].iter().filter(|edge| !is_back(edge)) {
+                let to = self.edges[*edge].to;
+                forward_inputs[to] -= 1;
+                if forward_inputs[to] == 0 {
+                    ready.push(to);
+                }
+            }
+        }
+        if visited < self.node_count() {
+            return Err(GraphError::BadBackEdges {
+                reason: "the other edges still form a cycle".to_owned(),
+            });
+        }
+        let policies = self.policies(mode, &back)?;
+        let feedback = self.feedback_flags(&back);
+        Ok(SnapshotPlan {
+            mode,
+            initiators: self.sources(),
+            back_edges: back,
+            policies,
+            feedback,
+        })
+    }
+
+    /// Per node, per input channel: whether it is one of `back_edges`
+    /// (sorted).
+    fn feedback_flags(&self, back_edges: &[usize]) -> Vec<Vec<bool>> {
+        self.inputs
+            .iter()
+            .map(|inputs| {
+                inputs
+                    .iter()
+                    .map(|edge| back_edges.binary_search(edge).is_ok())
+                    .collect()
+            })
+            .collect()
     }
 
     /// Tarjan's algorithm, iterative; returns the component id of each node.
@@ -705,6 +780,36 @@ impl AssembleError {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn chosen_back_edges_must_break_every_cycle() {
+        let graph = super::GraphBuilder::new()
+            .source("s")
+            .node("a")
+            .node("b")
+            .edge("s", "a")
+            .edge("a", "b")
+            .edge("b", "a")
+            .build()
+            .unwrap();
+        let plan = graph
+            .plan_with_back_edges(super::SnapshotMode::Cyclic, &[2])
+            .unwrap();
+        assert_eq!(plan.back_edges, [2]);
+        assert_eq!(plan.initiators, [0]);
+        assert_eq!(
+            plan.policies[1],
+            [super::ChannelPolicy::Align, super::ChannelPolicy::Record]
+        );
+        assert!(matches!(
+            graph.plan_with_back_edges(super::SnapshotMode::Cyclic, &[]),
+            Err(super::GraphError::BadBackEdges { .. })
+        ));
+        assert!(matches!(
+            graph.plan_with_back_edges(super::SnapshotMode::Cyclic, &[1]),
+            Err(super::GraphError::BadBackEdges { .. })
+        ));
+    }
+
     use super::*;
 
     fn ring(names: &[&str]) -> GraphBuilder {

@@ -241,6 +241,40 @@ fn dag_with_feedback() -> Case {
     }
 }
 
+/// One node sending to itself: its only channel is its own back edge.
+fn self_loop() -> Case {
+    let graph = GraphBuilder::new().node("a").edge("a", "a");
+    Case {
+        name: "1-self-loop",
+        graph,
+        balances: vec![2],
+        sends: 4,
+    }
+}
+
+/// The 2-cycle with a self-loop on `on`. On `a`, the initiator, it is P1's
+/// C11 in the seed's section 9 example; on `b` it is a back edge next to
+/// `b`'s forward input, which the cyclic mode aligns while it records the
+/// self-loop.
+fn two_cycle_with_self_loop(on: &str) -> Case {
+    let graph = GraphBuilder::new()
+        .node("a")
+        .node("b")
+        .edge("a", "b")
+        .edge("b", "a")
+        .edge(on, on);
+    Case {
+        name: if on == "a" {
+            "2-cycle+self-a"
+        } else {
+            "2-cycle+self-b"
+        },
+        graph,
+        balances: vec![2, 1],
+        sends: 4,
+    }
+}
+
 #[test]
 fn two_cycle_unaligned() {
     check(two_cycle(), SnapshotMode::Unaligned, 1, 0);
@@ -316,4 +350,33 @@ fn ring3_cyclic_concurrent_with_abort() {
 #[test]
 fn dag_with_feedback_at_least_once() {
     check(dag_with_feedback(), SnapshotMode::AtLeastOnce, 1, 0);
+}
+#[test]
+fn self_loop_unaligned() {
+    check(self_loop(), SnapshotMode::Unaligned, 1, 0);
+}
+#[test]
+fn self_loop_cyclic_concurrent_with_abort() {
+    check(self_loop(), SnapshotMode::Cyclic, 2, 1);
+}
+#[test]
+fn two_cycle_with_self_loop_on_the_initiator_unaligned() {
+    check(two_cycle_with_self_loop("a"), SnapshotMode::Unaligned, 1, 0);
+}
+#[test]
+fn two_cycle_with_self_loop_on_the_other_node_cyclic() {
+    check(two_cycle_with_self_loop("b"), SnapshotMode::Cyclic, 1, 0);
+}
+#[test]
+fn two_cycle_with_self_loop_on_the_other_node_cyclic_concurrent() {
+    check(two_cycle_with_self_loop("b"), SnapshotMode::Cyclic, 2, 0);
+}
+#[test]
+fn two_cycle_with_self_loop_on_the_other_node_at_least_once() {
+    check(
+        two_cycle_with_self_loop("b"),
+        SnapshotMode::AtLeastOnce,
+        1,
+        0,
+    );
 }

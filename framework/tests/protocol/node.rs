@@ -1,11 +1,12 @@
 //! The node machine's contract, one behaviour per test: the hot path, the
 //! hold-and-release of aligned channels, recording, aborts, late barriers,
-//! end of input, concurrency, declines, and misuse assertions.
+//! end of input, concurrency, declines, self-loops, and misuse assertions.
 
+use snapflow::protocol::graph::GraphBuilder;
 use snapflow::protocol::ChannelPolicy::{Align, AlignNoHold, Record};
 use snapflow::protocol::{
     ChannelPolicy, ChannelState, CheckpointId, DeclineReason, Delivery, NodeAction, NodeConfig,
-    NodeConfigError, NodeMachine, NodePart,
+    NodeConfigError, NodeMachine, NodePart, SnapshotMode,
 };
 
 const ONE: CheckpointId = CheckpointId(1);
@@ -266,6 +267,52 @@ fn initiator_with_an_aligned_input_is_a_config_error() {
         }
     );
     assert!(!error.is_retryable());
+}
+
+/// The planned config of the node `a` of a 2-cycle `a <-> b` with a
+/// self-loop `a -> a`, initiator `a`, in `mode`.
+fn self_loop_initiator(mode: SnapshotMode) -> NodeConfig {
+    let graph = GraphBuilder::new()
+        .node("a")
+        .node("b")
+        .edge("a", "b")
+        .edge("b", "a")
+        .edge("a", "a")
+        .build()
+        .expect("valid graph");
+    let plan = graph.plan(mode, &["a"]).expect("plannable");
+    let a = graph.find("a").expect("a exists");
+    plan.node_config(a, 1)
+}
+
+#[test]
+fn a_self_loop_is_a_recorded_back_edge_in_every_cycle_mode() {
+    for mode in [SnapshotMode::Cyclic, SnapshotMode::Unaligned] {
+        let config = self_loop_initiator(mode);
+        // Channel 0 is `b -> a`, channel 1 the self-loop `a -> a`.
+        assert_eq!(config.policies, vec![Record, Record], "{mode:?}");
+        assert_eq!(config.feedback, vec![true, true], "{mode:?}");
+        assert!(config.initiator, "{mode:?}");
+    }
+}
+
+#[test]
+fn an_initiator_records_its_self_loop_until_its_own_barrier_comes_back() {
+    let config = self_loop_initiator(SnapshotMode::Cyclic);
+    let mut node: NodeMachine<u32> = NodeMachine::new(config).expect("valid config");
+    node.on_trigger(ONE);
+    assert_eq!(
+        drain(&mut node),
+        vec![Seen::Snapshot(ONE), Seen::Barrier(ONE)]
+    );
+    // The message it sent itself before the snapshot, ahead of its barrier.
+    assert_eq!(node.on_data(1, 2), Delivery::Process(2));
+    node.on_barrier(1, ONE); // Its own barrier closes the self-loop.
+    assert!(drain(&mut node).is_empty(), "channel 0 is still open");
+    assert_eq!(node.on_data(1, 3), Delivery::Process(3), "after the cut");
+    assert_eq!(node.on_data(0, 5), Delivery::Process(5));
+    node.on_barrier(0, ONE);
+    assert_eq!(drain(&mut node), vec![report(ONE, &[(0, &[5]), (1, &[2])])]);
 }
 
 #[test]

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use snapflow::job::{Job, JobConfig, RestartStrategy};
-use snapflow_tests::file_sink::FileSink;
+use snapflow_tests::file_sink::SlowCommitFileSink;
 use snapflow_tests::pipeline::{declare, Pacing};
 use snapflow_tests::Faults;
 
@@ -27,7 +27,6 @@ fn run(store: PathBuf, output: PathBuf, records: u64) -> Result<(), Box<dyn std:
     let job = Job::new("crash", config);
     let pacing = Pacing {
         records_per_read: 16,
-        pause_ms: 1,
     };
     let _state = declare(
         &job,
@@ -35,7 +34,7 @@ fn run(store: PathBuf, output: PathBuf, records: u64) -> Result<(), Box<dyn std:
         [2; 6],
         pacing,
         &Faults::none(),
-        FileSink::new(output, 20)?,
+        SlowCommitFileSink::new(&output, 20)?,
     );
     let report = job.run()?;
     if let Some(checkpoint) = report.resumed_from {

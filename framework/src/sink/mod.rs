@@ -1,0 +1,446 @@
+//! Two-phase-commit sinks: the [`Sink`] trait a runtime drives, the
+//! [`SinkFactory`] that builds one sink per parallel subtask, the
+//! [`SinkState`] bytes a sink puts into a checkpoint, and the built-in
+//! sinks.
+//!
+//! This module owns making output visible exactly once. It never decides
+//! when a checkpoint happens or completes, never spawns actors and never
+//! retries on its own; the runtime calls it and handles its errors.
+//!
+//! # The contract (as Flink's `TwoPhaseCommitSinkFunction`)
+//!
+//! A sink groups its output into transactions, one per checkpoint interval.
+//!
+//! 1. **Restore first.** A runtime calls [`Sink::restore`] exactly once on
+//!    a new sink before anything else: with `None` for a job without a
+//!    completed checkpoint, else with the [`SinkState`] stored in the
+//!    checkpoint being restored. The sink then *commits* every transaction
+//!    listed in that state and *aborts* every other transaction of its
+//!    subtask that it can find (written or pre-committed after that
+//!    checkpoint, by an earlier incarnation that died).
+//! 2. **Write.** [`Sink::write_batch`] adds records to the open
+//!    transaction. They are not visible to readers yet.
+//! 3. **Pre-commit** at checkpoint `n`, when the sink's barrier arrives:
+//!    [`Sink::pre_commit`] makes the open transaction durable (it survives a
+//!    crash) but still invisible, files it under `n`, opens a new one, and
+//!    returns the state listing *every* pre-committed transaction not yet
+//!    committed (`n` included). The runtime stores that state in checkpoint
+//!    `n`.
+//! 4. **Commit** when checkpoint `n` is complete (stored by the
+//!    coordinator): [`Sink::commit`] makes every pending transaction with an
+//!    id `<= n` visible, in ascending id order. A checkpoint that is
+//!    declined or times out needs no call: its transaction stays pending and
+//!    the next completed checkpoint commits it, as in Flink.
+//! 5. **Abort** when the runtime gives up on this sink object but it is
+//!    still alive (cancel, a failure elsewhere): [`Sink::abort`] discards the
+//!    open transaction. It must *not* discard pre-committed transactions:
+//!    the checkpoint that lists them may be the one restored next, and
+//!    `restore` must still be able to commit them.
+//! 6. **Finish** at end of input: [`Sink::finish`] says no more records
+//!    come. The runtime then still takes a final checkpoint (pre-commit and
+//!    commit) so the tail becomes visible exactly once.
+//!
+//! **Idempotence.** `commit(n)` may be called again for a transaction that
+//! is already committed, and `restore` may be called with a state whose
+//! transactions were already committed: a crash between "checkpoint `n`
+//! complete" and the end of `commit(n)` means the next incarnation commits
+//! them again from the restored state. Both calls must then succeed and
+//! change nothing. A listed transaction that is neither pending nor
+//! committed is lost data and a typed error
+//! ([`SinkError::MissingTransaction`]), never silently skipped.
+//!
+//! **Known limits.** Restoring a checkpoint older than the latest completed
+//! one cannot take back output that later checkpoints already committed.
+//! Restoring at a different parallelism is not supported: a transaction
+//! pending for a subtask that no longer exists is never committed.
+//!
+//! # A user sink
+//!
+//! ```
+//! use std::collections::BTreeMap;
+//!
+//! use snapflow::sink::{PendingTransactions, Sink, SinkError, SinkState};
+//!
+//! /// Sums numbers; a sum becomes visible only when its checkpoint commits.
+//! /// `pending` and `visible` stand for an external transactional system.
+//! struct SumSink {
+//!     subtask: u32,
+//!     open: u64,
+//!     pending: BTreeMap<u64, u64>,
+//!     visible: u64,
+//! }
+//!
+//! impl Sink for SumSink {
+//!     type Item = u64;
+//!
+//!     fn write_batch(&mut self, batch: &[u64]) -> Result<(), SinkError> {
+//!         self.open += batch.iter().sum::<u64>();
+//!         Ok(())
+//!     }
+//!
+//!     fn pre_commit(&mut self, checkpoint_id: u64) -> Result<SinkState, SinkError> {
+//!         self.pending.insert(checkpoint_id, std::mem::take(&mut self.open));
+//!         let ids = self.pending.keys().copied().collect();
+//!         Ok(PendingTransactions { subtask: self.subtask, checkpoint_ids: ids }.encode())
+//!     }
+//!
+//!     fn commit(&mut self, checkpoint_id: u64) -> Result<(), SinkError> {
+//!         // Committing an id twice finds nothing left to do: idempotent.
+//!         let later = self.pending.split_off(&(checkpoint_id + 1));
+//!         self.visible += self.pending.values().sum::<u64>();
+//!         self.pending = later;
+//!         Ok(())
+//!     }
+//!
+//!     fn abort(&mut self) -> Result<(), SinkError> {
+//!         self.open = 0;
+//!         Ok(())
+//!     }
+//!
+//!     fn restore(&mut self, state: Option<&SinkState>) -> Result<(), SinkError> {
+//!         // This toy keeps its "external" data in memory; a real sink would
+//!         // commit the listed transactions in the external system here.
+//!         let listed = match state {
+//!             Some(state) => PendingTransactions::decode(state)?.checkpoint_ids,
+//!             None => Vec::new(),
+//!         };
+//!         self.pending.retain(|id, _| listed.contains(id));
+//!         if let Some(last) = listed.last() {
+//!             self.commit(*last)?;
+//!         }
+//!         Ok(())
+//!     }
+//! }
+//!
+//! let mut sink = SumSink { subtask: 0, open: 0, pending: BTreeMap::new(), visible: 0 };
+//! sink.restore(None)?;
+//! sink.write_batch(&[1, 2, 3])?;
+//! let state = sink.pre_commit(1)?;
+//! assert_eq!(sink.visible, 0);
+//! sink.commit(1)?;
+//! sink.commit(1)?;
+//! assert_eq!(sink.visible, 6);
+//! assert_eq!(PendingTransactions::decode(&state)?.checkpoint_ids, [1]);
+//! # Ok::<(), SinkError>(())
+//! ```
+
+mod collect;
+mod file;
+mod print;
+
+pub use collect::{CollectHandle, CollectSink};
+pub use file::{committed_files, FileSink, FileSinkFactory, DEFAULT_PREFIX};
+pub use print::PrintSink;
+
+pub use crate::source::Guarantee;
+
+use std::io;
+use std::path::PathBuf;
+
+/// The bytes a sink stores in a checkpoint: enough to find and commit the
+/// transactions pre-committed but not yet committed at that checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct SinkState(Vec<u8>);
+
+impl SinkState {
+    /// A state made of the given bytes (as read back from a checkpoint).
+    pub fn from_bytes(bytes: Vec<u8>) -> Self {
+        SinkState(bytes)
+    }
+
+    /// The state's bytes, to be written into a checkpoint.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// A sink: receives batches and makes them visible through two-phase
+/// commit. See the [module documentation](self) for the contract.
+///
+/// Calls are synchronous; a sink should not block longer than its I/O
+/// takes. One call handles a whole batch, so there is no per-record
+/// virtual call.
+pub trait Sink {
+    /// The record type.
+    type Item;
+
+    /// Adds the records to the open transaction.
+    ///
+    /// # Errors
+    ///
+    /// A [`SinkError`]; after an error the runtime treats the sink as
+    /// failed (it restores a new one), because part of the batch may have
+    /// been written.
+    fn write_batch(&mut self, batch: &[Self::Item]) -> Result<(), SinkError>;
+
+    /// Makes the open transaction durable under `checkpoint_id` and opens a
+    /// new one; returns every pending (pre-committed, uncommitted)
+    /// transaction, for the checkpoint.
+    ///
+    /// # Errors
+    ///
+    /// A [`SinkError`]; the checkpoint must then not complete.
+    fn pre_commit(&mut self, checkpoint_id: u64) -> Result<SinkState, SinkError>;
+
+    /// Makes every pending transaction with an id `<= checkpoint_id`
+    /// visible. Idempotent.
+    ///
+    /// # Errors
+    ///
+    /// A [`SinkError`]; the transactions stay pending and a later commit or
+    /// a restore commits them.
+    fn commit(&mut self, checkpoint_id: u64) -> Result<(), SinkError>;
+
+    /// Discards the open transaction; keeps pre-committed ones.
+    ///
+    /// # Errors
+    ///
+    /// A [`SinkError`] when cleaning up failed; a later `restore` cleans up
+    /// anyway.
+    fn abort(&mut self) -> Result<(), SinkError>;
+
+    /// Commits the transactions listed in `state` and aborts every other
+    /// transaction of this subtask. Called once, first.
+    ///
+    /// # Errors
+    ///
+    /// A [`SinkError`], e.g. [`SinkError::MalformedState`] for bytes this
+    /// sink did not write.
+    fn restore(&mut self, state: Option<&SinkState>) -> Result<(), SinkError>;
+
+    /// No more records will come. The default does nothing.
+    ///
+    /// # Errors
+    ///
+    /// A [`SinkError`] when flushing failed.
+    fn finish(&mut self) -> Result<(), SinkError> {
+        Ok(())
+    }
+
+    /// What this sink guarantees after a restore. The default is
+    /// exactly-once, which is true only if the sink follows the contract.
+    fn guarantee(&self) -> Guarantee {
+        Guarantee::ExactlyOnce
+    }
+}
+
+/// Builds the sink of one parallel subtask.
+pub trait SinkFactory {
+    /// The sink each subtask gets.
+    type Sink: Sink;
+
+    /// The sink of subtask `subtask` out of `parallelism`. It is called
+    /// again with the same arguments for each new incarnation after a
+    /// failure.
+    ///
+    /// # Errors
+    ///
+    /// A [`SinkError`] when the sink cannot be set up.
+    fn create(&self, subtask: usize, parallelism: usize) -> Result<Self::Sink, SinkError>;
+}
+
+/// The usual content of a [`SinkState`]: the subtask and the ids of its
+/// pending transactions, in ascending order.
+///
+/// Layout (little-endian): format byte `1`, subtask `u32`, count `u32`,
+/// then `count` checkpoint ids as `u64`. Decoding checks the exact length
+/// before allocating, so hostile bytes cannot make it allocate more than
+/// they justify.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PendingTransactions {
+    /// The subtask that wrote the state.
+    pub subtask: u32,
+    /// Checkpoint ids of pending transactions, ascending.
+    pub checkpoint_ids: Vec<u64>,
+}
+
+const PENDING_FORMAT: u8 = 1;
+const PENDING_HEADER_BYTES: usize = 9;
+
+impl PendingTransactions {
+    /// The state bytes.
+    pub fn encode(&self) -> SinkState {
+        let mut bytes = Vec::with_capacity(PENDING_HEADER_BYTES + 8 * self.checkpoint_ids.len());
+        bytes.push(PENDING_FORMAT);
+        bytes.extend_from_slice(&self.subtask.to_le_bytes());
+        // A sink has far fewer than 2^32 pending transactions; saturating
+        // would make the length check below fail loudly, not silently.
+        let count = u32::try_from(self.checkpoint_ids.len()).unwrap_or(u32::MAX);
+        bytes.extend_from_slice(&count.to_le_bytes());
+        for id in &self.checkpoint_ids {
+            bytes.extend_from_slice(&id.to_le_bytes());
+        }
+        SinkState(bytes)
+    }
+
+    /// Reads state bytes written by [`PendingTransactions::encode`].
+    ///
+    /// # Errors
+    ///
+    /// [`SinkError::MalformedState`] for any other bytes, including ids
+    /// that are not strictly ascending.
+    pub fn decode(state: &SinkState) -> Result<Self, SinkError> {
+        let bytes = state.as_bytes();
+        let malformed = |reason: &str| SinkError::MalformedState {
+            reason: reason.to_string(),
+        };
+        if bytes.len() < PENDING_HEADER_BYTES {
+            return Err(malformed("shorter than its header"));
+        }
+        if bytes[0] != PENDING_FORMAT {
+            return Err(malformed("unknown format byte"));
+        }
+        let subtask = u32::from_le_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]);
+        let count = u32::from_le_bytes([bytes[5], bytes[6], bytes[7], bytes[8]]) as usize;
+        let body = &bytes[PENDING_HEADER_BYTES..];
+        if body.len() / 8 != count || body.len() % 8 != 0 {
+            return Err(malformed("length does not match the transaction count"));
+        }
+        let checkpoint_ids: Vec<u64> = body
+            .chunks_exact(8)
+            .map(|chunk| u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8])))
+            .collect();
+        if checkpoint_ids.windows(2).any(|pair| pair[0] >= pair[1]) {
+            return Err(malformed("checkpoint ids are not strictly ascending"));
+        }
+        Ok(PendingTransactions {
+            subtask,
+            checkpoint_ids,
+        })
+    }
+
+    /// Decodes `state` and checks that it belongs to `subtask`; `None`
+    /// gives an empty list.
+    ///
+    /// # Errors
+    ///
+    /// [`SinkError::MalformedState`], or [`SinkError::WrongSubtask`] when
+    /// the state was written by another subtask.
+    pub fn decode_for(state: Option<&SinkState>, subtask: usize) -> Result<Vec<u64>, SinkError> {
+        let Some(state) = state else {
+            return Ok(Vec::new());
+        };
+        let pending = PendingTransactions::decode(state)?;
+        if pending.subtask as usize != subtask {
+            return Err(SinkError::WrongSubtask {
+                expected: subtask,
+                found: pending.subtask,
+            });
+        }
+        Ok(pending.checkpoint_ids)
+    }
+}
+
+/// Why a sink call failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SinkError {
+    /// A file operation failed.
+    #[error("sink I/O failed while {operation} `{path}`: {source}")]
+    Io {
+        /// What the sink was doing, e.g. "renaming".
+        operation: &'static str,
+        /// The file or directory involved.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+    /// Writing to a sink's output stream (not a file it manages) failed.
+    #[error("sink output failed: {source}")]
+    Output {
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+    /// A name (file prefix, subtask number) the sink cannot use.
+    #[error("invalid sink name `{name}`: {reason}")]
+    InvalidName {
+        /// The name given.
+        name: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// State bytes this sink did not write.
+    #[error("malformed sink state: {reason}")]
+    MalformedState {
+        /// What is wrong with the bytes.
+        reason: String,
+    },
+    /// A state written by another subtask.
+    #[error("sink state belongs to subtask {found}, not to subtask {expected}")]
+    WrongSubtask {
+        /// This sink's subtask.
+        expected: usize,
+        /// The subtask recorded in the state.
+        found: u32,
+    },
+    /// A transaction the state lists as pending is neither pending nor
+    /// committed: its data is lost.
+    #[error("transaction of checkpoint {checkpoint_id} (subtask {subtask}) is neither pending nor committed")]
+    MissingTransaction {
+        /// The subtask.
+        subtask: usize,
+        /// The transaction's checkpoint id.
+        checkpoint_id: u64,
+    },
+    /// Committing would overwrite output that already exists and was not
+    /// written by this transaction (e.g. another job used the directory).
+    #[error("committing would overwrite existing output `{path}`")]
+    TargetExists {
+        /// The existing file.
+        path: PathBuf,
+    },
+    /// A call the contract does not allow at this point, e.g. a write after
+    /// `finish` or a pre-commit with an id not above the last one.
+    #[error("sink misuse: {reason}")]
+    Misuse {
+        /// What the caller did wrong.
+        reason: String,
+    },
+    /// An error of a user-written sink.
+    #[error("{message}")]
+    Custom {
+        /// What went wrong.
+        message: String,
+        /// Whether the same call may succeed later.
+        retryable: bool,
+    },
+}
+
+impl SinkError {
+    /// Whether trying the same call again may succeed. Transient I/O
+    /// errors are retryable; bad state, lost data and misuse are not.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            SinkError::Io { source, .. } | SinkError::Output { source } => {
+                crate::source::is_transient(source)
+            }
+            SinkError::Custom { retryable, .. } => *retryable,
+            SinkError::InvalidName { .. }
+            | SinkError::MalformedState { .. }
+            | SinkError::WrongSubtask { .. }
+            | SinkError::MissingTransaction { .. }
+            | SinkError::TargetExists { .. }
+            | SinkError::Misuse { .. } => false,
+        }
+    }
+}
+
+/// Pre-commit ids must rise, or two transactions would share an id.
+pub(crate) fn check_ascending(last: Option<u64>, checkpoint_id: u64) -> Result<(), SinkError> {
+    match last {
+        Some(last) if checkpoint_id <= last => Err(SinkError::Misuse {
+            reason: format!("pre_commit({checkpoint_id}) after pre_commit({last}); ids must rise"),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// The subtask as stored in [`PendingTransactions`].
+pub(crate) fn subtask_u32(subtask: usize) -> Result<u32, SinkError> {
+    u32::try_from(subtask).map_err(|_| SinkError::InvalidName {
+        name: subtask.to_string(),
+        reason: "subtask index above u32::MAX",
+    })
+}
