@@ -9,6 +9,8 @@
 //! `cargo test`.
 
 use std::collections::HashMap;
+use std::thread;
+use std::time::Duration;
 
 use snapflow::job::{Job, JobConfig};
 use snapflow::protocol::SnapshotMode;
@@ -17,6 +19,7 @@ use snapflow::source::VecSourceFactory;
 
 const RECORDS: u64 = 20_003;
 const KEYS: u64 = 100;
+const PACE_EVERY_RECORDS: u64 = 500;
 
 #[derive(snapflow::Snapshot, Default, Clone, Debug)]
 struct Count {
@@ -40,6 +43,14 @@ fn check(parallelism: usize, mode: SnapshotMode, interval_ms: Option<u64>) {
     let output = CollectHandle::new();
     let (counts, state) = job
         .source("sequence", VecSourceFactory::new((0..RECORDS).collect()))
+        // Pacing, so that periodic checkpoints (and their barriers) happen
+        // while records flow; without it the job ends within milliseconds.
+        .map("pace", |i: u64| {
+            if i % PACE_EVERY_RECORDS == 0 {
+                thread::sleep(Duration::from_millis(1));
+            }
+            i
+        })
         .key_by(|i: &u64| i % KEYS)
         .process_with_state("count", |key: &u64, state: &mut Count, _i: u64, out| {
             state.count += 1;
