@@ -110,8 +110,8 @@ fn fault(rng: &mut TestRng, records: u64, sinks: usize) -> (&'static str, u64, F
     (stage, record, kind)
 }
 
-/// Completed checkpoints and restarts of one run.
-type Summary = (usize, usize);
+/// Completed checkpoints, restarts and total recovery time of one run.
+type Summary = (usize, usize, u64);
 
 /// Runs one seed; `Err` describes the divergence.
 fn run(seed: u64, guarantee: Guarantee) -> Result<Summary, String> {
@@ -179,7 +179,12 @@ fn run(seed: u64, guarantee: Guarantee) -> Result<Summary, String> {
             report.restarts.len()
         ));
     }
-    Ok((report.checkpoints.len(), report.restarts.len()))
+    let recovery_ms = report
+        .restarts
+        .iter()
+        .map(|restart| restart.recovery_ms)
+        .sum();
+    Ok((report.checkpoints.len(), report.restarts.len(), recovery_ms))
 }
 
 /// Silences the panics the faults inject; other panics print as usual.
@@ -199,7 +204,7 @@ fn quiet_injected_panics() {
 fn check(guarantee: Guarantee) {
     quiet_injected_panics();
     let seeds = seeds("SNAPFLOW_CHAOS_SEEDS", 20);
-    let (mut checkpoints, mut restarts) = (0, 0);
+    let (mut checkpoints, mut restarts, mut recovery_ms) = (0, 0, 0);
     for &seed in &seeds {
         let (sender, receiver) = mpsc::channel();
         thread::spawn(move || {
@@ -208,17 +213,22 @@ fn check(guarantee: Guarantee) {
         // A hang is a failure too; the watchdog names the seed.
         let replay = format!("seed {seed} (replay with SNAPFLOW_SEED={seed})");
         match receiver.recv_timeout(Duration::from_secs(60)) {
-            Ok(Ok((completed, restarted))) => {
+            Ok(Ok((completed, restarted, recovered_ms))) => {
                 checkpoints += completed;
                 restarts += restarted;
+                recovery_ms += recovered_ms;
             }
             Ok(Err(divergence)) => panic!("{replay}: {divergence}"),
             Err(_) => panic!("{replay} did not finish in 60 s"),
         }
     }
+    // A figure, not an assertion: failure report to the new generation's
+    // start, averaged.
     eprintln!(
-        "chaos {guarantee:?}: {} seeds, {checkpoints} checkpoints completed, {restarts} restarts",
-        seeds.len()
+        "chaos {guarantee:?}: {} seeds, {checkpoints} checkpoints completed, {restarts} restarts, \
+         mean recovery {} ms",
+        seeds.len(),
+        recovery_ms / restarts.max(1) as u64
     );
 }
 

@@ -284,3 +284,71 @@ fn stop_with_savepoint_then_resume_is_exactly_once() {
     committed.sort_unstable();
     assert_eq!(committed, expected(RECORDS).0);
 }
+
+#[test]
+fn union_and_flat_map_deliver_every_record_once() {
+    let job = Job::new("union", config(2, SnapshotMode::Aligned, Some(5)));
+    let output = CollectHandle::new();
+    let low = job.source("low", VecSourceFactory::new((0..100_u64).collect()));
+    let high = job
+        .source("high", VecSourceFactory::new((100..200_u64).collect()))
+        .parallelism(3);
+    low.union(high)
+        .flat_map("twice", |n: u64| [n, n])
+        .sink("collect", output.clone());
+    job.run().expect("the job runs");
+    let mut committed = output.committed();
+    committed.sort_unstable();
+    let expected: Vec<u64> = (0..200).flat_map(|n| [n, n]).collect();
+    assert_eq!(committed, expected);
+}
+
+/// Stops the pipeline with a savepoint at `first` parallelism and resumes
+/// it at `second`: the keyed operator takes its key groups from the old
+/// subtasks' parts, stateless ones start empty.
+fn check_rescale(first: Shape, second: Shape) -> Result<(), JobError> {
+    let store: Arc<dyn CheckpointStore> =
+        Arc::new(MemoryCheckpointStore::new("rescaled").expect("a memory store"));
+    let config = JobConfig {
+        store: Some(Arc::clone(&store)),
+        ..config(1, SnapshotMode::Aligned, Some(20))
+    };
+    let pacing = Pacing {
+        records_per_read: 8,
+    };
+    let (sink, output) = faulty_collect(&Faults::none());
+    let job = Job::new("rescaled", config.clone());
+    let _state = declare(&job, RECORDS, first, pacing, &Faults::none(), sink.clone());
+    let running = job.start().expect("the job starts");
+    thread::sleep(Duration::from_millis(40));
+    running.stop_with_savepoint();
+    running.wait().expect("the job stops");
+    let job = Job::new("rescaled", config);
+    let state = declare(&job, RECORDS, second, pacing, &Faults::none(), sink);
+    job.run()?;
+    let (expected_output, expected_state) = expected(RECORDS);
+    let mut committed = output.committed();
+    committed.sort_unstable();
+    assert_eq!(committed, expected_output);
+    assert_eq!(state.snapshot(), expected_state);
+    Ok(())
+}
+
+#[test]
+fn keyed_state_restores_at_a_higher_parallelism() {
+    check_rescale([1, 2, 2, 2, 2, 1], [1, 1, 3, 3, 1, 1]).expect("rescaled");
+}
+
+#[test]
+fn keyed_state_restores_at_a_lower_parallelism() {
+    check_rescale([1, 2, 2, 2, 2, 1], [1, 1, 1, 1, 1, 1]).expect("rescaled");
+}
+
+#[test]
+fn a_sink_cannot_change_its_parallelism_on_restore() {
+    let error = check_rescale([1, 1, 1, 2, 1, 1], [1, 1, 1, 2, 1, 2]).expect_err("rejected");
+    assert!(
+        matches!(error, JobError::RescaleUnsupported { ref operator, .. } if operator == "collect"),
+        "{error}"
+    );
+}

@@ -182,6 +182,23 @@ pub enum JobError {
     /// head (for example closed with an unrelated stream).
     #[error("a feedback edge does not close a loop through its iteration head")]
     UnsupportedLoop,
+    /// The checkpoint to restore was written with another max parallelism
+    /// (number of key groups), which is fixed for a job's life.
+    #[error("the checkpoint has {stored} key groups, the job is configured with {configured}")]
+    MaxParallelismChanged {
+        /// In the checkpoint.
+        stored: u32,
+        /// In the job's configuration.
+        configured: u32,
+    },
+    /// An operator's parallelism changed and its state cannot follow.
+    #[error("operator `{operator}` cannot change its parallelism on restore: {reason}")]
+    RescaleUnsupported {
+        /// The operator.
+        operator: String,
+        /// Why.
+        reason: String,
+    },
     /// The job has no operators.
     #[error("the job has no operators")]
     EmptyJob,

@@ -76,6 +76,19 @@ pub(crate) struct KeyedCore<K, S, In, Out: Send + 'static> {
 /// The stored form of one subtask's keyed state: one part per key group.
 type KeyGroupParts = Vec<(u32, Vec<u8>)>;
 
+/// The union of the key-group parts of several subtasks' keyed states, in
+/// the same stored form; a subtask restoring from it keeps the key groups
+/// of its own range.
+pub(crate) fn merge_keyed_states(states: &[Vec<u8>]) -> Result<Vec<u8>, String> {
+    let mut merged: KeyGroupParts = Vec::new();
+    for state in states {
+        let parts: KeyGroupParts =
+            postcard::from_bytes(state).map_err(|error| error.to_string())?;
+        merged.extend(parts);
+    }
+    postcard::to_allocvec(&merged).map_err(|error| error.to_string())
+}
+
 impl<K: Key, S, In, Out: Send + 'static> KeyedCore<K, S, In, Out> {
     /// Empty state for `subtask` of `parallelism`.
     ///

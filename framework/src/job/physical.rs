@@ -31,12 +31,13 @@ use crate::runtime::pool::{ActorSlot, ArbiterPool, Placement};
 use crate::runtime::source::{SourceActor, SourceConfig};
 use crate::runtime::stage::{Inject, StageActor, StageConfig};
 use crate::runtime::{ActorTag, Generation};
-use crate::storage::PartId;
+use crate::storage::{KeyGroupLayout, PartId};
 
+use super::ops::merge_keyed_states;
 use super::route::{EdgeRoute, KeyHash, RouteKind, Router};
 use super::shell::{
-    Control, Core, Data, NodeEvent, OperatorCounters, ShellEnv, SourceMaker, SourceShell,
-    StageShell,
+    is_empty_channel, Control, Core, Data, NodeEvent, OperatorCounters, PartBytes, ShellEnv,
+    SourceMaker, SourceShell, StageShell,
 };
 use super::{JobConfig, JobError};
 
@@ -378,6 +379,21 @@ pub(crate) struct PlannedOperator {
     pub(crate) counters: Arc<OperatorCounters>,
     /// For an iteration head: its idle timeout.
     pub(crate) loop_idle_ms: Option<u64>,
+    /// Whether its state can be restored at another parallelism.
+    pub(crate) rescale: Rescale,
+}
+
+/// How an operator's checkpointed state follows a change of parallelism.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Rescale {
+    /// It has no state of its own: new subtasks start empty.
+    Stateless,
+    /// Keyed state: every new subtask takes its key groups from the union
+    /// of the old subtasks' parts.
+    Keyed,
+    /// Sources and sinks: positions and transactions belong to one split,
+    /// so the parallelism must not change.
+    No,
 }
 
 /// One logical edge, resolved.
@@ -495,6 +511,73 @@ impl PhysicalPlan {
     /// The node count.
     pub(crate) fn node_count(&self) -> usize {
         self.nodes.len()
+    }
+
+    /// Maps the parts of a restored checkpoint onto this plan's subtasks.
+    /// An operator whose parallelism changed since the checkpoint
+    /// (`layout`) is rescaled: a keyed operator's subtasks each get the
+    /// union of the old key-group parts (each keeps its own key groups), a
+    /// stateless one starts empty; sources, sinks and recorded channel
+    /// state cannot be rescaled (typed errors). The max parallelism must
+    /// not change.
+    pub(crate) fn redistribute(
+        &self,
+        mut parts: BTreeMap<PartId, Vec<u8>>,
+        layout: &KeyGroupLayout,
+    ) -> Result<BTreeMap<PartId, Vec<u8>>, JobError> {
+        if layout.max_parallelism != 0 && layout.max_parallelism != self.config.max_parallelism {
+            return Err(JobError::MaxParallelismChanged {
+                stored: layout.max_parallelism,
+                configured: self.config.max_parallelism,
+            });
+        }
+        for operator in &self.operators {
+            let Some(&old) = layout.operator_parallelism.get(&operator.name) else {
+                continue; // A new operator starts empty.
+            };
+            if old as usize == operator.parallelism {
+                continue;
+            }
+            let rescale_error = |reason: &str| JobError::RescaleUnsupported {
+                operator: operator.name.clone(),
+                reason: reason.to_owned(),
+            };
+            if operator.rescale == Rescale::No {
+                return Err(rescale_error("sources and sinks keep their parallelism"));
+            }
+            let mut states = Vec::with_capacity(old as usize);
+            for subtask in 0..old {
+                let Some(bytes) = parts.remove(&PartId::new(operator.name.clone(), subtask)) else {
+                    continue;
+                };
+                let part: PartBytes = postcard::from_bytes(&bytes)
+                    .map_err(|error| rescale_error(&format!("a part does not decode: {error}")))?;
+                if part
+                    .channels
+                    .iter()
+                    .any(|(_, messages)| !is_empty_channel(messages))
+                {
+                    return Err(rescale_error("it has recorded channel state"));
+                }
+                states.push(part.state);
+            }
+            if operator.rescale == Rescale::Stateless {
+                continue;
+            }
+            let merged = PartBytes {
+                state: merge_keyed_states(&states).map_err(|error| rescale_error(&error))?,
+                channels: Vec::new(),
+            };
+            let merged = postcard::to_allocvec(&merged)
+                .map_err(|error| rescale_error(&error.to_string()))?;
+            for subtask in 0..operator.parallelism {
+                parts.insert(
+                    PartId::new(operator.name.clone(), subtask as u32),
+                    merged.clone(),
+                );
+            }
+        }
+        Ok(parts)
     }
 
     /// Whether `node` is the head of an iteration.

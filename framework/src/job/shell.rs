@@ -11,6 +11,10 @@
 //! supervisor with the node's report. Triggers, completions and aborts come
 //! from the supervisor as injected controls.
 //!
+//! The head of an iteration also ends its loop: once its other inputs
+//! ended and its feedback stayed idle long enough, it ends the feedback
+//! inputs itself (see `LoopHead`).
+//!
 //! It never decides a protocol question (the machine does), never does I/O
 //! (the supervisor's writer thread does) and never restarts anything.
 
@@ -98,6 +102,13 @@ pub(crate) struct PartBytes {
     pub(crate) channels: Vec<(u32, Vec<u8>)>,
 }
 
+/// Whether a recorded channel state (postcard of a list of batches) holds
+/// no batch: a postcard sequence starts with its length, so the empty
+/// list is the single byte 0.
+pub(crate) fn is_empty_channel(messages: &[u8]) -> bool {
+    messages == [0]
+}
+
 /// Counters of one logical operator, summed over subtasks and generations.
 #[derive(Debug, Default)]
 pub(crate) struct OperatorCounters {
@@ -171,10 +182,14 @@ impl TakenStates {
         self.entries.push((checkpoint, state));
     }
 
-    fn take(&mut self, checkpoint: CheckpointId) -> Vec<u8> {
+    /// The state taken for `checkpoint`. The machine reports a part only
+    /// after its snapshot, so a missing state is a bug in this shell; it
+    /// fails the subtask (and restarts the job) rather than acking an
+    /// empty state.
+    fn take(&mut self, checkpoint: CheckpointId) -> Result<Vec<u8>, BoxError> {
         match self.entries.iter().position(|(id, _)| *id == checkpoint) {
-            Some(index) => self.entries.remove(index).1,
-            None => Vec::new(),
+            Some(index) => Ok(self.entries.remove(index).1),
+            None => Err(format!("no state was taken for {checkpoint}").into()),
         }
     }
 
@@ -330,7 +345,7 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
                     }
                 }
                 NodeAction::ReportPart(part) => {
-                    let state = self.taken.take(part.checkpoint);
+                    let state = self.taken.take(part.checkpoint)?;
                     let mut channels = Vec::with_capacity(part.channel_states.len());
                     for channel_state in part.channel_states {
                         channels.push((
@@ -611,7 +626,7 @@ impl<T: Data> SourceShell<T> {
                     }
                 }
                 NodeAction::ReportPart(part) => {
-                    let state = self.taken.take(part.checkpoint);
+                    let state = self.taken.take(part.checkpoint)?;
                     let bytes = postcard::to_allocvec(&PartBytes {
                         state,
                         channels: Vec::new(),

@@ -22,7 +22,7 @@ use super::ops::{
     FinalStates, Key, KeyedCore, ProcessFn, RecordFn, SinkCore, SinkMaker, StatelessCore,
 };
 use super::physical::{
-    CoreFactory, Partition, PhysicalPlan, PlannedEdge, PlannedOperator, SourceTemplate,
+    CoreFactory, Partition, PhysicalPlan, PlannedEdge, PlannedOperator, Rescale, SourceTemplate,
     StageTemplate, Template,
 };
 use super::route::{Collector, KeyHash};
@@ -38,6 +38,7 @@ struct OperatorSpec {
     is_source: bool,
     template: Box<dyn Template>,
     loop_idle_ms: Option<u64>,
+    rescale: Rescale,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -142,6 +143,7 @@ impl Job {
             });
         let template = SourceTemplate { make };
         let operator = self.add_operator(name, true, Box::new(template));
+        self.graph.borrow_mut().operators[operator].rescale = Rescale::No;
         Stream {
             job: self,
             producers: vec![operator],
@@ -168,6 +170,7 @@ impl Job {
             is_source,
             template,
             loop_idle_ms: None,
+            rescale: Rescale::Stateless,
         });
         graph.operators.len() - 1
     }
@@ -261,6 +264,7 @@ impl Job {
                 template: operator.template,
                 counters: Arc::new(OperatorCounters::default()),
                 loop_idle_ms: operator.loop_idle_ms,
+                rescale: operator.rescale,
             });
             first_node += parallelism;
         }
@@ -447,6 +451,7 @@ impl<'j, T: Data> Stream<'j, T> {
         let operator = self
             .job
             .stage(name, &self.producers, EdgeKind::Auto, None, make_core);
+        self.job.graph.borrow_mut().operators[operator].rescale = Rescale::No;
         SinkHandle {
             job: self.job,
             operator,
@@ -562,6 +567,7 @@ impl<'j, K: Key, T: Data> KeyedStream<'j, K, T> {
             Some(key_hash),
             make_core,
         );
+        self.job.graph.borrow_mut().operators[operator].rescale = Rescale::Keyed;
         Stream {
             job: self.job,
             producers: vec![operator],

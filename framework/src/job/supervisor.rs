@@ -151,7 +151,7 @@ enum WriterJob {
 }
 
 /// A restored checkpoint: its id and every part.
-type Restored = Option<(CheckpointId, BTreeMap<PartId, Vec<u8>>)>;
+type Restored = Option<(CheckpointId, BTreeMap<PartId, Vec<u8>>, KeyGroupLayout)>;
 
 #[derive(Message)]
 #[rtype(result = "()")]
@@ -245,9 +245,13 @@ fn load(store: &dyn CheckpointStore) -> Result<Restored, StoreError> {
             skipped.reason
         );
     }
-    Ok(report
-        .checkpoint
-        .map(|loaded| (CheckpointId(loaded.metadata.checkpoint), loaded.parts)))
+    Ok(report.checkpoint.map(|loaded| {
+        (
+            CheckpointId(loaded.metadata.checkpoint),
+            loaded.parts,
+            loaded.metadata.key_groups,
+        )
+    }))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -360,6 +364,11 @@ impl Supervisor {
         }
     }
 
+    /// The span of one checkpoint's events, under the job's span.
+    fn checkpoint_span(&self, checkpoint: CheckpointId) -> tracing::Span {
+        tracing::info_span!(parent: &self.span, "checkpoint", checkpoint = checkpoint.0)
+    }
+
     fn now_ms(&self) -> u64 {
         u64::try_from(self.clock.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
@@ -381,7 +390,9 @@ impl Supervisor {
         let span = self.span.clone();
         let _entered = span.enter();
         let (last_completed, parts) = match restored {
-            Some((checkpoint, parts)) => (Some(checkpoint), parts),
+            Some((checkpoint, parts, layout)) => {
+                (Some(checkpoint), self.plan.redistribute(parts, &layout)?)
+            }
             None => (None, BTreeMap::new()),
         };
         if let Some(checkpoint) = last_completed {
@@ -523,7 +534,7 @@ impl Supervisor {
                 CoordinatorAction::Abort {
                     checkpoint, reason, ..
                 } => {
-                    let span = self.span.clone();
+                    let span = self.checkpoint_span(checkpoint);
                     let _entered = span.enter();
                     tracing::info!(checkpoint = checkpoint.0, ?reason, "checkpoint aborted");
                     self.triggered_at.remove(&checkpoint);
@@ -552,7 +563,7 @@ impl Supervisor {
     }
 
     fn trigger(&mut self, checkpoint: CheckpointId, kind: CheckpointKind) {
-        let span = self.span.clone();
+        let span = self.checkpoint_span(checkpoint);
         let _entered = span.enter();
         tracing::info!(checkpoint = checkpoint.0, ?kind, "checkpoint triggered");
         self.highest_triggered = self.highest_triggered.max(checkpoint);
@@ -739,7 +750,7 @@ impl Supervisor {
         let checkpoint = persisted.checkpoint;
         let started = self.triggered_at.remove(&checkpoint);
         let alignment_max_us = self.alignment_max_us.remove(&checkpoint).unwrap_or(0);
-        let span = self.span.clone();
+        let span = self.checkpoint_span(checkpoint);
         let _entered = span.enter();
         match persisted.result {
             Ok(size_bytes) => {
