@@ -253,23 +253,31 @@ fn millis(duration: Duration) -> f64 {
     duration.as_secs_f64() * 1000.0
 }
 
+/// Where a run restored from: a checkpoint and its size, or the beginning
+/// (no checkpoint completed before the failure, so no state was restored).
+fn restored_from(report: &JobReport) -> String {
+    let restored = report
+        .restarts
+        .first()
+        .and_then(|restart| restart.restored_from);
+    let Some(id) = restored else {
+        return "the beginning (no checkpoint before the failure: nothing restored)".to_string();
+    };
+    let checkpoint = report.checkpoints.iter().find(|c| c.checkpoint == id);
+    match checkpoint {
+        Some(checkpoint) => format!("checkpoint {id} ({} bytes)", checkpoint.size_bytes),
+        None => format!("checkpoint {id} (size unknown)"),
+    }
+}
+
 fn print_run(options: &Options, number: usize, run: &RecoveryRun) {
     let restart = run.report.restarts.first();
-    let restored = restart.and_then(|restart| restart.restored_from);
-    let restored_bytes = restored.and_then(|id| {
-        let checkpoints = &run.report.checkpoints;
-        checkpoints
-            .iter()
-            .find(|c| c.checkpoint == id)
-            .map(|c| c.size_bytes)
-    });
     println!(
-        "run {number}: {:.2} M records/s overall, restarts {}, restored from checkpoint {:?} \
-         ({} bytes), report recovery {} ms, failure to processing again {:.1} ms",
+        "run {number}: {:.2} M records/s overall, restarts {}, restored from {}, \
+         report recovery {} ms, failure to processing again {:.1} ms",
         options.records as f64 / run.elapsed.as_secs_f64() / 1e6,
         run.report.restarts.len(),
-        restored,
-        restored_bytes.map_or("?".to_string(), |bytes| bytes.to_string()),
+        restored_from(&run.report),
         restart.map_or(0, |restart| restart.recovery_ms),
         millis(run.failure_to_processing),
     );
