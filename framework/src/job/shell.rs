@@ -702,3 +702,73 @@ impl<T: Data> SourceLogic for SourceShell<T> {
         self.drive(outputs)
     }
 }
+
+#[cfg(test)]
+mod alignment_tests {
+    use super::*;
+
+    fn check(steps: &[(&str, u64)], take: u64, want_some: bool) {
+        let mut alignments = Alignments::default();
+        for &(step, checkpoint) in steps {
+            match step {
+                "barrier" => alignments.barrier(CheckpointId(checkpoint)),
+                "snapshot" => alignments.snapshot(CheckpointId(checkpoint)),
+                "forget" => alignments.forget_up_to(CheckpointId(checkpoint)),
+                other => panic!("bug in the test: step {other}"),
+            }
+        }
+        let recorded = alignments
+            .entries
+            .iter()
+            .any(|(id, _, aligned)| *id == CheckpointId(take) && aligned.is_some());
+        assert_eq!(recorded, want_some, "steps {steps:?}");
+        let _ = alignments.take(CheckpointId(take));
+        assert!(
+            alignments
+                .entries
+                .iter()
+                .all(|(id, ..)| *id != CheckpointId(take)),
+            "take removes the entry"
+        );
+    }
+
+    #[test]
+    fn barrier_then_snapshot_is_measured() {
+        check(&[("barrier", 1), ("snapshot", 1)], 1, true);
+    }
+
+    #[test]
+    fn a_second_barrier_keeps_the_first_arrival() {
+        check(&[("barrier", 1), ("barrier", 1), ("snapshot", 1)], 1, true);
+        let mut alignments = Alignments::default();
+        alignments.barrier(CheckpointId(1));
+        let first = alignments.entries[0].1;
+        alignments.barrier(CheckpointId(1));
+        assert_eq!(alignments.entries.len(), 1);
+        assert_eq!(alignments.entries[0].1, first);
+    }
+
+    #[test]
+    fn snapshot_without_barrier_is_not_measured() {
+        check(&[("snapshot", 2)], 2, false);
+    }
+
+    #[test]
+    fn forgotten_checkpoints_are_not_measured() {
+        check(
+            &[
+                ("barrier", 1),
+                ("barrier", 2),
+                ("forget", 1),
+                ("snapshot", 1),
+            ],
+            1,
+            false,
+        );
+    }
+
+    #[test]
+    fn take_of_an_unknown_checkpoint_is_zero() {
+        assert_eq!(Alignments::default().take(CheckpointId(7)), 0);
+    }
+}
