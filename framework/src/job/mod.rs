@@ -14,9 +14,13 @@
 //! machines do), never formats bytes on disk (the store does) and never
 //! moves a record by itself (the runtime's channels do).
 //!
-//! Failover region: a failure anywhere restarts the whole job (every
-//! subtask of the graph), which is always correct; restarting only the
-//! connected region of the failed subtask is not done yet.
+//! Known gaps: a failure anywhere restarts the whole job (every subtask;
+//! always correct, but independent pipelines of one job restart together);
+//! a failure to persist a checkpoint is reported but does not count
+//! towards `tolerable_checkpoint_failures`; a loop ends by an idle timeout
+//! (records fed back after it are dropped); only keyed and stateless
+//! operators can change parallelism on restore; operators are not chained,
+//! so every operator instance is its own actor.
 //!
 //! ```
 //! use snapflow::job::{Job, JobConfig};
