@@ -312,6 +312,11 @@ pub struct CheckpointReport {
     pub duration_ms: u64,
     /// Bytes of all its parts.
     pub size_bytes: u64,
+    /// The longest barrier alignment of any subtask: from the first
+    /// barrier of this checkpoint at its inputs to its snapshot. 0 when no
+    /// subtask received a barrier (a checkpoint triggered after every input
+    /// ended); near 0 in unaligned mode.
+    pub alignment_max_us: u64,
 }
 
 /// One failed checkpoint.

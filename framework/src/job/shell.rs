@@ -73,6 +73,9 @@ pub(crate) enum NodeEventKind {
     Ack {
         checkpoint: CheckpointId,
         part: Vec<u8>,
+        /// Barrier alignment at this node: from its first barrier of the
+        /// checkpoint to its snapshot (0 without a barrier, e.g. a source).
+        alignment_us: u64,
     },
     Decline {
         checkpoint: CheckpointId,
@@ -196,6 +199,42 @@ impl TakenStates {
     }
 }
 
+/// Barrier alignment per checkpoint in flight: when the first barrier
+/// arrived, then how long it took until the snapshot. Bounded like
+/// [`TakenStates`]: entries go when reported, aborted or subsumed.
+#[derive(Default)]
+struct Alignments {
+    entries: Vec<(CheckpointId, Instant, Option<u64>)>,
+}
+
+impl Alignments {
+    fn barrier(&mut self, checkpoint: CheckpointId) {
+        if !self.entries.iter().any(|(id, ..)| *id == checkpoint) {
+            self.entries.push((checkpoint, Instant::now(), None));
+        }
+    }
+
+    fn snapshot(&mut self, checkpoint: CheckpointId) {
+        if let Some((_, first, aligned)) =
+            self.entries.iter_mut().find(|(id, ..)| *id == checkpoint)
+        {
+            let micros = first.elapsed().as_micros();
+            *aligned = Some(u64::try_from(micros).unwrap_or(u64::MAX));
+        }
+    }
+
+    fn take(&mut self, checkpoint: CheckpointId) -> u64 {
+        let index = self.entries.iter().position(|(id, ..)| *id == checkpoint);
+        index
+            .and_then(|index| self.entries.remove(index).2)
+            .unwrap_or(0)
+    }
+
+    fn forget_up_to(&mut self, checkpoint: CheckpointId) {
+        self.entries.retain(|(id, ..)| *id > checkpoint);
+    }
+}
+
 /// The loop-ending rule of an iteration head (as Flink's bounded
 /// iterations): once every input that is not a feedback edge has ended,
 /// and no feedback batch arrived for `idle_ms`, the feedback inputs are
@@ -234,6 +273,7 @@ pub(crate) struct StageShell<In: Data, Out: Data> {
     core: Box<dyn Core<In, Out>>,
     router: Router<Out>,
     taken: TakenStates,
+    alignments: Alignments,
     inputs_ended: bool,
     trigger_requested: bool,
 }
@@ -259,6 +299,7 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
             core,
             router,
             taken: TakenStates::default(),
+            alignments: Alignments::default(),
             inputs_ended: false,
             trigger_requested: false,
         }
@@ -288,6 +329,7 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
                 NodeAction::Process { message, .. } => self.process(message, io.outputs())?,
                 NodeAction::TakeSnapshot(token) => {
                     let checkpoint = token.checkpoint();
+                    self.alignments.snapshot(checkpoint);
                     let state = {
                         let span = self.env.span.clone();
                         let _span = span.enter();
@@ -315,10 +357,12 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
                     self.env.tell(NodeEventKind::Ack {
                         checkpoint: part.checkpoint,
                         part: bytes,
+                        alignment_us: self.alignments.take(part.checkpoint),
                     });
                 }
                 NodeAction::Decline { checkpoint, reason } => {
                     self.taken.forget_up_to(checkpoint);
+                    self.alignments.forget_up_to(checkpoint);
                     self.env.tell(NodeEventKind::Decline { checkpoint, reason });
                 }
             }
@@ -424,7 +468,10 @@ impl<In: Data, Out: Data> StageLogic for StageShell<In, Out> {
             }
         }
         match control {
-            Control::Barrier(checkpoint) => self.machine.on_barrier(input, checkpoint),
+            Control::Barrier(checkpoint) => {
+                self.alignments.barrier(checkpoint);
+                self.machine.on_barrier(input, checkpoint);
+            }
             Control::End => self.machine.on_end_of_input(input),
             other => return Err(format!("{other:?} arrived in-band").into()),
         }
@@ -446,11 +493,13 @@ impl<In: Data, Out: Data> StageLogic for StageShell<In, Out> {
             Control::Trigger(checkpoint) => self.machine.on_trigger(checkpoint),
             Control::Abort(checkpoint) => {
                 self.taken.forget_up_to(checkpoint);
+                self.alignments.forget_up_to(checkpoint);
                 self.machine.on_abort(checkpoint);
             }
             Control::Complete(checkpoint) => {
                 self.machine.on_complete(checkpoint);
                 self.taken.forget_up_to(checkpoint);
+                self.alignments.forget_up_to(checkpoint);
                 self.core.on_complete(checkpoint)?;
                 self.env.tell(NodeEventKind::Committed { checkpoint });
             }
@@ -585,6 +634,7 @@ impl<T: Data> SourceShell<T> {
                     self.env.tell(NodeEventKind::Ack {
                         checkpoint: part.checkpoint,
                         part: bytes,
+                        alignment_us: 0,
                     });
                 }
                 NodeAction::Decline { checkpoint, reason } => {
@@ -650,5 +700,75 @@ impl<T: Data> SourceLogic for SourceShell<T> {
             other => return Err(format!("{other:?} was injected into a source").into()),
         }
         self.drive(outputs)
+    }
+}
+
+#[cfg(test)]
+mod alignment_tests {
+    use super::*;
+
+    fn check(steps: &[(&str, u64)], take: u64, want_some: bool) {
+        let mut alignments = Alignments::default();
+        for &(step, checkpoint) in steps {
+            match step {
+                "barrier" => alignments.barrier(CheckpointId(checkpoint)),
+                "snapshot" => alignments.snapshot(CheckpointId(checkpoint)),
+                "forget" => alignments.forget_up_to(CheckpointId(checkpoint)),
+                other => panic!("bug in the test: step {other}"),
+            }
+        }
+        let recorded = alignments
+            .entries
+            .iter()
+            .any(|(id, _, aligned)| *id == CheckpointId(take) && aligned.is_some());
+        assert_eq!(recorded, want_some, "steps {steps:?}");
+        let _ = alignments.take(CheckpointId(take));
+        assert!(
+            alignments
+                .entries
+                .iter()
+                .all(|(id, ..)| *id != CheckpointId(take)),
+            "take removes the entry"
+        );
+    }
+
+    #[test]
+    fn barrier_then_snapshot_is_measured() {
+        check(&[("barrier", 1), ("snapshot", 1)], 1, true);
+    }
+
+    #[test]
+    fn a_second_barrier_keeps_the_first_arrival() {
+        check(&[("barrier", 1), ("barrier", 1), ("snapshot", 1)], 1, true);
+        let mut alignments = Alignments::default();
+        alignments.barrier(CheckpointId(1));
+        let first = alignments.entries[0].1;
+        alignments.barrier(CheckpointId(1));
+        assert_eq!(alignments.entries.len(), 1);
+        assert_eq!(alignments.entries[0].1, first);
+    }
+
+    #[test]
+    fn snapshot_without_barrier_is_not_measured() {
+        check(&[("snapshot", 2)], 2, false);
+    }
+
+    #[test]
+    fn forgotten_checkpoints_are_not_measured() {
+        check(
+            &[
+                ("barrier", 1),
+                ("barrier", 2),
+                ("forget", 1),
+                ("snapshot", 1),
+            ],
+            1,
+            false,
+        );
+    }
+
+    #[test]
+    fn take_of_an_unknown_checkpoint_is_zero() {
+        assert_eq!(Alignments::default().take(CheckpointId(7)), 0);
     }
 }

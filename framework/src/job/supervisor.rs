@@ -292,6 +292,9 @@ pub(crate) struct Supervisor {
     /// The newest checkpoint id ever triggered, across generations.
     highest_triggered: CheckpointId,
     triggered_at: HashMap<CheckpointId, Instant>,
+    /// The longest alignment acked so far per triggered checkpoint; same
+    /// lifetime as `triggered_at`.
+    alignment_max_us: HashMap<CheckpointId, u64>,
     restarts: RestartTracker,
     /// The failure being recovered from, and when it was reported.
     failure: Option<(String, Instant)>,
@@ -349,6 +352,7 @@ impl Supervisor {
             timer: None,
             highest_triggered: CheckpointId(0),
             triggered_at: HashMap::new(),
+            alignment_max_us: HashMap::new(),
             restarts,
             failure: None,
             restart_delay_ms: 0,
@@ -534,6 +538,7 @@ impl Supervisor {
                     let _entered = span.enter();
                     tracing::info!(checkpoint = checkpoint.0, ?reason, "checkpoint aborted");
                     self.triggered_at.remove(&checkpoint);
+                    self.alignment_max_us.remove(&checkpoint);
                     if reason.is_failure() {
                         self.report.failed_checkpoints.push(FailedCheckpoint {
                             checkpoint: checkpoint.0,
@@ -631,7 +636,15 @@ impl Supervisor {
         };
         let node = event.node;
         match event.kind {
-            NodeEventKind::Ack { checkpoint, part } => {
+            NodeEventKind::Ack {
+                checkpoint,
+                part,
+                alignment_us,
+            } => {
+                if self.triggered_at.contains_key(&checkpoint) {
+                    let longest = self.alignment_max_us.entry(checkpoint).or_default();
+                    *longest = (*longest).max(alignment_us);
+                }
                 // A stale ack's part is simply dropped: parts live in memory
                 // until the writer persists a completed checkpoint.
                 if let AckOutcome::Stale(_) =
@@ -736,6 +749,7 @@ impl Supervisor {
         self.reschedule(context);
         let checkpoint = persisted.checkpoint;
         let started = self.triggered_at.remove(&checkpoint);
+        let alignment_max_us = self.alignment_max_us.remove(&checkpoint).unwrap_or(0);
         let span = self.checkpoint_span(checkpoint);
         let _entered = span.enter();
         match persisted.result {
@@ -751,6 +765,7 @@ impl Supervisor {
                     checkpoint: checkpoint.0,
                     duration_ms,
                     size_bytes,
+                    alignment_max_us,
                 });
                 if self.savepoint_in_flight == Some(checkpoint) {
                     self.savepoint_in_flight = None;
@@ -857,6 +872,7 @@ impl Supervisor {
             report.credit_stalls += stats.credit_stalls();
         }
         self.triggered_at.clear();
+        self.alignment_max_us.clear();
     }
 
     fn final_report(&mut self) -> JobReport {

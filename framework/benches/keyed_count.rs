@@ -1,0 +1,416 @@
+//! End-to-end benchmark of the keyed count of DESIGN.md section 5 (the
+//! Flink anchor): a replayable sequence source of N records, key = i % K, a
+//! keyed per-key count emitting `(key, count)` per record, and a discarding
+//! sink, run as a real job with checkpoints.
+//!
+//! In one run it prints the job's throughput, its checkpoint figures
+//! (count, duration p50/p99, bytes), the process's peak RSS, and the
+//! throughput of a hand-written single-threaded loop doing the same count
+//! with the same stable hasher, as a ratio. `--compare-off` also runs the
+//! same job with periodic checkpoints off. Every job run checks that the
+//! per-key counts are exact; `--smoke` runs a tiny N and exits non-zero if
+//! they are not. It asserts nothing about speed.
+//!
+//! Checkpoint duration, alignment time and size are over the periodic
+//! checkpoints only; the final checkpoint of a bounded job (triggered after
+//! every input ended, without barriers) is printed apart. Alignment time
+//! is per checkpoint the longest of any subtask, from its first barrier to
+//! its snapshot.
+//!
+//! Run: `cargo bench -p snapflow --bench keyed_count -- --parallelism 2
+//! --checkpoint-interval-ms 1000` (see `--help`).
+
+mod support;
+
+use std::collections::HashMap;
+use std::hint::black_box;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use snapflow::job::{CheckpointReport, Job, JobConfig, JobReport, KeyedStateHandle};
+use snapflow::keyed::BuildStableHasher;
+use snapflow::protocol::SnapshotMode;
+
+use support::{
+    expected_count, median, peak_rss_kb, quantile, reset_peak_rss, sequence, Count, DiscardSink,
+};
+
+const USAGE: &str = "keyed_count [--records N] [--keys K] [--parallelism P] \
+[--checkpoint-interval-ms MS|off] [--mode aligned|unaligned|at-least-once] [--runs R] \
+[--store memory|fs] [--compare-off] [--smoke]";
+
+/// Where checkpoints go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StoreKind {
+    /// A fresh in-memory store per run.
+    Memory,
+    /// A file-system store in a fresh temporary directory per run (like the
+    /// Flink anchor's local checkpoint directory).
+    Fs,
+}
+
+/// The command line.
+#[derive(Debug, Clone)]
+struct Options {
+    records: u64,
+    keys: u64,
+    parallelism: usize,
+    interval_ms: Option<u64>,
+    mode: SnapshotMode,
+    runs: usize,
+    store: StoreKind,
+    compare_off: bool,
+    smoke: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            records: 50_000_000,
+            keys: 10_000,
+            parallelism: 1,
+            interval_ms: Some(1000),
+            mode: SnapshotMode::Aligned,
+            runs: 1,
+            store: StoreKind::Fs,
+            compare_off: false,
+            smoke: false,
+        }
+    }
+}
+
+fn parse_number<T: std::str::FromStr>(flag: &str, value: Option<String>) -> Result<T, String> {
+    let value = value.ok_or_else(|| format!("{flag} needs a value"))?;
+    value
+        .replace('_', "")
+        .parse()
+        .map_err(|_| format!("{flag}: `{value}` is not a valid number"))
+}
+
+fn parse_mode(value: Option<String>) -> Result<SnapshotMode, String> {
+    match value.as_deref() {
+        Some("aligned") => Ok(SnapshotMode::Aligned),
+        Some("unaligned") => Ok(SnapshotMode::Unaligned),
+        Some("at-least-once") => Ok(SnapshotMode::AtLeastOnce),
+        other => Err(format!("--mode: unknown mode {other:?}")),
+    }
+}
+
+fn parse_interval(value: Option<String>) -> Result<Option<u64>, String> {
+    match value.as_deref() {
+        Some("off") => Ok(None),
+        _ => parse_number("--checkpoint-interval-ms", value).map(Some),
+    }
+}
+
+fn parse_store(value: Option<String>) -> Result<StoreKind, String> {
+    match value.as_deref() {
+        Some("memory") => Ok(StoreKind::Memory),
+        Some("fs") => Ok(StoreKind::Fs),
+        other => Err(format!("--store: unknown store {other:?}")),
+    }
+}
+
+/// Parses the flags; cargo's own `--bench` flag is ignored.
+fn parse(arguments: impl IntoIterator<Item = String>) -> Result<Options, String> {
+    let mut options = Options::default();
+    let mut arguments = arguments.into_iter();
+    while let Some(flag) = arguments.next() {
+        match flag.as_str() {
+            "--records" => options.records = parse_number(&flag, arguments.next())?,
+            "--keys" => options.keys = parse_number(&flag, arguments.next())?,
+            "--parallelism" => options.parallelism = parse_number(&flag, arguments.next())?,
+            "--runs" => options.runs = parse_number(&flag, arguments.next())?,
+            "--checkpoint-interval-ms" => options.interval_ms = parse_interval(arguments.next())?,
+            "--mode" => options.mode = parse_mode(arguments.next())?,
+            "--store" => options.store = parse_store(arguments.next())?,
+            "--compare-off" => options.compare_off = true,
+            "--smoke" => options.smoke = true,
+            "--bench" => {}
+            "--help" | "-h" => return Err(USAGE.to_string()),
+            other => return Err(format!("unknown flag `{other}`\nusage: {USAGE}")),
+        }
+    }
+    if options.smoke {
+        options.records = options.records.min(200_003);
+        options.keys = options.keys.min(1_000);
+        options.interval_ms = options.interval_ms.map(|_| 5);
+    }
+    if options.keys == 0 || options.parallelism == 0 || options.runs == 0 {
+        return Err("--keys, --parallelism and --runs must be at least 1".to_string());
+    }
+    Ok(options)
+}
+
+/// One job run's figures.
+struct JobRun {
+    elapsed: Duration,
+    report: JobReport,
+    peak_rss_kb: Option<u64>,
+    /// Whether the peak was reset before the run (else it is the process's).
+    peak_rss_reset: bool,
+}
+
+fn job_config(options: &Options, interval_ms: Option<u64>) -> JobConfig {
+    JobConfig {
+        checkpoint_interval_ms: interval_ms,
+        mode: options.mode,
+        default_parallelism: options.parallelism,
+        ..JobConfig::default()
+    }
+}
+
+/// Runs the job once and checks its output; the store directory (if any)
+/// lives until the run is measured.
+fn run_job(options: &Options, interval_ms: Option<u64>) -> Result<JobRun, String> {
+    let directory = tempfile::tempdir().map_err(|error| format!("temporary directory: {error}"))?;
+    let mut config = job_config(options, interval_ms);
+    if options.store == StoreKind::Fs {
+        config = config
+            .with_store_dir(directory.path(), "keyed-count")
+            .map_err(|error| format!("store: {error}"))?;
+    }
+    let job = Job::new("keyed-count", config);
+    let sink = DiscardSink::default();
+    let keys = options.keys;
+    let (counts, state) = job
+        .source("sequence", sequence(options.records))
+        .key_by(move |i: &u64| i % keys)
+        .process_with_state("count", |key: &u64, state: &mut Count, _i: u64, out| {
+            state.count += 1;
+            out.emit((*key, state.count));
+            Ok(())
+        });
+    counts.sink("discard", sink.clone());
+    let peak_rss_reset = reset_peak_rss();
+    let started = Instant::now();
+    let report = job
+        .run()
+        .map_err(|error| format!("the job failed: {error}"))?;
+    let elapsed = started.elapsed();
+    let peak_rss_kb = peak_rss_kb();
+    check_output(options, &state, &sink)?;
+    Ok(JobRun {
+        elapsed,
+        report,
+        peak_rss_kb,
+        peak_rss_reset,
+    })
+}
+
+fn check_output(
+    options: &Options,
+    state: &KeyedStateHandle<u64, Count>,
+    sink: &DiscardSink,
+) -> Result<(), String> {
+    let counts = state.snapshot();
+    let distinct = options.keys.min(options.records);
+    if counts.len() as u64 != distinct {
+        return Err(format!("{} keys in state, want {distinct}", counts.len()));
+    }
+    for (key, count) in &counts {
+        let want = expected_count(options.records, options.keys, *key);
+        if count.count != want {
+            return Err(format!("key {key}: count {}, want {want}", count.count));
+        }
+    }
+    let committed = sink.committed();
+    if committed != options.records {
+        return Err(format!(
+            "the sink committed {committed} records, want {}",
+            options.records
+        ));
+    }
+    Ok(())
+}
+
+/// The physical bound: the same count with the same hasher, one thread,
+/// every `(key, count)` handed to `black_box` in place of a sink.
+fn hand_written_loop(records: u64, keys: u64) -> (Duration, HashMap<u64, u64, BuildStableHasher>) {
+    let started = Instant::now();
+    let mut counts: HashMap<u64, u64, BuildStableHasher> = HashMap::with_hasher(BuildStableHasher);
+    for i in 0..records {
+        let key = black_box(i) % keys;
+        let count = counts.entry(key).or_insert(0);
+        *count += 1;
+        black_box((key, *count));
+    }
+    (started.elapsed(), counts)
+}
+
+fn mega_per_second(records: u64, elapsed: Duration) -> f64 {
+    records as f64 / elapsed.as_secs_f64() / 1e6
+}
+
+fn summary(label: &str, values: &[f64], unit: &str) -> String {
+    let mut sorted = values.to_vec();
+    let middle = median(&mut sorted);
+    format!(
+        "{label}: median {middle:.2} {unit} (min {:.2}, max {:.2}, {} runs)",
+        sorted[0],
+        sorted[sorted.len() - 1],
+        sorted.len()
+    )
+}
+
+fn print_optional(label: &str, value: Option<u64>, unit: &str) {
+    match value {
+        Some(value) => println!("  {label}: {value} {unit}"),
+        None => println!("  {label}: none (no periodic checkpoint)"),
+    }
+}
+
+/// One figure of every periodic checkpoint of every run, sorted: all
+/// checkpoints but the last of each run, which is the final checkpoint
+/// triggered after every input ended (no barriers, nothing to align).
+fn periodic_figures(runs: &[JobRun], figure: fn(&CheckpointReport) -> u64) -> Vec<u64> {
+    let mut figures: Vec<u64> = runs
+        .iter()
+        .flat_map(|run| {
+            let periodic = run.report.checkpoints.len().saturating_sub(1);
+            run.report.checkpoints[..periodic].iter().map(figure)
+        })
+        .collect();
+    figures.sort_unstable();
+    figures
+}
+
+/// Prints the figures of one configuration over its runs; returns the
+/// median records/s in millions.
+fn print_job_runs(title: &str, options: &Options, runs: &[JobRun]) -> f64 {
+    println!("{title}");
+    let rates: Vec<f64> = runs
+        .iter()
+        .map(|run| mega_per_second(options.records, run.elapsed))
+        .collect();
+    println!("  {}", summary("records/s", &rates, "M"));
+    let completed: Vec<f64> = runs
+        .iter()
+        .map(|run| run.report.checkpoints.len() as f64)
+        .collect();
+    println!(
+        "  {}",
+        summary(
+            "checkpoints completed (incl. the final one)",
+            &completed,
+            ""
+        )
+    );
+    let periodic = |figure: fn(&CheckpointReport) -> u64| periodic_figures(runs, figure);
+    let durations = periodic(|c| c.duration_ms);
+    print_optional("checkpoint duration p50", quantile(&durations, 0.5), "ms");
+    print_optional("checkpoint duration p99", quantile(&durations, 0.99), "ms");
+    let alignments = periodic(|c| c.alignment_max_us);
+    let label = "alignment time (max over subtasks)";
+    print_optional(&format!("{label} p50"), quantile(&alignments, 0.5), "us");
+    print_optional(&format!("{label} p99"), quantile(&alignments, 0.99), "us");
+    let sizes = periodic(|c| c.size_bytes);
+    print_optional("bytes per checkpoint p50", quantile(&sizes, 0.5), "B");
+    print_optional("bytes per checkpoint max", sizes.last().copied(), "B");
+    let finals: Vec<f64> = runs
+        .iter()
+        .filter_map(|run| run.report.checkpoints.last())
+        .map(|c| c.duration_ms as f64)
+        .collect();
+    if !finals.is_empty() {
+        println!("  {}", summary("final checkpoint duration", &finals, "ms"));
+    }
+    let failed: usize = runs
+        .iter()
+        .map(|run| run.report.failed_checkpoints.len())
+        .sum();
+    let restarts: usize = runs.iter().map(|run| run.report.restarts.len()).sum();
+    println!("  failed checkpoints: {failed}, restarts: {restarts} (all runs)");
+    let rss: Vec<f64> = runs
+        .iter()
+        .filter_map(|run| run.peak_rss_kb)
+        .map(|kb| kb as f64 / 1024.0)
+        .collect();
+    if rss.is_empty() {
+        println!("  peak RSS: unavailable");
+    } else {
+        let scope = if runs.iter().all(|run| run.peak_rss_reset) {
+            "VmHWM, reset before each run"
+        } else {
+            "VmHWM since the process started"
+        };
+        println!("  {}", summary(&format!("peak RSS ({scope})"), &rss, "MiB"));
+    }
+    let mut rates = rates;
+    median(&mut rates)
+}
+
+fn run_config(options: &Options, interval_ms: Option<u64>) -> Result<Vec<JobRun>, String> {
+    (0..options.runs)
+        .map(|_| run_job(options, interval_ms))
+        .collect()
+}
+
+fn run_loop(options: &Options) -> Result<f64, String> {
+    let mut rates = Vec::with_capacity(options.runs);
+    for _ in 0..options.runs {
+        let (elapsed, counts) = hand_written_loop(options.records, options.keys);
+        for (key, count) in &counts {
+            if *count != expected_count(options.records, options.keys, *key) {
+                return Err(format!("the hand-written loop miscounted key {key}"));
+            }
+        }
+        rates.push(mega_per_second(options.records, elapsed));
+    }
+    println!("hand-written loop (1 thread, same stable hasher)");
+    println!("  {}", summary("records/s", &rates, "M"));
+    Ok(median(&mut rates))
+}
+
+fn describe(interval_ms: Option<u64>) -> String {
+    match interval_ms {
+        Some(ms) => format!("checkpoint every {ms} ms"),
+        None => "periodic checkpoints off".to_string(),
+    }
+}
+
+fn run(options: &Options) -> Result<(), String> {
+    println!(
+        "keyed count: {} records, {} keys, parallelism {}, mode {:?}, store {:?}, {} runs",
+        options.records,
+        options.keys,
+        options.parallelism,
+        options.mode,
+        options.store,
+        options.runs
+    );
+    let runs = run_config(options, options.interval_ms)?;
+    let title = format!("job, {}", describe(options.interval_ms));
+    let job_rate = print_job_runs(&title, options, &runs);
+    if options.compare_off && options.interval_ms.is_some() {
+        let off = run_config(options, None)?;
+        let off_rate = print_job_runs("job, periodic checkpoints off", options, &off);
+        println!(
+            "checkpoint overhead: on/off throughput {:.3}",
+            job_rate / off_rate
+        );
+    }
+    let loop_rate = run_loop(options)?;
+    println!("ratio job/loop: {:.4}", job_rate / loop_rate);
+    if options.smoke {
+        println!("smoke: per-key counts and committed record counts are exact");
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let options = match parse(std::env::args().skip(1)) {
+        Ok(options) => options,
+        Err(message) => {
+            eprintln!("{message}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&options) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("keyed_count: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,191 @@
+//! What the end-to-end benchmarks share: the keyed count's state, the
+//! replayable sequence source (the project's generator), a discarding sink with two-phase commit (and
+//! an optional pause per batch), peak-RSS readings and order statistics.
+//!
+//! It is a module of each benchmark binary, not a target of its own; each
+//! binary uses a subset, hence the `dead_code` allowance.
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::hint::black_box;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use snapflow::sink::{Sink, SinkError, SinkFactory, SinkState};
+use snapflow::source::GeneratorSourceFactory;
+
+/// The per-key state of the count.
+#[derive(snapflow::Snapshot, Default, Clone, Debug)]
+pub struct Count {
+    /// Records seen for the key.
+    pub count: u64,
+}
+
+/// What a [`DiscardSink`]'s writers committed, shared by all of them: the
+/// committed record count and the committed transactions (so a commit
+/// repeated after a restore counts once).
+#[derive(Default)]
+pub struct Discarded {
+    records: AtomicU64,
+    done: Mutex<BTreeSet<(usize, u64)>>,
+}
+
+impl Discarded {
+    fn commit(&self, subtask: usize, checkpoint: u64, records: u64) {
+        let mut done = self.done.lock().unwrap_or_else(|error| error.into_inner());
+        if done.insert((subtask, checkpoint)) {
+            self.records.fetch_add(records, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A sink that drops records and counts them with two-phase commit: the
+/// count of a transaction is committed when its checkpoint completes.
+#[derive(Clone, Default)]
+pub struct DiscardSink {
+    shared: Arc<Discarded>,
+    /// A pause per written batch, to make the sink the bottleneck.
+    pause_per_batch: Duration,
+}
+
+impl DiscardSink {
+    /// A sink that sleeps `pause_per_batch` on every batch it writes.
+    pub fn slow(pause_per_batch: Duration) -> DiscardSink {
+        DiscardSink {
+            shared: Arc::default(),
+            pause_per_batch,
+        }
+    }
+
+    /// Records committed so far, over every writer.
+    pub fn committed(&self) -> u64 {
+        self.shared.records.load(Ordering::Relaxed)
+    }
+}
+
+impl SinkFactory for DiscardSink {
+    type Sink = DiscardWriter;
+
+    fn create(&self, subtask: usize, _parallelism: usize) -> Result<DiscardWriter, SinkError> {
+        Ok(DiscardWriter {
+            shared: Arc::clone(&self.shared),
+            subtask,
+            pause_per_batch: self.pause_per_batch,
+            open: 0,
+            pending: BTreeMap::new(),
+        })
+    }
+}
+
+/// One subtask's [`DiscardSink`]: record counts per transaction.
+pub struct DiscardWriter {
+    shared: Arc<Discarded>,
+    subtask: usize,
+    pause_per_batch: Duration,
+    open: u64,
+    /// Pre-committed record counts per checkpoint; bounded by the
+    /// checkpoints in flight, as every completion drains all older ones.
+    pending: BTreeMap<u64, u64>,
+}
+
+impl DiscardWriter {
+    fn commit_up_to(&mut self, checkpoint: u64) {
+        let later = self.pending.split_off(&(checkpoint + 1));
+        for (id, records) in std::mem::replace(&mut self.pending, later) {
+            self.shared.commit(self.subtask, id, records);
+        }
+    }
+}
+
+impl Sink for DiscardWriter {
+    type Item = (u64, u64);
+
+    fn write_batch(&mut self, batch: &[(u64, u64)]) -> Result<(), SinkError> {
+        if !self.pause_per_batch.is_zero() {
+            std::thread::sleep(self.pause_per_batch);
+        }
+        self.open += black_box(batch).len() as u64;
+        Ok(())
+    }
+
+    fn pre_commit(&mut self, checkpoint_id: u64) -> Result<SinkState, SinkError> {
+        self.pending
+            .insert(checkpoint_id, std::mem::take(&mut self.open));
+        let pending: Vec<(u64, u64)> = self.pending.iter().map(|(&id, &n)| (id, n)).collect();
+        let bytes = postcard::to_allocvec(&pending).map_err(|error| SinkError::MalformedState {
+            reason: error.to_string(),
+        })?;
+        Ok(SinkState::from_bytes(bytes))
+    }
+
+    fn commit(&mut self, checkpoint_id: u64) -> Result<(), SinkError> {
+        self.commit_up_to(checkpoint_id);
+        Ok(())
+    }
+
+    fn abort(&mut self) -> Result<(), SinkError> {
+        self.open = 0;
+        Ok(())
+    }
+
+    fn restore(&mut self, state: Option<&SinkState>) -> Result<(), SinkError> {
+        self.open = 0;
+        self.pending.clear();
+        let Some(state) = state else {
+            return Ok(());
+        };
+        let pending: Vec<(u64, u64)> =
+            postcard::from_bytes(state.as_bytes()).map_err(|error| SinkError::MalformedState {
+                reason: error.to_string(),
+            })?;
+        for (id, records) in pending {
+            self.shared.commit(self.subtask, id, records);
+        }
+        Ok(())
+    }
+}
+
+/// The sequence `0..records` from the project's generator source (each
+/// subtask reads a contiguous share; a position is the next index).
+pub fn sequence(records: u64) -> GeneratorSourceFactory<fn(u64) -> u64> {
+    GeneratorSourceFactory::new(0..records, identity)
+}
+
+fn identity(index: u64) -> u64 {
+    index
+}
+
+/// The exact count of key `key` among `records` records.
+pub fn expected_count(records: u64, keys: u64, key: u64) -> u64 {
+    records / keys + u64::from(key < records % keys)
+}
+
+/// Resets the kernel's peak-RSS mark (`VmHWM`) to the current RSS so the
+/// next reading covers only what follows; returns whether it could (Linux
+/// 4.0 and later). Without the reset the reading is the peak since the
+/// process started.
+pub fn reset_peak_rss() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
+/// `VmHWM` of this process in KiB, if the kernel reports it.
+pub fn peak_rss_kb() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|line| line.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+pub fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// The value at quantile `q` (nearest rank) of sorted `values`.
+pub fn quantile(sorted: &[u64], q: f64) -> Option<u64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    Some(sorted[rank - 1])
+}
