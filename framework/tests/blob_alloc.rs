@@ -13,7 +13,7 @@
 mod alloc_support;
 mod blob_support;
 
-use alloc_support::{measure, Usage};
+use alloc_support::measure;
 use blob_support::{
     journal_strategy, sample_journal, schema_section_of, seal_for, seal_payload_for, Journal, Table,
 };
