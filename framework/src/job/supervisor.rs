@@ -20,7 +20,7 @@
 //! everything; the job is done when every subtask has processed that
 //! completion.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::num::NonZeroUsize;
 use std::sync::{mpsc, Arc};
 use std::thread;
@@ -301,7 +301,9 @@ pub(crate) struct Supervisor {
     /// The wait before the pending restart.
     restart_delay_ms: u64,
     /// Completed checkpoints sent to the writer and not yet persisted.
-    persisting: usize,
+    /// Their trigger times survive a restart, so a checkpoint that becomes
+    /// durable after a failure still reports its real duration.
+    persisting: BTreeSet<CheckpointId>,
     /// The user asked to stop with a savepoint.
     stop_requested: bool,
     /// The stop savepoint, while it is triggered and not yet persisted.
@@ -356,7 +358,7 @@ impl Supervisor {
             restarts,
             failure: None,
             restart_delay_ms: 0,
-            persisting: 0,
+            persisting: BTreeSet::new(),
             stop_requested: false,
             savepoint_in_flight: None,
             tickers: Vec::new(),
@@ -489,7 +491,7 @@ impl Supervisor {
         // persists without bound (Flink likewise counts a checkpoint as
         // pending until it is finalized). Requested checkpoints (the final
         // one) still start at once, through `request_checkpoint`.
-        if self.persisting > 0 {
+        if !self.persisting.is_empty() {
             return;
         }
         if let Some(due_ms) = running.coordinator.poll_timeout() {
@@ -610,7 +612,7 @@ impl Supervisor {
                 storage::CheckpointKind::Checkpoint
             }
         };
-        self.persisting += 1;
+        self.persisting.insert(checkpoint);
         let job = WriterJob::Persist {
             generation: self.generation,
             checkpoint,
@@ -745,9 +747,9 @@ impl Supervisor {
     }
 
     fn on_persisted(&mut self, persisted: Persisted, context: &mut Context<Self>) {
-        self.persisting = self.persisting.saturating_sub(1);
-        self.reschedule(context);
         let checkpoint = persisted.checkpoint;
+        self.persisting.remove(&checkpoint);
+        self.reschedule(context);
         let started = self.triggered_at.remove(&checkpoint);
         let alignment_max_us = self.alignment_max_us.remove(&checkpoint).unwrap_or(0);
         let span = self.checkpoint_span(checkpoint);
@@ -871,8 +873,13 @@ impl Supervisor {
                 .max(stats.in_flight_batches_peak());
             report.credit_stalls += stats.credit_stalls();
         }
-        self.triggered_at.clear();
-        self.alignment_max_us.clear();
+        // Checkpoints still with the writer keep their figures: they may
+        // yet become durable, and then they are reported as complete.
+        let persisting = &self.persisting;
+        self.triggered_at
+            .retain(|checkpoint, _| persisting.contains(checkpoint));
+        self.alignment_max_us
+            .retain(|checkpoint, _| persisting.contains(checkpoint));
     }
 
     fn final_report(&mut self) -> JobReport {
