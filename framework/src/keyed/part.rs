@@ -41,7 +41,7 @@
 use super::hash::key_hash;
 use super::key_group::MaxParallelism;
 use super::KeyedError;
-use crate::state::blob::MAX_SCHEMA_LEN;
+use crate::state::blob::{read_u16, read_u32, read_u64, MAX_SCHEMA_LEN};
 use crate::state::{Snapshot, StateError, StoredSchema};
 use hashbrown::HashTable;
 use serde::{de::DeserializeOwned, Serialize};
@@ -359,23 +359,4 @@ fn write_header(header: &PartHeader, out: &mut [u8]) {
     out[36..40].copy_from_slice(&header.body_crc.to_le_bytes());
     let header_crc = crc32fast::hash(&out[..40]);
     out[40..44].copy_from_slice(&header_crc.to_le_bytes());
-}
-
-// The readers below are only called with offsets inside the 44-byte header
-// after the length check, so their slicing cannot go out of range.
-
-fn read_u16(bytes: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes([bytes[at], bytes[at + 1]])
-}
-
-fn read_u32(bytes: &[u8], at: usize) -> u32 {
-    let mut buffer = [0u8; 4];
-    buffer.copy_from_slice(&bytes[at..at + 4]);
-    u32::from_le_bytes(buffer)
-}
-
-fn read_u64(bytes: &[u8], at: usize) -> u64 {
-    let mut buffer = [0u8; 8];
-    buffer.copy_from_slice(&bytes[at..at + 8]);
-    u64::from_le_bytes(buffer)
 }

@@ -267,20 +267,21 @@ fn write_header(header: &BlobHeader, out: &mut [u8]) {
     out[36..40].copy_from_slice(&header_crc.to_le_bytes());
 }
 
-// The readers below are only called with offsets inside the 40-byte header
-// after the length check, so their slicing cannot go out of range.
+// Little-endian readers for fixed headers, shared with the keyed part format
+// (`crate::keyed`). Callers pass only offsets inside a header whose length
+// they have already checked, so the slicing cannot go out of range.
 
-fn read_u16(bytes: &[u8], at: usize) -> u16 {
+pub(crate) fn read_u16(bytes: &[u8], at: usize) -> u16 {
     u16::from_le_bytes([bytes[at], bytes[at + 1]])
 }
 
-fn read_u32(bytes: &[u8], at: usize) -> u32 {
+pub(crate) fn read_u32(bytes: &[u8], at: usize) -> u32 {
     let mut buffer = [0u8; 4];
     buffer.copy_from_slice(&bytes[at..at + 4]);
     u32::from_le_bytes(buffer)
 }
 
-fn read_u64(bytes: &[u8], at: usize) -> u64 {
+pub(crate) fn read_u64(bytes: &[u8], at: usize) -> u64 {
     let mut buffer = [0u8; 8];
     buffer.copy_from_slice(&bytes[at..at + 8]);
     u64::from_le_bytes(buffer)
