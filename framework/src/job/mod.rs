@@ -52,6 +52,7 @@
 //! # Ok::<(), snapflow::job::JobError>(())
 //! ```
 
+mod operator;
 mod ops;
 mod physical;
 mod route;
@@ -69,6 +70,7 @@ use crate::source::Guarantee;
 use crate::storage::{CheckpointStore, FsCheckpointStore, StoreError};
 
 pub use crate::restart::RestartStrategy;
+pub use operator::{Aggregator, Operator, OperatorContext};
 pub use ops::Key;
 pub use route::Collector;
 pub use shell::Data;
@@ -203,6 +205,25 @@ pub enum JobError {
         /// Why.
         reason: String,
     },
+    /// An edge chosen with [`Stream::forward`] joins operators of
+    /// different parallelisms.
+    #[error(
+        "forward edge from `{from}` (parallelism {from_parallelism}) to `{to}` \
+         (parallelism {to_parallelism}) needs equal parallelisms"
+    )]
+    ForwardParallelismMismatch {
+        /// The upstream operator.
+        from: String,
+        /// The downstream operator.
+        to: String,
+        /// The upstream parallelism.
+        from_parallelism: usize,
+        /// The downstream parallelism.
+        to_parallelism: usize,
+    },
+    /// A union or a loop joins streams of two different jobs.
+    #[error("a union or loop joins streams of two different jobs")]
+    MixedJobs,
     /// The job has no operators.
     #[error("the job has no operators")]
     EmptyJob,

@@ -1,6 +1,7 @@
 //! The built-in operator cores: stateless functions (map, filter,
-//! flat_map), the keyed process function with per-key state, and the sink
-//! core that drives a [`SinkWriter`]'s two-phase commit.
+//! flat_map), the keyed process function with per-key state (which also
+//! carries reduce and aggregate), the core of a user [`Operator`], and the
+//! sink core that drives a [`SinkWriter`]'s two-phase commit.
 //!
 //! This module owns what each operator does with a batch and how its state
 //! becomes bytes. It never sees the protocol or the transport: the shell in
@@ -20,8 +21,9 @@ use serde::Serialize;
 use crate::keyed::{parts_in_range, KeyedState, MaxParallelism};
 use crate::protocol::CheckpointId;
 use crate::runtime::BoxError;
-use crate::state::Snapshot;
+use crate::state::{blob, Snapshot};
 
+use super::operator::Operator;
 use super::route::Collector;
 use super::shell::{Core, Data};
 use crate::sink::{Sink, SinkError, SinkState};
@@ -160,6 +162,72 @@ where
             published.insert(self.subtask, states);
         }
         Ok(())
+    }
+}
+
+/// The per-key state of [`KeyedStream::reduce`](super::KeyedStream::reduce):
+/// the reduced value so far, `None` before the key's first record.
+#[derive(crate::Snapshot, Clone)]
+#[snapshot(crate = "crate")]
+pub(crate) struct Reduced<T> {
+    pub(crate) value: Option<T>,
+}
+
+impl<T> Default for Reduced<T> {
+    fn default() -> Self {
+        Reduced { value: None }
+    }
+}
+
+/// The length of the checkpoint id that precedes an [`Operator`]'s state
+/// blob in its part.
+const CHECKPOINT_ID_LEN: usize = 8;
+
+/// The core of a user [`Operator`]: its state is the instance itself,
+/// stored as the checkpoint id (little-endian `u64`, so that
+/// [`Operator::on_restore`] learns it) followed by the instance's blob.
+pub(crate) struct OperatorCore<O> {
+    pub(crate) operator: O,
+}
+
+impl<O: Operator> Core<O::In, O::Out> for OperatorCore<O> {
+    fn process(
+        &mut self,
+        batch: Vec<O::In>,
+        out: &mut Collector<'_, O::Out>,
+    ) -> Result<(), BoxError> {
+        for record in batch {
+            self.operator.on_record(record, out)?;
+        }
+        Ok(())
+    }
+
+    fn snapshot(&mut self, checkpoint: CheckpointId) -> Result<Vec<u8>, BoxError> {
+        self.operator.on_checkpoint(checkpoint.0)?;
+        let mut bytes = checkpoint.0.to_le_bytes().to_vec();
+        bytes.extend_from_slice(&blob::encode(&self.operator)?);
+        Ok(bytes)
+    }
+
+    fn restore(&mut self, state: Option<&[u8]>) -> Result<(), BoxError> {
+        let Some(state) = state else {
+            return Ok(());
+        };
+        let (id, blob_bytes) = state
+            .split_first_chunk::<CHECKPOINT_ID_LEN>()
+            .ok_or("an operator's state part is shorter than its checkpoint id")?;
+        let checkpoint = u64::from_le_bytes(*id);
+        let restored: O = blob::decode(blob_bytes)?;
+        self.operator.restore_from(restored);
+        self.operator.on_restore(checkpoint)
+    }
+
+    fn on_complete(&mut self, checkpoint: CheckpointId) -> Result<(), BoxError> {
+        self.operator.on_checkpoint_complete(checkpoint.0)
+    }
+
+    fn on_end(&mut self, out: &mut Collector<'_, O::Out>) -> Result<(), BoxError> {
+        self.operator.on_end_of_input(out)
     }
 }
 

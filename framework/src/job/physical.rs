@@ -51,6 +51,8 @@ pub(crate) enum Partition {
     Rebalance,
     /// By key group.
     Hash,
+    /// Every record to every downstream subtask.
+    Broadcast,
 }
 
 /// Makes the subtask slots of one logical operator; knows its types.
@@ -125,6 +127,7 @@ impl<Out: Data> OutputSide<Out> {
         let kind = match partition {
             Partition::Forward => RouteKind::Forward,
             Partition::Rebalance => RouteKind::Rebalance,
+            Partition::Broadcast => RouteKind::Broadcast,
             Partition::Hash => {
                 let key_hash = key_hash
                     .and_then(|any| any.downcast_ref::<KeyHash<Out>>())
@@ -394,6 +397,9 @@ pub(crate) enum Rescale {
     /// Sources and sinks: positions and transactions belong to one split,
     /// so the parallelism must not change.
     No,
+    /// A user operator's state belongs to one subtask: the parallelism
+    /// must not change.
+    OperatorState,
 }
 
 /// One logical edge, resolved.
@@ -544,6 +550,11 @@ impl PhysicalPlan {
             };
             if operator.rescale == Rescale::No {
                 return Err(rescale_error("sources and sinks keep their parallelism"));
+            }
+            if operator.rescale == Rescale::OperatorState {
+                return Err(rescale_error(
+                    "operator state belongs to one subtask and is not redistributed",
+                ));
             }
             let mut states = Vec::with_capacity(old as usize);
             for subtask in 0..old {

@@ -2,7 +2,7 @@
 //! goes to, and the [`Collector`] user functions emit through.
 //!
 //! This module owns the routing rules (forward, rebalance, hash by key
-//! group, with the key groups and stable hash of [`crate::keyed`]). It never sends anything itself (the channel does) and never
+//! group, broadcast, with the key groups and stable hash of [`crate::keyed`]). It never sends anything itself (the channel does) and never
 //! allocates per record: routing a record is an index computation and one
 //! push onto an open batch.
 
@@ -27,6 +27,8 @@ pub(crate) enum RouteKind<T> {
         key_hash: KeyHash<T>,
         max_parallelism: MaxParallelism,
     },
+    /// A copy to every downstream subtask.
+    Broadcast,
 }
 
 impl<T> Clone for RouteKind<T> {
@@ -34,6 +36,7 @@ impl<T> Clone for RouteKind<T> {
         match self {
             RouteKind::Forward => RouteKind::Forward,
             RouteKind::Rebalance => RouteKind::Rebalance,
+            RouteKind::Broadcast => RouteKind::Broadcast,
             RouteKind::Hash {
                 key_hash,
                 max_parallelism,
@@ -66,10 +69,12 @@ impl<T> EdgeRoute<T> {
         }
     }
 
+    /// The one channel a record goes to; a broadcast edge's records go to
+    /// every channel (see [`EdgeRoute::send`]), not through here.
     #[inline]
     fn pick(&mut self, record: &T) -> usize {
         let offset = match &self.kind {
-            RouteKind::Forward => 0,
+            RouteKind::Forward | RouteKind::Broadcast => 0,
             RouteKind::Rebalance => {
                 self.next = (self.next + 1) % self.count;
                 self.next
@@ -90,6 +95,23 @@ impl<T> EdgeRoute<T> {
     }
 }
 
+impl<T: Clone + Send + 'static> EdgeRoute<T> {
+    /// Sends `record` on this edge: to the channel it picks, or a copy to
+    /// each channel of a broadcast edge.
+    #[inline]
+    fn send(&mut self, record: T, outputs: &mut Outputs<T, Control>) {
+        if let RouteKind::Broadcast = self.kind {
+            for output in self.first + 1..self.first + self.count {
+                outputs.emit(output, record.clone());
+            }
+            outputs.emit(self.first, record);
+            return;
+        }
+        let output = self.pick(&record);
+        outputs.emit(output, record);
+    }
+}
+
 /// Every logical output edge of one instance.
 pub(crate) struct Router<T> {
     pub(crate) edges: Vec<EdgeRoute<T>>,
@@ -104,11 +126,9 @@ impl<T: Clone + Send + 'static> Router<T> {
             return;
         };
         for edge in rest {
-            let output = edge.pick(&record);
-            outputs.emit(output, record.clone());
+            edge.send(record.clone(), outputs);
         }
-        let output = last.pick(&record);
-        outputs.emit(output, record);
+        last.send(record, outputs);
     }
 }
 

@@ -6,6 +6,13 @@
 //! types into a template the physical layer instantiates per generation.
 //! It never starts actors itself; [`Job::run`] hands a validated plan to the
 //! supervisor.
+//!
+//! Mistakes are caught as early as the types allow: joining streams of
+//! different record types does not compile (see [`Stream`]); duplicate or
+//! invalid operator names, a forward edge between different
+//! parallelisms, an iteration that is never closed and streams of two
+//! different jobs are typed [`JobError`]s from [`Job::run`] or
+//! [`Job::start`], before anything starts.
 
 use std::any::Any;
 use std::cell::RefCell;
@@ -18,8 +25,10 @@ use crate::runtime::BoxError;
 use crate::state::Snapshot;
 use crate::storage::names;
 
+use super::operator::{Aggregator, Operator, OperatorContext};
 use super::ops::{
-    FinalStates, Key, KeyedCore, ProcessFn, RecordFn, SinkCore, SinkMaker, StatelessCore,
+    FinalStates, Key, KeyedCore, OperatorCore, ProcessFn, RecordFn, Reduced, SinkCore, SinkMaker,
+    StatelessCore,
 };
 use super::physical::{
     CoreFactory, Partition, PhysicalPlan, PlannedEdge, PlannedOperator, Rescale, SourceTemplate,
@@ -46,6 +55,19 @@ enum EdgeKind {
     /// Forward when both sides have the same parallelism, else rebalance.
     Auto,
     Hash,
+    /// Forward, chosen explicitly: both sides must have the same
+    /// parallelism.
+    Forward,
+    Rebalance,
+    Broadcast,
+}
+
+/// One operator that produces a stream, and how its records are
+/// partitioned towards the stream's consumer.
+#[derive(Clone, Copy)]
+struct Producer {
+    operator: usize,
+    partition: EdgeKind,
 }
 
 struct EdgeSpec {
@@ -76,10 +98,52 @@ pub struct Job {
 
 /// A typed stream of records of type `T`, produced by one or more operators
 /// (more than one after [`Stream::union`]).
+///
+/// Record types are checked by the compiler: an operator, a union, a
+/// sink or a loop fed with the wrong type is a compile error, not a
+/// failure at run time. This compiles:
+///
+/// ```
+/// use snapflow::job::{Job, JobConfig};
+/// use snapflow::sink::CollectHandle;
+/// use snapflow::source::VecSourceFactory;
+///
+/// let job = Job::new("typed", JobConfig::default());
+/// let numbers = job.source("numbers", VecSourceFactory::new(vec![1_u64]));
+/// let lengths = job
+///     .source("words", VecSourceFactory::new(vec![String::from("a")]))
+///     .map("length", |word: String| word.len() as u64);
+/// numbers.union(lengths).sink("out", CollectHandle::<u64>::new());
+/// ```
+///
+/// and the same union without the `map` does not:
+///
+/// ```compile_fail,E0308
+/// use snapflow::job::{Job, JobConfig};
+/// use snapflow::sink::CollectHandle;
+/// use snapflow::source::VecSourceFactory;
+///
+/// let job = Job::new("typed", JobConfig::default());
+/// let numbers = job.source("numbers", VecSourceFactory::new(vec![1_u64]));
+/// let words = job.source("words", VecSourceFactory::new(vec![String::from("a")]));
+/// numbers.union(words).sink("out", CollectHandle::<u64>::new());
+/// ```
+///
+/// nor does a sink of another type:
+///
+/// ```compile_fail,E0271
+/// use snapflow::job::{Job, JobConfig};
+/// use snapflow::sink::CollectHandle;
+/// use snapflow::source::VecSourceFactory;
+///
+/// let job = Job::new("typed", JobConfig::default());
+/// job.source("numbers", VecSourceFactory::new(vec![1_u64]))
+///     .sink("out", CollectHandle::<String>::new());
+/// ```
 #[must_use = "a stream does nothing until it reaches a sink"]
 pub struct Stream<'j, T> {
     job: &'j Job,
-    producers: Vec<usize>,
+    producers: Vec<Producer>,
     _records: PhantomData<fn() -> T>,
 }
 
@@ -146,7 +210,10 @@ impl Job {
         self.graph.borrow_mut().operators[operator].rescale = Rescale::No;
         Stream {
             job: self,
-            producers: vec![operator],
+            producers: vec![Producer {
+                operator,
+                partition: EdgeKind::Auto,
+            }],
             _records: PhantomData,
         }
     }
@@ -177,17 +244,16 @@ impl Job {
 
     fn add_edges(
         &self,
-        producers: &[usize],
+        producers: &[Producer],
         to: usize,
-        kind: EdgeKind,
         key_hash: Option<Arc<dyn Any + Send + Sync>>,
     ) {
         let mut graph = self.graph.borrow_mut();
-        for &from in producers {
+        for producer in producers {
             graph.edges.push(EdgeSpec {
-                from,
+                from: producer.operator,
                 to,
-                kind,
+                kind: producer.partition,
                 key_hash: key_hash.clone(),
                 feedback: false,
             });
@@ -197,14 +263,21 @@ impl Job {
     fn stage<In: Data, Out: Data>(
         &self,
         name: &str,
-        producers: &[usize],
-        kind: EdgeKind,
+        producers: &[Producer],
         key_hash: Option<Arc<dyn Any + Send + Sync>>,
         make_core: CoreFactory<In, Out>,
     ) -> usize {
         let operator = self.add_operator(name, false, Box::new(StageTemplate { make_core }));
-        self.add_edges(producers, operator, kind, key_hash);
+        self.add_edges(producers, operator, key_hash);
         operator
+    }
+
+    /// Records that `other` belongs to another job (its operator indices
+    /// mean nothing here).
+    fn check_same_job(&self, other: &Job) {
+        if !std::ptr::eq(self, other) {
+            self.graph.borrow_mut().errors.push(JobError::MixedJobs);
+        }
     }
 
     /// Validates the job, runs it to completion (a bounded job ends when
@@ -270,14 +343,21 @@ impl Job {
         }
         let mut logical = Vec::with_capacity(spec.edges.len());
         for edge in spec.edges {
+            let (from, to) = (&operators[edge.from], &operators[edge.to]);
+            let same_parallelism = from.parallelism == to.parallelism;
             let partition = match edge.kind {
                 EdgeKind::Hash => Partition::Hash,
-                EdgeKind::Auto
-                    if operators[edge.from].parallelism == operators[edge.to].parallelism =>
-                {
-                    Partition::Forward
+                EdgeKind::Auto | EdgeKind::Forward if same_parallelism => Partition::Forward,
+                EdgeKind::Auto | EdgeKind::Rebalance => Partition::Rebalance,
+                EdgeKind::Broadcast => Partition::Broadcast,
+                EdgeKind::Forward => {
+                    return Err(JobError::ForwardParallelismMismatch {
+                        from: from.name.clone(),
+                        to: to.name.clone(),
+                        from_parallelism: from.parallelism,
+                        to_parallelism: to.parallelism,
+                    })
                 }
-                EdgeKind::Auto => Partition::Rebalance,
             };
             logical.push((
                 edge.from,
@@ -297,9 +377,19 @@ impl<'j, T: Data> Stream<'j, T> {
     fn next<U>(&self, operator: usize) -> Stream<'j, U> {
         Stream {
             job: self.job,
-            producers: vec![operator],
+            producers: vec![Producer {
+                operator,
+                partition: EdgeKind::Auto,
+            }],
             _records: PhantomData,
         }
+    }
+
+    fn partitioned(mut self, partition: EdgeKind) -> Self {
+        for producer in &mut self.producers {
+            producer.partition = partition;
+        }
+        self
     }
 
     fn stateless<U: Data>(self, name: &str, function: RecordFn<T, U>) -> Stream<'j, U> {
@@ -308,9 +398,7 @@ impl<'j, T: Data> Stream<'j, T> {
                 function: Arc::clone(&function),
             }) as Box<dyn Core<T, U>>
         });
-        let operator = self
-            .job
-            .stage(name, &self.producers, EdgeKind::Auto, None, make_core);
+        let operator = self.job.stage(name, &self.producers, None, make_core);
         self.next(operator)
     }
 
@@ -358,14 +446,67 @@ impl<'j, T: Data> Stream<'j, T> {
         )
     }
 
-    /// Partitions the stream by key (hash of the key's key group).
+    /// A custom operator with operator-level state (see [`Operator`]):
+    /// `factory` makes one instance per subtask, and its state is
+    /// checkpointed and restored exactly-once. The operator's parallelism
+    /// cannot change on restore
+    /// ([`JobError::RescaleUnsupported`]).
+    pub fn operator<O>(
+        self,
+        name: &str,
+        factory: impl Fn(&OperatorContext) -> O + Send + Sync + 'static,
+    ) -> Stream<'j, O::Out>
+    where
+        O: Operator<In = T>,
+    {
+        let make_core = Arc::new(move |subtask: usize, parallelism: usize| {
+            let context = OperatorContext {
+                subtask,
+                parallelism,
+            };
+            Box::new(OperatorCore {
+                operator: factory(&context),
+            }) as Box<dyn Core<T, O::Out>>
+        });
+        let operator = self.job.stage(name, &self.producers, None, make_core);
+        self.job.graph.borrow_mut().operators[operator].rescale = Rescale::OperatorState;
+        self.next(operator)
+    }
+
+    /// Sends every record to every subtask of the next operator (Flink's
+    /// broadcast partitioner). Checkpoints stay exactly-once: a broadcast
+    /// edge is one channel from each upstream subtask to each downstream
+    /// subtask, aligned like any other.
+    pub fn broadcast(self) -> Self {
+        self.partitioned(EdgeKind::Broadcast)
+    }
+
+    /// Spreads the records round robin over the subtasks of the next
+    /// operator, whatever the parallelisms (the default when they differ).
+    pub fn rebalance(self) -> Self {
+        self.partitioned(EdgeKind::Rebalance)
+    }
+
+    /// Sends the records of subtask `i` to subtask `i` of the next operator
+    /// (the default when the parallelisms are equal); different
+    /// parallelisms are [`JobError::ForwardParallelismMismatch`].
+    pub fn forward(self) -> Self {
+        self.partitioned(EdgeKind::Forward)
+    }
+
+    /// Partitions the stream by key (hash of the key's key group),
+    /// replacing any partitioning chosen before on this stream.
     pub fn key_by<K: Key>(
         self,
         key_of: impl Fn(&T) -> K + Send + Sync + 'static,
     ) -> KeyedStream<'j, K, T> {
         KeyedStream {
             job: self.job,
-            producers: self.producers,
+            producers: self
+                .producers
+                .iter()
+                .map(|producer| producer.operator)
+                .collect(),
             key_of: Arc::new(key_of),
         }
     }
@@ -381,35 +522,44 @@ impl<'j, T: Data> Stream<'j, T> {
     pub fn iterate(self, name: &str, idle_timeout_ms: u64) -> (Stream<'j, T>, Feedback<'j, T>) {
         let job = self.job;
         let stream = self.stateless(name, Arc::new(|record, out| out.emit(record)));
-        let head = stream.producers[0];
+        let head = stream.producers[0].operator;
         let mut graph = job.graph.borrow_mut();
         graph.operators[head].loop_idle_ms = Some(idle_timeout_ms);
         graph.open_loops.push(head);
         drop(graph);
         let feedback = Feedback {
+            job,
             head,
             _records: PhantomData,
         };
         (stream, feedback)
     }
 
-    /// Closes an iteration: this stream's records go back to its head.
+    /// Closes an iteration: this stream's records go back to its head
+    /// (partitioned as chosen on this stream, by default forward or
+    /// rebalance).
     pub fn close_loop(self, feedback: Feedback<'j, T>) {
+        self.job.check_same_job(feedback.job);
+        if !std::ptr::eq(self.job, feedback.job) {
+            return;
+        }
         let mut graph = self.job.graph.borrow_mut();
         graph.open_loops.retain(|&head| head != feedback.head);
-        for &from in &self.producers {
+        for producer in &self.producers {
             graph.edges.push(EdgeSpec {
-                from,
+                from: producer.operator,
                 to: feedback.head,
-                kind: EdgeKind::Auto,
+                kind: producer.partition,
                 key_hash: None,
                 feedback: true,
             });
         }
     }
 
-    /// Merges two streams of the same type.
+    /// Merges two streams of the same type; each keeps the partitioning
+    /// chosen on it.
     pub fn union(mut self, other: Stream<'j, T>) -> Stream<'j, T> {
+        self.job.check_same_job(other.job);
         self.producers.extend(other.producers);
         self
     }
@@ -418,8 +568,8 @@ impl<'j, T: Data> Stream<'j, T> {
     pub fn parallelism(self, parallelism: usize) -> Self {
         {
             let mut graph = self.job.graph.borrow_mut();
-            if let [operator] = self.producers[..] {
-                graph.operators[operator].parallelism = Some(parallelism);
+            if let [producer] = self.producers[..] {
+                graph.operators[producer.operator].parallelism = Some(parallelism);
             } else {
                 graph.errors.push(JobError::ParallelismOnUnion);
             }
@@ -448,9 +598,7 @@ impl<'j, T: Data> Stream<'j, T> {
                 sink: None,
             }) as Box<dyn Core<T, ()>>
         });
-        let operator = self
-            .job
-            .stage(name, &self.producers, EdgeKind::Auto, None, make_core);
+        let operator = self.job.stage(name, &self.producers, None, make_core);
         self.job.graph.borrow_mut().operators[operator].rescale = Rescale::No;
         SinkHandle {
             job: self.job,
@@ -462,6 +610,7 @@ impl<'j, T: Data> Stream<'j, T> {
 /// The open end of an iteration: close it with [`Stream::close_loop`].
 #[must_use = "an iteration must be closed with Stream::close_loop"]
 pub struct Feedback<'j, T> {
+    job: &'j Job,
     head: usize,
     _records: PhantomData<fn(&'j ()) -> T>,
 }
@@ -528,6 +677,53 @@ impl<'j, K: Key, T: Data> KeyedStream<'j, K, T> {
         (stream, KeyedStateHandle { states })
     }
 
+    /// A rolling reduce per key, as Flink's `KeyedStream::reduce`: the
+    /// first record of a key is its reduced value; every next record
+    /// `value` makes it `function(&reduced, value)`. Emits the key's
+    /// reduced value after every record. The reduced value is per-key
+    /// state, checkpointed and restored exactly-once (and rescaled by key
+    /// group like any keyed state).
+    pub fn reduce(
+        self,
+        name: &str,
+        function: impl Fn(&T, T) -> T + Send + Sync + 'static,
+    ) -> Stream<'j, T> {
+        self.process_inner(
+            name,
+            move |_key: &K, state: &mut Reduced<T>, record: T, out| {
+                let reduced = match state.value.take() {
+                    Some(previous) => function(&previous, record),
+                    None => record,
+                };
+                out.emit(reduced.clone());
+                state.value = Some(reduced);
+                Ok(())
+            },
+            None,
+        )
+    }
+
+    /// An incremental aggregation per key (see [`Aggregator`]): each
+    /// record is added to its key's accumulator (per-key state, starting
+    /// at `Default::default()`), then `(key, result)` is emitted. The key
+    /// is part of the output because, unlike a reduce, the result need not
+    /// contain it.
+    pub fn aggregate<A>(self, name: &str, aggregator: A) -> Stream<'j, (K, A::Output)>
+    where
+        A: Aggregator<T>,
+        K: Data,
+    {
+        self.process_inner(
+            name,
+            move |key: &K, accumulator: &mut A::Accumulator, record: T, out| {
+                aggregator.add(accumulator, record)?;
+                out.emit((key.clone(), aggregator.result(accumulator)));
+                Ok(())
+            },
+            None,
+        )
+    }
+
     fn process_inner<S, U>(
         self,
         name: &str,
@@ -560,17 +756,22 @@ impl<'j, K: Key, T: Data> KeyedStream<'j, K, T> {
                 publish.clone(),
             )) as Box<dyn Core<T, U>>
         });
-        let operator = self.job.stage(
-            name,
-            &self.producers,
-            EdgeKind::Hash,
-            Some(key_hash),
-            make_core,
-        );
+        let producers: Vec<Producer> = self
+            .producers
+            .iter()
+            .map(|&operator| Producer {
+                operator,
+                partition: EdgeKind::Hash,
+            })
+            .collect();
+        let operator = self.job.stage(name, &producers, Some(key_hash), make_core);
         self.job.graph.borrow_mut().operators[operator].rescale = Rescale::Keyed;
         Stream {
             job: self.job,
-            producers: vec![operator],
+            producers: vec![Producer {
+                operator,
+                partition: EdgeKind::Auto,
+            }],
             _records: PhantomData,
         }
     }

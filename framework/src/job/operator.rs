@@ -1,0 +1,226 @@
+//! The user traits for custom operators: [`Operator`], a non-keyed operator
+//! whose operator-level state is the implementing `#[derive(Snapshot)]`
+//! struct itself, and [`Aggregator`], a per-key incremental aggregation
+//! for [`KeyedStream::aggregate`](super::KeyedStream::aggregate).
+//!
+//! This module owns the contracts users implement and their documented
+//! semantics (hook order, exactly-once, restore). It never runs anything:
+//! the operator core in [`super::ops`] calls these hooks from the shell.
+
+use crate::runtime::BoxError;
+use crate::state::Snapshot;
+
+use super::route::Collector;
+use super::shell::Data;
+
+/// A custom non-keyed operator with operator-level state: the implementing
+/// struct is the state (`#[derive(Snapshot)]`), and one instance runs per
+/// subtask, made by the factory given to
+/// [`Stream::operator`](super::Stream::operator).
+///
+/// # Hooks and their order
+///
+/// For one subtask in one run (a *generation*; a restart starts a new one):
+///
+/// 1. The factory makes a fresh instance from the [`OperatorContext`].
+/// 2. If the job restores from checkpoint `n` and this operator's subtask
+///    has a part in it: the state is decoded into a second instance,
+///    [`Operator::restore_from`] hands it to the fresh one (by default the
+///    decoded instance replaces it), then [`Operator::on_restore`]`(n)`
+///    runs. Neither runs on a fresh start.
+/// 3. [`Operator::on_record`] for every record, in the order they arrive;
+///    between two records, any number of checkpoints:
+///    [`Operator::on_checkpoint`]`(n)` runs in the synchronous part of
+///    checkpoint `n`, right before the instance is encoded as its state
+///    (what it mutates there is part of checkpoint `n`), and
+///    [`Operator::on_checkpoint_complete`]`(n)` runs once checkpoint `n`
+///    is durable.
+/// 4. [`Operator::on_end_of_input`] once every input ended (a bounded
+///    job); it may emit final records. The job's final checkpoint comes
+///    after it, so `on_checkpoint` and `on_checkpoint_complete` can still
+///    follow.
+///
+/// # Exactly-once
+///
+/// Each checkpoint holds the state as of a cut of the record stream: after
+/// a failure the job restores checkpoint `n` and replays exactly the
+/// records after that cut, so the state the operator ends with, and what
+/// exactly-once sinks downstream commit, is as if no failure happened.
+/// What the hooks do *outside* the state is not rolled back: a hook that
+/// talks to the outside world sees records (and `on_checkpoint` calls)
+/// after the last completed checkpoint again after a restart. As in Flink,
+/// `on_checkpoint_complete` is a best-effort notification: a failure
+/// between the checkpoint becoming durable and the notification skips it
+/// (the restore's `on_restore(n)` then says that `n` completed).
+///
+/// An `Err` from any hook fails the job, which restarts per its
+/// [`RestartStrategy`](super::RestartStrategy), exactly as an error of a
+/// process function does; so does a panic.
+///
+/// # Parallelism
+///
+/// Operator state belongs to one subtask: restoring a checkpoint at
+/// another parallelism of this operator fails before anything starts with
+/// [`JobError::RescaleUnsupported`](super::JobError::RescaleUnsupported)
+/// (Flink's list and union redistribution are not offered). Keep state
+/// that must rescale in keyed state
+/// ([`KeyedStream::process`](super::KeyedStream::process)).
+///
+/// # Example
+///
+/// ```
+/// use snapflow::job::{Collector, Job, JobConfig, Operator, OperatorContext};
+/// use snapflow::runtime::BoxError;
+/// use snapflow::sink::CollectHandle;
+/// use snapflow::source::VecSourceFactory;
+/// use snapflow::Snapshot;
+///
+/// /// Sums its input and emits the sum when the input ends.
+/// #[derive(Snapshot, Default)]
+/// struct Total {
+///     sum: u64,
+///     /// Not state: set by the factory, kept across a restore.
+///     #[snapshot(skip)]
+///     subtask: usize,
+/// }
+///
+/// impl Operator for Total {
+///     type In = u64;
+///     type Out = (usize, u64);
+///
+///     fn on_record(&mut self, record: u64, _out: &mut Collector<'_, (usize, u64)>) -> Result<(), BoxError> {
+///         self.sum += record;
+///         Ok(())
+///     }
+///
+///     fn restore_from(&mut self, restored: Self) {
+///         self.sum = restored.sum;
+///     }
+///
+///     fn on_end_of_input(&mut self, out: &mut Collector<'_, (usize, u64)>) -> Result<(), BoxError> {
+///         out.emit((self.subtask, self.sum));
+///         Ok(())
+///     }
+/// }
+///
+/// let job = Job::new("total", JobConfig { default_parallelism: 2, ..JobConfig::default() });
+/// let output = CollectHandle::new();
+/// job.source("numbers", VecSourceFactory::new((1..=100_u64).collect()))
+///     .operator("total", |context: &OperatorContext| Total { sum: 0, subtask: context.subtask })
+///     .sink("collect", output.clone());
+/// job.run()?;
+/// let sums = output.committed();
+/// assert_eq!(sums.len(), 2);
+/// assert_eq!(sums.iter().map(|(_, sum)| sum).sum::<u64>(), 5050);
+/// # Ok::<(), snapflow::job::JobError>(())
+/// ```
+pub trait Operator: Snapshot + Send + 'static {
+    /// The input record type.
+    type In: Data;
+    /// The output record type.
+    type Out: Data;
+
+    /// Processes one record; emits any number of records through `out`.
+    fn on_record(
+        &mut self,
+        record: Self::In,
+        out: &mut Collector<'_, Self::Out>,
+    ) -> Result<(), BoxError>;
+
+    /// The synchronous part of checkpoint `checkpoint`, right before this
+    /// instance is encoded as its state. No record is processed between
+    /// this call and the encoding.
+    fn on_checkpoint(&mut self, checkpoint: u64) -> Result<(), BoxError> {
+        let _ = checkpoint;
+        Ok(())
+    }
+
+    /// Checkpoint `checkpoint` is complete and durable (best effort; see
+    /// the trait's docs).
+    fn on_checkpoint_complete(&mut self, checkpoint: u64) -> Result<(), BoxError> {
+        let _ = checkpoint;
+        Ok(())
+    }
+
+    /// Takes over the state of `restored`, the instance decoded from the
+    /// checkpoint, before [`Operator::on_restore`]. The default replaces
+    /// this instance entirely, so `#[snapshot(skip)]` fields take their
+    /// restored default; override it to keep such fields (configuration,
+    /// handles) from the instance the factory made.
+    fn restore_from(&mut self, restored: Self) {
+        *self = restored;
+    }
+
+    /// The state was restored from checkpoint `checkpoint`; called once,
+    /// before any record.
+    fn on_restore(&mut self, checkpoint: u64) -> Result<(), BoxError> {
+        let _ = checkpoint;
+        Ok(())
+    }
+
+    /// Every input ended; the last chance to emit.
+    fn on_end_of_input(&mut self, out: &mut Collector<'_, Self::Out>) -> Result<(), BoxError> {
+        let _ = out;
+        Ok(())
+    }
+}
+
+/// Which subtask an [`Operator`] instance is made for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct OperatorContext {
+    /// The subtask's index, in `0..parallelism`.
+    pub subtask: usize,
+    /// The operator's parallelism.
+    pub parallelism: usize,
+}
+
+/// An incremental per-key aggregation, as Flink's `AggregateFunction`:
+/// the accumulator is the key's state (`Default::default()` is Flink's
+/// `createAccumulator`), [`Aggregator::add`] folds one record into it and
+/// [`Aggregator::result`] reads the current result.
+/// [`KeyedStream::aggregate`](super::KeyedStream::aggregate) emits
+/// `(key, result)` after every record. Flink's `merge` is not needed: there
+/// are no merging windows.
+///
+/// ```
+/// use snapflow::job::Aggregator;
+/// use snapflow::runtime::BoxError;
+/// use snapflow::Snapshot;
+///
+/// /// The mean of the values seen per key.
+/// struct Mean;
+///
+/// #[derive(Snapshot, Default, Clone)]
+/// struct SumCount {
+///     sum: f64,
+///     count: u64,
+/// }
+///
+/// impl Aggregator<(String, f64)> for Mean {
+///     type Accumulator = SumCount;
+///     type Output = f64;
+///
+///     fn add(&self, accumulator: &mut SumCount, (_, value): (String, f64)) -> Result<(), BoxError> {
+///         accumulator.sum += value;
+///         accumulator.count += 1;
+///         Ok(())
+///     }
+///
+///     fn result(&self, accumulator: &SumCount) -> f64 {
+///         accumulator.sum / accumulator.count as f64
+///     }
+/// }
+/// ```
+pub trait Aggregator<In>: Send + Sync + 'static {
+    /// The per-key state.
+    type Accumulator: Snapshot + Default + Clone + Send + 'static;
+    /// What the aggregation emits per record (with its key).
+    type Output: Data;
+
+    /// Folds `value` into the key's accumulator. An `Err` fails the job.
+    fn add(&self, accumulator: &mut Self::Accumulator, value: In) -> Result<(), BoxError>;
+
+    /// The current result of an accumulator.
+    fn result(&self, accumulator: &Self::Accumulator) -> Self::Output;
+}
