@@ -38,7 +38,9 @@ use super::shell::Data;
 /// 4. [`Operator::on_end_of_input`] once every input ended (a bounded
 ///    job); it may emit final records. The job's final checkpoint comes
 ///    after it, so `on_checkpoint` and `on_checkpoint_complete` can still
-///    follow.
+///    follow. It runs once per subtask over the job's life: an instance
+///    restored from a checkpoint taken after it does not run it again
+///    (what it emitted is already part of that checkpoint downstream).
 ///
 /// # Exactly-once
 ///

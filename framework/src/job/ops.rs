@@ -179,15 +179,20 @@ impl<T> Default for Reduced<T> {
     }
 }
 
-/// The length of the checkpoint id that precedes an [`Operator`]'s state
-/// blob in its part.
-const CHECKPOINT_ID_LEN: usize = 8;
+/// The length of the header that precedes an [`Operator`]'s state blob in
+/// its part: the checkpoint id and the ended flag.
+const OPERATOR_HEADER_LEN: usize = 9;
 
 /// The core of a user [`Operator`]: its state is the instance itself,
-/// stored as the checkpoint id (little-endian `u64`, so that
-/// [`Operator::on_restore`] learns it) followed by the instance's blob.
+/// stored after a header of the checkpoint id (little-endian `u64`, so
+/// that [`Operator::on_restore`] learns it) and whether the input had
+/// ended (one byte). A restore from a checkpoint taken after the end of
+/// input does not call [`Operator::on_end_of_input`] again: what it
+/// emitted reached every downstream snapshot of that checkpoint, so a
+/// second call would emit it twice.
 pub(crate) struct OperatorCore<O> {
     pub(crate) operator: O,
+    pub(crate) ended: bool,
 }
 
 impl<O: Operator> Core<O::In, O::Out> for OperatorCore<O> {
@@ -205,6 +210,7 @@ impl<O: Operator> Core<O::In, O::Out> for OperatorCore<O> {
     fn snapshot(&mut self, checkpoint: CheckpointId) -> Result<Vec<u8>, BoxError> {
         self.operator.on_checkpoint(checkpoint.0)?;
         let mut bytes = checkpoint.0.to_le_bytes().to_vec();
+        bytes.push(u8::from(self.ended));
         bytes.extend_from_slice(&blob::encode(&self.operator)?);
         Ok(bytes)
     }
@@ -213,10 +219,16 @@ impl<O: Operator> Core<O::In, O::Out> for OperatorCore<O> {
         let Some(state) = state else {
             return Ok(());
         };
-        let (id, blob_bytes) = state
-            .split_first_chunk::<CHECKPOINT_ID_LEN>()
-            .ok_or("an operator's state part is shorter than its checkpoint id")?;
-        let checkpoint = u64::from_le_bytes(*id);
+        let (header, blob_bytes) = state
+            .split_first_chunk::<OPERATOR_HEADER_LEN>()
+            .ok_or("an operator's state part is shorter than its header")?;
+        let (id, ended) = header.split_at(OPERATOR_HEADER_LEN - 1);
+        let checkpoint = u64::from_le_bytes(id.try_into()?);
+        self.ended = match ended {
+            [0] => false,
+            [1] => true,
+            _ => return Err("an operator's state part has a bad ended flag".into()),
+        };
         let restored: O = blob::decode(blob_bytes)?;
         self.operator.restore_from(restored);
         self.operator.on_restore(checkpoint)
@@ -227,6 +239,10 @@ impl<O: Operator> Core<O::In, O::Out> for OperatorCore<O> {
     }
 
     fn on_end(&mut self, out: &mut Collector<'_, O::Out>) -> Result<(), BoxError> {
+        if self.ended {
+            return Ok(());
+        }
+        self.ended = true;
         self.operator.on_end_of_input(out)
     }
 }

@@ -272,11 +272,12 @@ impl Job {
         operator
     }
 
-    /// Records that `other` belongs to another job (its operator indices
-    /// mean nothing here).
+    /// Records, in both jobs, that a stream of `other` was joined with one
+    /// of this job (operator indices of one job mean nothing in the other).
     fn check_same_job(&self, other: &Job) {
         if !std::ptr::eq(self, other) {
             self.graph.borrow_mut().errors.push(JobError::MixedJobs);
+            other.graph.borrow_mut().errors.push(JobError::MixedJobs);
         }
     }
 
@@ -466,6 +467,7 @@ impl<'j, T: Data> Stream<'j, T> {
             };
             Box::new(OperatorCore {
                 operator: factory(&context),
+                ended: false,
             }) as Box<dyn Core<T, O::Out>>
         });
         let operator = self.job.stage(name, &self.producers, None, make_core);
