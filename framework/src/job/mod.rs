@@ -2,7 +2,8 @@
 //! that runs it end to end with checkpoints and exactly-once recovery.
 //!
 //! This module owns the user's vocabulary for a job ([`Job`], [`JobConfig`],
-//! [`Stream`], [`KeyedStream`], [`Collector`]; sources and sinks are the
+//! [`Stream`], [`KeyedStream`], [`Collector`], the [`Operator`] and
+//! [`Aggregator`] traits; sources and sinks are the
 //! [`crate::source::SourceFactory`] and [`crate::sink::SinkFactory`] of
 //! their own modules), the translation of the logical graph into a graph of subtasks
 //! with channels and partitioners, the operator shells that drive one

@@ -48,7 +48,9 @@ use super::shell::Data;
 /// a failure the job restores checkpoint `n` and replays exactly the
 /// records after that cut, so the state the operator ends with, and what
 /// exactly-once sinks downstream commit, is as if no failure happened.
-/// What the hooks do *outside* the state is not rolled back: a hook that
+/// (In [`SnapshotMode::AtLeastOnce`](crate::protocol::SnapshotMode::AtLeastOnce)
+/// the cut is not exact: records after it may reach the restored state
+/// twice.) What the hooks do *outside* the state is not rolled back: a hook that
 /// talks to the outside world sees records (and `on_checkpoint` calls)
 /// after the last completed checkpoint again after a restart. As in Flink,
 /// `on_checkpoint_complete` is a best-effort notification: a failure

@@ -523,8 +523,8 @@ impl PhysicalPlan {
     /// An operator whose parallelism changed since the checkpoint
     /// (`layout`) is rescaled: a keyed operator's subtasks each get the
     /// union of the old key-group parts (each keeps its own key groups), a
-    /// stateless one starts empty; sources, sinks and recorded channel
-    /// state cannot be rescaled (typed errors). The max parallelism must
+    /// stateless one starts empty; sources, sinks, user operators' state
+    /// and recorded channel state cannot be rescaled (typed errors). The max parallelism must
     /// not change.
     pub(crate) fn redistribute(
         &self,
