@@ -16,6 +16,7 @@ use snapflow::job::{
     Aggregator, Collector, Job, JobConfig, JobError, JobReport, Operator, OperatorContext,
     RestartStrategy,
 };
+use snapflow::protocol::SnapshotMode;
 use snapflow::runtime::BoxError;
 use snapflow::sink::CollectHandle;
 use snapflow::source::VecSourceFactory;
@@ -425,13 +426,19 @@ fn check_hooks(log: &HookLog, report: &JobReport) {
     }
 }
 
-fn check_operator(parallelism: usize) {
+fn check_operator(parallelism: usize, mode: SnapshotMode) {
     let probes = SummerProbes {
         faults: Faults::new(vec![("summer", 700, FaultKind::Error)]),
         fail_complete: Arc::new(AtomicBool::new(true)),
         ..SummerProbes::default()
     };
-    let job = Job::new("operator", config(parallelism));
+    let job = Job::new(
+        "operator",
+        JobConfig {
+            mode,
+            ..config(parallelism)
+        },
+    );
     let output = CollectHandle::new();
     declare_summer(&job, parallelism, &probes, &output);
     quiet_injected_panics();
@@ -459,17 +466,22 @@ fn check_operator(parallelism: usize) {
 
 #[test]
 fn operator_parallelism_1() {
-    check_operator(1);
+    check_operator(1, SnapshotMode::Aligned);
 }
 
 #[test]
 fn operator_parallelism_2() {
-    check_operator(2);
+    check_operator(2, SnapshotMode::Aligned);
 }
 
 #[test]
 fn operator_parallelism_3() {
-    check_operator(3);
+    check_operator(3, SnapshotMode::Aligned);
+}
+
+#[test]
+fn operator_unaligned_parallelism_2() {
+    check_operator(2, SnapshotMode::Unaligned);
 }
 
 /// What a `Summer` job commits: `(subtask, seen, sum)`.
@@ -566,7 +578,7 @@ fn tagger(faults: &Faults) -> impl Fn(&OperatorContext) -> Tagger + Send + Sync 
     }
 }
 
-fn check_broadcast(parallelism: usize, mode: snapflow::protocol::SnapshotMode) {
+fn check_broadcast(parallelism: usize, mode: SnapshotMode) {
     let faults = two_faults("tag");
     let job = Job::new(
         "broadcast",
@@ -600,22 +612,22 @@ fn check_broadcast(parallelism: usize, mode: snapflow::protocol::SnapshotMode) {
 
 #[test]
 fn broadcast_parallelism_1() {
-    check_broadcast(1, snapflow::protocol::SnapshotMode::Aligned);
+    check_broadcast(1, SnapshotMode::Aligned);
 }
 
 #[test]
 fn broadcast_parallelism_2() {
-    check_broadcast(2, snapflow::protocol::SnapshotMode::Aligned);
+    check_broadcast(2, SnapshotMode::Aligned);
 }
 
 #[test]
 fn broadcast_parallelism_3() {
-    check_broadcast(3, snapflow::protocol::SnapshotMode::Aligned);
+    check_broadcast(3, SnapshotMode::Aligned);
 }
 
 #[test]
 fn broadcast_unaligned_parallelism_2() {
-    check_broadcast(2, snapflow::protocol::SnapshotMode::Unaligned);
+    check_broadcast(2, SnapshotMode::Unaligned);
 }
 
 /// Which halves of the input (split over two source subtasks) each of two

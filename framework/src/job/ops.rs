@@ -302,3 +302,96 @@ impl<T: Data> Core<T, ()> for SinkCore<T> {
             .map_or(Guarantee::ExactlyOnce, |sink| sink.guarantee())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The stored form of an [`Operator`]'s part: a round trip keeps the
+    //! state, the checkpoint id and the ended flag; a damaged header is an
+    //! error, not a panic.
+
+    use super::*;
+
+    #[derive(crate::Snapshot, Default, Debug, PartialEq)]
+    #[snapshot(crate = "crate")]
+    struct Counter {
+        count: u64,
+        restored_from: Option<u64>,
+    }
+
+    impl Operator for Counter {
+        type In = u64;
+        type Out = u64;
+
+        fn on_record(&mut self, _: u64, _: &mut Collector<'_, u64>) -> Result<(), BoxError> {
+            self.count += 1;
+            Ok(())
+        }
+
+        fn on_restore(&mut self, checkpoint: u64) -> Result<(), BoxError> {
+            self.restored_from = Some(checkpoint);
+            Ok(())
+        }
+    }
+
+    fn core(count: u64, ended: bool) -> OperatorCore<Counter> {
+        OperatorCore {
+            operator: Counter {
+                count,
+                restored_from: None,
+            },
+            ended,
+        }
+    }
+
+    fn check_round_trip(ended: bool) {
+        let bytes = core(7, ended)
+            .snapshot(CheckpointId(42))
+            .expect("a snapshot");
+        let mut restored = core(0, false);
+        restored.restore(Some(&bytes)).expect("a restore");
+        assert_eq!(restored.operator.count, 7);
+        assert_eq!(restored.operator.restored_from, Some(42));
+        assert_eq!(restored.ended, ended);
+    }
+
+    fn check_damaged(bytes: &[u8]) {
+        let error = core(0, false)
+            .restore(Some(bytes))
+            .expect_err("a damaged part is rejected");
+        assert!(!error.to_string().is_empty());
+    }
+
+    #[test]
+    fn a_running_operator_round_trips() {
+        check_round_trip(false);
+    }
+
+    #[test]
+    fn an_ended_operator_round_trips() {
+        check_round_trip(true);
+    }
+
+    #[test]
+    fn a_part_shorter_than_its_header_is_an_error() {
+        check_damaged(&[1, 2, 3]);
+    }
+
+    #[test]
+    fn a_bad_ended_flag_is_an_error() {
+        let mut bytes = core(1, false)
+            .snapshot(CheckpointId(1))
+            .expect("a snapshot");
+        bytes[OPERATOR_HEADER_LEN - 1] = 2;
+        check_damaged(&bytes);
+    }
+
+    #[test]
+    fn a_damaged_state_blob_is_an_error() {
+        let mut bytes = core(1, false)
+            .snapshot(CheckpointId(1))
+            .expect("a snapshot");
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0xff;
+        check_damaged(&bytes);
+    }
+}
