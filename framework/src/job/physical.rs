@@ -524,8 +524,8 @@ impl PhysicalPlan {
     /// (`layout`) is rescaled: a keyed operator's subtasks each get the
     /// union of the old key-group parts (each keeps its own key groups), a
     /// stateless one starts empty; sources, sinks, user operators' state
-    /// and recorded channel state cannot be rescaled (typed errors). The max parallelism must
-    /// not change.
+    /// and recorded channel state cannot be rescaled (typed errors). The
+    /// max parallelism must not change.
     pub(crate) fn redistribute(
         &self,
         mut parts: BTreeMap<PartId, Vec<u8>>,

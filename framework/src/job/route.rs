@@ -4,7 +4,8 @@
 //! This module owns the routing rules (forward, rebalance, hash by key
 //! group, broadcast, with the key groups and stable hash of [`crate::keyed`]). It never sends anything itself (the channel does) and never
 //! allocates per record: routing a record is an index computation and one
-//! push onto an open batch.
+//! push onto an open batch (a broadcast edge pushes a clone of the record
+//! onto each of its channels but one, as fan-out to several edges does).
 
 use std::sync::Arc;
 
