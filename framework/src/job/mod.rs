@@ -52,6 +52,7 @@
 //! # Ok::<(), snapflow::job::JobError>(())
 //! ```
 
+pub mod inspect;
 mod ops;
 mod physical;
 mod route;
