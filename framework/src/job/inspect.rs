@@ -12,8 +12,8 @@
 //!
 //! | operator | state bytes | read with |
 //! |---|---|---|
-//! | keyed process (`process`, `process_with_state`) | the per-key states, one part per key group | [`CheckpointView::keyed_state`] |
-//! | source | its position (the next record's) | [`CheckpointView::source_positions`], [`PartView::source_position`] |
+//! | keyed process | per-key states by key group | [`CheckpointView::keyed_state`] |
+//! | source | the next record's position | [`CheckpointView::source_positions`] |
 //! | sink | its pre-commit state | [`PartView::sink_state`] |
 //! | map, filter, flat_map | nothing | — |
 //! | a state written with [`crate::state::blob::encode`] | a blob | [`PartView::state`] |
@@ -21,6 +21,11 @@
 //! Recorded channel states (unaligned checkpoints, and the feedback edges
 //! of loops) are per receiving subtask and input channel:
 //! [`PartView::channel_records`] and [`CheckpointView::channel_records`].
+//!
+//! Known gap: the keyed operator's envelope around its key-group parts (a
+//! postcard list of `(key group, part bytes)`) is written in `ops.rs` and
+//! read again here; the two should share one function once `ops.rs` can
+//! be changed. The part formats inside (`crate::keyed::part`) are shared.
 //!
 //! Every decoding step returns a typed [`InspectError`] on bad bytes; none
 //! panics. Parts read through the store are already verified by its
