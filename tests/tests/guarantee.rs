@@ -2,13 +2,14 @@
 //! accepted, the report says at-least-once and names that source, and
 //! after an injected failure no record is lost (a source that replays from
 //! its beginning on reconnect delivers duplicates instead). The same job
-//! with a seekable source is exactly-once and says so.
+//! with a seekable source is exactly-once and says so. The at-least-once
+//! mode and a sink that cannot roll back are named as reasons too.
 
 use std::collections::BTreeMap;
 
 use snapflow::job::{GuaranteeReason, Job, JobConfig, RestartStrategy};
 use snapflow::protocol::SnapshotMode;
-use snapflow::sink::CollectHandle;
+use snapflow::sink::{CollectHandle, PrintSink, SinkError, SinkFactory};
 use snapflow::source::{Guarantee, Source, SourceError, SourceFactory, SourcePoll, SourcePosition};
 use snapflow_tests::pipeline::{PacedSourceFactory, Pacing};
 use snapflow_tests::{FaultKind, Faults};
@@ -161,4 +162,28 @@ fn the_at_least_once_mode_is_a_reason() {
     assert_eq!(committed.len() as u64, RECORDS, "no record is lost");
     assert_eq!(report.guarantee, Guarantee::AtLeastOnce);
     assert_eq!(report.guarantee_reasons, [GuaranteeReason::AtLeastOnceMode]);
+}
+
+/// Prints into nothing: a sink that cannot take output back.
+struct Discard;
+
+impl SinkFactory for Discard {
+    type Sink = PrintSink<u64, std::io::Sink>;
+
+    fn create(&self, _subtask: usize, _parallelism: usize) -> Result<Self::Sink, SinkError> {
+        Ok(PrintSink::new(std::io::sink()))
+    }
+}
+
+#[test]
+fn a_sink_that_cannot_roll_back_is_a_reason() {
+    let job = Job::new("guarantee", config());
+    job.source("live", PacedSourceFactory::new(RECORDS, PACING))
+        .sink("print", Discard);
+    let report = job.run().expect("the job runs");
+    assert_eq!(report.guarantee, Guarantee::AtLeastOnce);
+    let reason = GuaranteeReason::SinkCannotRollBack {
+        operator: "print".to_owned(),
+    };
+    assert_eq!(report.guarantee_reasons, [reason]);
 }
