@@ -117,6 +117,15 @@ fn check_latest(parallelism: usize) {
     }
     let recorded = view.channel_records::<u64>("count").expect("decodes");
     assert!(recorded.is_empty(), "aligned checkpoints record no channel");
+
+    // The same checkpoint read from its directory, as a moved savepoint.
+    let dir_view = CheckpointView::open_dir(store.entry_dir(view.checkpoint(), view.kind()))
+        .expect("the directory loads");
+    assert_eq!(dir_view.checkpoint(), view.checkpoint());
+    assert_eq!(
+        dir_view.keyed_state::<u64, Count>("count").expect("keyed"),
+        counts
+    );
 }
 
 /// The highest count committed per key (counts are emitted 1, 2, 3, ...).
@@ -172,19 +181,30 @@ fn unaligned_checkpoints_balance_with_their_channel_states() {
         let read = view.source_positions("numbers").expect("a source")[0]
             .to_index()
             .expect("an index");
-        let counted: u64 = view
+        // Per key: the counted records plus those in flight towards
+        // `count` (already shifted) and towards `shift` (not yet).
+        let mut balance: HashMap<u64, u64> = view
             .keyed_state::<u64, Count>("count")
             .expect("keyed state")
-            .values()
-            .map(|count| count.seen)
-            .sum();
-        let to_shift = view.channel_records::<u64>("shift").expect("u64s").len() as u64;
-        let to_count = view.channel_records::<u64>("count").expect("u64s").len() as u64;
-        recorded_total += to_shift + to_count;
+            .into_iter()
+            .map(|(key, count)| (key, count.seen))
+            .collect();
+        let to_shift = view.channel_records::<u64>("shift").expect("u64s");
+        let to_count = view.channel_records::<u64>("count").expect("u64s");
+        recorded_total += to_shift.len() + to_count.len();
+        let shifted = to_shift.iter().map(|n| n + 1).chain(to_count);
+        for n in shifted {
+            *balance.entry(n % KEYS).or_insert(0) += 1;
+        }
+        balance.retain(|_, seen| *seen > 0);
+        let mut expected: HashMap<u64, u64> = HashMap::new();
+        for n in 0..read {
+            *expected.entry((n + 1) % KEYS).or_insert(0) += 1;
+        }
         assert_eq!(
-            counted + to_shift + to_count,
-            read,
-            "checkpoint {}: counted {counted}, in flight {to_shift} + {to_count}, read {read}",
+            balance, expected,
+            "checkpoint {}: state plus recorded records per key must equal the {read} records \
+             the source had read",
             summary.checkpoint
         );
     }
