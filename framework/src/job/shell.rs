@@ -103,9 +103,11 @@ pub(crate) struct PartBytes {
 }
 
 impl PartBytes {
-    /// The stored bytes of this part. This and [`PartBytes::decode`],
-    /// [`encode_channel`] and [`decode_channel`] are the only places that
-    /// know the part layout; `job::inspect` reads checkpoints through them.
+    /// The stored bytes of this part. This, [`PartBytes::decode`],
+    /// [`encode_channel`] and [`decode_channel`] hold the part layout;
+    /// `job::inspect` reads checkpoints through them. (Known gap: the
+    /// rescaling in `physical.rs` still calls postcard on `PartBytes`
+    /// itself, which is the same layout but should call these.)
     pub(crate) fn encode(&self) -> Result<Vec<u8>, postcard::Error> {
         postcard::to_allocvec(self)
     }
