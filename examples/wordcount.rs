@@ -7,6 +7,7 @@
 //! ```sh
 //! cargo run --release -p snapflow-examples --example wordcount
 //! cargo run --release -p snapflow-examples --example wordcount -- --crash-every 5000 --parallelism 3
+//! cargo run --release -p snapflow-examples --example wordcount -- --input README.md --rate 500
 //! ```
 
 use snapflow_examples::{common, wordcount};

@@ -12,24 +12,20 @@
 //! (credits, back to the loop head) and `settled` → `ledger` (collect
 //! sink). The planned crashes panic inside `accounts`.
 //!
-//! Reading a snapshot's total: the job API offers no hook into a
-//! checkpoint's contents, so this example wraps the file store in an
-//! [`AuditedStore`] that sees every part as it is written and, when the
-//! checkpoint commits, decodes the parts and prints the total. Decoding
-//! relies on the job layer's stored layout, which is not a public contract
-//! (known gap): a part is postcard `(state bytes, [(input channel, postcard
-//! Vec<Vec<record>>)])`, and a keyed operator's state bytes are postcard
-//! `[(key group, snapflow::keyed part)]`. At the end the example also loads
-//! the latest checkpoint back from the directory through
-//! `snapflow::storage` and checks its total.
+//! Reading a snapshot's total: the example wraps the file store in an
+//! [`AuditedStore`] that, whenever a checkpoint commits, reads it back
+//! through the public checkpoint reader ([`snapflow::job::inspect`]):
+//! the accounts' keyed state plus the credits recorded in flight on the
+//! feedback edge. At the end it also reads the latest checkpoint back from
+//! the directory and checks its total.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde::{Deserialize, Serialize};
+use snapflow::job::inspect::{CheckpointView, InspectError};
 use snapflow::job::{Job, JobConfig, KeyedStateHandle};
-use snapflow::keyed::{KeyGroupRange, KeyedState, MaxParallelism};
 use snapflow::protocol::SnapshotMode;
 use snapflow::sink::CollectHandle;
 use snapflow::storage::{
@@ -209,18 +205,15 @@ pub fn run(options: &Options) -> Result<(), ExampleError> {
         "  crashes planned in `accounts` at input records (orders) {:?}",
         crashes.records()
     );
-    let max_parallelism = JobConfig::default().max_parallelism;
     let audit = Arc::new(AuditedStore::new(
         store,
         Audit {
             accounts: options.accounts,
             initial_balance: options.initial_balance,
-            max_parallelism,
         },
     ));
     let config = JobConfig {
         mode,
-        max_parallelism,
         ..common.job_config(
             Arc::clone(&audit) as Arc<dyn CheckpointStore>,
             crashes.planned(),
@@ -415,79 +408,51 @@ pub struct SnapshotAudit {
     pub error: Option<String>,
 }
 
-/// How to turn a checkpoint's parts into a total.
+/// How to turn a checkpoint into a total.
 #[derive(Debug, Clone, Copy)]
 struct Audit {
     accounts: u32,
     initial_balance: i64,
-    max_parallelism: u32,
-}
-
-/// One subtask's part as the job layer stores it (see the module docs).
-#[derive(Deserialize)]
-struct StoredPart {
-    state: Vec<u8>,
-    channels: Vec<(u32, Vec<u8>)>,
 }
 
 impl Audit {
+    /// Reads the snapshot's balances and the credits recorded in flight
+    /// through the public checkpoint reader.
+    fn of_view(&self, view: &CheckpointView) -> Result<SnapshotAudit, InspectError> {
+        let accounts = view.keyed_state::<u32, Account>("accounts")?;
+        let mut in_flight = Vec::new();
+        for part in view.parts() {
+            // Every channel of this graph carries `Message`s.
+            in_flight.extend(part.all_channel_records::<Message>()?);
+        }
+        Ok(self.total(view.checkpoint(), accounts.values(), &in_flight))
+    }
+
+    /// Balances plus money in flight.
     fn total<'a>(
         &self,
         checkpoint: CheckpointId,
-        parts: impl Iterator<Item = (&'a PartId, &'a [u8])>,
-    ) -> Result<SnapshotAudit, String> {
-        let mut key_groups: Vec<(u32, Vec<u8>)> = Vec::new();
-        let mut in_flight = 0;
-        for (part, bytes) in parts {
-            let stored: StoredPart =
-                postcard::from_bytes(bytes).map_err(|error| format!("part {part}: {error}"))?;
-            // Every channel of this graph carries `Message`s.
-            for (channel, recorded) in &stored.channels {
-                let batches: Vec<Vec<Message>> = postcard::from_bytes(recorded)
-                    .map_err(|error| format!("part {part} channel {channel}: {error}"))?;
-                in_flight += batches
-                    .iter()
-                    .flatten()
-                    .map(Message::in_flight)
-                    .sum::<i64>();
-            }
-            if part.operator == "accounts" {
-                let groups: Vec<(u32, Vec<u8>)> = postcard::from_bytes(&stored.state)
-                    .map_err(|error| format!("part {part} state: {error}"))?;
-                key_groups.extend(groups);
-            }
-        }
-        let max_parallelism =
-            MaxParallelism::new(self.max_parallelism).map_err(|error| error.to_string())?;
-        let everything = KeyGroupRange::new(0, self.max_parallelism);
-        let accounts: KeyedState<u32, Account> =
-            KeyedState::restore(max_parallelism, everything, key_groups)
-                .map_err(|error| format!("account states: {error}"))?;
-        let changes: i64 = accounts.iter().map(|(_, account)| account.change).sum();
+        accounts: impl Iterator<Item = &'a Account>,
+        in_flight: &[Message],
+    ) -> SnapshotAudit {
+        let changes: i64 = accounts.map(|account| account.change).sum();
+        let in_flight: i64 = in_flight.iter().map(Message::in_flight).sum();
         let balances = i64::from(self.accounts) * self.initial_balance + changes;
-        Ok(SnapshotAudit {
+        SnapshotAudit {
             checkpoint,
             total: balances + in_flight,
             in_flight,
             error: None,
-        })
+        }
     }
 }
 
-/// The parts of one checkpoint, as written.
-type Parts = Vec<(PartId, Vec<u8>)>;
-
-/// The file store, plus an audit of every checkpoint it commits: it keeps
-/// each part's bytes as they are written and, on commit, decodes them into
-/// the snapshot's total and prints it.
+/// The file store, plus an audit of every checkpoint it commits: once a
+/// commit is durable it reads the checkpoint back through
+/// [`CheckpointView`], computes the snapshot's total and prints it.
 pub struct AuditedStore {
     inner: FsCheckpointStore,
     audit: Audit,
-    /// Parts of checkpoints not yet committed or discarded. Bounded by the
-    /// checkpoints in flight: a commit or discard removes its entry, and a
-    /// commit also drops every older entry (an older checkpoint abandoned
-    /// by a crashed generation is never committed after a newer one).
-    pending: Mutex<BTreeMap<CheckpointId, Parts>>,
     audits: Mutex<Vec<SnapshotAudit>>,
 }
 
@@ -502,7 +467,7 @@ impl fmt::Debug for AuditedStore {
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // The data stays consistent if a holder panicked: each update is one
-    // insert or push.
+    // push.
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -513,7 +478,6 @@ impl AuditedStore {
         AuditedStore {
             inner,
             audit,
-            pending: Mutex::new(BTreeMap::new()),
             audits: Mutex::new(Vec::new()),
         }
     }
@@ -525,40 +489,21 @@ impl AuditedStore {
 
     /// Loads the latest checkpoint back from the directory and audits it.
     fn check_latest_on_disk(&self) -> Result<SnapshotAudit, ExampleError> {
-        let loaded = self
-            .inner
-            .load_latest()?
-            .checkpoint
-            .ok_or_else(|| ExampleError::Mismatch("no checkpoint on disk".into()))?;
+        let view = CheckpointView::latest(&self.inner)
+            .map_err(|error| ExampleError::Decode(error.to_string()))?;
         self.audit
-            .total(
-                loaded.metadata.checkpoint,
-                loaded
-                    .parts
-                    .iter()
-                    .map(|(part, bytes)| (part, bytes.as_slice())),
-            )
-            .map_err(ExampleError::Decode)
+            .of_view(&view)
+            .map_err(|error| ExampleError::Decode(error.to_string()))
     }
 
     fn on_commit(&self, checkpoint: CheckpointId) {
-        let parts = {
-            let mut pending = lock(&self.pending);
-            let newer = pending.split_off(&(checkpoint + 1));
-            let mut done = std::mem::replace(&mut *pending, newer);
-            done.remove(&checkpoint).unwrap_or_default()
-        };
-        let audit = self
-            .audit
-            .total(
-                checkpoint,
-                parts.iter().map(|(part, bytes)| (part, bytes.as_slice())),
-            )
+        let audit = CheckpointView::load(&self.inner, checkpoint)
+            .and_then(|view| self.audit.of_view(&view))
             .unwrap_or_else(|error| SnapshotAudit {
                 checkpoint,
                 total: 0,
                 in_flight: 0,
-                error: Some(error),
+                error: Some(error.to_string()),
             });
         match &audit.error {
             None => println!(
@@ -579,9 +524,7 @@ impl CheckpointStore for AuditedStore {
     }
 
     fn begin(&self, checkpoint: CheckpointId, kind: CheckpointKind) -> Result<(), StoreError> {
-        self.inner.begin(checkpoint, kind)?;
-        lock(&self.pending).insert(checkpoint, Vec::new());
-        Ok(())
+        self.inner.begin(checkpoint, kind)
     }
 
     fn write_part(
@@ -590,11 +533,7 @@ impl CheckpointStore for AuditedStore {
         part: &PartId,
         bytes: &[u8],
     ) -> Result<PartInfo, StoreError> {
-        let info = self.inner.write_part(checkpoint, part, bytes)?;
-        if let Some(parts) = lock(&self.pending).get_mut(&checkpoint) {
-            parts.push((part.clone(), bytes.to_vec()));
-        }
-        Ok(info)
+        self.inner.write_part(checkpoint, part, bytes)
     }
 
     fn commit(
@@ -608,7 +547,6 @@ impl CheckpointStore for AuditedStore {
     }
 
     fn discard(&self, checkpoint: CheckpointId) -> Result<(), StoreError> {
-        lock(&self.pending).remove(&checkpoint);
         self.inner.discard(checkpoint)
     }
 
@@ -632,90 +570,52 @@ impl CheckpointStore for AuditedStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde::Serialize;
 
-    /// The job layer's part layout, mirrored to build test parts.
-    #[derive(Serialize)]
-    struct Part {
-        state: Vec<u8>,
-        channels: Vec<(u32, Vec<u8>)>,
-    }
-
-    const MAX_PARALLELISM: u32 = 4;
-
-    fn accounts_part(changes: &[(u32, i64)]) -> Vec<u8> {
-        let max_parallelism = MaxParallelism::new(MAX_PARALLELISM).expect("valid");
-        let mut state: KeyedState<u32, Account> =
-            KeyedState::new(max_parallelism, KeyGroupRange::new(0, MAX_PARALLELISM))
-                .expect("valid range");
-        for &(account, change) in changes {
-            state.get_or_default(&account).change = change;
-        }
-        let groups: Vec<(u32, Vec<u8>)> = state.snapshot().expect("encodes").into_parts().collect();
-        let state = postcard::to_allocvec(&groups).expect("encodes");
-        postcard::to_allocvec(&Part {
-            state,
-            channels: Vec::new(),
-        })
-        .expect("encodes")
-    }
-
-    fn loop_part(credits: &[i64]) -> Vec<u8> {
-        let batch: Vec<Message> = credits
+    fn total(changes: &[i64], credits: &[i64]) -> SnapshotAudit {
+        let audit = Audit {
+            accounts: 3,
+            initial_balance: 100,
+        };
+        let accounts: Vec<Account> = changes
+            .iter()
+            .map(|&change| Account {
+                change,
+                operations: 1,
+            })
+            .collect();
+        let in_flight: Vec<Message> = credits
             .iter()
             .map(|&amount| Message::Credit {
                 order: 0,
                 to: 1,
                 amount,
             })
+            .chain(std::iter::once(Message::Settled { order: 0 }))
             .collect();
-        let channel = postcard::to_allocvec(&vec![batch]).expect("encodes");
-        postcard::to_allocvec(&Part {
-            state: Vec::new(),
-            channels: vec![(1, channel)],
-        })
-        .expect("encodes")
-    }
-
-    fn total(changes: &[(u32, i64)], credits: &[i64]) -> Result<SnapshotAudit, String> {
-        let audit = Audit {
-            accounts: 3,
-            initial_balance: 100,
-            max_parallelism: MAX_PARALLELISM,
-        };
-        let parts = [
-            (PartId::new("accounts", 0), accounts_part(changes)),
-            (PartId::new("transfers", 0), loop_part(credits)),
-        ];
-        audit.total(
-            7,
-            parts.iter().map(|(part, bytes)| (part, bytes.as_slice())),
-        )
+        audit.total(7, accounts.iter(), &in_flight)
     }
 
     #[test]
     fn money_in_flight_counts_towards_the_total() {
-        let audit = total(&[(0, -30), (2, 10)], &[20]).expect("decodes");
+        let audit = total(&[-30, 10], &[20]);
         assert_eq!((audit.total, audit.in_flight), (300, 20));
     }
 
     #[test]
     fn a_snapshot_that_misses_money_in_flight_is_a_mismatch() {
-        let audit = total(&[(0, -30)], &[]).expect("decodes");
+        let audit = total(&[-30], &[]);
         let error = check_snapshots(&[audit], 300).expect_err("30 are missing");
         assert!(matches!(error, ExampleError::Mismatch(_)));
     }
 
     #[test]
-    fn garbage_parts_are_decode_errors() {
-        let audit = Audit {
-            accounts: 1,
-            initial_balance: 1,
-            max_parallelism: MAX_PARALLELISM,
+    fn a_snapshot_that_did_not_decode_is_a_decode_error() {
+        let audit = SnapshotAudit {
+            error: Some("bad bytes".into()),
+            ..total(&[], &[])
         };
-        let part = (PartId::new("accounts", 0), vec![0xff; 3]);
-        let result = audit.total(1, std::iter::once((&part.0, part.1.as_slice())));
-        assert!(result.is_err());
+        let error = check_snapshots(&[audit], 300).expect_err("not decoded");
+        assert!(matches!(error, ExampleError::Decode(_)));
     }
 
     #[test]

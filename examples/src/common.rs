@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use snapflow::job::{JobConfig, JobError, RestartStrategy};
 use snapflow::source::{
-    Source, SourceError, SourceFactory, SourcePoll, SourcePosition, VecSource, VecSourceFactory,
+    Guarantee, Source, SourceError, SourceFactory, SourcePoll, SourcePosition, VecSource,
+    VecSourceFactory,
 };
 use snapflow::storage::{CheckpointStore, FsCheckpointStore, StoreError};
 
@@ -503,6 +504,17 @@ pub fn print_report(report: &snapflow::job::JobReport) {
         report.failed_checkpoints.len(),
         report.restarts.len()
     );
+    let reasons: Vec<String> = report
+        .guarantee_reasons
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    match report.guarantee {
+        Guarantee::ExactlyOnce => println!("  guarantee: exactly-once"),
+        Guarantee::AtLeastOnce => {
+            println!("  guarantee: at-least-once ({})", reasons.join(", "));
+        }
+    }
     for restart in &report.restarts {
         let from = restart
             .restored_from

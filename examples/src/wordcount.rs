@@ -1,26 +1,33 @@
-//! wordcount: counts the words of a generated text (or a file) on the job
-//! API, with keyed state per word, checkpoints in a local directory (the
-//! file store) and injected crashes, then checks the counts against a
-//! direct computation.
+//! wordcount: counts the words of a generated text, or of a file given
+//! with `--input PATH`, on the job API, with keyed state per word,
+//! checkpoints in a local directory (the file store) and injected crashes,
+//! then checks the counts against a direct computation.
 //!
-//! The graph: `lines` (a paced source of numbered lines) → `split`
-//! (flat_map into words, each tagged with its line number) → key_by word →
-//! `count` (keyed state: the word's count; emits `(word, count)` after
-//! every occurrence) → `updates` (a collect sink with two-phase commit).
-//! The planned crashes panic inside `count`, the stateful operator.
+//! The graph: `lines` (a paced source of `(record, line)`: generated lines
+//! numbered from 0, or a file's lines read by snapflow's file source with
+//! the byte offset each line starts at, so a restart resumes at the exact
+//! line) → `split` (flat_map into words, each tagged with its record) →
+//! key_by word → `count` (keyed state: the word's count; emits
+//! `(word, count)` after every occurrence) → `updates` (a collect sink
+//! with two-phase commit). The planned crashes panic inside `count`, the
+//! stateful operator, at chosen lines (for a file: at those lines' byte
+//! offsets).
 //!
 //! Two checks, both exact: the final per-word state equals a direct count,
 //! and the committed updates of each word are exactly `1..=count` (so no
 //! update was lost or committed twice across the restarts).
 
-use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
-use std::time::Instant;
-
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use snapflow::job::{Job, KeyedStateHandle};
 use snapflow::sink::CollectHandle;
+use snapflow::source::{
+    FileLinesSource, FileLinesSourceFactory, Source, SourceError, SourceFactory, SourcePoll,
+    SourcePosition,
+};
 use snapflow::Snapshot;
 
 use crate::common::{
@@ -92,34 +99,105 @@ pub struct WordCount {
     pub count: u64,
 }
 
+/// The text to count: its lines and, for a file, the byte offset where
+/// each line starts (the file source's positions).
+struct Input {
+    lines: Vec<String>,
+    /// `Some` for `--input`: `offsets[i]` is where line `i` starts.
+    offsets: Option<Vec<u64>>,
+}
+
+impl Input {
+    fn read(options: &Options) -> Result<Input, ExampleError> {
+        let Some(path) = &options.input else {
+            return Ok(Input {
+                lines: generated_text(options.words),
+                offsets: None,
+            });
+        };
+        let text = std::fs::read_to_string(path).map_err(|source| ExampleError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        // `str::lines` splits as the file source does: at `\n`, dropping a
+        // `\r` before it, with an optional final line ending.
+        let lines: Vec<String> = text.lines().map(str::to_owned).collect();
+        Ok(Input {
+            offsets: Some(line_offsets(&text, lines.len())),
+            lines,
+        })
+    }
+
+    /// The records a planned crash names: line numbers for generated
+    /// text, byte offsets for a file.
+    fn crash_records(&self, lines: BTreeSet<u64>) -> BTreeSet<u64> {
+        match &self.offsets {
+            None => lines,
+            Some(offsets) => lines
+                .into_iter()
+                .filter_map(|line| offsets.get(line as usize).copied())
+                .collect(),
+        }
+    }
+}
+
+/// Where each of the first `count` lines of `text` starts.
+fn line_offsets(text: &str, count: usize) -> Vec<u64> {
+    let after_newlines = text
+        .bytes()
+        .enumerate()
+        .filter(|(_, byte)| *byte == b'\n')
+        .map(|(index, _)| index as u64 + 1);
+    std::iter::once(0)
+        .chain(after_newlines)
+        .take(count)
+        .collect()
+}
+
 /// Runs the example; `Ok` only when the result matches the direct count.
 pub fn run(options: &Options) -> Result<(), ExampleError> {
-    let lines = input_lines(options)?;
+    let input = Input::read(options)?;
+    let lines = &input.lines;
     let words: usize = lines
         .iter()
         .map(|line| line.split_whitespace().count())
         .sum();
     let common = &options.common;
-    let crashes = CrashPlan::new(common.crashes.records(lines.len() as u64));
+    let crash_lines = common.crashes.records(lines.len() as u64);
+    let crashes = CrashPlan::new(input.crash_records(crash_lines.clone()));
     let store = fresh_store(&common.checkpoint_root, "wordcount")?;
+    let source = match &options.input {
+        Some(path) => format!("{} (file source, byte offsets)", path.display()),
+        None => "generated text".to_owned(),
+    };
     println!(
-        "wordcount: {} lines, {words} words, parallelism {}, checkpoint every {} ms into {}",
+        "wordcount: {source}: {} lines, {words} words, parallelism {}, checkpoint every {} ms \
+         into {}",
         lines.len(),
         common.parallelism,
         common.checkpoint_interval_ms,
         store.job_dir().display()
     );
-    println!(
-        "  crashes planned in `count` at input records (lines) {:?}",
-        crashes.records()
-    );
-    let expected = direct_count(&lines);
+    match &input.offsets {
+        None => println!("  crashes planned in `count` at lines {crash_lines:?}"),
+        Some(_) => println!(
+            "  crashes planned in `count` at lines {crash_lines:?} (byte offsets {:?})",
+            crashes.records()
+        ),
+    }
+    let expected = direct_count(lines);
 
     let job = Job::new(
         "wordcount",
         common.job_config(Arc::new(store), crashes.planned()),
     );
-    let (updates, state) = declare(&job, lines, common.pacing(), &crashes);
+    let (updates, state) = match &options.input {
+        Some(path) => declare(&job, FileWithOffsets::new(path, common.pacing()), &crashes),
+        None => {
+            let numbered: Vec<(u64, String)> = (0_u64..).zip(input.lines.clone()).collect();
+            declare(&job, PacedSource::new(numbered, common.pacing()), &crashes)
+        }
+    };
     let started = Instant::now();
     let report = job.run()?;
     let elapsed_ms = started.elapsed().as_millis();
@@ -147,32 +225,36 @@ pub fn run(options: &Options) -> Result<(), ExampleError> {
     Ok(())
 }
 
-/// lines → split → key_by word → count → updates.
-fn declare(
+/// lines → split → key_by word → count → updates. The source yields
+/// `(record number, line)`: the line number of generated text, or the
+/// line's byte offset in a file; planned crashes name that number.
+fn declare<F>(
     job: &Job,
-    lines: Vec<String>,
-    pacing: Pacing,
+    source: F,
     crashes: &CrashPlan,
 ) -> (
     CollectHandle<(String, u64)>,
     KeyedStateHandle<String, WordCount>,
-) {
+)
+where
+    F: SourceFactory + Send + Sync + 'static,
+    F::Source: Source<Item = (u64, String)> + 'static,
+{
     let updates = CollectHandle::new();
     let sink = updates.clone();
-    let numbered: Vec<(u64, String)> = (0_u64..).zip(lines).collect();
     let crashes = crashes.clone();
     let (counted, state) = job
-        .source("lines", PacedSource::new(numbered, pacing))
-        .flat_map("split", |(line_number, line): (u64, String)| {
+        .source("lines", source)
+        .flat_map("split", |(record, line): (u64, String)| {
             words_of(&line)
-                .map(|word| (word, line_number))
+                .map(|word| (word, record))
                 .collect::<Vec<_>>()
         })
         .key_by(|(word, _): &(String, u64)| word.clone())
         .process_with_state(
             "count",
-            move |word: &String, state: &mut WordCount, (_, line_number): (String, u64), out| {
-                crashes.check(line_number);
+            move |word: &String, state: &mut WordCount, (_, record): (String, u64), out| {
+                crashes.check(record);
                 state.count += 1;
                 out.emit((word.clone(), state.count));
                 Ok(())
@@ -182,15 +264,88 @@ fn declare(
     (updates, state)
 }
 
-fn input_lines(options: &Options) -> Result<Vec<String>, ExampleError> {
-    match &options.input {
-        Some(path) => std::fs::read_to_string(path)
-            .map(|text| text.lines().map(str::to_owned).collect())
-            .map_err(|source| ExampleError::Io {
-                path: path.clone(),
-                source,
-            }),
-        None => Ok(generated_text(options.words)),
+/// The lines of a file through snapflow's file source
+/// ([`FileLinesSourceFactory`]: splits by byte range, positions are byte
+/// offsets, so a restart resumes at the exact line), each tagged with the
+/// byte offset it starts at, read at the example's pace.
+pub struct FileWithOffsets {
+    inner: FileLinesSourceFactory,
+    pacing: Pacing,
+}
+
+impl FileWithOffsets {
+    /// The lines of `path`, read at `pacing`.
+    pub fn new(path: &Path, pacing: Pacing) -> FileWithOffsets {
+        FileWithOffsets {
+            inner: FileLinesSourceFactory::new(path),
+            pacing,
+        }
+    }
+}
+
+impl SourceFactory for FileWithOffsets {
+    type Source = FileWithOffsetsReader;
+
+    fn split(&self, subtask: usize, parallelism: usize) -> Result<Self::Source, SourceError> {
+        Ok(FileWithOffsetsReader {
+            inner: self.inner.split(subtask, parallelism)?,
+            pacing: self.pacing,
+            next_read: Instant::now(),
+            line: Vec::with_capacity(1),
+        })
+    }
+}
+
+/// One subtask's lines with their offsets. Its position and seek are the
+/// file source's own.
+pub struct FileWithOffsetsReader {
+    inner: FileLinesSource,
+    pacing: Pacing,
+    next_read: Instant,
+    /// Reused for one line at a time.
+    line: Vec<String>,
+}
+
+impl Source for FileWithOffsetsReader {
+    type Item = (u64, String);
+
+    fn poll_batch(
+        &mut self,
+        out: &mut Vec<(u64, String)>,
+        max_records: usize,
+    ) -> Result<SourcePoll, SourceError> {
+        let now = Instant::now();
+        if now < self.next_read {
+            return Ok(SourcePoll::Idle);
+        }
+        self.next_read = now + Duration::from_millis(self.pacing.pause_ms);
+        let mut produced = 0;
+        // One line per inner poll, so that each line's offset is the inner
+        // position just before it.
+        while produced < max_records.min(self.pacing.records_per_read) {
+            let offset = self.inner.position().to_index()?;
+            let status = match self.inner.poll_batch(&mut self.line, 1) {
+                // Hand out the good lines first: the same bad line fails
+                // again on the next poll.
+                Err(_) if produced > 0 => break,
+                status => status?,
+            };
+            match (status, self.line.pop()) {
+                (SourcePoll::Produced(_), Some(line)) => out.push((offset, line)),
+                (SourcePoll::Ended, _) if produced == 0 => return Ok(SourcePoll::Ended),
+                _ => break,
+            }
+            produced += 1;
+        }
+        Ok(SourcePoll::Produced(produced))
+    }
+
+    fn position(&self) -> SourcePosition {
+        self.inner.position()
+    }
+
+    fn seek(&mut self, position: &SourcePosition) -> Result<(), SourceError> {
+        self.inner.seek(position)
     }
 }
 
@@ -347,6 +502,13 @@ mod tests {
     fn words_are_lowercased_without_punctuation() {
         let words: Vec<String> = words_of("The cut, the MARKER! -- ok").collect();
         assert_eq!(words, ["the", "cut", "the", "marker", "ok"]);
+    }
+
+    #[test]
+    fn line_offsets_follow_newlines() {
+        let text = "ab\r\ncd\n\nlast";
+        assert_eq!(line_offsets(text, text.lines().count()), [0, 4, 7, 8]);
+        assert_eq!(line_offsets("one\n", 1), [0]);
     }
 
     #[test]

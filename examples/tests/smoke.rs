@@ -28,6 +28,29 @@ fn wordcount_smoke() {
 }
 
 #[test]
+fn wordcount_input_file_smoke() {
+    // CRLF line ends and no final newline: the file source must split the
+    // lines as `str::lines` does for the direct count to match.
+    let text: Vec<String> = (0..600)
+        .map(|line| {
+            format!(
+                "The snapshot, line {}: cut {} and MARKER!",
+                line % 97,
+                line % 5
+            )
+        })
+        .collect();
+    let file = tempfile::NamedTempFile::new().expect("a temporary file");
+    std::fs::write(file.path(), text.join("\r\n")).expect("writes");
+    let mut options = wordcount::Options::smoke();
+    options.input = Some(file.path().to_path_buf());
+    // Slow enough that the crash comes after a checkpoint, so the restart
+    // seeks the file source to a byte offset in the middle.
+    options.common.records_per_second = 5_000;
+    check(options, |options| &mut options.common, wordcount::run);
+}
+
+#[test]
 fn bank_smoke() {
     check(
         bank::Options::smoke(),

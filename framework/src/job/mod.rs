@@ -53,6 +53,7 @@
 //! # Ok::<(), snapflow::job::JobError>(())
 //! ```
 
+pub mod inspect;
 mod operator;
 mod ops;
 mod physical;
@@ -283,6 +284,10 @@ pub struct JobReport {
     /// mode is at-least-once, a source cannot seek, or a sink cannot roll
     /// back.
     pub guarantee: Guarantee,
+    /// Why [`JobReport::guarantee`] is at-least-once: the mode, and every
+    /// source that cannot seek or sink that cannot roll back. Empty when
+    /// the job is exactly-once.
+    pub guarantee_reasons: Vec<GuaranteeReason>,
     /// The job's name.
     pub job: String,
     /// Per operator, in declaration order.
@@ -304,6 +309,57 @@ impl JobReport {
     /// The report of the operator named `name`.
     pub fn operator(&self, name: &str) -> Option<&OperatorReport> {
         self.operators.iter().find(|operator| operator.name == name)
+    }
+}
+
+/// Why a job guarantees only at-least-once (see [`JobReport::guarantee`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum GuaranteeReason {
+    /// The job runs in [`SnapshotMode::AtLeastOnce`]: barriers are not
+    /// aligned, so records after a checkpoint's barrier may already be in
+    /// its state and are applied again after a restore.
+    AtLeastOnceMode,
+    /// This source cannot seek ([`crate::source::Source::can_seek`] is
+    /// false): after a restore it goes on from wherever it is, so what it
+    /// read since the last checkpoint is not replayed by snapflow. Whether
+    /// the external system redelivers it decides between duplicates and
+    /// loss.
+    SourceCannotSeek {
+        /// The source operator's name.
+        operator: String,
+    },
+    /// This sink cannot roll back output it wrote after the last
+    /// checkpoint, so a restore writes it again.
+    SinkCannotRollBack {
+        /// The sink operator's name.
+        operator: String,
+    },
+}
+
+impl GuaranteeReason {
+    /// The reason for an operator whose connector is at-least-once.
+    fn connector(operator: &str, is_source: bool) -> GuaranteeReason {
+        let operator = operator.to_owned();
+        if is_source {
+            GuaranteeReason::SourceCannotSeek { operator }
+        } else {
+            GuaranteeReason::SinkCannotRollBack { operator }
+        }
+    }
+}
+
+impl std::fmt::Display for GuaranteeReason {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GuaranteeReason::AtLeastOnceMode => write!(formatter, "the mode is at-least-once"),
+            GuaranteeReason::SourceCannotSeek { operator } => {
+                write!(formatter, "source `{operator}` cannot seek")
+            }
+            GuaranteeReason::SinkCannotRollBack { operator } => {
+                write!(formatter, "sink `{operator}` cannot roll back")
+            }
+        }
     }
 }
 

@@ -42,7 +42,8 @@ use crate::storage::{
 use super::physical::{start_generation, GenerationHandles, PhysicalPlan, SupervisorLinks};
 use super::shell::{Control, NodeEvent, NodeEventKind};
 use super::{
-    CheckpointReport, FailedCheckpoint, JobError, JobReport, OperatorReport, RestartReport,
+    CheckpointReport, FailedCheckpoint, GuaranteeReason, JobError, JobReport, OperatorReport,
+    RestartReport,
 };
 use crate::restart::{RestartDecision, RestartTracker};
 use crate::source::Guarantee;
@@ -324,6 +325,7 @@ impl Supervisor {
     ) -> Supervisor {
         let report = JobReport {
             guarantee: Guarantee::ExactlyOnce,
+            guarantee_reasons: Vec::new(),
             job: name.clone(),
             operators: plan
                 .operators
@@ -887,6 +889,9 @@ impl Supervisor {
         let mut report = self.report.clone();
         if self.plan.config.mode == crate::protocol::SnapshotMode::AtLeastOnce {
             report.guarantee = Guarantee::AtLeastOnce;
+            report
+                .guarantee_reasons
+                .push(GuaranteeReason::AtLeastOnceMode);
         }
         for (operator, planned) in report.operators.iter_mut().zip(&self.plan.operators) {
             let counters = &planned.counters;
@@ -901,6 +906,10 @@ impl Supervisor {
                 .load(std::sync::atomic::Ordering::Relaxed)
             {
                 report.guarantee = Guarantee::AtLeastOnce;
+                let plan = &self.plan;
+                let is_source = !plan.edges.iter().any(|edge| edge.to == planned.first_node);
+                let reason = GuaranteeReason::connector(&planned.name, is_source);
+                report.guarantee_reasons.push(reason);
             }
         }
         report
