@@ -234,6 +234,27 @@ pub enum JobError {
         /// The root cause (operator, subtask, generation and message).
         cause: String,
     },
+    /// More checkpoints failed in a row than
+    /// [`JobConfig::tolerable_checkpoint_failures`], the last of them
+    /// because the store could not persist it, and the restart strategy
+    /// gave up. `error` is the store's error (the root cause).
+    #[error(
+        "job failed after {restarts} restarts ({reason}): {consecutive_failures} checkpoints \
+         failed in a row, more than tolerated; checkpoint {checkpoint} could not be persisted: {error}"
+    )]
+    CheckpointPersistFailed {
+        /// The checkpoint that could not be persisted.
+        checkpoint: u64,
+        /// How many checkpoints failed in a row, this one included.
+        consecutive_failures: u32,
+        /// How many restarts happened before.
+        restarts: u32,
+        /// Why the restart strategy gave up.
+        reason: String,
+        /// The store's error.
+        #[source]
+        error: StoreError,
+    },
     /// The job was cancelled.
     #[error("the job was cancelled")]
     Cancelled,
@@ -248,7 +269,9 @@ impl JobError {
     pub fn is_retryable(&self) -> bool {
         match self {
             JobError::Runtime(error) => error.is_retryable(),
-            JobError::Store(error) => error.is_retryable(),
+            JobError::Store(error) | JobError::CheckpointPersistFailed { error, .. } => {
+                error.is_retryable()
+            }
             _ => false,
         }
     }

@@ -254,6 +254,38 @@ fn load(store: &dyn CheckpointStore) -> Result<Restored, StoreError> {
     }))
 }
 
+/// Why a generation failed.
+enum Failure {
+    /// An operator instance failed.
+    Operator(FailureReport),
+    /// More checkpoints failed in a row than tolerated; `persist` is the
+    /// store error when the last of them could not be persisted.
+    Checkpoints {
+        consecutive_failures: u32,
+        persist: Option<(CheckpointId, StoreError)>,
+    },
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Operator(report) => write!(f, "{report}"),
+            Failure::Checkpoints {
+                consecutive_failures,
+                persist,
+            } => {
+                write!(f, "{consecutive_failures} checkpoints failed in a row")?;
+                match persist {
+                    Some((checkpoint, error)) => {
+                        write!(f, "; {checkpoint} could not be persisted: {error}")
+                    }
+                    None => Ok(()),
+                }
+            }
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
     /// Waiting for the checkpoint to restore from.
@@ -306,6 +338,9 @@ pub(crate) struct Supervisor {
     persisting: BTreeSet<CheckpointId>,
     /// The user asked to stop with a savepoint.
     stop_requested: bool,
+    /// The store error of the persist failure being counted, for the
+    /// `FailJob` it may cause (see `count_persist_failure`).
+    persist_failure: Option<(CheckpointId, StoreError)>,
     /// The stop savepoint, while it is triggered and not yet persisted.
     savepoint_in_flight: Option<CheckpointId>,
     /// Timers ticking the iteration heads of the running generation.
@@ -360,6 +395,7 @@ impl Supervisor {
             restart_delay_ms: 0,
             persisting: BTreeSet::new(),
             stop_requested: false,
+            persist_failure: None,
             savepoint_in_flight: None,
             tickers: Vec::new(),
             report,
@@ -556,8 +592,11 @@ impl Supervisor {
                 CoordinatorAction::FailJob {
                     consecutive_failures,
                 } => {
-                    let cause = format!("{consecutive_failures} checkpoints failed in a row");
-                    self.fail(cause, context);
+                    let failure = Failure::Checkpoints {
+                        consecutive_failures,
+                        persist: self.persist_failure.take(),
+                    };
+                    self.fail(failure, context);
                 }
             }
         }
@@ -778,26 +817,52 @@ impl Supervisor {
                 }
             }
             Err(error) => {
-                if self.savepoint_in_flight == Some(checkpoint) {
-                    self.savepoint_in_flight = None;
-                    self.request_savepoint(context);
-                }
-                // Known gap: persistence failures are reported but do not
-                // count towards the tolerable checkpoint failures.
                 tracing::warn!(
                     checkpoint = checkpoint.0,
                     "checkpoint not persisted: {error}"
                 );
                 self.report.failed_checkpoints.push(FailedCheckpoint {
                     checkpoint: checkpoint.0,
-                    reason: error.to_string(),
+                    reason: format!("not persisted: {error}"),
                 });
+                self.count_persist_failure(persisted.generation, checkpoint, error, context);
+                if self.savepoint_in_flight == Some(checkpoint) {
+                    self.savepoint_in_flight = None;
+                    self.request_savepoint(context);
+                }
             }
         }
     }
 
+    /// A checkpoint that could not be persisted is a failed checkpoint for
+    /// the coordinator's tolerance. The coordinator that completed it must
+    /// still be running (same generation); a failure of an earlier
+    /// generation's checkpoint is only reported, because the new
+    /// generation's coordinator counts from zero, as after any restart.
+    fn count_persist_failure(
+        &mut self,
+        generation: Generation,
+        checkpoint: CheckpointId,
+        error: StoreError,
+        context: &mut Context<Self>,
+    ) {
+        if generation != self.generation || self.phase != Phase::Running {
+            return;
+        }
+        let now_ms = self.now_ms();
+        let Some(running) = &mut self.running else {
+            return;
+        };
+        self.persist_failure = Some((checkpoint, error));
+        running.coordinator.on_persist_failed(now_ms, checkpoint);
+        self.carry_out(context);
+        // Only a `FailJob` of this very call takes the error.
+        self.persist_failure = None;
+    }
+
     /// Stops the generation and restarts per the strategy, or gives up.
-    fn fail(&mut self, cause: String, context: &mut Context<Self>) {
+    fn fail(&mut self, failure: Failure, context: &mut Context<Self>) {
+        let cause = failure.to_string();
         let span = self.span.clone();
         let _entered = span.enter();
         self.cancel_timers(context);
@@ -805,10 +870,23 @@ impl Supervisor {
         match self.restarts.on_failure(self.now_ms()) {
             RestartDecision::GiveUp { reason } => {
                 tracing::error!(generation = self.generation.0, %cause, %reason, "job failed");
-                let error = JobError::RestartsExhausted {
-                    restarts: self.restarts.attempts(),
-                    reason: reason.to_string(),
-                    cause,
+                let (restarts, reason) = (self.restarts.attempts(), reason.to_string());
+                let error = match failure {
+                    Failure::Checkpoints {
+                        consecutive_failures,
+                        persist: Some((checkpoint, error)),
+                    } => JobError::CheckpointPersistFailed {
+                        checkpoint: checkpoint.0,
+                        consecutive_failures,
+                        restarts,
+                        reason,
+                        error,
+                    },
+                    _ => JobError::RestartsExhausted {
+                        restarts,
+                        reason,
+                        cause,
+                    },
                 };
                 self.finish(Err(error), context);
             }
@@ -949,7 +1027,7 @@ impl Handler<FailureReport> for Supervisor {
         if report.tag.generation != self.generation || self.phase != Phase::Running {
             return;
         }
-        self.fail(report.to_string(), context);
+        self.fail(Failure::Operator(report), context);
     }
 }
 
