@@ -64,6 +64,7 @@ use std::sync::Arc;
 
 use crate::protocol::{CoordinatorConfigError, GraphError, SnapshotMode};
 use crate::restart::RestartConfigError;
+use crate::runtime::failure::FailureReport;
 use crate::runtime::RuntimeError;
 use crate::source::Guarantee;
 use crate::storage::{CheckpointStore, FsCheckpointStore, StoreError};
@@ -231,7 +232,8 @@ pub enum JobError {
         restarts: u32,
         /// Why the strategy gave up.
         reason: String,
-        /// The root cause (operator, subtask, generation and message).
+        /// The root cause: operator, subtask, generation, kind and
+        /// message of the failure, and the checkpoint in flight.
         cause: String,
     },
     /// More checkpoints failed in a row than
@@ -356,8 +358,18 @@ pub struct FailedCheckpoint {
 pub struct RestartReport {
     /// The generation that started.
     pub generation: u64,
-    /// The failure that caused it.
+    /// The failure that caused it, as text: the operator, subtask and
+    /// generation that failed, how (panic or error) and the message, and
+    /// the checkpoint in flight; or the checkpoint failures.
     pub cause: String,
+    /// The failed operator instance (operator, subtask, generation, kind
+    /// and message); `None` when more checkpoints failed in a row than
+    /// tolerated.
+    pub failure: Option<FailureReport>,
+    /// The newest checkpoint that was triggered and neither complete nor
+    /// aborted when the failure was reported (`None`: no checkpoint was in
+    /// flight, or the cause was not an operator's failure).
+    pub checkpoint_in_flight: Option<u64>,
     /// The checkpoint it restored from (`None`: from the beginning).
     pub restored_from: Option<u64>,
     /// From the failure report to the new generation's start.

@@ -256,8 +256,12 @@ fn load(store: &dyn CheckpointStore) -> Result<Restored, StoreError> {
 
 /// Why a generation failed.
 enum Failure {
-    /// An operator instance failed.
-    Operator(FailureReport),
+    /// An operator instance failed while `checkpoint_in_flight` was the
+    /// newest checkpoint triggered and neither complete nor aborted.
+    Operator {
+        report: FailureReport,
+        checkpoint_in_flight: Option<CheckpointId>,
+    },
     /// More checkpoints failed in a row than tolerated; `persist` is the
     /// store error when the last of them could not be persisted.
     Checkpoints {
@@ -269,7 +273,16 @@ enum Failure {
 impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Failure::Operator(report) => write!(f, "{report}"),
+            Failure::Operator {
+                report,
+                checkpoint_in_flight,
+            } => {
+                write!(f, "{report}; ")?;
+                match checkpoint_in_flight {
+                    Some(checkpoint) => write!(f, "{checkpoint} in flight"),
+                    None => f.write_str("no checkpoint in flight"),
+                }
+            }
             Failure::Checkpoints {
                 consecutive_failures,
                 persist,
@@ -282,6 +295,36 @@ impl std::fmt::Display for Failure {
                     None => Ok(()),
                 }
             }
+        }
+    }
+}
+
+/// A failure being recovered from, until the restart is reported.
+struct PendingRestart {
+    cause: String,
+    report: Option<FailureReport>,
+    checkpoint_in_flight: Option<u64>,
+    /// When the failure was reported.
+    since: Instant,
+}
+
+impl PendingRestart {
+    fn new(cause: String, failure: Failure) -> PendingRestart {
+        let (report, checkpoint_in_flight) = match failure {
+            Failure::Operator {
+                report,
+                checkpoint_in_flight,
+            } => (
+                Some(report),
+                checkpoint_in_flight.map(|checkpoint| checkpoint.0),
+            ),
+            Failure::Checkpoints { .. } => (None, None),
+        };
+        PendingRestart {
+            cause,
+            report,
+            checkpoint_in_flight,
+            since: Instant::now(),
         }
     }
 }
@@ -329,7 +372,7 @@ pub(crate) struct Supervisor {
     alignment_max_us: HashMap<CheckpointId, u64>,
     restarts: RestartTracker,
     /// The failure being recovered from, and when it was reported.
-    failure: Option<(String, Instant)>,
+    failure: Option<PendingRestart>,
     /// The wait before the pending restart.
     restart_delay_ms: u64,
     /// Completed checkpoints sent to the writer and not yet persisted.
@@ -488,12 +531,14 @@ impl Supervisor {
             restored_from = last_completed.map(|checkpoint| checkpoint.0),
             "generation started"
         );
-        if let Some((cause, since)) = self.failure.take() {
+        if let Some(pending) = self.failure.take() {
             self.report.restarts.push(RestartReport {
                 generation: self.generation.0,
-                cause,
+                cause: pending.cause,
+                failure: pending.report,
+                checkpoint_in_flight: pending.checkpoint_in_flight,
                 restored_from: last_completed.map(|checkpoint| checkpoint.0),
-                recovery_ms: millis(since.elapsed()),
+                recovery_ms: millis(pending.since.elapsed()),
             });
         } else {
             self.report.resumed_from = last_completed.map(|checkpoint| checkpoint.0);
@@ -899,7 +944,7 @@ impl Supervisor {
                     "restarting the job"
                 );
                 self.phase = Phase::Restarting;
-                self.failure = Some((cause, Instant::now()));
+                self.failure = Some(PendingRestart::new(cause, failure));
                 let generation = self.generation;
                 let address = context.address();
                 let pool = self.pool.take();
@@ -1027,7 +1072,15 @@ impl Handler<FailureReport> for Supervisor {
         if report.tag.generation != self.generation || self.phase != Phase::Running {
             return;
         }
-        self.fail(Failure::Operator(report), context);
+        let checkpoint_in_flight = self
+            .running
+            .as_ref()
+            .and_then(|running| running.coordinator.in_flight().last());
+        let failure = Failure::Operator {
+            report,
+            checkpoint_in_flight,
+        };
+        self.fail(failure, context);
     }
 }
 
