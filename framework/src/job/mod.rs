@@ -54,10 +54,12 @@
 
 mod ops;
 mod physical;
+mod region;
 mod route;
 mod shell;
 mod stream;
 mod supervisor;
+mod writer;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -356,8 +358,13 @@ pub struct FailedCheckpoint {
 /// One restart.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RestartReport {
-    /// The generation that started.
+    /// The generation the restarted region started with (one counter for
+    /// the whole job: every start of any region takes the next number).
     pub generation: u64,
+    /// The operators of the failover region that restarted (those with a
+    /// subtask in it), in declaration order. Every other region kept
+    /// running.
+    pub region: Vec<String>,
     /// The failure that caused it, as text: the operator, subtask and
     /// generation that failed, how (panic or error) and the message, and
     /// the checkpoint in flight; or the checkpoint failures.
