@@ -9,18 +9,30 @@
 //! protocol [`NodeMachine`](crate::protocol::NodeMachine) per subtask, and
 //! the supervisor actor that drives the
 //! [`Coordinator`](crate::protocol::Coordinator), persists checkpoints off
-//! the actor threads, detects failures and restarts the job from the last
-//! completed checkpoint. It never decides a protocol question (the protocol
+//! the actor threads, detects failures and restarts the failed region from
+//! the last completed checkpoint. It never decides a protocol question (the protocol
 //! machines do), never formats bytes on disk (the store does) and never
 //! moves a record by itself (the runtime's channels do).
 //!
-//! Known gaps: a failure anywhere restarts the whole job (every subtask;
-//! always correct, but independent pipelines of one job restart together);
-//! a failure to persist a checkpoint is reported but does not count
-//! towards `tolerable_checkpoint_failures`; a loop ends by an idle timeout
-//! (records fed back after it are dropped); only keyed and stateless
-//! operators can change parallelism on restore; operators are not chained,
-//! so every operator instance is its own actor.
+//! A failure restarts only its failover region: the connected part of the
+//! graph of subtasks that holds the failed subtask (every channel connects
+//! its ends, feedback edges included; a shuffle joins every subtask of both
+//! operators, a forward edge only its lane). Independent pipelines of one
+//! job keep running. Checkpoints stay global: one id space and one
+//! metadata file with every region's parts.
+//!
+//! Known gaps: while a region restarts no checkpoint is taken (a global
+//! checkpoint needs every subtask), so the other regions keep processing
+//! but commit no new output until it runs again; each region has its own
+//! arbiter pool (at most `arbiters` threads, never more than its subtasks,
+//! plus one system thread); subtasks whose input ended stay alive and ack
+//! later checkpoints with their final state until the job ends; too many
+//! checkpoint failures in a row restart every region and report one
+//! restart per region; a checkpoint that fails to persist after its
+//! coordinator was replaced by a restart is reported but not counted; a
+//! loop ends by an idle timeout (records fed back after it are dropped);
+//! only keyed and stateless operators can change parallelism on restore;
+//! operators are not chained, so every operator instance is its own actor.
 //!
 //! ```
 //! use snapflow::job::{Job, JobConfig};
