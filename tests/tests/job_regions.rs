@@ -395,7 +395,7 @@ fn run_seed(seed: u64) -> Result<(), String> {
         },
     );
     let mut declared = Vec::new();
-    for index in 0..pipelines {
+    for (index, &stage) in COUNTS.iter().enumerate().take(pipelines) {
         let records = rng.between(300, 1_500);
         let planned: Vec<(&'static str, u64, FaultKind)> = (0..rng.between(0, 2))
             .map(|_| {
@@ -404,7 +404,7 @@ fn run_seed(seed: u64) -> Result<(), String> {
                 } else {
                     FaultKind::Error
                 };
-                (COUNTS[index], rng.between(0, records - 1), kind)
+                (stage, rng.between(0, records - 1), kind)
             })
             .collect();
         let faults = Faults::new(planned);
