@@ -6,7 +6,8 @@
 //! region in its one restart. Also when A has already read all its input
 //! before B fails, when both fail, and a stop with a savepoint or a cancel
 //! while B restarts (the savepoint then resumes both exactly-once). At
-//! parallelism 1, 2 and 3. A seeded run (`SNAPFLOW_REGION_SEEDS`, default
+//! parallelism 1, 2 and 3. A loop (its feedback edge joins its region)
+//! next to a pipeline restarts alone too. A seeded run (`SNAPFLOW_REGION_SEEDS`, default
 //! 20; `SNAPFLOW_SEED=n` replays seed n) puts random faults into two or
 //! three independent pipelines at random parallelism and checkpoint
 //! interval.
@@ -476,4 +477,65 @@ fn random_faults_restart_only_their_pipeline() {
             Err(_) => panic!("{replay} did not finish in 60 s"),
         }
     }
+}
+
+#[derive(Snapshot, Default, Clone, Debug)]
+struct Hops {
+    count: u64,
+}
+
+/// l-ids → l-loop (iteration head) → l-hop (keyed; each id passes it
+/// `id % 3 + 1` times, failing per `faults`) → l-again (back to the head)
+/// and l-exit → l-collect.
+fn loop_pipeline(job: &Job, records: u64, faults: &Faults) -> CollectHandle<u64> {
+    let output = CollectHandle::new();
+    let pacing = Pacing {
+        records_per_read: 16,
+    };
+    let (head, feedback) = job
+        .source("l-ids", PacedSourceFactory::new(records, pacing))
+        .map("l-hops", |id: u64| (id, id % 3 + 1))
+        .iterate("l-loop", 100);
+    let faults = faults.clone();
+    let hopped = head.key_by(|&(id, _): &(u64, u64)| id).process(
+        "l-hop",
+        move |&id: &u64, hops: &mut Hops, (_, remaining): (u64, u64), out| {
+            faults.check("l-hop", id * 10 + remaining)?;
+            hops.count += 1;
+            out.emit((id, remaining - 1));
+            Ok(())
+        },
+    );
+    hopped
+        .clone()
+        .filter("l-again", |&(_, remaining): &(u64, u64)| remaining > 0)
+        .close_loop(feedback);
+    hopped
+        .filter("l-exit", |&(_, remaining): &(u64, u64)| remaining == 0)
+        .map("l-done", |(id, _): (u64, u64)| id)
+        .sink("l-collect", output.clone());
+    output
+}
+
+#[test]
+fn a_failure_inside_a_loop_restarts_only_the_loop() {
+    let job = Job::new("regions", config(2, 0));
+    let a = pipeline(&job, A, 2_000, &Faults::none(), || true);
+    let faults = Faults::new(vec![("l-hop", 300 * 10 + 1, FaultKind::Panic)]);
+    let loop_output = loop_pipeline(&job, 600, &faults);
+    let report = job.run().expect("the job recovers");
+    assert_eq!(faults.fired(), 1);
+    assert_eq!(sorted(&a.output), expected(2_000));
+    let mut ids = loop_output.committed();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..600).collect::<Vec<_>>(), "every id leaves once");
+    assert_eq!(report.restarts.len(), 1, "{:?}", report.restarts);
+    let region = &report.restarts[0].region;
+    assert!(region.iter().any(|name| name == "l-hop"), "{region:?}");
+    assert!(region.iter().any(|name| name == "l-again"), "{region:?}");
+    assert!(
+        region.iter().all(|name| name.starts_with("l-")),
+        "{region:?}"
+    );
+    assert_eq!(a.splits.load(Ordering::SeqCst), 2, "A never restarted");
 }
