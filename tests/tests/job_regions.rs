@@ -165,20 +165,40 @@ fn sorted(output: &CollectHandle<(u64, u64)>) -> Vec<(u64, u64)> {
 }
 
 /// Runs A and B at `parallelism`; B's count fails on one record (`kind`).
-/// With `a_finishes_first`, B fails only on a record it sees after every
-/// subtask of A's source has read all its input.
+/// With `a_finishes_first`, B processes nothing before every subtask of
+/// A's source has read all its input, so B fails after that.
 fn check(parallelism: usize, kind: FaultKind, a_finishes_first: bool) {
     let (a_records, b_records) = if a_finishes_first {
-        (300, 3_000)
+        (300, 2_000)
     } else {
         (2_000, 2_000)
     };
     let job = Job::new("regions", config(parallelism, 0));
-    let b_failure = if a_finishes_first { 2_500 } else { 1_000 };
+    let b_failure = if a_finishes_first { 1_500 } else { 1_000 };
     let faults = Faults::new(vec![("b-count", b_failure, kind)]);
     let a = pipeline(&job, A, a_records, &Faults::none(), || true);
     let a_exhausted = Arc::clone(&a.exhausted);
-    let gate = move || !a_finishes_first || a_exhausted.load(Ordering::SeqCst) == parallelism;
+    // B's count waits (on its own region's threads) until every subtask
+    // of A's source has read all its input, so A has finished its input
+    // whatever the machine's load. Bounded, so a bug cannot hang the test.
+    // The extra 50 ms once A's sources are done let its end of input flow
+    // to its sink, so A's subtasks have all ended when B fails (likely, not
+    // asserted).
+    let waited = std::sync::atomic::AtomicBool::new(!a_finishes_first);
+    let gate = move || {
+        if waited.load(Ordering::SeqCst) {
+            return true;
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while a_exhausted.load(Ordering::SeqCst) < parallelism
+            && std::time::Instant::now() < deadline
+        {
+            thread::sleep(Duration::from_millis(1));
+        }
+        thread::sleep(Duration::from_millis(50));
+        waited.store(true, Ordering::SeqCst);
+        true
+    };
     let b = pipeline(&job, B, b_records, &faults, gate);
     let report = job.run().expect("the job recovers");
     assert_eq!(faults.fired(), 1, "the failure was injected");
