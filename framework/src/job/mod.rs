@@ -104,7 +104,12 @@ pub struct JobConfig {
     /// How many checkpoints may be in flight at once.
     pub max_concurrent_checkpoints: usize,
     /// How many checkpoint failures in a row are tolerated before the job
-    /// restarts.
+    /// restarts (every failover region, through the restart strategy). A
+    /// failure is a checkpoint that timed out, was declined, or could not
+    /// be persisted by the store; a checkpoint that becomes durable resets
+    /// the count. When the strategy gives up after a persist failure the
+    /// job ends with [`JobError::CheckpointPersistFailed`], which carries
+    /// the store's error.
     pub tolerable_checkpoint_failures: u32,
     /// The snapshot algorithm: aligned (default), unaligned or
     /// at-least-once. With iterations, aligned means
