@@ -3,8 +3,9 @@
 //! `tolerable_checkpoint_failures` (tolerance 0 ends the job with the
 //! store's error; a large tolerance completes exactly-once and lists the
 //! failed checkpoints), a partially written checkpoint is never restored,
-//! and a checkpoint that becomes durable after a failure reports its real
-//! duration.
+//! a checkpoint that becomes durable after a failure reports its real
+//! duration, and too many failed checkpoints restart every failover region
+//! (checkpoints are global).
 
 use std::collections::BTreeSet;
 use std::io;
@@ -297,4 +298,53 @@ fn a_checkpoint_durable_after_a_failure_reports_its_real_duration() {
         first.checkpoint,
         first.duration_ms
     );
+}
+
+#[test]
+fn too_many_checkpoint_failures_restart_every_region() {
+    let store = Arc::new(ScriptedStore::new(&[1], 0));
+    let job = Job::new("scripted", config(&store, 0, restart_once()));
+    let pacing = Pacing {
+        records_per_read: 8,
+    };
+    let outputs: Vec<CollectHandle<u64>> = ["left", "right"]
+        .into_iter()
+        .map(|side| {
+            let output = CollectHandle::new();
+            job.source(
+                &format!("{side}-numbers"),
+                PacedSourceFactory::new(600, pacing),
+            )
+            .sink(&format!("{side}-collect"), output.clone());
+            output
+        })
+        .collect();
+    let report = job.run().expect("the job restarts and completes");
+    for output in &outputs {
+        let mut committed = output.committed();
+        committed.sort_unstable();
+        assert_eq!(committed, (0..600).collect::<Vec<_>>());
+    }
+    let mut regions: Vec<String> = report
+        .restarts
+        .iter()
+        .map(|restart| {
+            assert!(restart.failure.is_none(), "not an operator's failure");
+            assert!(
+                restart.cause.contains("injected store failure"),
+                "{}",
+                restart.cause
+            );
+            restart.region.join(",")
+        })
+        .collect();
+    regions.sort();
+    let expected = [
+        "left-numbers,left-collect".to_owned(),
+        "right-numbers,right-collect".to_owned(),
+    ];
+    // At parallelism 2 each pipeline is two forward lanes: four regions.
+    assert_eq!(regions.len(), 4, "{regions:?}");
+    regions.dedup();
+    assert_eq!(regions, expected);
 }
