@@ -10,18 +10,30 @@
 //! protocol [`NodeMachine`](crate::protocol::NodeMachine) per subtask, and
 //! the supervisor actor that drives the
 //! [`Coordinator`](crate::protocol::Coordinator), persists checkpoints off
-//! the actor threads, detects failures and restarts the job from the last
-//! completed checkpoint. It never decides a protocol question (the protocol
+//! the actor threads, detects failures and restarts the failed region from
+//! the last completed checkpoint. It never decides a protocol question (the protocol
 //! machines do), never formats bytes on disk (the store does) and never
 //! moves a record by itself (the runtime's channels do).
 //!
-//! Known gaps: a failure anywhere restarts the whole job (every subtask;
-//! always correct, but independent pipelines of one job restart together);
-//! a failure to persist a checkpoint is reported but does not count
-//! towards `tolerable_checkpoint_failures`; a loop ends by an idle timeout
-//! (records fed back after it are dropped); only keyed and stateless
-//! operators can change parallelism on restore; operators are not chained,
-//! so every operator instance is its own actor.
+//! A failure restarts only its failover region: the connected part of the
+//! graph of subtasks that holds the failed subtask (every channel connects
+//! its ends, feedback edges included; a shuffle joins every subtask of both
+//! operators, a forward edge only its lane). Independent pipelines of one
+//! job keep running. Checkpoints stay global: one id space and one
+//! metadata file with every region's parts.
+//!
+//! Known gaps: while a region restarts no checkpoint is taken (a global
+//! checkpoint needs every subtask), so the other regions keep processing
+//! but commit no new output until it runs again; each region has its own
+//! arbiter pool (at most `arbiters` threads, never more than its subtasks,
+//! plus one system thread); subtasks whose input ended stay alive and ack
+//! later checkpoints with their final state until the job ends; too many
+//! checkpoint failures in a row restart every region and report one
+//! restart per region; a checkpoint that fails to persist after its
+//! coordinator was replaced by a restart is reported but not counted; a
+//! loop ends by an idle timeout (records fed back after it are dropped);
+//! only keyed and stateless operators can change parallelism on restore;
+//! operators are not chained, so every operator instance is its own actor.
 //!
 //! ```
 //! use snapflow::job::{Job, JobConfig};
@@ -57,16 +69,19 @@ pub mod inspect;
 mod operator;
 mod ops;
 mod physical;
+mod region;
 mod route;
 mod shell;
 mod stream;
 mod supervisor;
+mod writer;
 
 use std::path::Path;
 use std::sync::Arc;
 
 use crate::protocol::{CoordinatorConfigError, GraphError, SnapshotMode};
 use crate::restart::RestartConfigError;
+use crate::runtime::failure::FailureReport;
 use crate::runtime::RuntimeError;
 use crate::source::Guarantee;
 use crate::storage::{CheckpointStore, FsCheckpointStore, StoreError};
@@ -93,7 +108,12 @@ pub struct JobConfig {
     /// How many checkpoints may be in flight at once.
     pub max_concurrent_checkpoints: usize,
     /// How many checkpoint failures in a row are tolerated before the job
-    /// restarts.
+    /// restarts (every failover region, through the restart strategy). A
+    /// failure is a checkpoint that timed out, was declined, or could not
+    /// be persisted by the store; a checkpoint that becomes durable resets
+    /// the count. When the strategy gives up after a persist failure the
+    /// job ends with [`JobError::CheckpointPersistFailed`], which carries
+    /// the store's error.
     pub tolerable_checkpoint_failures: u32,
     /// The snapshot algorithm: aligned (default), unaligned or
     /// at-least-once. With iterations, aligned means
@@ -254,8 +274,30 @@ pub enum JobError {
         restarts: u32,
         /// Why the strategy gave up.
         reason: String,
-        /// The root cause (operator, subtask, generation and message).
+        /// The root cause: operator, subtask, generation, kind and
+        /// message of the failure, and the checkpoint in flight.
         cause: String,
+    },
+    /// More checkpoints failed in a row than
+    /// [`JobConfig::tolerable_checkpoint_failures`], the last of them
+    /// because the store could not persist it, and the restart strategy
+    /// gave up. `error` is the store's error (the root cause).
+    #[error(
+        "job failed after {restarts} restarts ({reason}): {consecutive_failures} checkpoints \
+         failed in a row, more than tolerated; checkpoint {checkpoint} could not be persisted: {error}"
+    )]
+    CheckpointPersistFailed {
+        /// The checkpoint that could not be persisted.
+        checkpoint: u64,
+        /// How many checkpoints failed in a row, this one included.
+        consecutive_failures: u32,
+        /// How many restarts happened before.
+        restarts: u32,
+        /// Why the restart strategy gave up.
+        reason: String,
+        /// The store's error.
+        #[source]
+        error: StoreError,
     },
     /// The job was cancelled.
     #[error("the job was cancelled")]
@@ -271,7 +313,9 @@ impl JobError {
     pub fn is_retryable(&self) -> bool {
         match self {
             JobError::Runtime(error) => error.is_retryable(),
-            JobError::Store(error) => error.is_retryable(),
+            JobError::Store(error) | JobError::CheckpointPersistFailed { error, .. } => {
+                error.is_retryable()
+            }
             _ => false,
         }
     }
@@ -409,10 +453,25 @@ pub struct FailedCheckpoint {
 /// One restart.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RestartReport {
-    /// The generation that started.
+    /// The generation the restarted region started with (one counter for
+    /// the whole job: every start of any region takes the next number).
     pub generation: u64,
-    /// The failure that caused it.
+    /// The operators of the failover region that restarted (those with a
+    /// subtask in it), in declaration order. Every other region kept
+    /// running.
+    pub region: Vec<String>,
+    /// The failure that caused it, as text: the operator, subtask and
+    /// generation that failed, how (panic or error) and the message, and
+    /// the checkpoint in flight; or the checkpoint failures.
     pub cause: String,
+    /// The failed operator instance (operator, subtask, generation, kind
+    /// and message); `None` when more checkpoints failed in a row than
+    /// tolerated.
+    pub failure: Option<FailureReport>,
+    /// The newest checkpoint that was triggered and neither complete nor
+    /// aborted when the failure was reported (`None`: no checkpoint was in
+    /// flight, or the cause was not an operator's failure).
+    pub checkpoint_in_flight: Option<u64>,
     /// The checkpoint it restored from (`None`: from the beginning).
     pub restored_from: Option<u64>,
     /// From the failure report to the new generation's start.

@@ -614,10 +614,20 @@ impl PhysicalPlan {
     }
 }
 
+/// The slot of a node that starts in this generation.
+fn started(
+    slots: &mut [Option<Box<dyn SubtaskSlot>>],
+    node: usize,
+) -> Result<&mut Box<dyn SubtaskSlot>, JobError> {
+    slots[node]
+        .as_mut()
+        .ok_or_else(|| JobError::Internal(format!("node {node} does not start here")))
+}
+
 /// What the supervisor keeps of one running generation.
 pub(crate) struct GenerationHandles {
-    /// Per node, where to inject controls.
-    pub(crate) injects: Vec<Recipient<Inject<Control>>>,
+    /// Per node, where to inject controls (`None`: not started here).
+    pub(crate) injects: Vec<Option<Recipient<Inject<Control>>>>,
     /// (operator, stats) of every channel, by its sending operator.
     pub(crate) channel_stats: Vec<(usize, ChannelStats)>,
 }
@@ -632,7 +642,9 @@ pub(crate) struct SupervisorLinks {
     pub(crate) span: tracing::Span,
 }
 
-/// Wires and starts one generation of every subtask.
+/// Wires and starts one generation of the subtasks in `members` (per
+/// node: whether it starts), which must be a union of failover regions: a
+/// channel with one end outside is an internal error.
 pub(crate) fn start_generation(
     plan: &PhysicalPlan,
     pool: &ArbiterPool,
@@ -640,25 +652,35 @@ pub(crate) fn start_generation(
     links: &SupervisorLinks,
     restore: &BTreeMap<PartId, Vec<u8>>,
     last_completed: Option<CheckpointId>,
+    members: &[bool],
 ) -> Result<GenerationHandles, JobError> {
     let SupervisorLinks {
         events: supervisor,
         failures,
         span: job_span,
     } = links;
-    let mut slots: Vec<Box<dyn SubtaskSlot>> = plan
+    let mut slots: Vec<Option<Box<dyn SubtaskSlot>>> = plan
         .nodes
         .iter()
-        .map(|&(operator, _)| plan.operators[operator].template.slot())
+        .zip(members)
+        .map(|(&(operator, _), &member)| member.then(|| plan.operators[operator].template.slot()))
         .collect();
     let config = plan.channel_config();
     let mut channel_stats = Vec::with_capacity(plan.edges.len());
     let mut previous: Option<(usize, usize)> = None;
     for (id, edge) in plan.edges.iter().enumerate() {
+        if members[edge.from] != members[edge.to] {
+            return Err(JobError::Internal(format!(
+                "channel {id} crosses the border of a failover region"
+            )));
+        }
+        if !members[edge.from] {
+            continue;
+        }
         if previous != Some((edge.from, edge.logical)) {
             let logical = &plan.logical_edges[edge.logical];
             let subtask = plan.nodes[edge.from].1;
-            slots[edge.from].begin_edge(
+            started(&mut slots, edge.from)?.begin_edge(
                 logical.partition,
                 logical.key_hash.as_deref(),
                 plan.config.max_parallelism,
@@ -666,7 +688,7 @@ pub(crate) fn start_generation(
             )?;
             previous = Some((edge.from, edge.logical));
         }
-        let target = slots[edge.to].delivery_target()?;
+        let target = started(&mut slots, edge.to)?.delivery_target()?;
         // Feedback edges are unbounded: a bounded back edge can deadlock
         // the loop (see `Window::Unbounded`).
         let config = if plan.logical_edges[edge.logical].feedback {
@@ -674,13 +696,23 @@ pub(crate) fn start_generation(
         } else {
             config
         };
-        let receiver =
-            slots[edge.from].connect(target, ChannelId(id as u64), generation, config)?;
+        let receiver = started(&mut slots, edge.from)?.connect(
+            target,
+            ChannelId(id as u64),
+            generation,
+            config,
+        )?;
         channel_stats.push((plan.nodes[edge.from].0, receiver.stats().clone()));
-        slots[edge.to].add_input(receiver)?;
+        started(&mut slots, edge.to)?.add_input(receiver)?;
     }
-    let injects = slots.iter().map(|slot| slot.inject_target()).collect();
+    let injects = slots
+        .iter()
+        .map(|slot| slot.as_ref().map(|slot| slot.inject_target()))
+        .collect();
     for (node, slot) in slots.into_iter().enumerate() {
+        let Some(slot) = slot else {
+            continue;
+        };
         let (operator, subtask) = plan.nodes[node];
         let planned = &plan.operators[operator];
         let tag = ActorTag::new(planned.name.as_str(), subtask, generation);

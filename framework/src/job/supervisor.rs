@@ -1,16 +1,18 @@
 //! The supervisor actor: drives the checkpoint coordinator, persists
 //! checkpoints through a writer thread, detects failures and restarts the
-//! job from the last completed checkpoint.
+//! failover region that failed from the last completed checkpoint.
 //!
-//! The supervisor owns the life of a running job: the generations of
-//! subtask actors (each on its own arbiter pool, so stopping a generation
-//! is shutting its pool down), the [`Coordinator`] (fed acks, declines and
-//! time; its triggers, completions and aborts are carried out here), the
-//! restart decisions, and the [`JobReport`]. It never blocks its actor:
-//! every store operation runs on the writer thread, the shutdown of a
-//! failed generation's pool on a helper thread, and both answer with
-//! messages. It never panics on an operator's failure: failures arrive as
-//! [`FailureReport`]s and become restarts or a typed error.
+//! The supervisor owns the life of a running job: its failover regions
+//! (the connected parts of the graph of subtasks, see `region`), each
+//! running one generation of subtask actors on its own arbiter pool, so
+//! that stopping a region is shutting its pool down; the [`Coordinator`]
+//! (fed acks, declines and time; its triggers, completions and aborts are
+//! carried out here); the restart decisions; and the [`JobReport`]. It
+//! never blocks its actor: every store operation runs on the writer thread
+//! (`writer`), the shutdown of a failed region's pool on a helper thread,
+//! and both answer with messages. It never panics on an operator's
+//! failure: failures arrive as [`FailureReport`]s and become restarts or a
+//! typed error.
 //!
 //! Order of a checkpoint: trigger at the initiators → every subtask acks
 //! with its part → the coordinator completes → the writer writes every
@@ -19,18 +21,35 @@
 //! checkpoint after every subtask's input ended, so the sinks commit
 //! everything; the job is done when every subtask has processed that
 //! completion.
+//!
+//! Regional failover (Flink's): checkpoints stay global (one coordinator,
+//! one id space, one metadata file holding every region's parts). When a
+//! subtask fails, the checkpoints in flight are aborted (the surviving
+//! subtasks are told), the coordinator is set aside, and only the failed
+//! subtask's region is stopped; after the restart delay it loads the
+//! newest complete checkpoint and starts a new generation of that region
+//! from its parts. The other regions keep processing meanwhile, without
+//! checkpoints (a global checkpoint needs every subtask); once every
+//! region runs again a new coordinator starts, numbering on from the
+//! newest checkpoint ever triggered. Every start of a region takes a new
+//! generation number from one counter, and events, failures and channels
+//! of any other generation are dropped, so nothing of an old generation
+//! reaches a new one. The restart strategy counts failures per job. Too
+//! many checkpoint failures in a row restart every region.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::num::NonZeroUsize;
 use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use actix::{Actor, ActorContext, Addr, AsyncContext, Context, Handler, Message, SpawnHandle};
+use actix::SpawnHandle;
+use actix::{Actor, ActorContext, Addr, AsyncContext, Context, Handler, Message, Recipient};
 
 use crate::protocol::{
     AckOutcome, CheckpointId, CheckpointKind, Coordinator, CoordinatorAction, CoordinatorConfig,
 };
+use crate::runtime::channel::ChannelStats;
 use crate::runtime::failure::{FailureReport, FailureSink};
 use crate::runtime::pool::{ActorSlot, ArbiterPool, Placement, PoolConfig};
 use crate::runtime::stage::Inject;
@@ -39,8 +58,10 @@ use crate::storage::{
     self, CheckpointStore, CommitRequest, KeyGroupLayout, MemoryCheckpointStore, PartId, StoreError,
 };
 
-use super::physical::{start_generation, GenerationHandles, PhysicalPlan, SupervisorLinks};
+use super::physical::{start_generation, PhysicalPlan, SupervisorLinks};
+use super::region::failover_regions;
 use super::shell::{Control, NodeEvent, NodeEventKind};
+use super::writer::{spawn_writer, Loaded, Persisted, Restored, WriterJob};
 use super::{
     CheckpointReport, FailedCheckpoint, GuaranteeReason, JobError, JobReport, OperatorReport,
     RestartReport,
@@ -48,7 +69,7 @@ use super::{
 use crate::restart::{RestartDecision, RestartTracker};
 use crate::source::Guarantee;
 
-type Outcome = (Result<JobReport, JobError>, Option<ArbiterPool>);
+type Outcome = (Result<JobReport, JobError>, Vec<ArbiterPool>);
 
 /// A job running on its own threads: cancel it, stop it with a savepoint,
 /// or wait for it to finish.
@@ -72,25 +93,31 @@ impl RunningJob {
     /// resume from it later: a new run on the same store starts from the
     /// newest checkpoint or savepoint. [`RunningJob::wait`] then reports the
     /// savepoint's id in [`JobReport::savepoint`]. A bounded job that ends
-    /// first simply finishes.
+    /// first simply finishes. While a failover region restarts, the
+    /// savepoint is taken once every region runs again.
     pub fn stop_with_savepoint(&self) {
         self.supervisor.do_send(Stop { savepoint: true });
     }
 
     /// Blocks until the job finishes, fails, or is stopped.
     pub fn wait(self) -> Result<JobReport, JobError> {
-        let (result, pool) = match self.done.recv() {
+        let (result, pools) = match self.done.recv() {
             Ok(outcome) => outcome,
             Err(_) => (
                 Err(JobError::Internal(
                     "the supervisor stopped without a result".into(),
                 )),
-                None,
+                Vec::new(),
             ),
         };
-        if let Some(pool) = pool {
-            pool.shutdown()?;
+        // Every pool is shut down even if one fails; the first error wins.
+        let mut shutdown = Ok(());
+        for pool in pools {
+            if let Err(error) = pool.shutdown() {
+                shutdown = shutdown.and(Err(error));
+            }
         }
+        shutdown?;
         self.control.shutdown()?;
         // The writer ends when the supervisor (its only sender) is dropped.
         if self.writer_thread.join().is_err() {
@@ -113,7 +140,11 @@ pub(crate) fn start(name: String, plan: PhysicalPlan) -> Result<RunningJob, JobE
     })?;
     let slot: ActorSlot<Supervisor> = ActorSlot::new();
     let supervisor = slot.address();
-    let (writer, writer_thread) = spawn_writer(store, supervisor.clone())?;
+    let (writer, writer_thread) = spawn_writer(
+        store,
+        supervisor.clone().recipient(),
+        supervisor.clone().recipient(),
+    )?;
     let (done_sender, done) = mpsc::channel::<Outcome>();
     let tag = ActorTag::new("supervisor", 0, Generation(0));
     control.start_in_slot(
@@ -137,145 +168,153 @@ struct Stop {
     savepoint: bool,
 }
 
-/// Work for the writer thread.
-enum WriterJob {
-    Persist {
-        generation: Generation,
-        checkpoint: CheckpointId,
-        kind: storage::CheckpointKind,
-        parts: Vec<(PartId, Vec<u8>)>,
-        request: CommitRequest,
-    },
-    Load {
-        generation: Generation,
-    },
-}
-
-/// A restored checkpoint: its id and every part.
-type Restored = Option<(CheckpointId, BTreeMap<PartId, Vec<u8>>, KeyGroupLayout)>;
-
-#[derive(Message)]
-#[rtype(result = "()")]
-struct Persisted {
-    generation: Generation,
-    checkpoint: CheckpointId,
-    result: Result<u64, StoreError>,
-}
-
-#[derive(Message)]
-#[rtype(result = "()")]
-struct Loaded {
-    generation: Generation,
-    result: Result<Restored, StoreError>,
-}
-
+/// A failed region's pool has stopped (every actor of its generation is
+/// gone).
 #[derive(Message)]
 #[rtype(result = "()")]
 struct PoolStopped {
+    region: usize,
     generation: Generation,
 }
 
-/// The writer thread: the asynchronous part of every checkpoint, and
-/// loading on restore. Its queue is unbounded, but the supervisor sends at
-/// most one persist per completed checkpoint and one load per generation.
-fn spawn_writer(
-    store: Arc<dyn CheckpointStore>,
-    supervisor: Addr<Supervisor>,
-) -> Result<(mpsc::Sender<WriterJob>, thread::JoinHandle<()>), JobError> {
-    let (sender, receiver) = mpsc::channel::<WriterJob>();
-    let thread = thread::Builder::new()
-        .name("snapflow-writer".into())
-        .spawn(move || {
-            for job in receiver {
-                match job {
-                    WriterJob::Persist {
-                        generation,
-                        checkpoint,
-                        kind,
-                        parts,
-                        request,
-                    } => {
-                        let result = persist(store.as_ref(), checkpoint.0, kind, &parts, request);
-                        supervisor.do_send(Persisted {
-                            generation,
-                            checkpoint,
-                            result,
-                        });
-                    }
-                    WriterJob::Load { generation } => {
-                        let result = load(store.as_ref());
-                        supervisor.do_send(Loaded { generation, result });
-                    }
-                }
-            }
-        })
-        .map_err(|error| JobError::Runtime(crate::runtime::RuntimeError::ThreadStart(error)))?;
-    Ok((sender, thread))
+/// Why regions failed.
+enum Failure {
+    /// An operator instance failed while `checkpoint_in_flight` was the
+    /// newest checkpoint triggered and neither complete nor aborted.
+    Operator {
+        report: FailureReport,
+        checkpoint_in_flight: Option<CheckpointId>,
+    },
+    /// More checkpoints failed in a row than tolerated; `persist` is the
+    /// store error when the last of them could not be persisted.
+    Checkpoints {
+        consecutive_failures: u32,
+        persist: Option<(CheckpointId, StoreError)>,
+    },
 }
 
-fn persist(
-    store: &dyn CheckpointStore,
-    checkpoint: u64,
-    kind: storage::CheckpointKind,
-    parts: &[(PartId, Vec<u8>)],
-    request: CommitRequest,
-) -> Result<u64, StoreError> {
-    store.begin(checkpoint, kind)?;
-    let written = parts
-        .iter()
-        .try_for_each(|(part, bytes)| store.write_part(checkpoint, part, bytes).map(|_| ()))
-        .and_then(|()| store.commit(checkpoint, request));
-    match written {
-        Ok(metadata) => Ok(metadata.total_bytes()),
-        Err(error) => {
-            // Best effort: a leftover is removed by the next `begin` anyway.
-            if let Err(discard) = store.discard(checkpoint) {
-                tracing::warn!(checkpoint, "discarding a failed checkpoint: {discard}");
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Operator {
+                report,
+                checkpoint_in_flight,
+            } => {
+                write!(f, "{report}; ")?;
+                match checkpoint_in_flight {
+                    Some(checkpoint) => write!(f, "{checkpoint} in flight"),
+                    None => f.write_str("no checkpoint in flight"),
+                }
             }
-            Err(error)
+            Failure::Checkpoints {
+                consecutive_failures,
+                persist,
+            } => {
+                write!(f, "{consecutive_failures} checkpoints failed in a row")?;
+                match persist {
+                    Some((checkpoint, error)) => {
+                        write!(f, "; {checkpoint} could not be persisted: {error}")
+                    }
+                    None => Ok(()),
+                }
+            }
         }
     }
 }
 
-fn load(store: &dyn CheckpointStore) -> Result<Restored, StoreError> {
-    let report = store.load_latest()?;
-    for skipped in &report.skipped {
-        tracing::warn!(
-            checkpoint = skipped.checkpoint,
-            "skipped a checkpoint that does not verify: {}",
-            skipped.reason
-        );
-    }
-    Ok(report.checkpoint.map(|loaded| {
-        (
-            CheckpointId(loaded.metadata.checkpoint),
-            loaded.parts,
-            loaded.metadata.key_groups,
-        )
-    }))
+/// A failure being recovered from, until the region's restart is reported.
+#[derive(Clone)]
+struct PendingRestart {
+    cause: String,
+    report: Option<FailureReport>,
+    checkpoint_in_flight: Option<u64>,
+    /// When the failure was reported.
+    since: Instant,
 }
 
+impl PendingRestart {
+    fn new(failure: &Failure) -> PendingRestart {
+        let (report, checkpoint_in_flight) = match failure {
+            Failure::Operator {
+                report,
+                checkpoint_in_flight,
+            } => (
+                Some(report.clone()),
+                checkpoint_in_flight.map(|checkpoint| checkpoint.0),
+            ),
+            Failure::Checkpoints { .. } => (None, None),
+        };
+        PendingRestart {
+            cause: failure.to_string(),
+            report,
+            checkpoint_in_flight,
+            since: Instant::now(),
+        }
+    }
+}
+
+/// The job's phase.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
-    /// Waiting for the checkpoint to restore from.
+    /// Waiting for the checkpoint the first generation restores from.
     Loading,
+    /// Started (some regions may be restarting).
     Running,
-    /// A failure stopped the generation; waiting for its pool to stop and
-    /// the restart delay.
-    Restarting,
     Done,
 }
 
-/// What the supervisor knows of one running generation.
-struct Running {
-    handles: GenerationHandles,
-    coordinator: Coordinator<Vec<u8>>,
-    /// Per node: its input ended (a source: exhausted).
-    ended: Vec<bool>,
-    /// Per node: the newest completion it processed (sinks committed).
-    committed: Vec<Option<CheckpointId>>,
-    /// The first checkpoint triggered after every input ended.
-    final_from: Option<CheckpointId>,
+/// A failover region's phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RegionPhase {
+    Running,
+    /// Failed: its pool is shutting down, then the restart delay runs.
+    Stopping,
+    /// Waiting for the checkpoint it restores from.
+    Loading,
+}
+
+/// One failover region and its current generation.
+struct Region {
+    /// Its nodes, ascending.
+    nodes: Vec<usize>,
+    /// The names of the operators it has subtasks of, in declaration order.
+    operators: Vec<String>,
+    phase: RegionPhase,
+    generation: Generation,
+    pool: Option<ArbiterPool>,
+    /// (operator, stats) of its channels, by sending operator.
+    channel_stats: Vec<(usize, ChannelStats)>,
+    /// Timers ticking its iteration heads.
+    tickers: Vec<SpawnHandle>,
+    /// The first checkpoint its current generation can take part in;
+    /// older completions are not for it (it restored from one at least as
+    /// new).
+    first_checkpoint: CheckpointId,
+    /// The failure it is restarting from.
+    pending: Option<PendingRestart>,
+    restart_delay_ms: u64,
+}
+
+/// What the supervisor knows of one node (subtask).
+struct Node {
+    region: usize,
+    /// The generation of its running actor.
+    generation: Generation,
+    /// Where to inject controls; `None` while its region is not running.
+    inject: Option<Recipient<Inject<Control>>>,
+    /// Its input ended (a source: exhausted).
+    ended: bool,
+    /// The newest completion it processed (sinks committed).
+    committed: Option<CheckpointId>,
+}
+
+/// A triggered checkpoint's figures and span, until it is persisted or
+/// aborted.
+struct Tracked {
+    triggered_at: Instant,
+    /// The longest alignment acked so far.
+    alignment_max_us: u64,
+    span: tracing::Span,
 }
 
 pub(crate) struct Supervisor {
@@ -285,32 +324,37 @@ pub(crate) struct Supervisor {
     done: Option<mpsc::Sender<Outcome>>,
     span: tracing::Span,
     phase: Phase,
-    generation: Generation,
-    pool: Option<ArbiterPool>,
-    running: Option<Running>,
+    regions: Vec<Region>,
+    nodes: Vec<Node>,
+    /// Operator index by name, to find a failure report's node.
+    operator_index: HashMap<String, usize>,
+    /// The newest generation handed out to a region.
+    newest_generation: Generation,
+    /// Present exactly while every region runs.
+    coordinator: Option<Coordinator<Vec<u8>>>,
+    /// Counts coordinators, so a persist failure is counted only by the
+    /// coordinator that completed the checkpoint.
+    epoch: u64,
+    /// The first checkpoint triggered after every input ended.
+    final_from: Option<CheckpointId>,
     clock: Instant,
     timer: Option<SpawnHandle>,
-    /// The newest checkpoint id ever triggered, across generations.
+    /// The newest checkpoint id ever triggered (or restored).
     highest_triggered: CheckpointId,
-    triggered_at: HashMap<CheckpointId, Instant>,
-    /// The longest alignment acked so far per triggered checkpoint; same
-    /// lifetime as `triggered_at`.
-    alignment_max_us: HashMap<CheckpointId, u64>,
+    /// Triggered checkpoints not yet persisted or aborted. Those still with
+    /// the writer survive a failure, so a checkpoint that becomes durable
+    /// after a failure still reports its real duration.
+    tracked: HashMap<CheckpointId, Tracked>,
     restarts: RestartTracker,
-    /// The failure being recovered from, and when it was reported.
-    failure: Option<(String, Instant)>,
-    /// The wait before the pending restart.
-    restart_delay_ms: u64,
     /// Completed checkpoints sent to the writer and not yet persisted.
-    /// Their trigger times survive a restart, so a checkpoint that becomes
-    /// durable after a failure still reports its real duration.
     persisting: BTreeSet<CheckpointId>,
     /// The user asked to stop with a savepoint.
     stop_requested: bool,
+    /// The store error of the persist failure being counted, for the
+    /// `FailJob` it may cause (see `count_persist_failure`).
+    persist_failure: Option<(CheckpointId, StoreError)>,
     /// The stop savepoint, while it is triggered and not yet persisted.
     savepoint_in_flight: Option<CheckpointId>,
-    /// Timers ticking the iteration heads of the running generation.
-    tickers: Vec<SpawnHandle>,
     report: JobReport,
 }
 
@@ -342,6 +386,13 @@ impl Supervisor {
             resumed_from: None,
             savepoint: None,
         };
+        let (regions, nodes) = plan_regions(&plan);
+        let operator_index = plan
+            .operators
+            .iter()
+            .enumerate()
+            .map(|(index, operator)| (operator.name.clone(), index))
+            .collect();
         Supervisor {
             name,
             plan: Arc::new(plan),
@@ -349,40 +400,53 @@ impl Supervisor {
             done: Some(done),
             span,
             phase: Phase::Loading,
-            generation: Generation(1),
-            pool: None,
-            running: None,
+            regions,
+            nodes,
+            operator_index,
+            newest_generation: Generation(1),
+            coordinator: None,
+            epoch: 0,
+            final_from: None,
             clock: Instant::now(),
             timer: None,
             highest_triggered: CheckpointId(0),
-            triggered_at: HashMap::new(),
-            alignment_max_us: HashMap::new(),
+            tracked: HashMap::new(),
             restarts,
-            failure: None,
-            restart_delay_ms: 0,
             persisting: BTreeSet::new(),
             stop_requested: false,
+            persist_failure: None,
             savepoint_in_flight: None,
-            tickers: Vec::new(),
             report,
         }
     }
 
-    /// The span of one checkpoint's events, under the job's span.
+    /// The span of one checkpoint's events, under the job's span: the one
+    /// made at its trigger while it is tracked.
     fn checkpoint_span(&self, checkpoint: CheckpointId) -> tracing::Span {
-        tracing::info_span!(parent: &self.span, "checkpoint", checkpoint = checkpoint.0)
+        match self.tracked.get(&checkpoint) {
+            Some(tracked) => tracked.span.clone(),
+            None => {
+                tracing::info_span!(parent: &self.span, "checkpoint", checkpoint = checkpoint.0)
+            }
+        }
     }
 
     fn now_ms(&self) -> u64 {
         u64::try_from(self.clock.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    fn request_load(&mut self, context: &mut Context<Self>) {
-        self.phase = Phase::Loading;
-        let job = WriterJob::Load {
-            generation: self.generation,
+    /// Asks the writer for the newest checkpoint, to start `region`
+    /// (`None`: every region).
+    fn request_load(&mut self, region: Option<usize>, context: &mut Context<Self>) {
+        let generation = match region {
+            Some(region) => self.regions[region].generation,
+            None => self.newest_generation,
         };
-        if self.writer.send(job).is_err() {
+        if self
+            .writer
+            .send(WriterJob::Load { region, generation })
+            .is_err()
+        {
             self.finish(
                 Err(JobError::Internal("the checkpoint writer stopped".into())),
                 context,
@@ -390,27 +454,156 @@ impl Supervisor {
         }
     }
 
-    fn start(&mut self, restored: Restored, context: &mut Context<Self>) -> Result<(), JobError> {
+    fn on_loaded(&mut self, loaded: Loaded, context: &mut Context<Self>) {
+        let targets: Vec<usize> = match loaded.region {
+            None if self.phase == Phase::Loading => (0..self.regions.len()).collect(),
+            Some(region)
+                if self.phase == Phase::Running
+                    && self.regions[region].phase == RegionPhase::Loading
+                    && self.regions[region].generation == loaded.generation =>
+            {
+                vec![region]
+            }
+            _ => return,
+        };
+        let started = match loaded.result {
+            Ok(restored) => self.start_regions(&targets, restored, context),
+            Err(error) => Err(JobError::Store(error)),
+        };
+        if let Err(error) = started {
+            self.finish(Err(error), context);
+        }
+    }
+
+    /// Starts a new generation of every region in `targets` from the
+    /// restored checkpoint (its parts of it), then resumes checkpoints if
+    /// every region runs.
+    fn start_regions(
+        &mut self,
+        targets: &[usize],
+        restored: Restored,
+        context: &mut Context<Self>,
+    ) -> Result<(), JobError> {
         let span = self.span.clone();
         let _entered = span.enter();
         let (last_completed, parts) = match restored {
             Some((checkpoint, parts, layout)) => {
                 (Some(checkpoint), self.plan.redistribute(parts, &layout)?)
             }
-            None => (None, BTreeMap::new()),
+            None => (None, Default::default()),
         };
         if let Some(checkpoint) = last_completed {
             self.highest_triggered = self.highest_triggered.max(checkpoint);
         }
+        let restored_from = last_completed.map(|checkpoint| checkpoint.0);
+        for &region in targets {
+            self.start_region(region, &parts, last_completed, context)?;
+        }
+        if self.phase == Phase::Loading {
+            self.phase = Phase::Running;
+            self.report.resumed_from = restored_from;
+        }
+        for &region in targets {
+            let Some(pending) = self.regions[region].pending.take() else {
+                continue;
+            };
+            let recovery_ms = millis(pending.since.elapsed());
+            let generation = self.regions[region].generation.0;
+            tracing::info!(
+                region = %self.regions[region].operators.join(","),
+                generation,
+                restored_from,
+                recovery_ms,
+                "region restarted"
+            );
+            self.report.restarts.push(RestartReport {
+                generation,
+                region: self.regions[region].operators.clone(),
+                cause: pending.cause,
+                failure: pending.report,
+                checkpoint_in_flight: pending.checkpoint_in_flight,
+                restored_from,
+                recovery_ms,
+            });
+        }
+        if self
+            .regions
+            .iter()
+            .all(|region| region.phase == RegionPhase::Running)
+        {
+            self.resume_checkpoints(context)?;
+        }
+        Ok(())
+    }
+
+    /// Starts one generation of `region`'s subtasks on a pool of its own.
+    fn start_region(
+        &mut self,
+        region: usize,
+        parts: &std::collections::BTreeMap<PartId, Vec<u8>>,
+        last_completed: Option<CheckpointId>,
+        context: &mut Context<Self>,
+    ) -> Result<(), JobError> {
+        let members: Vec<bool> = self
+            .nodes
+            .iter()
+            .map(|node| node.region == region)
+            .collect();
+        let node_count = self.regions[region].nodes.len();
         let arbiters = self
             .plan
             .config
             .arbiters
             .and_then(NonZeroUsize::new)
-            .map_or_else(PoolConfig::default, |arbiters| PoolConfig { arbiters });
-        let pool = ArbiterPool::new(arbiters)?;
+            .unwrap_or_else(|| PoolConfig::default().arbiters);
+        // A region never needs more threads than it has subtasks.
+        let arbiters = NonZeroUsize::new(arbiters.get().min(node_count)).unwrap_or(arbiters);
+        let pool = ArbiterPool::new(PoolConfig { arbiters })?;
+        let address = context.address();
+        let links = SupervisorLinks {
+            events: address.clone().recipient(),
+            failures: FailureSink::from_recipient(address.recipient()),
+            span: self.span.clone(),
+        };
+        let generation = self.regions[region].generation;
+        let mut handles = start_generation(
+            &self.plan,
+            &pool,
+            generation,
+            &links,
+            parts,
+            last_completed,
+            &members,
+        )?;
+        for &node in &self.regions[region].nodes {
+            let state = &mut self.nodes[node];
+            state.generation = generation;
+            state.inject = handles.injects[node].take();
+            state.ended = false;
+            state.committed = None;
+        }
+        let first_checkpoint = self.highest_triggered.next();
+        let state = &mut self.regions[region];
+        state.channel_stats = handles.channel_stats;
+        state.pool = Some(pool);
+        state.phase = RegionPhase::Running;
+        state.first_checkpoint = first_checkpoint;
+        tracing::info!(
+            region = %state.operators.join(","),
+            generation = generation.0,
+            restored_from = last_completed.map(|checkpoint| checkpoint.0),
+            "generation started"
+        );
+        Ok(())
+    }
+
+    /// Every region runs: a new coordinator numbers on from the newest
+    /// checkpoint ever triggered. Subtasks whose inputs ended (in regions
+    /// that kept running) are triggered directly, as before.
+    fn resume_checkpoints(&mut self, context: &mut Context<Self>) -> Result<(), JobError> {
         let config = &self.plan.config;
-        let coordinator = Coordinator::new(
+        let now_ms = self.now_ms();
+        let mut coordinator = Coordinator::new(
             CoordinatorConfig {
                 interval_ms: config.checkpoint_interval_ms,
                 min_pause_ms: config.min_pause_ms,
@@ -421,57 +614,46 @@ impl Supervisor {
             },
             self.plan.node_count(),
             self.plan.snapshot.initiators.clone(),
-            self.now_ms(),
+            now_ms,
         )?;
-        let address = context.address();
-        let failures = FailureSink::from_recipient(address.clone().recipient());
-        let links = SupervisorLinks {
-            events: address.recipient(),
-            failures,
-            span: self.span.clone(),
-        };
-        let handles = start_generation(
-            &self.plan,
-            &pool,
-            self.generation,
-            &links,
-            &parts,
-            last_completed,
-        )?;
-        let nodes = self.plan.node_count();
-        self.pool = Some(pool);
-        self.running = Some(Running {
-            handles,
-            coordinator,
-            ended: vec![false; nodes],
-            committed: vec![None; nodes],
-            final_from: None,
-        });
-        self.phase = Phase::Running;
-        self.restarts.on_running(self.now_ms());
-        tracing::info!(
-            generation = self.generation.0,
-            restored_from = last_completed.map(|checkpoint| checkpoint.0),
-            "generation started"
-        );
-        if let Some((cause, since)) = self.failure.take() {
-            self.report.restarts.push(RestartReport {
-                generation: self.generation.0,
-                cause,
-                restored_from: last_completed.map(|checkpoint| checkpoint.0),
-                recovery_ms: millis(since.elapsed()),
-            });
-        } else {
-            self.report.resumed_from = last_completed.map(|checkpoint| checkpoint.0);
+        for (node, state) in self.nodes.iter().enumerate() {
+            if state.ended {
+                // Nothing is in flight yet, so there is nothing to trigger.
+                let _ = coordinator.add_initiator(node);
+            }
         }
-        self.reschedule(context);
+        self.coordinator = Some(coordinator);
+        self.epoch += 1;
+        self.restarts.on_running(now_ms);
+        self.check_final(now_ms);
+        self.carry_out(context);
         self.request_savepoint(context);
         Ok(())
     }
 
+    /// Once every input ended, the next checkpoint is the final one.
+    fn check_final(&mut self, now_ms: u64) {
+        let Some(coordinator) = &mut self.coordinator else {
+            return;
+        };
+        if self.final_from.is_none() && self.nodes.iter().all(|node| node.ended) {
+            // Every checkpoint from the next one on sees every input ended,
+            // so its completion commits all output.
+            self.final_from = Some(self.highest_triggered.next());
+            coordinator.request_checkpoint(now_ms, CheckpointKind::Requested);
+        }
+    }
+
+    /// Sends `control` to every running subtask; a completion only to
+    /// regions whose generation took part in that checkpoint.
     fn broadcast(&self, control: Control) {
-        if let Some(running) = &self.running {
-            for inject in &running.handles.injects {
+        for node in &self.nodes {
+            if let Control::Complete(checkpoint) = control {
+                if checkpoint < self.regions[node.region].first_checkpoint {
+                    continue;
+                }
+            }
+            if let Some(inject) = &node.inject {
                 inject.do_send(Inject(control));
             }
         }
@@ -482,7 +664,7 @@ impl Supervisor {
         if let Some(timer) = self.timer.take() {
             context.cancel_future(timer);
         }
-        let Some(running) = &self.running else {
+        let Some(coordinator) = &self.coordinator else {
             return;
         };
         if self.phase != Phase::Running {
@@ -496,15 +678,15 @@ impl Supervisor {
         if !self.persisting.is_empty() {
             return;
         }
-        if let Some(due_ms) = running.coordinator.poll_timeout() {
+        if let Some(due_ms) = coordinator.poll_timeout() {
             let delay_ms = due_ms.saturating_sub(self.now_ms());
             self.timer = Some(context.run_later(
                 Duration::from_millis(delay_ms),
                 |supervisor, context| {
                     supervisor.timer = None;
                     let now_ms = supervisor.now_ms();
-                    if let Some(running) = &mut supervisor.running {
-                        running.coordinator.handle_timeout(now_ms);
+                    if let Some(coordinator) = &mut supervisor.coordinator {
+                        coordinator.handle_timeout(now_ms);
                     }
                     supervisor.carry_out(context);
                 },
@@ -514,13 +696,13 @@ impl Supervisor {
 
     /// Carries out the coordinator's actions, then re-arms the timer.
     fn carry_out(&mut self, context: &mut Context<Self>) {
-        let Some(running) = &mut self.running else {
+        let Some(coordinator) = &mut self.coordinator else {
             return;
         };
         let actions: Vec<CoordinatorAction<Vec<u8>>> =
-            std::iter::from_fn(|| running.coordinator.poll_action()).collect();
+            std::iter::from_fn(|| coordinator.poll_action()).collect();
         for action in actions {
-            if self.phase != Phase::Running {
+            if self.phase != Phase::Running || self.coordinator.is_none() {
                 return;
             }
             match action {
@@ -538,18 +720,7 @@ impl Supervisor {
                 CoordinatorAction::Abort {
                     checkpoint, reason, ..
                 } => {
-                    let span = self.checkpoint_span(checkpoint);
-                    let _entered = span.enter();
-                    tracing::info!(checkpoint = checkpoint.0, ?reason, "checkpoint aborted");
-                    self.triggered_at.remove(&checkpoint);
-                    self.alignment_max_us.remove(&checkpoint);
-                    if reason.is_failure() {
-                        self.report.failed_checkpoints.push(FailedCheckpoint {
-                            checkpoint: checkpoint.0,
-                            reason: format!("{reason:?}"),
-                        });
-                    }
-                    self.broadcast(Control::Abort(checkpoint));
+                    self.on_abort(checkpoint, &format!("{reason:?}"), reason.is_failure());
                     if self.savepoint_in_flight == Some(checkpoint) {
                         self.savepoint_in_flight = None;
                         self.request_savepoint(context);
@@ -558,28 +729,67 @@ impl Supervisor {
                 CoordinatorAction::FailJob {
                     consecutive_failures,
                 } => {
-                    let cause = format!("{consecutive_failures} checkpoints failed in a row");
-                    self.fail(cause, context);
+                    let failure = Failure::Checkpoints {
+                        consecutive_failures,
+                        persist: self.persist_failure.take(),
+                    };
+                    let regions = (0..self.regions.len()).collect();
+                    self.fail(regions, failure, context);
                 }
             }
         }
         self.reschedule(context);
     }
 
-    fn trigger(&mut self, checkpoint: CheckpointId, kind: CheckpointKind) {
+    /// Reports and forgets an aborted checkpoint and tells every running
+    /// subtask.
+    fn on_abort(&mut self, checkpoint: CheckpointId, reason: &str, failure: bool) {
         let span = self.checkpoint_span(checkpoint);
         let _entered = span.enter();
-        tracing::info!(checkpoint = checkpoint.0, ?kind, "checkpoint triggered");
+        let duration_ms = self
+            .tracked
+            .remove(&checkpoint)
+            .map_or(0, |tracked| millis(tracked.triggered_at.elapsed()));
+        tracing::info!(
+            checkpoint = checkpoint.0,
+            duration_ms,
+            reason,
+            "checkpoint aborted"
+        );
+        if failure {
+            self.report.failed_checkpoints.push(FailedCheckpoint {
+                checkpoint: checkpoint.0,
+                reason: reason.to_owned(),
+            });
+        }
+        self.broadcast(Control::Abort(checkpoint));
+    }
+
+    fn trigger(&mut self, checkpoint: CheckpointId, kind: CheckpointKind) {
+        let span = tracing::info_span!(parent: &self.span, "checkpoint", checkpoint = checkpoint.0);
+        {
+            let _entered = span.enter();
+            tracing::info!(checkpoint = checkpoint.0, ?kind, "checkpoint triggered");
+        }
         self.highest_triggered = self.highest_triggered.max(checkpoint);
-        self.triggered_at.insert(checkpoint, Instant::now());
+        self.tracked.insert(
+            checkpoint,
+            Tracked {
+                triggered_at: Instant::now(),
+                alignment_max_us: 0,
+                span,
+            },
+        );
         if kind == CheckpointKind::Savepoint {
             self.savepoint_in_flight = Some(checkpoint);
         }
-        let Some(running) = &self.running else {
+        let Some(coordinator) = &self.coordinator else {
             return;
         };
-        for &node in running.coordinator.initiators() {
-            running.handles.injects[node].do_send(Inject(Control::Trigger(checkpoint)));
+        for &node in coordinator.initiators() {
+            if let Some(inject) = &self.nodes[node].inject {
+                inject.do_send(Inject(Control::Trigger(checkpoint)));
+            }
         }
     }
 
@@ -616,7 +826,7 @@ impl Supervisor {
         };
         self.persisting.insert(checkpoint);
         let job = WriterJob::Persist {
-            generation: self.generation,
+            epoch: self.epoch,
             checkpoint,
             kind,
             parts,
@@ -631,62 +841,44 @@ impl Supervisor {
     }
 
     fn on_node_event(&mut self, event: NodeEvent, context: &mut Context<Self>) {
-        if event.generation != self.generation || self.phase != Phase::Running {
+        let node = event.node;
+        let Some(state) = self.nodes.get(node) else {
+            return;
+        };
+        if self.phase != Phase::Running
+            || state.generation != event.generation
+            || self.regions[state.region].phase != RegionPhase::Running
+        {
             return;
         }
         let now_ms = self.now_ms();
-        let Some(running) = &mut self.running else {
-            return;
-        };
-        let node = event.node;
         match event.kind {
             NodeEventKind::Ack {
                 checkpoint,
                 part,
                 alignment_us,
             } => {
-                if self.triggered_at.contains_key(&checkpoint) {
-                    let longest = self.alignment_max_us.entry(checkpoint).or_default();
-                    *longest = (*longest).max(alignment_us);
+                if let Some(tracked) = self.tracked.get_mut(&checkpoint) {
+                    tracked.alignment_max_us = tracked.alignment_max_us.max(alignment_us);
                 }
                 // A stale ack's part is simply dropped: parts live in memory
                 // until the writer persists a completed checkpoint.
-                if let AckOutcome::Stale(_) =
-                    running.coordinator.on_ack(now_ms, node, checkpoint, part)
-                {
-                    tracing::debug!(checkpoint = checkpoint.0, node, "stale ack");
+                if let Some(coordinator) = &mut self.coordinator {
+                    if let AckOutcome::Stale(_) = coordinator.on_ack(now_ms, node, checkpoint, part)
+                    {
+                        tracing::debug!(checkpoint = checkpoint.0, node, "stale ack");
+                    }
                 }
             }
             NodeEventKind::Decline { checkpoint, reason } => {
-                running
-                    .coordinator
-                    .on_decline(now_ms, node, checkpoint, reason);
-            }
-            NodeEventKind::InputsEnded => {
-                running.ended[node] = true;
-                if let Some(idle_ms) = self.plan.is_loop_head(node) {
-                    // The head decides when its loop is idle; it needs a
-                    // clock, which the supervisor's ticks give it.
-                    let inject = running.handles.injects[node].clone();
-                    let period = Duration::from_millis((idle_ms / 4).max(1));
-                    self.tickers.push(context.run_interval(period, move |_, _| {
-                        inject.do_send(Inject(Control::Tick));
-                    }));
-                }
-                for checkpoint in running.coordinator.add_initiator(node) {
-                    running.handles.injects[node].do_send(Inject(Control::Trigger(checkpoint)));
-                }
-                if running.final_from.is_none() && running.ended.iter().all(|&ended| ended) {
-                    // Every checkpoint from the next one on sees every input
-                    // ended, so its completion commits all output.
-                    running.final_from = Some(self.highest_triggered.next());
-                    running
-                        .coordinator
-                        .request_checkpoint(now_ms, CheckpointKind::Requested);
+                if let Some(coordinator) = &mut self.coordinator {
+                    coordinator.on_decline(now_ms, node, checkpoint, reason);
                 }
             }
+            NodeEventKind::InputsEnded => self.on_inputs_ended(node, now_ms, context),
             NodeEventKind::Committed { checkpoint } => {
-                running.committed[node] = running.committed[node].max(Some(checkpoint));
+                let committed = &mut self.nodes[node].committed;
+                *committed = (*committed).max(Some(checkpoint));
                 if self.is_done() {
                     let report = self.final_report();
                     self.finish(Ok(report), context);
@@ -697,19 +889,43 @@ impl Supervisor {
         self.carry_out(context);
     }
 
+    fn on_inputs_ended(&mut self, node: usize, now_ms: u64, context: &mut Context<Self>) {
+        self.nodes[node].ended = true;
+        let Some(inject) = self.nodes[node].inject.clone() else {
+            return;
+        };
+        if let Some(idle_ms) = self.plan.is_loop_head(node) {
+            // The head decides when its loop is idle; it needs a clock,
+            // which the supervisor's ticks give it.
+            let ticks = inject.clone();
+            let period = Duration::from_millis((idle_ms / 4).max(1));
+            let ticker = context.run_interval(period, move |_, _| {
+                ticks.do_send(Inject(Control::Tick));
+            });
+            let region = self.nodes[node].region;
+            self.regions[region].tickers.push(ticker);
+        }
+        if let Some(coordinator) = &mut self.coordinator {
+            for checkpoint in coordinator.add_initiator(node) {
+                inject.do_send(Inject(Control::Trigger(checkpoint)));
+            }
+        }
+        self.check_final(now_ms);
+    }
+
     /// Whether every subtask committed a checkpoint that ends the job: one
-    /// triggered after every input ended, or the stop savepoint.
+    /// triggered after every input ended, or the stop savepoint. Never
+    /// while a region restarts.
     fn is_done(&self) -> bool {
-        let Some(running) = &self.running else {
+        if self.coordinator.is_none() {
             return false;
-        };
+        }
         let all_committed = |first: CheckpointId| {
-            running
-                .committed
+            self.nodes
                 .iter()
-                .all(|committed| committed.is_some_and(|checkpoint| checkpoint >= first))
+                .all(|node| node.committed.is_some_and(|checkpoint| checkpoint >= first))
         };
-        let ended = running.final_from.is_some_and(all_committed);
+        let ended = self.final_from.is_some_and(all_committed);
         let stopped = self.stop_requested
             && self
                 .report
@@ -734,16 +950,15 @@ impl Supervisor {
     }
 
     /// Asks the coordinator for the stop savepoint (again, after an abort
-    /// or a restart); while the job is not running it is asked at start.
+    /// or a restart); while a region restarts it is asked once every region
+    /// runs again.
     fn request_savepoint(&mut self, context: &mut Context<Self>) {
         if !self.stop_requested || self.savepoint_in_flight.is_some() {
             return;
         }
         let now_ms = self.now_ms();
-        if let (Phase::Running, Some(running)) = (self.phase, &mut self.running) {
-            running
-                .coordinator
-                .request_checkpoint(now_ms, CheckpointKind::Savepoint);
+        if let (Phase::Running, Some(coordinator)) = (self.phase, &mut self.coordinator) {
+            coordinator.request_checkpoint(now_ms, CheckpointKind::Savepoint);
             self.carry_out(context);
         }
     }
@@ -752,17 +967,22 @@ impl Supervisor {
         let checkpoint = persisted.checkpoint;
         self.persisting.remove(&checkpoint);
         self.reschedule(context);
-        let started = self.triggered_at.remove(&checkpoint);
-        let alignment_max_us = self.alignment_max_us.remove(&checkpoint).unwrap_or(0);
         let span = self.checkpoint_span(checkpoint);
         let _entered = span.enter();
+        let (duration_ms, alignment_max_us) =
+            self.tracked.remove(&checkpoint).map_or((0, 0), |tracked| {
+                (
+                    millis(tracked.triggered_at.elapsed()),
+                    tracked.alignment_max_us,
+                )
+            });
         match persisted.result {
             Ok(size_bytes) => {
-                let duration_ms = started.map_or(0, |at| millis(at.elapsed()));
                 tracing::info!(
                     checkpoint = checkpoint.0,
                     duration_ms,
                     size_bytes,
+                    alignment_max_us,
                     "checkpoint complete"
                 );
                 self.report.checkpoints.push(CheckpointReport {
@@ -775,117 +995,256 @@ impl Supervisor {
                     self.savepoint_in_flight = None;
                     self.report.savepoint = Some(checkpoint.0);
                 }
-                if persisted.generation == self.generation && self.phase == Phase::Running {
+                if self.phase == Phase::Running {
                     self.broadcast(Control::Complete(checkpoint));
                 }
             }
             Err(error) => {
-                if self.savepoint_in_flight == Some(checkpoint) {
-                    self.savepoint_in_flight = None;
-                    self.request_savepoint(context);
-                }
-                // Known gap: persistence failures are reported but do not
-                // count towards the tolerable checkpoint failures.
                 tracing::warn!(
                     checkpoint = checkpoint.0,
+                    duration_ms,
                     "checkpoint not persisted: {error}"
                 );
                 self.report.failed_checkpoints.push(FailedCheckpoint {
                     checkpoint: checkpoint.0,
-                    reason: error.to_string(),
+                    reason: format!("not persisted: {error}"),
                 });
+                self.count_persist_failure(persisted.epoch, checkpoint, error, context);
+                if self.savepoint_in_flight == Some(checkpoint) {
+                    self.savepoint_in_flight = None;
+                    self.request_savepoint(context);
+                }
             }
         }
     }
 
-    /// Stops the generation and restarts per the strategy, or gives up.
-    fn fail(&mut self, cause: String, context: &mut Context<Self>) {
+    /// A checkpoint that could not be persisted is a failed checkpoint for
+    /// the coordinator's tolerance. The coordinator that completed it must
+    /// still be running (same epoch); a failure of an earlier coordinator's
+    /// checkpoint is only reported, because a new coordinator (after a
+    /// restart) counts from zero.
+    fn count_persist_failure(
+        &mut self,
+        epoch: u64,
+        checkpoint: CheckpointId,
+        error: StoreError,
+        context: &mut Context<Self>,
+    ) {
+        if epoch != self.epoch || self.phase != Phase::Running {
+            return;
+        }
+        let now_ms = self.now_ms();
+        let Some(coordinator) = &mut self.coordinator else {
+            return;
+        };
+        self.persist_failure = Some((checkpoint, error));
+        coordinator.on_persist_failed(now_ms, checkpoint);
+        self.carry_out(context);
+        // Only a `FailJob` of this very call takes the error.
+        self.persist_failure = None;
+    }
+
+    fn on_failure_report(&mut self, report: FailureReport, context: &mut Context<Self>) {
+        if self.phase != Phase::Running {
+            return;
+        }
+        let Some(node) = self.node_of(&report.tag) else {
+            tracing::warn!(tag = %report.tag, "a failure report from an unknown subtask");
+            return;
+        };
+        let state = &self.nodes[node];
+        if state.generation != report.tag.generation
+            || self.regions[state.region].phase != RegionPhase::Running
+        {
+            return;
+        }
+        let checkpoint_in_flight = self
+            .coordinator
+            .as_ref()
+            .and_then(|coordinator| coordinator.in_flight().last());
+        let failure = Failure::Operator {
+            report,
+            checkpoint_in_flight,
+        };
+        self.fail(vec![state.region], failure, context);
+    }
+
+    /// The node of an actor tag (operator name and subtask).
+    fn node_of(&self, tag: &ActorTag) -> Option<usize> {
+        let operator = *self.operator_index.get(&*tag.operator)?;
+        let planned = &self.plan.operators[operator];
+        (tag.subtask < planned.parallelism).then_some(planned.first_node + tag.subtask)
+    }
+
+    /// Stops the failed regions and restarts them per the strategy, or
+    /// gives up.
+    fn fail(&mut self, failed: Vec<usize>, failure: Failure, context: &mut Context<Self>) {
         let span = self.span.clone();
         let _entered = span.enter();
-        self.cancel_timers(context);
-        self.retire_generation();
+        let cause = failure.to_string();
+        let operators: Vec<&str> = failed
+            .iter()
+            .flat_map(|&region| self.regions[region].operators.iter().map(String::as_str))
+            .collect();
+        let region_text = operators.join(",");
         match self.restarts.on_failure(self.now_ms()) {
             RestartDecision::GiveUp { reason } => {
-                tracing::error!(generation = self.generation.0, %cause, %reason, "job failed");
-                let error = JobError::RestartsExhausted {
-                    restarts: self.restarts.attempts(),
-                    reason: reason.to_string(),
-                    cause,
+                tracing::error!(region = %region_text, %cause, %reason, "job failed");
+                let (restarts, reason) = (self.restarts.attempts(), reason.to_string());
+                let error = match failure {
+                    Failure::Checkpoints {
+                        consecutive_failures,
+                        persist: Some((checkpoint, error)),
+                    } => JobError::CheckpointPersistFailed {
+                        checkpoint: checkpoint.0,
+                        consecutive_failures,
+                        restarts,
+                        reason,
+                        error,
+                    },
+                    _ => JobError::RestartsExhausted {
+                        restarts,
+                        reason,
+                        cause,
+                    },
                 };
                 self.finish(Err(error), context);
             }
             RestartDecision::Restart { delay_ms, attempt } => {
                 tracing::warn!(
-                    generation = self.generation.0,
+                    region = %region_text,
                     attempt,
                     delay_ms,
                     %cause,
-                    "restarting the job"
+                    "restarting a failover region"
                 );
-                self.phase = Phase::Restarting;
-                self.failure = Some((cause, Instant::now()));
-                let generation = self.generation;
-                let address = context.address();
-                let pool = self.pool.take();
-                let stop = move || {
-                    if let Some(pool) = pool {
-                        if let Err(error) = pool.shutdown() {
-                            tracing::warn!("stopping a failed generation: {error}");
-                        }
+                self.suspend_checkpoints(&failed, context);
+                let pending = PendingRestart::new(&failure);
+                for region in failed {
+                    if self.regions[region].phase == RegionPhase::Running {
+                        self.stop_region(region, pending.clone(), delay_ms, context);
                     }
-                    address.do_send(PoolStopped { generation });
-                };
-                // Joining the arbiter threads can wait for user code to
-                // return, so it happens off the supervisor's thread.
-                let spawned = thread::Builder::new()
-                    .name("snapflow-stop".into())
-                    .spawn(stop);
-                if spawned.is_err() {
-                    // The closure (and the pool in it) was dropped, which
-                    // shut the pool down on this thread; carry on.
-                    tracing::error!("could not start the thread that stops a generation");
-                    context.address().do_send(PoolStopped { generation });
                 }
-                self.restart_delay_ms = delay_ms;
             }
         }
     }
 
-    fn cancel_timers(&mut self, context: &mut Context<Self>) {
+    /// Aborts the checkpoints in flight (telling every subtask outside
+    /// `failed`) and sets the coordinator aside until every region runs.
+    fn suspend_checkpoints(&mut self, failed: &[usize], context: &mut Context<Self>) {
         if let Some(timer) = self.timer.take() {
             context.cancel_future(timer);
         }
-        for ticker in self.tickers.drain(..) {
+        self.savepoint_in_flight = None;
+        self.final_from = None;
+        let Some(mut coordinator) = self.coordinator.take() else {
+            return;
+        };
+        coordinator.abort_all(self.now_ms());
+        // The failed regions' subtasks are about to stop; they need no news.
+        for region in failed {
+            for &node in &self.regions[*region].nodes {
+                self.nodes[node].inject = None;
+            }
+        }
+        while let Some(action) = coordinator.poll_action() {
+            if let CoordinatorAction::Abort { checkpoint, .. } = action {
+                self.on_abort(checkpoint, "the job restarts", false);
+            }
+        }
+        // Checkpoints still with the writer keep their figures: they may
+        // yet become durable, and then they are reported as complete.
+        let persisting = &self.persisting;
+        self.tracked
+            .retain(|checkpoint, _| persisting.contains(checkpoint));
+    }
+
+    /// Stops a region's generation: its pool shuts down on a helper thread,
+    /// which reports back when every actor of it is gone.
+    fn stop_region(
+        &mut self,
+        region: usize,
+        pending: PendingRestart,
+        delay_ms: u64,
+        context: &mut Context<Self>,
+    ) {
+        self.fold_stats(region);
+        let state = &mut self.regions[region];
+        for ticker in state.tickers.drain(..) {
             context.cancel_future(ticker);
+        }
+        state.phase = RegionPhase::Stopping;
+        state.pending = Some(pending);
+        state.restart_delay_ms = delay_ms;
+        for &node in &state.nodes {
+            self.nodes[node].inject = None;
+        }
+        let generation = state.generation;
+        let address = context.address();
+        let pool = state.pool.take();
+        let stop = move || {
+            if let Some(pool) = pool {
+                if let Err(error) = pool.shutdown() {
+                    tracing::warn!("stopping a failed generation: {error}");
+                }
+            }
+            address.do_send(PoolStopped { region, generation });
+        };
+        // Joining the arbiter threads can wait for user code to return, so
+        // it happens off the supervisor's thread.
+        let spawned = thread::Builder::new()
+            .name("snapflow-stop".into())
+            .spawn(stop);
+        if spawned.is_err() {
+            // The closure (and the pool in it) was dropped, which shut the
+            // pool down on this thread; carry on.
+            tracing::error!("could not start the thread that stops a generation");
+            context
+                .address()
+                .do_send(PoolStopped { region, generation });
         }
     }
 
-    /// Folds the generation's channel statistics into the report and drops
-    /// the coordinator (aborting what was in flight).
-    fn retire_generation(&mut self) {
-        let Some(mut running) = self.running.take() else {
+    fn on_pool_stopped(&mut self, stopped: PoolStopped, context: &mut Context<Self>) {
+        let region = stopped.region;
+        let Some(state) = self.regions.get(region) else {
             return;
         };
-        running.coordinator.abort_all(self.now_ms());
-        self.savepoint_in_flight = None;
-        for (operator, stats) in &running.handles.channel_stats {
-            let report = &mut self.report.operators[*operator];
+        if self.phase != Phase::Running
+            || state.generation != stopped.generation
+            || state.phase != RegionPhase::Stopping
+        {
+            return;
+        }
+        let delay = Duration::from_millis(state.restart_delay_ms);
+        context.run_later(delay, move |supervisor, context| {
+            if supervisor.phase != Phase::Running {
+                return;
+            }
+            supervisor.newest_generation = Generation(supervisor.newest_generation.0 + 1);
+            let state = &mut supervisor.regions[region];
+            state.generation = supervisor.newest_generation;
+            state.phase = RegionPhase::Loading;
+            supervisor.request_load(Some(region), context);
+        });
+    }
+
+    /// Folds a region's channel statistics into the report (once per
+    /// generation).
+    fn fold_stats(&mut self, region: usize) {
+        for (operator, stats) in self.regions[region].channel_stats.drain(..) {
+            let report = &mut self.report.operators[operator];
             report.in_flight_batches_peak = report
                 .in_flight_batches_peak
                 .max(stats.in_flight_batches_peak());
             report.credit_stalls += stats.credit_stalls();
         }
-        // Checkpoints still with the writer keep their figures: they may
-        // yet become durable, and then they are reported as complete.
-        let persisting = &self.persisting;
-        self.triggered_at
-            .retain(|checkpoint, _| persisting.contains(checkpoint));
-        self.alignment_max_us
-            .retain(|checkpoint, _| persisting.contains(checkpoint));
     }
 
     fn final_report(&mut self) -> JobReport {
-        self.retire_generation();
+        for region in 0..self.regions.len() {
+            self.fold_stats(region);
+        }
         let mut report = self.report.clone();
         if self.plan.config.mode == crate::protocol::SnapshotMode::AtLeastOnce {
             report.guarantee = Guarantee::AtLeastOnce;
@@ -917,18 +1276,74 @@ impl Supervisor {
 
     fn finish(&mut self, result: Result<JobReport, JobError>, context: &mut Context<Self>) {
         self.phase = Phase::Done;
-        self.retire_generation();
-        self.cancel_timers(context);
+        if let Some(timer) = self.timer.take() {
+            context.cancel_future(timer);
+        }
+        let mut pools = Vec::new();
+        for region in 0..self.regions.len() {
+            self.fold_stats(region);
+            let state = &mut self.regions[region];
+            for ticker in state.tickers.drain(..) {
+                context.cancel_future(ticker);
+            }
+            pools.extend(state.pool.take());
+        }
         if let Some(done) = self.done.take() {
             let span = self.span.clone();
             let _entered = span.enter();
             tracing::info!(job = %self.name, ok = result.is_ok(), "job finished");
             // The receiver waits in `run`; if it is gone nobody needs the
             // result.
-            let _ = done.send((result, self.pool.take()));
+            let _ = done.send((result, pools));
         }
         context.stop();
     }
+}
+
+/// The failover regions of a plan, and per node its region.
+fn plan_regions(plan: &PhysicalPlan) -> (Vec<Region>, Vec<Node>) {
+    let edges = plan.edges.iter().map(|edge| (edge.from, edge.to));
+    let partition = failover_regions(plan.node_count(), edges);
+    let mut nodes: Vec<Node> = (0..plan.node_count())
+        .map(|_| Node {
+            region: 0,
+            generation: Generation(1),
+            inject: None,
+            ended: false,
+            committed: None,
+        })
+        .collect();
+    let regions = partition
+        .into_iter()
+        .enumerate()
+        .map(|(region, members)| {
+            let mut operators: Vec<usize> = Vec::new();
+            for &node in &members {
+                nodes[node].region = region;
+                let operator = plan.nodes[node].0;
+                if !operators.contains(&operator) {
+                    operators.push(operator);
+                }
+            }
+            operators.sort_unstable();
+            Region {
+                nodes: members,
+                operators: operators
+                    .into_iter()
+                    .map(|operator| plan.operators[operator].name.clone())
+                    .collect(),
+                phase: RegionPhase::Loading,
+                generation: Generation(1),
+                pool: None,
+                channel_stats: Vec::new(),
+                tickers: Vec::new(),
+                first_checkpoint: CheckpointId(1),
+                pending: None,
+                restart_delay_ms: 0,
+            }
+        })
+        .collect();
+    (regions, nodes)
 }
 
 fn millis(duration: Duration) -> u64 {
@@ -939,7 +1354,7 @@ impl Actor for Supervisor {
     type Context = Context<Self>;
 
     fn started(&mut self, context: &mut Context<Self>) {
-        self.request_load(context);
+        self.request_load(None, context);
     }
 }
 
@@ -955,10 +1370,7 @@ impl Handler<FailureReport> for Supervisor {
     type Result = ();
 
     fn handle(&mut self, report: FailureReport, context: &mut Context<Self>) {
-        if report.tag.generation != self.generation || self.phase != Phase::Running {
-            return;
-        }
-        self.fail(report.to_string(), context);
+        self.on_failure_report(report, context);
     }
 }
 
@@ -974,16 +1386,7 @@ impl Handler<Loaded> for Supervisor {
     type Result = ();
 
     fn handle(&mut self, loaded: Loaded, context: &mut Context<Self>) {
-        if loaded.generation != self.generation || self.phase != Phase::Loading {
-            return;
-        }
-        let started = match loaded.result {
-            Ok(restored) => self.start(restored, context),
-            Err(error) => Err(JobError::Store(error)),
-        };
-        if let Err(error) = started {
-            self.finish(Err(error), context);
-        }
+        self.on_loaded(loaded, context);
     }
 }
 
@@ -991,16 +1394,7 @@ impl Handler<PoolStopped> for Supervisor {
     type Result = ();
 
     fn handle(&mut self, stopped: PoolStopped, context: &mut Context<Self>) {
-        if stopped.generation != self.generation || self.phase != Phase::Restarting {
-            return;
-        }
-        context.run_later(
-            Duration::from_millis(self.restart_delay_ms),
-            |supervisor, context| {
-                supervisor.generation = Generation(supervisor.generation.0 + 1);
-                supervisor.request_load(context);
-            },
-        );
+        self.on_pool_stopped(stopped, context);
     }
 }
 

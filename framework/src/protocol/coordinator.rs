@@ -227,6 +227,10 @@ pub struct Coordinator<H> {
     last_trigger_ms: u64,
     last_finish_ms: Option<u64>,
     consecutive_failures: u32,
+    /// The newest completion and the failure count it reset, so that a
+    /// driver that fails to persist it can take the reset back
+    /// ([`Coordinator::on_persist_failed`]).
+    last_completion: Option<(CheckpointId, u32)>,
     failed: bool,
     /// Drained by the driver after each call; bounded by one trigger, one
     /// completion and `max_concurrent` aborts per call.
@@ -271,6 +275,7 @@ impl<H> Coordinator<H> {
             last_trigger_ms: now_ms,
             last_finish_ms: None,
             consecutive_failures: 0,
+            last_completion: None,
             failed: false,
             actions: VecDeque::new(),
         })
@@ -380,6 +385,30 @@ impl<H> Coordinator<H> {
         }
     }
 
+    /// The driver could not persist the completed `checkpoint`: it counts
+    /// as a failed checkpoint. Its completion had reset the failure count;
+    /// that reset is taken back, so a run of checkpoints that complete but
+    /// never become durable adds up to a run of failures. Exceeding
+    /// `tolerable_failures` queues [`CoordinatorAction::FailJob`] as for any
+    /// other failure.
+    ///
+    /// Known gap: if a newer checkpoint completed before this one's
+    /// persist failed (only requested checkpoints can overlap a persist in
+    /// the job layer), the count the older completion reset is not
+    /// restored; the failure then counts as one.
+    pub fn on_persist_failed(&mut self, now_ms: u64, checkpoint: CheckpointId) {
+        let reset = match self.last_completion.take() {
+            Some((completed, reset)) if completed == checkpoint => reset,
+            other => {
+                self.last_completion = other;
+                0
+            }
+        };
+        self.consecutive_failures = self.consecutive_failures.saturating_add(reset);
+        self.count_failure();
+        self.maybe_trigger(now_ms);
+    }
+
     /// Node `node` had all its inputs end: from now on it is triggered
     /// directly. Returns the checkpoints in flight that the driver must
     /// trigger at it now (their barriers will never reach it).
@@ -476,6 +505,7 @@ impl<H> Coordinator<H> {
             self.abort_at(0, now_ms, AbortReason::Subsumed);
         }
         let pending = self.pending.remove(0);
+        self.last_completion = Some((pending.checkpoint, self.consecutive_failures));
         self.consecutive_failures = 0;
         self.last_finish_ms = Some(now_ms);
         let parts = pending
@@ -501,10 +531,14 @@ impl<H> Coordinator<H> {
             reason,
             parts: pending.acks.into_iter().flatten().collect(),
         });
-        if !reason.is_failure() {
-            return;
+        if reason.is_failure() {
+            self.count_failure();
         }
-        self.consecutive_failures += 1;
+    }
+
+    /// One more failure in a row; more than tolerated fails the job once.
+    fn count_failure(&mut self) {
+        self.consecutive_failures = self.consecutive_failures.saturating_add(1);
         if self.consecutive_failures > self.config.tolerable_failures && !self.failed {
             self.failed = true;
             self.actions.push_back(CoordinatorAction::FailJob {

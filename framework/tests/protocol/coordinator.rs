@@ -196,6 +196,45 @@ fn a_completion_resets_the_failure_count() {
 }
 
 #[test]
+fn persist_failures_add_up_across_completions() {
+    let mut c = coordinator(
+        CoordinatorConfig {
+            tolerable_failures: 2,
+            ..periodic(10)
+        },
+        1,
+    );
+    for (round, now_ms) in [(1_u64, 10_u64), (2, 20), (3, 30)] {
+        triggers_at(&mut c, &[now_ms]);
+        ack_all(&mut c, now_ms + 1, round, 1);
+        assert_eq!(c.consecutive_failures(), 0, "a completion resets the count");
+        c.on_persist_failed(now_ms + 2, CheckpointId(round));
+        assert_eq!(c.consecutive_failures(), round as u32, "round {round}");
+    }
+    let actions = drain(&mut c);
+    assert!(
+        actions.contains(&Action::FailJob {
+            consecutive_failures: 3
+        }),
+        "{actions:?}"
+    );
+}
+
+#[test]
+fn a_durable_completion_keeps_the_count_reset() {
+    let mut c = coordinator(periodic(10), 1);
+    triggers_at(&mut c, &[10]);
+    ack_all(&mut c, 11, 1, 1);
+    triggers_at(&mut c, &[20]);
+    ack_all(&mut c, 21, 2, 1);
+    c.on_persist_failed(22, CheckpointId(2));
+    assert_eq!(c.consecutive_failures(), 1);
+    assert!(drain(&mut c).contains(&Action::FailJob {
+        consecutive_failures: 1
+    }));
+}
+
+#[test]
 fn manual_trigger_ignores_the_interval() {
     let mut c = coordinator(CoordinatorConfig::default(), 1);
     assert_eq!(c.poll_timeout(), None, "no interval, nothing scheduled");

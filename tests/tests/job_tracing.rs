@@ -1,0 +1,303 @@
+//! The job's tracing: one span per job, per operator instance (subtask)
+//! and per checkpoint, and events for checkpoint trigger, completion and
+//! abort and for restarts, carrying ids and durations. A small layer
+//! records every span and event of one job that fails once inside a
+//! checkpoint (so that checkpoint is aborted and its region restarts).
+//!
+//! The layer is the process-wide default subscriber (the job runs on its
+//! own threads), so this file holds exactly one test.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use snapflow::job::{Job, JobConfig, RestartStrategy};
+use snapflow::sink::{CollectHandle, CollectSink, Sink, SinkError, SinkFactory, SinkState};
+use snapflow::Snapshot;
+use snapflow_tests::pipeline::{PacedSourceFactory, Pacing};
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id};
+use tracing::{Event, Subscriber};
+use tracing_subscriber::layer::{Context, Layer};
+use tracing_subscriber::prelude::*;
+use tracing_subscriber::registry::LookupSpan;
+
+/// Field name → value as text.
+type Fields = BTreeMap<String, String>;
+
+#[derive(Debug, Clone)]
+struct SpanRecord {
+    name: String,
+    parent: Option<String>,
+    fields: Fields,
+}
+
+#[derive(Debug, Clone)]
+struct EventRecord {
+    /// The span the event happened in (its name and fields).
+    span: Option<(String, Fields)>,
+    fields: Fields,
+}
+
+impl EventRecord {
+    fn message(&self) -> &str {
+        self.fields.get("message").map_or("", String::as_str)
+    }
+}
+
+/// What the layer saw.
+#[derive(Default)]
+struct Seen {
+    spans: Vec<SpanRecord>,
+    events: Vec<EventRecord>,
+}
+
+struct FieldText<'a>(&'a mut Fields);
+
+impl Visit for FieldText<'_> {
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        self.0.insert(field.name().to_owned(), format!("{value:?}"));
+    }
+
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.insert(field.name().to_owned(), value.to_owned());
+    }
+}
+
+/// Span fields are kept in the span's extensions, for its events.
+struct SpanFields(Fields);
+
+struct Recorder(Arc<Mutex<Seen>>);
+
+impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Recorder {
+    fn on_new_span(&self, attributes: &Attributes<'_>, id: &Id, context: Context<'_, S>) {
+        let mut fields = Fields::new();
+        attributes.record(&mut FieldText(&mut fields));
+        let Some(span) = context.span(id) else {
+            return;
+        };
+        let parent = span.parent().map(|parent| parent.name().to_owned());
+        span.extensions_mut().insert(SpanFields(fields.clone()));
+        let record = SpanRecord {
+            name: span.name().to_owned(),
+            parent,
+            fields,
+        };
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .spans
+            .push(record);
+    }
+
+    fn on_event(&self, event: &Event<'_>, context: Context<'_, S>) {
+        let mut fields = Fields::new();
+        event.record(&mut FieldText(&mut fields));
+        let span = context.event_span(event).map(|span| {
+            let fields = span
+                .extensions()
+                .get::<SpanFields>()
+                .map(|fields| fields.0.clone())
+                .unwrap_or_default();
+            (span.name().to_owned(), fields)
+        });
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .events
+            .push(EventRecord { span, fields });
+    }
+}
+
+/// A collect sink whose first pre-commit fails: checkpoint 1 is in flight
+/// then, so it is aborted and the region restarts.
+#[derive(Clone)]
+struct FailFirstPreCommit {
+    output: CollectHandle<(u64, u64)>,
+    failed: Arc<AtomicBool>,
+}
+
+struct FailFirstWriter {
+    inner: CollectSink<(u64, u64)>,
+    failed: Arc<AtomicBool>,
+}
+
+impl SinkFactory for FailFirstPreCommit {
+    type Sink = FailFirstWriter;
+    fn create(&self, subtask: usize, parallelism: usize) -> Result<FailFirstWriter, SinkError> {
+        Ok(FailFirstWriter {
+            inner: self.output.create(subtask, parallelism)?,
+            failed: Arc::clone(&self.failed),
+        })
+    }
+}
+
+impl Sink for FailFirstWriter {
+    type Item = (u64, u64);
+    fn write_batch(&mut self, batch: &[(u64, u64)]) -> Result<(), SinkError> {
+        self.inner.write_batch(batch)
+    }
+    fn pre_commit(&mut self, checkpoint_id: u64) -> Result<SinkState, SinkError> {
+        if !self.failed.swap(true, Ordering::SeqCst) {
+            return Err(SinkError::Custom {
+                message: "pre-commit refused".into(),
+                retryable: false,
+            });
+        }
+        self.inner.pre_commit(checkpoint_id)
+    }
+    fn commit(&mut self, checkpoint_id: u64) -> Result<(), SinkError> {
+        self.inner.commit(checkpoint_id)
+    }
+    fn abort(&mut self) -> Result<(), SinkError> {
+        self.inner.abort()
+    }
+    fn restore(&mut self, state: Option<&SinkState>) -> Result<(), SinkError> {
+        self.inner.restore(state)
+    }
+}
+
+#[derive(Snapshot, Default, Clone, Debug)]
+struct Count {
+    seen: u64,
+}
+
+/// Runs the traced job and returns what the layer saw.
+fn traced_run() -> Seen {
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    tracing_subscriber::registry()
+        .with(Recorder(Arc::clone(&seen)))
+        .try_init()
+        .expect("the only subscriber of this test binary");
+    let job = Job::new(
+        "traced",
+        JobConfig {
+            checkpoint_interval_ms: Some(5),
+            default_parallelism: 2,
+            restart: RestartStrategy::FixedDelay {
+                attempts_max: 1,
+                delay_ms: 0,
+            },
+            batch_size_max: 8,
+            arbiters: Some(2),
+            ..JobConfig::default()
+        },
+    );
+    let output = CollectHandle::new();
+    let sink = FailFirstPreCommit {
+        output: output.clone(),
+        failed: Arc::new(AtomicBool::new(false)),
+    };
+    let pacing = Pacing {
+        records_per_read: 8,
+    };
+    job.source("numbers", PacedSourceFactory::new(400, pacing))
+        .key_by(|n: &u64| n % 7)
+        .process("count", |key: &u64, count: &mut Count, _n: u64, out| {
+            count.seen += 1;
+            out.emit((*key, count.seen));
+            Ok(())
+        })
+        .sink("collect", sink);
+    let report = job.run().expect("the job recovers");
+    assert_eq!(report.restarts.len(), 1);
+    assert_eq!(output.committed().len(), 400);
+    let seen = std::mem::take(&mut *seen.lock().unwrap_or_else(PoisonError::into_inner));
+    seen
+}
+
+fn span<'a>(seen: &'a Seen, name: &str, field: &str, value: &str) -> Option<&'a SpanRecord> {
+    seen.spans.iter().find(|span| {
+        span.name == name && span.fields.get(field).is_some_and(|found| found == value)
+    })
+}
+
+fn events<'a>(seen: &'a Seen, message: &str) -> Vec<&'a EventRecord> {
+    seen.events
+        .iter()
+        .filter(|event| event.message() == message)
+        .collect()
+}
+
+/// Every `message` event has each of `fields` and happens in a span
+/// named `span_name` (when given).
+fn check_events(seen: &Seen, message: &str, fields: &[&str], span_name: Option<&str>) {
+    let found = events(seen, message);
+    assert!(!found.is_empty(), "no `{message}` event");
+    for event in found {
+        for field in fields {
+            assert!(event.fields.contains_key(*field), "{field} in {event:?}");
+        }
+        if let Some(name) = span_name {
+            let inside = event.span.as_ref().map(|(span, _)| span.as_str());
+            assert_eq!(inside, Some(name), "{event:?}");
+        }
+    }
+}
+
+#[test]
+fn job_subtask_and_checkpoint_spans_and_events_are_traced() {
+    let seen = traced_run();
+    let job = span(&seen, "job", "job", "traced").expect("a job span");
+    assert_eq!(job.parent, None);
+    for subtask in ["0", "1"] {
+        let instance = seen
+            .spans
+            .iter()
+            .find(|span| {
+                span.name == "subtask"
+                    && span.fields.get("operator").map(String::as_str) == Some("count")
+                    && span.fields.get("subtask").map(String::as_str) == Some(subtask)
+            })
+            .unwrap_or_else(|| panic!("a span for count[{subtask}]"));
+        assert_eq!(instance.parent.as_deref(), Some("job"));
+        assert!(instance.fields.contains_key("generation"));
+    }
+    let checkpoint = span(&seen, "checkpoint", "checkpoint", "1").expect("checkpoint 1's span");
+    assert_eq!(checkpoint.parent.as_deref(), Some("job"));
+    let checkpoint_fields = ["checkpoint"];
+    check_events(
+        &seen,
+        "checkpoint triggered",
+        &checkpoint_fields,
+        Some("checkpoint"),
+    );
+    check_events(
+        &seen,
+        "checkpoint complete",
+        &["checkpoint", "duration_ms", "size_bytes"],
+        Some("checkpoint"),
+    );
+    check_events(
+        &seen,
+        "checkpoint aborted",
+        &["checkpoint", "duration_ms", "reason"],
+        Some("checkpoint"),
+    );
+    let aborted = events(&seen, "checkpoint aborted");
+    assert!(
+        aborted
+            .iter()
+            .any(|event| event.fields.get("checkpoint").map(String::as_str) == Some("1")),
+        "checkpoint 1 was in flight at the failure: {aborted:?}"
+    );
+    // Each checkpoint's events share one span: the completion of a
+    // checkpoint is reported in the span of the same checkpoint.
+    for event in events(&seen, "checkpoint complete") {
+        let (_, fields) = event.span.as_ref().expect("inside a span");
+        assert_eq!(fields.get("checkpoint"), event.fields.get("checkpoint"));
+    }
+    check_events(
+        &seen,
+        "restarting a failover region",
+        &["region", "attempt", "delay_ms", "cause"],
+        Some("job"),
+    );
+    check_events(
+        &seen,
+        "region restarted",
+        &["region", "generation", "recovery_ms"],
+        Some("job"),
+    );
+}
