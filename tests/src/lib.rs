@@ -2,10 +2,12 @@
 //! only the public API of `snapflow`, exactly as a user's crate would. This
 //! library holds the helpers those tests share and nothing else: a small
 //! seeded random generator, seed selection from the environment, and fault
-//! injection that fires each planned fault exactly once.
+//! injection that fires each planned fault exactly once (with a panic hook
+//! that keeps injected panics quiet).
 
+use std::panic;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Once};
 
 /// A tiny seeded generator (splitmix64): deterministic per seed, no
 /// dependency, good enough to pick test parameters.
@@ -118,7 +120,7 @@ impl Faults {
                 && fault.record == record
                 && !fault.fired.swap(true, Ordering::SeqCst)
             {
-                let message = format!("injected fault in {stage} at record {record}");
+                let message = format!("{INJECTED} in {stage} at record {record}");
                 match fault.kind {
                     FaultKind::Panic => panic!("{message}"),
                     FaultKind::Error => return Err(message),
@@ -148,6 +150,29 @@ impl Faults {
     pub fn planned(&self) -> usize {
         self.faults.len()
     }
+}
+
+/// How every message of an injected fault starts (see [`Faults::check`]).
+const INJECTED: &str = "injected fault";
+
+/// Keeps the panics [`Faults`] inject out of the test output; any other
+/// panic still prints through the hook that was installed before. The
+/// hook is installed once per test binary, however many tests call this
+/// (concurrently or not), so hooks never stack.
+pub fn quiet_injected_panics() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let default = panic::take_hook();
+        panic::set_hook(Box::new(move |info| {
+            let injected = info
+                .payload()
+                .downcast_ref::<String>()
+                .is_some_and(|message| message.starts_with(INJECTED));
+            if !injected {
+                default(info);
+            }
+        }));
+    });
 }
 
 /// The test pipeline: source → parse (map) → keep (filter) → count (keyed
