@@ -188,7 +188,7 @@ pub mod pipeline {
     use snapflow::job::{Job, KeyedStateHandle};
     use snapflow::sink::{CollectHandle, CollectSink, Sink, SinkError, SinkFactory, SinkState};
     use snapflow::source::{
-        Source, SourceError, SourceFactory, SourcePoll, SourcePosition, VecSource, VecSourceFactory,
+        Source, SourceError, SourceFactory, SourcePoll, SourcePosition, VecSourceFactory,
     };
     use snapflow::Snapshot;
 
@@ -207,26 +207,34 @@ pub mod pipeline {
         pub records_per_read: usize,
     }
 
-    /// The ids `0..records`, read at a pace.
-    pub struct PacedSourceFactory {
-        inner: VecSourceFactory<u64>,
+    /// Another factory's sources read at a pace. Position and seek are
+    /// the inner source's own.
+    pub struct Paced<F> {
+        inner: F,
         pacing: Pacing,
     }
+
+    impl<F> Paced<F> {
+        /// `inner`'s sources read at `pacing`.
+        pub fn over(inner: F, pacing: Pacing) -> Paced<F> {
+            Paced { inner, pacing }
+        }
+    }
+
+    /// The ids `0..records`, read at a pace.
+    pub type PacedSourceFactory = Paced<VecSourceFactory<u64>>;
 
     impl PacedSourceFactory {
         /// The ids `0..records` at `pacing`.
         pub fn new(records: u64, pacing: Pacing) -> PacedSourceFactory {
-            PacedSourceFactory {
-                inner: VecSourceFactory::new((0..records).collect()),
-                pacing,
-            }
+            Paced::over(VecSourceFactory::new((0..records).collect()), pacing)
         }
     }
 
-    impl SourceFactory for PacedSourceFactory {
-        type Source = PacedSource;
+    impl<F: SourceFactory> SourceFactory for Paced<F> {
+        type Source = PacedSource<F::Source>;
 
-        fn split(&self, subtask: usize, parallelism: usize) -> Result<PacedSource, SourceError> {
+        fn split(&self, subtask: usize, parallelism: usize) -> Result<Self::Source, SourceError> {
             Ok(PacedSource {
                 inner: self.inner.split(subtask, parallelism)?,
                 pacing: self.pacing,
@@ -236,19 +244,19 @@ pub mod pipeline {
     }
 
     /// One subtask's paced source.
-    pub struct PacedSource {
-        inner: VecSource<u64>,
+    pub struct PacedSource<S> {
+        inner: S,
         pacing: Pacing,
         /// The last poll produced; this one rests.
         rest: bool,
     }
 
-    impl Source for PacedSource {
-        type Item = u64;
+    impl<S: Source> Source for PacedSource<S> {
+        type Item = S::Item;
 
         fn poll_batch(
             &mut self,
-            out: &mut Vec<u64>,
+            out: &mut Vec<S::Item>,
             max_records: usize,
         ) -> Result<SourcePoll, SourceError> {
             self.rest = !self.rest;
