@@ -405,6 +405,35 @@ pub struct Pacing {
     pub pause_ms: u64,
 }
 
+/// The read clock of one paced reader: a read is allowed once per pause.
+#[derive(Debug, Clone)]
+pub struct Pacer {
+    pacing: Pacing,
+    next_read: Instant,
+}
+
+impl Pacer {
+    /// A clock that allows the first read at once.
+    pub fn new(pacing: Pacing) -> Pacer {
+        Pacer {
+            pacing,
+            next_read: Instant::now(),
+        }
+    }
+
+    /// How many records this poll may read (at most `max_records`), or
+    /// `None` while the pause after the previous read lasts (the reader
+    /// then says [`SourcePoll::Idle`]).
+    pub fn budget(&mut self, max_records: usize) -> Option<usize> {
+        let now = Instant::now();
+        if now < self.next_read {
+            return None;
+        }
+        self.next_read = now + Duration::from_millis(self.pacing.pause_ms);
+        Some(max_records.min(self.pacing.records_per_read))
+    }
+}
+
 /// A [`VecSourceFactory`] read at a pace, like a live stream, so that
 /// checkpoints and crashes happen while records are in flight.
 pub struct PacedSource<T> {
@@ -428,8 +457,7 @@ impl<T: Clone> SourceFactory for PacedSource<T> {
     fn split(&self, subtask: usize, parallelism: usize) -> Result<PacedReader<T>, SourceError> {
         Ok(PacedReader {
             inner: self.inner.split(subtask, parallelism)?,
-            pacing: self.pacing,
-            next_read: Instant::now(),
+            pacer: Pacer::new(self.pacing),
         })
     }
 }
@@ -438,8 +466,7 @@ impl<T: Clone> SourceFactory for PacedSource<T> {
 /// pause has passed (the job polls an idle source again a moment later).
 pub struct PacedReader<T> {
     inner: VecSource<T>,
-    pacing: Pacing,
-    next_read: Instant,
+    pacer: Pacer,
 }
 
 impl<T: Clone> Source for PacedReader<T> {
@@ -450,13 +477,10 @@ impl<T: Clone> Source for PacedReader<T> {
         out: &mut Vec<T>,
         max_records: usize,
     ) -> Result<SourcePoll, SourceError> {
-        let now = Instant::now();
-        if now < self.next_read {
-            return Ok(SourcePoll::Idle);
+        match self.pacer.budget(max_records) {
+            Some(budget) => self.inner.poll_batch(out, budget),
+            None => Ok(SourcePoll::Idle),
         }
-        self.next_read = now + Duration::from_millis(self.pacing.pause_ms);
-        self.inner
-            .poll_batch(out, max_records.min(self.pacing.records_per_read))
     }
 
     fn position(&self) -> SourcePosition {

@@ -20,7 +20,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use snapflow::job::{Job, KeyedStateHandle};
 use snapflow::sink::CollectHandle;
@@ -32,7 +32,7 @@ use snapflow::Snapshot;
 
 use crate::common::{
     check_crashes, fresh_store, print_report, Arguments, CommonOptions, CrashPlan, ExampleError,
-    PacedSource, Pacing, Rng,
+    PacedSource, Pacer, Pacing, Rng,
 };
 
 /// The options of the wordcount example.
@@ -289,8 +289,7 @@ impl SourceFactory for FileWithOffsets {
     fn split(&self, subtask: usize, parallelism: usize) -> Result<Self::Source, SourceError> {
         Ok(FileWithOffsetsReader {
             inner: self.inner.split(subtask, parallelism)?,
-            pacing: self.pacing,
-            next_read: Instant::now(),
+            pacer: Pacer::new(self.pacing),
             line: Vec::with_capacity(1),
         })
     }
@@ -300,8 +299,7 @@ impl SourceFactory for FileWithOffsets {
 /// file source's own.
 pub struct FileWithOffsetsReader {
     inner: FileLinesSource,
-    pacing: Pacing,
-    next_read: Instant,
+    pacer: Pacer,
     /// Reused for one line at a time.
     line: Vec<String>,
 }
@@ -314,15 +312,13 @@ impl Source for FileWithOffsetsReader {
         out: &mut Vec<(u64, String)>,
         max_records: usize,
     ) -> Result<SourcePoll, SourceError> {
-        let now = Instant::now();
-        if now < self.next_read {
+        let Some(budget) = self.pacer.budget(max_records) else {
             return Ok(SourcePoll::Idle);
-        }
-        self.next_read = now + Duration::from_millis(self.pacing.pause_ms);
+        };
         let mut produced = 0;
         // One line per inner poll, so that each line's offset is the inner
         // position just before it.
-        while produced < max_records.min(self.pacing.records_per_read) {
+        while produced < budget {
             let offset = self.inner.position().to_index()?;
             let status = match self.inner.poll_batch(&mut self.line, 1) {
                 // Hand out the good lines first: the same bad line fails

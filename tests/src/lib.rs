@@ -2,10 +2,12 @@
 //! only the public API of `snapflow`, exactly as a user's crate would. This
 //! library holds the helpers those tests share and nothing else: a small
 //! seeded random generator, seed selection from the environment, and fault
-//! injection that fires each planned fault exactly once.
+//! injection that fires each planned fault exactly once (with a panic hook
+//! that keeps injected panics quiet).
 
+use std::panic;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Once};
 
 /// A tiny seeded generator (splitmix64): deterministic per seed, no
 /// dependency, good enough to pick test parameters.
@@ -118,7 +120,7 @@ impl Faults {
                 && fault.record == record
                 && !fault.fired.swap(true, Ordering::SeqCst)
             {
-                let message = format!("injected fault in {stage} at record {record}");
+                let message = format!("{INJECTED} in {stage} at record {record}");
                 match fault.kind {
                     FaultKind::Panic => panic!("{message}"),
                     FaultKind::Error => return Err(message),
@@ -150,6 +152,29 @@ impl Faults {
     }
 }
 
+/// How every message of an injected fault starts (see [`Faults::check`]).
+const INJECTED: &str = "injected fault";
+
+/// Keeps the panics [`Faults`] inject out of the test output; any other
+/// panic still prints through the hook that was installed before. The
+/// hook is installed once per test binary, however many tests call this
+/// (concurrently or not), so hooks never stack.
+pub fn quiet_injected_panics() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let default = panic::take_hook();
+        panic::set_hook(Box::new(move |info| {
+            let injected = info
+                .payload()
+                .downcast_ref::<String>()
+                .is_some_and(|message| message.starts_with(INJECTED));
+            if !injected {
+                default(info);
+            }
+        }));
+    });
+}
+
 /// The test pipeline: source → parse (map) → keep (filter) → count (keyed
 /// process with state) → format (map) → collect (a two-phase-commit sink
 /// whose commits can fail). Record `id` has key `id % KEYS` and value
@@ -163,7 +188,7 @@ pub mod pipeline {
     use snapflow::job::{Job, KeyedStateHandle};
     use snapflow::sink::{CollectHandle, CollectSink, Sink, SinkError, SinkFactory, SinkState};
     use snapflow::source::{
-        Source, SourceError, SourceFactory, SourcePoll, SourcePosition, VecSource, VecSourceFactory,
+        Source, SourceError, SourceFactory, SourcePoll, SourcePosition, VecSourceFactory,
     };
     use snapflow::Snapshot;
 
@@ -182,26 +207,34 @@ pub mod pipeline {
         pub records_per_read: usize,
     }
 
-    /// The ids `0..records`, read at a pace.
-    pub struct PacedSourceFactory {
-        inner: VecSourceFactory<u64>,
+    /// Another factory's sources read at a pace. Position and seek are
+    /// the inner source's own.
+    pub struct Paced<F> {
+        inner: F,
         pacing: Pacing,
     }
+
+    impl<F> Paced<F> {
+        /// `inner`'s sources read at `pacing`.
+        pub fn over(inner: F, pacing: Pacing) -> Paced<F> {
+            Paced { inner, pacing }
+        }
+    }
+
+    /// The ids `0..records`, read at a pace.
+    pub type PacedSourceFactory = Paced<VecSourceFactory<u64>>;
 
     impl PacedSourceFactory {
         /// The ids `0..records` at `pacing`.
         pub fn new(records: u64, pacing: Pacing) -> PacedSourceFactory {
-            PacedSourceFactory {
-                inner: VecSourceFactory::new((0..records).collect()),
-                pacing,
-            }
+            Paced::over(VecSourceFactory::new((0..records).collect()), pacing)
         }
     }
 
-    impl SourceFactory for PacedSourceFactory {
-        type Source = PacedSource;
+    impl<F: SourceFactory> SourceFactory for Paced<F> {
+        type Source = PacedSource<F::Source>;
 
-        fn split(&self, subtask: usize, parallelism: usize) -> Result<PacedSource, SourceError> {
+        fn split(&self, subtask: usize, parallelism: usize) -> Result<Self::Source, SourceError> {
             Ok(PacedSource {
                 inner: self.inner.split(subtask, parallelism)?,
                 pacing: self.pacing,
@@ -211,19 +244,19 @@ pub mod pipeline {
     }
 
     /// One subtask's paced source.
-    pub struct PacedSource {
-        inner: VecSource<u64>,
+    pub struct PacedSource<S> {
+        inner: S,
         pacing: Pacing,
         /// The last poll produced; this one rests.
         rest: bool,
     }
 
-    impl Source for PacedSource {
-        type Item = u64;
+    impl<S: Source> Source for PacedSource<S> {
+        type Item = S::Item;
 
         fn poll_batch(
             &mut self,
-            out: &mut Vec<u64>,
+            out: &mut Vec<S::Item>,
             max_records: usize,
         ) -> Result<SourcePoll, SourceError> {
             self.rest = !self.rest;

@@ -8,9 +8,8 @@
 //! anything starts.
 
 use std::collections::{BTreeMap, HashMap};
-use std::panic;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Once};
+use std::sync::{Arc, Mutex};
 
 use snapflow::job::{
     Aggregator, Collector, Job, JobConfig, JobError, JobReport, Operator, OperatorContext,
@@ -23,7 +22,7 @@ use snapflow::source::VecSourceFactory;
 use snapflow::storage::{CheckpointStore, MemoryCheckpointStore};
 use snapflow::Snapshot;
 use snapflow_tests::pipeline::{PacedSourceFactory, Pacing};
-use snapflow_tests::{FaultKind, Faults};
+use snapflow_tests::{quiet_injected_panics, FaultKind, Faults};
 
 const RECORDS: u64 = 1_500;
 const KEYS: u64 = 7;
@@ -49,23 +48,6 @@ fn config(parallelism: usize) -> JobConfig {
         },
         ..JobConfig::default()
     }
-}
-
-/// Keeps injected panics out of the test output; other panics still print.
-fn quiet_injected_panics() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        let default = panic::take_hook();
-        panic::set_hook(Box::new(move |info| {
-            let injected = info
-                .payload()
-                .downcast_ref::<String>()
-                .is_some_and(|message| message.contains("injected"));
-            if !injected {
-                default(info);
-            }
-        }));
-    });
 }
 
 /// Per key: how many records and their total value.

@@ -14,7 +14,6 @@
 //! Seeds: `SNAPFLOW_CHAOS_SEEDS` (default 200, what CI runs) seeds from 1 on, for each
 //! test; `SNAPFLOW_SEED=n` replays seed n. A failing run names its seed.
 
-use std::panic;
 use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
@@ -22,7 +21,7 @@ use std::time::Duration;
 use snapflow::job::{Job, JobConfig, RestartStrategy};
 use snapflow::protocol::SnapshotMode;
 use snapflow_tests::pipeline::{declare, expected, faulty_collect, kept, output_id, Pacing, KEYS};
-use snapflow_tests::{seeds, FaultKind, Faults, TestRng};
+use snapflow_tests::{quiet_injected_panics, seeds, FaultKind, Faults, TestRng};
 
 const STAGES: [&str; 5] = ["parse", "keep", "count", "format", "commit"];
 
@@ -185,20 +184,6 @@ fn run(seed: u64, guarantee: Guarantee) -> Result<Summary, String> {
         .map(|restart| restart.recovery_ms)
         .sum();
     Ok((report.checkpoints.len(), report.restarts.len(), recovery_ms))
-}
-
-/// Silences the panics the faults inject; other panics print as usual.
-fn quiet_injected_panics() {
-    let default = panic::take_hook();
-    panic::set_hook(Box::new(move |info| {
-        let injected = info
-            .payload()
-            .downcast_ref::<String>()
-            .is_some_and(|message| message.contains("injected fault"));
-        if !injected {
-            default(info);
-        }
-    }));
 }
 
 fn check(guarantee: Guarantee) {

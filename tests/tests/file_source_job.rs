@@ -10,60 +10,17 @@ use std::io::Write;
 
 use snapflow::job::{Job, JobConfig, RestartStrategy};
 use snapflow::sink::CollectHandle;
-use snapflow::source::{
-    FileLinesSourceFactory, Guarantee, Source, SourceError, SourceFactory, SourcePoll,
-    SourcePosition,
-};
+use snapflow::source::{FileLinesSourceFactory, Guarantee};
+use snapflow_tests::pipeline::{Paced, Pacing};
 use snapflow_tests::{FaultKind, Faults};
 
 const LINES: u64 = 10_000;
 
-/// Reads another factory's sources at most `LINES_PER_READ` records per
-/// poll and rests every other poll, so that checkpoints land while the
-/// file is being read. Position and seek are the inner source's own.
-struct Paced<F>(F);
-
-const LINES_PER_READ: usize = 32;
-
-struct PacedReader<S> {
-    inner: S,
-    rest: bool,
-}
-
-impl<F: SourceFactory> SourceFactory for Paced<F> {
-    type Source = PacedReader<F::Source>;
-
-    fn split(&self, subtask: usize, parallelism: usize) -> Result<Self::Source, SourceError> {
-        Ok(PacedReader {
-            inner: self.0.split(subtask, parallelism)?,
-            rest: false,
-        })
-    }
-}
-
-impl<S: Source> Source for PacedReader<S> {
-    type Item = S::Item;
-
-    fn poll_batch(
-        &mut self,
-        out: &mut Vec<S::Item>,
-        max_records: usize,
-    ) -> Result<SourcePoll, SourceError> {
-        self.rest = !self.rest;
-        if self.rest {
-            return Ok(SourcePoll::Idle);
-        }
-        self.inner.poll_batch(out, max_records.min(LINES_PER_READ))
-    }
-
-    fn position(&self) -> SourcePosition {
-        self.inner.position()
-    }
-
-    fn seek(&mut self, position: &SourcePosition) -> Result<(), SourceError> {
-        self.inner.seek(position)
-    }
-}
+/// At most 32 lines per poll, resting every other poll, so that
+/// checkpoints land while the file is being read.
+const PACING: Pacing = Pacing {
+    records_per_read: 32,
+};
 
 /// How the test file ends its lines.
 #[derive(Debug, Clone, Copy)]
@@ -120,12 +77,15 @@ fn check(parallelism: usize, layout: Layout) {
     let job = Job::new("file-lines", config);
     let output = CollectHandle::new();
     let in_check = faults.clone();
-    job.source("lines", Paced(FileLinesSourceFactory::new(file.path())))
-        .map("check", move |line: String| {
-            in_check.check_or_panic("check", number_of(&line));
-            line
-        })
-        .sink("out", output.clone());
+    job.source(
+        "lines",
+        Paced::over(FileLinesSourceFactory::new(file.path()), PACING),
+    )
+    .map("check", move |line: String| {
+        in_check.check_or_panic("check", number_of(&line));
+        line
+    })
+    .sink("out", output.clone());
     let report = job.run().expect("the job recovers and finishes");
 
     assert_eq!(faults.fired(), 1, "the failure fired");

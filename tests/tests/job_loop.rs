@@ -8,14 +8,12 @@
 //! Seeds: `SNAPFLOW_LOOP_SEEDS` (default 10) seeds from 1 on;
 //! `SNAPFLOW_SEED=n` replays seed n.
 
-use std::panic;
-
 use snapflow::job::{Job, JobConfig, JobError, KeyedStateHandle, RestartStrategy};
 use snapflow::protocol::SnapshotMode;
 use snapflow::sink::CollectHandle;
 use snapflow::Snapshot;
 use snapflow_tests::pipeline::{PacedSourceFactory, Pacing};
-use snapflow_tests::{seeds, FaultKind, Faults, TestRng};
+use snapflow_tests::{quiet_injected_panics, seeds, FaultKind, Faults, TestRng};
 
 /// How often a record with this id passes the loop.
 fn hops(id: u64) -> u64 {
@@ -148,16 +146,7 @@ fn check(seed: u64) {
 
 #[test]
 fn loops_are_exactly_once_under_failures() {
-    let default = panic::take_hook();
-    panic::set_hook(Box::new(move |info| {
-        let injected = info
-            .payload()
-            .downcast_ref::<String>()
-            .is_some_and(|message| message.contains("injected fault"));
-        if !injected {
-            default(info);
-        }
-    }));
+    quiet_injected_panics();
     for seed in seeds("SNAPFLOW_LOOP_SEEDS", 10) {
         check(seed);
     }

@@ -15,6 +15,7 @@
 //! | keyed process | per-key states by key group | [`CheckpointView::keyed_state`] |
 //! | source | the next record's position | [`CheckpointView::source_positions`] |
 //! | sink | its pre-commit state | [`PartView::sink_state`] |
+//! | custom [`Operator`] | a header (checkpoint id, ended flag), then the instance as a blob | [`CheckpointView::operator_states`], [`PartView::operator_state`] |
 //! | map, filter, flat_map | nothing | — |
 //! | a state written with [`crate::state::blob::encode`] | a blob | [`PartView::state`] |
 //!
@@ -22,10 +23,9 @@
 //! of loops) are per receiving subtask and input channel:
 //! [`PartView::channel_records`] and [`CheckpointView::channel_records`].
 //!
-//! Known gap: the keyed operator's envelope around its key-group parts (a
-//! postcard list of `(key group, part bytes)`) is written in `ops.rs` and
-//! read again here; the two should share one function once `ops.rs` can
-//! be changed. The part formats inside (`crate::keyed::part`) are shared.
+//! The state layouts inside a part are likewise read only through the
+//! decoders next to their writers in `ops.rs`: the keyed operator's
+//! envelope around its key-group parts, and a custom operator's header.
 //!
 //! Every decoding step returns a typed [`InspectError`] on bad bytes; none
 //! panics. Parts read through the store are already verified by its
@@ -81,6 +81,8 @@ use crate::storage::{
     LoadedCheckpoint, PartId, StoreError,
 };
 
+use super::operator::Operator;
+use super::ops::{decode_keyed_state, decode_operator_part, OperatorPart};
 use super::shell::{decode_channel, PartBytes};
 
 /// Why a checkpoint could not be read or decoded.
@@ -226,6 +228,43 @@ impl PartView {
         })
     }
 
+    /// The state of a custom [`Operator`] subtask: the instance as it was
+    /// encoded at the checkpoint, checked against `O`'s schema (or
+    /// upgraded along its declared chain). Its `#[snapshot(skip)]` fields
+    /// hold their defaults, as in the instance a restore decodes before
+    /// [`Operator::restore_from`].
+    ///
+    /// # Errors
+    ///
+    /// [`InspectError::MalformedPart`] when the state is not an operator's
+    /// (its header is short or damaged); [`InspectError::State`] when the
+    /// instance does not decode as `O`.
+    pub fn operator_state<O: Operator>(&self) -> Result<O, InspectError> {
+        let part = self.operator_part()?;
+        blob::decode(part.blob).map_err(|source| InspectError::State {
+            part: self.id.clone(),
+            source,
+        })
+    }
+
+    /// Whether a custom [`Operator`] subtask's input had ended when the
+    /// checkpoint was taken (so a restore from it does not call
+    /// [`Operator::on_end_of_input`] again).
+    ///
+    /// # Errors
+    ///
+    /// [`InspectError::MalformedPart`] when the state is not an operator's.
+    pub fn operator_ended(&self) -> Result<bool, InspectError> {
+        Ok(self.operator_part()?.ended)
+    }
+
+    fn operator_part(&self) -> Result<OperatorPart<'_>, InspectError> {
+        decode_operator_part(&self.state).map_err(|error| InspectError::MalformedPart {
+            part: self.id.clone(),
+            reason: error.to_string(),
+        })
+    }
+
     /// The position a source subtask stored: the position of the next
     /// record it would have read. Only meaningful for a source's part;
     /// the built-in sources' positions read back with
@@ -291,9 +330,8 @@ impl PartView {
         Ok(records)
     }
 
-    /// The keyed state of this subtask: a postcard list of
-    /// `(key group, keyed part)` as the keyed operator writes it, restored
-    /// for the key groups `range` covers.
+    /// The keyed state of this subtask, as the keyed operator writes it,
+    /// restored for the key groups its subtask's range covers.
     fn keyed_state<K: StateKey, S: Snapshot>(
         &self,
         max_parallelism: MaxParallelism,
@@ -303,8 +341,8 @@ impl PartView {
             part: self.id.clone(),
             source,
         };
-        let key_groups: Vec<(u32, Vec<u8>)> =
-            postcard::from_bytes(&self.state).map_err(|error| InspectError::MalformedPart {
+        let key_groups =
+            decode_keyed_state(&self.state).map_err(|error| InspectError::MalformedPart {
                 part: self.id.clone(),
                 reason: format!("keyed state: {error}"),
             })?;
@@ -467,6 +505,20 @@ impl CheckpointView {
         self.part(operator, subtask)?.state()
     }
 
+    /// The states of custom [`Operator`] `operator`, by subtask (see
+    /// [`PartView::operator_state`]).
+    ///
+    /// # Errors
+    ///
+    /// [`InspectError::UnknownOperator`], [`InspectError::MalformedPart`]
+    /// or [`InspectError::State`].
+    pub fn operator_states<O: Operator>(&self, operator: &str) -> Result<Vec<O>, InspectError> {
+        self.operator_parts(operator)?
+            .into_iter()
+            .map(PartView::operator_state)
+            .collect()
+    }
+
     /// Every key's state of keyed operator `operator`, across all its
     /// subtasks and key groups. Each subtask's key groups are checked
     /// against the range it owns, and every key against its key group.
@@ -542,6 +594,7 @@ impl CheckpointView {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::job::ops::encode_keyed_state;
     use crate::job::shell::encode_channel;
     use crate::storage::KeyGroupLayout;
 
@@ -652,7 +705,7 @@ mod tests {
             }
             let groups: Vec<(u32, Vec<u8>)> =
                 state.snapshot().expect("encodes").into_parts().collect();
-            let bytes = postcard::to_allocvec(&groups).expect("encodes");
+            let bytes = encode_keyed_state(&groups).expect("encodes");
             parts.push((PartId::new("count", subtask), part(bytes, Vec::new())));
         }
         let view = view(parts).expect("decodes");
@@ -669,7 +722,7 @@ mod tests {
         let state: KeyedState<u64, Total> =
             KeyedState::for_subtask(max_parallelism, 2, 0).expect("valid");
         let groups: Vec<(u32, Vec<u8>)> = state.snapshot().expect("encodes").into_parts().collect();
-        let bytes = postcard::to_allocvec(&groups).expect("encodes");
+        let bytes = encode_keyed_state(&groups).expect("encodes");
         // Subtask 0 of 2 alone looks like parallelism 1: its range misses
         // key groups 2 and 3.
         let view = view(vec![(PartId::new("count", 0), part(bytes, Vec::new()))]).expect("decodes");

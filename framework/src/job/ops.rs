@@ -21,7 +21,7 @@ use serde::Serialize;
 use crate::keyed::{parts_in_range, KeyedState, MaxParallelism};
 use crate::protocol::CheckpointId;
 use crate::runtime::BoxError;
-use crate::state::{blob, Snapshot};
+use crate::state::{blob, Snapshot, StateError};
 
 use super::operator::Operator;
 use super::route::Collector;
@@ -75,8 +75,23 @@ pub(crate) struct KeyedCore<K, S, In, Out: Send + 'static> {
     pub(crate) publish: Option<FinalStates<K, S>>,
 }
 
-/// The stored form of one subtask's keyed state: one part per key group.
-type KeyGroupParts = Vec<(u32, Vec<u8>)>;
+/// The stored form of one subtask's keyed state: one part per key group,
+/// `(key group, keyed part bytes)`.
+pub(crate) type KeyGroupParts = Vec<(u32, Vec<u8>)>;
+
+/// The stored bytes of a keyed operator's state: the envelope (a postcard
+/// list) around its key groups' parts. This and [`decode_keyed_state`]
+/// are the only places that know the envelope; the keyed core, rescaling
+/// ([`merge_keyed_states`]) and `job::inspect` go through them. The parts
+/// inside are [`crate::keyed`]'s own format.
+pub(crate) fn encode_keyed_state(parts: &[(u32, Vec<u8>)]) -> Result<Vec<u8>, postcard::Error> {
+    postcard::to_allocvec(parts)
+}
+
+/// Reads a keyed operator's state written by [`encode_keyed_state`].
+pub(crate) fn decode_keyed_state(bytes: &[u8]) -> Result<KeyGroupParts, postcard::Error> {
+    postcard::from_bytes(bytes)
+}
 
 /// The union of the key-group parts of several subtasks' keyed states, in
 /// the same stored form; a subtask restoring from it keeps the key groups
@@ -84,11 +99,9 @@ type KeyGroupParts = Vec<(u32, Vec<u8>)>;
 pub(crate) fn merge_keyed_states(states: &[Vec<u8>]) -> Result<Vec<u8>, String> {
     let mut merged: KeyGroupParts = Vec::new();
     for state in states {
-        let parts: KeyGroupParts =
-            postcard::from_bytes(state).map_err(|error| error.to_string())?;
-        merged.extend(parts);
+        merged.extend(decode_keyed_state(state).map_err(|error| error.to_string())?);
     }
-    postcard::to_allocvec(&merged).map_err(|error| error.to_string())
+    encode_keyed_state(&merged).map_err(|error| error.to_string())
 }
 
 impl<K: Key, S, In, Out: Send + 'static> KeyedCore<K, S, In, Out> {
@@ -136,14 +149,14 @@ where
 
     fn snapshot(&mut self, _checkpoint: CheckpointId) -> Result<Vec<u8>, BoxError> {
         let parts: KeyGroupParts = self.states.snapshot()?.into_parts().collect();
-        Ok(postcard::to_allocvec(&parts)?)
+        Ok(encode_keyed_state(&parts)?)
     }
 
     fn restore(&mut self, state: Option<&[u8]>) -> Result<(), BoxError> {
         let Some(state) = state else {
             return Ok(());
         };
-        let parts: KeyGroupParts = postcard::from_bytes(state)?;
+        let parts = decode_keyed_state(state)?;
         let (max_parallelism, range) = (self.states.max_parallelism(), self.states.range());
         self.states = KeyedState::restore(max_parallelism, range, parts_in_range(range, parts))?;
         Ok(())
@@ -183,10 +196,76 @@ impl<T> Default for Reduced<T> {
 /// its part: the checkpoint id and the ended flag.
 const OPERATOR_HEADER_LEN: usize = 9;
 
+/// Why an [`Operator`]'s stored state does not split into its header and
+/// its blob. Never retryable: the bytes stay what they are.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum OperatorPartError {
+    /// Fewer bytes than the header.
+    #[error("an operator's state part is shorter than its header ({length} bytes)")]
+    TooShort {
+        /// How many bytes there were.
+        length: usize,
+    },
+    /// The ended flag is neither 0 nor 1.
+    #[error("an operator's state part has a bad ended flag {flag}")]
+    BadEndedFlag {
+        /// The byte found.
+        flag: u8,
+    },
+}
+
+/// An [`Operator`]'s stored state, split: the header, and the blob of the
+/// instance (not decoded yet, so that the caller picks the type).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct OperatorPart<'a> {
+    /// The checkpoint the state belongs to.
+    pub(crate) checkpoint: u64,
+    /// Whether the input had ended (so `on_end_of_input` already ran).
+    pub(crate) ended: bool,
+    /// The instance as a [`blob`].
+    pub(crate) blob: &'a [u8],
+}
+
+/// The stored bytes of an [`Operator`]'s state: the checkpoint id
+/// (little-endian `u64`), the ended flag (one byte) and the instance's
+/// blob. This and [`decode_operator_part`] are the only places that know
+/// this layout; the operator core and `job::inspect` go through them.
+pub(crate) fn encode_operator_part<O: Operator>(
+    checkpoint: u64,
+    ended: bool,
+    operator: &O,
+) -> Result<Vec<u8>, StateError> {
+    let mut bytes = checkpoint.to_le_bytes().to_vec();
+    bytes.push(u8::from(ended));
+    bytes.extend_from_slice(&blob::encode(operator)?);
+    Ok(bytes)
+}
+
+/// Splits bytes written by [`encode_operator_part`] into header and blob.
+pub(crate) fn decode_operator_part(bytes: &[u8]) -> Result<OperatorPart<'_>, OperatorPartError> {
+    let (header, blob_bytes) =
+        bytes
+            .split_first_chunk::<OPERATOR_HEADER_LEN>()
+            .ok_or(OperatorPartError::TooShort {
+                length: bytes.len(),
+            })?;
+    let [checkpoint @ .., flag] = header;
+    let ended = match *flag {
+        0 => false,
+        1 => true,
+        flag => return Err(OperatorPartError::BadEndedFlag { flag }),
+    };
+    Ok(OperatorPart {
+        checkpoint: u64::from_le_bytes(*checkpoint),
+        ended,
+        blob: blob_bytes,
+    })
+}
+
 /// The core of a user [`Operator`]: its state is the instance itself,
-/// stored after a header of the checkpoint id (little-endian `u64`, so
-/// that [`Operator::on_restore`] learns it) and whether the input had
-/// ended (one byte). A restore from a checkpoint taken after the end of
+/// stored after a header (see [`encode_operator_part`]): the checkpoint id,
+/// so that [`Operator::on_restore`] learns it, and whether the input had
+/// ended. A restore from a checkpoint taken after the end of
 /// input does not call [`Operator::on_end_of_input`] again: what it
 /// emitted reached every downstream snapshot of that checkpoint, so a
 /// second call would emit it twice.
@@ -209,29 +288,22 @@ impl<O: Operator> Core<O::In, O::Out> for OperatorCore<O> {
 
     fn snapshot(&mut self, checkpoint: CheckpointId) -> Result<Vec<u8>, BoxError> {
         self.operator.on_checkpoint(checkpoint.0)?;
-        let mut bytes = checkpoint.0.to_le_bytes().to_vec();
-        bytes.push(u8::from(self.ended));
-        bytes.extend_from_slice(&blob::encode(&self.operator)?);
-        Ok(bytes)
+        Ok(encode_operator_part(
+            checkpoint.0,
+            self.ended,
+            &self.operator,
+        )?)
     }
 
     fn restore(&mut self, state: Option<&[u8]>) -> Result<(), BoxError> {
         let Some(state) = state else {
             return Ok(());
         };
-        let (header, blob_bytes) = state
-            .split_first_chunk::<OPERATOR_HEADER_LEN>()
-            .ok_or("an operator's state part is shorter than its header")?;
-        let (id, ended) = header.split_at(OPERATOR_HEADER_LEN - 1);
-        let checkpoint = u64::from_le_bytes(id.try_into()?);
-        self.ended = match ended {
-            [0] => false,
-            [1] => true,
-            _ => return Err("an operator's state part has a bad ended flag".into()),
-        };
-        let restored: O = blob::decode(blob_bytes)?;
+        let part = decode_operator_part(state)?;
+        self.ended = part.ended;
+        let restored: O = blob::decode(part.blob)?;
         self.operator.restore_from(restored);
-        self.operator.on_restore(checkpoint)
+        self.operator.on_restore(part.checkpoint)
     }
 
     fn on_complete(&mut self, checkpoint: CheckpointId) -> Result<(), BoxError> {
@@ -307,7 +379,7 @@ impl<T: Data> Core<T, ()> for SinkCore<T> {
 mod tests {
     //! The stored form of an [`Operator`]'s part: a round trip keeps the
     //! state, the checkpoint id and the ended flag; a damaged header is an
-    //! error, not a panic.
+    //! error, not a panic. The keyed envelope merges across subtasks.
 
     use super::*;
 
@@ -383,6 +455,35 @@ mod tests {
             .expect("a snapshot");
         bytes[OPERATOR_HEADER_LEN - 1] = 2;
         check_damaged(&bytes);
+        assert_eq!(
+            decode_operator_part(&bytes),
+            Err(OperatorPartError::BadEndedFlag { flag: 2 })
+        );
+    }
+
+    #[test]
+    fn the_operator_part_decoder_reads_what_the_core_wrote() {
+        let bytes = core(5, true).snapshot(CheckpointId(9)).expect("a snapshot");
+        let part = decode_operator_part(&bytes).expect("splits");
+        assert_eq!((part.checkpoint, part.ended), (9, true));
+        let counter: Counter = blob::decode(part.blob).expect("a Counter");
+        assert_eq!(counter.count, 5);
+        assert_eq!(
+            decode_operator_part(&bytes[..3]),
+            Err(OperatorPartError::TooShort { length: 3 })
+        );
+    }
+
+    #[test]
+    fn merged_keyed_states_hold_every_key_group_once() {
+        let first = encode_keyed_state(&[(0, vec![1]), (1, vec![2])]).expect("encodes");
+        let second = encode_keyed_state(&[(2, vec![3])]).expect("encodes");
+        let merged = merge_keyed_states(&[first, second]).expect("merges");
+        assert_eq!(
+            decode_keyed_state(&merged).expect("decodes"),
+            [(0, vec![1]), (1, vec![2]), (2, vec![3])]
+        );
+        assert!(merge_keyed_states(&[vec![0xff]]).is_err());
     }
 
     #[test]

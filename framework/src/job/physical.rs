@@ -561,7 +561,7 @@ impl PhysicalPlan {
                 let Some(bytes) = parts.remove(&PartId::new(operator.name.clone(), subtask)) else {
                     continue;
                 };
-                let part: PartBytes = postcard::from_bytes(&bytes)
+                let part = PartBytes::decode(&bytes)
                     .map_err(|error| rescale_error(&format!("a part does not decode: {error}")))?;
                 if part
                     .channels
@@ -579,7 +579,8 @@ impl PhysicalPlan {
                 state: merge_keyed_states(&states).map_err(|error| rescale_error(&error))?,
                 channels: Vec::new(),
             };
-            let merged = postcard::to_allocvec(&merged)
+            let merged = merged
+                .encode()
                 .map_err(|error| rescale_error(&error.to_string()))?;
             for subtask in 0..operator.parallelism {
                 parts.insert(

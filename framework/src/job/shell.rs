@@ -105,9 +105,8 @@ pub(crate) struct PartBytes {
 impl PartBytes {
     /// The stored bytes of this part. This, [`PartBytes::decode`],
     /// [`encode_channel`] and [`decode_channel`] hold the part layout;
-    /// `job::inspect` reads checkpoints through them. (Known gap: the
-    /// rescaling in `physical.rs` still calls postcard on `PartBytes`
-    /// itself, which is the same layout but should call these.)
+    /// the shells, rescaling in `physical.rs` and `job::inspect` all go
+    /// through them.
     pub(crate) fn encode(&self) -> Result<Vec<u8>, postcard::Error> {
         postcard::to_allocvec(self)
     }

@@ -192,8 +192,10 @@ impl Job {
     }
 
     /// Adds a source operator: `factory` makes each subtask's split. A
-    /// source that cannot seek makes the job at-least-once
-    /// ([`JobReport::guarantee`] says so).
+    /// source that cannot seek ([`Source::can_seek`] is false) is accepted
+    /// but makes the job at-least-once: [`JobReport::guarantee`] says so,
+    /// and [`JobReport::guarantee_reasons`] names this source
+    /// ([`GuaranteeReason::SourceCannotSeek`](super::GuaranteeReason::SourceCannotSeek)).
     pub fn source<F>(&self, name: &str, factory: F) -> Stream<'_, <F::Source as Source>::Item>
     where
         F: SourceFactory + Send + Sync + 'static,
