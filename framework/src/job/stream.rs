@@ -13,19 +13,20 @@ use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
 
-use crate::keyed::{self, MaxParallelism};
+use crate::keyed::MaxParallelism;
 use crate::runtime::BoxError;
 use crate::state::Snapshot;
 use crate::storage::names;
 
 use super::ops::{
-    FinalStates, Key, KeyedCore, ProcessFn, RecordFn, SinkCore, SinkMaker, StatelessCore,
+    key_batch_fn, FinalStates, Key, KeyBatchFn, KeyedCore, RecordFn, SinkCore, SinkMaker,
+    StatelessCore,
 };
 use super::physical::{
     CoreFactory, Partition, PhysicalPlan, PlannedEdge, PlannedOperator, Rescale, SourceTemplate,
     StageTemplate, Template,
 };
-use super::route::{Collector, KeyHash};
+use super::route::{Collector, KeyHash, KeyHasher};
 use super::shell::{Core, Data, OperatorCounters, SourceMaker};
 use super::supervisor::{self, RunningJob};
 use super::{JobConfig, JobError, JobReport};
@@ -90,6 +91,11 @@ pub struct KeyedStream<'j, K, T> {
     job: &'j Job,
     producers: Vec<usize>,
     key_of: Arc<dyn Fn(&T) -> K + Send + Sync>,
+    /// `key_of` followed by the stable hash, built where the key
+    /// function's type is still known, so that routing a batch inlines it.
+    key_hash: KeyHash<T>,
+    /// The keys and hashes of a batch, likewise monomorphised.
+    keys_of: KeyBatchFn<K, T>,
 }
 
 /// Reads the final per-key state of a keyed operator after its job ran:
@@ -363,10 +369,13 @@ impl<'j, T: Data> Stream<'j, T> {
         self,
         key_of: impl Fn(&T) -> K + Send + Sync + 'static,
     ) -> KeyedStream<'j, K, T> {
+        let key_of = Arc::new(key_of);
         KeyedStream {
             job: self.job,
             producers: self.producers,
-            key_of: Arc::new(key_of),
+            key_hash: Arc::new(KeyHasher::new(Arc::clone(&key_of))),
+            keys_of: key_batch_fn(Arc::clone(&key_of)),
+            key_of,
         }
     }
 
@@ -541,24 +550,27 @@ impl<'j, K: Key, T: Data> KeyedStream<'j, K, T> {
         S: Snapshot + Default + Clone + Send + 'static,
         U: Data,
     {
-        let key_of = self.key_of;
-        let hash_of = Arc::clone(&key_of);
-        let key_hash: KeyHash<T> = Arc::new(move |record: &T| keyed::key_hash(&hash_of(record)));
-        let key_hash: Arc<dyn Any + Send + Sync> = Arc::new(key_hash);
-        let function: ProcessFn<K, S, T, U> = Arc::new(function);
+        let (key_of, keys_of) = (self.key_of, self.keys_of);
+        let key_hash: Arc<dyn Any + Send + Sync> = Arc::new(self.key_hash);
+        // Kept as its concrete type: the core runs a batch without an
+        // indirect call per record.
+        let function = Arc::new(function);
         // Checked again by the plan; an invalid value makes `run` fail with
         // a typed error before this factory is ever called.
         let max_parallelism =
             MaxParallelism::new(self.job.config.max_parallelism).unwrap_or_default();
         let make_core = Arc::new(move |subtask: usize, parallelism: usize| {
-            Box::new(KeyedCore::new(
-                max_parallelism,
-                parallelism,
-                subtask,
-                Arc::clone(&key_of),
-                Arc::clone(&function),
-                publish.clone(),
-            )) as Box<dyn Core<T, U>>
+            Box::new(
+                KeyedCore::new(
+                    max_parallelism,
+                    parallelism,
+                    subtask,
+                    Arc::clone(&key_of),
+                    Arc::clone(&function),
+                    publish.clone(),
+                )
+                .with_keys_of(Arc::clone(&keys_of)),
+            ) as Box<dyn Core<T, U>>
         });
         let operator = self.job.stage(
             name,
