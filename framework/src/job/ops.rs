@@ -62,53 +62,34 @@ impl<K: Hash + Eq + Clone + Send + Sync + Serialize + DeserializeOwned + 'static
 pub(crate) type DynProcess<K, S, In, Out> =
     dyn Fn(&K, &mut S, In, &mut Collector<'_, Out>) -> Result<(), BoxError> + Send + Sync;
 
-/// The key and key hash of every record of a batch, appended in order: one
-/// indirect call per batch, with the user's key function and the stable
-/// hash monomorphised inside (see [`key_batch_fn`]).
-///
-/// The keyed core then looks the keys up in a second loop. Fusing the two
-/// loops (so that the key function's latency, a 64-bit division in the
-/// benchmark, overlaps with the lookup) needs both the key function and the
-/// process function concrete in one loop; with the key function erased
-/// that costs an indirect call per record, which measured slower than two
-/// passes (46.7% of the keyed count's cycles against 36.6%).
-pub(crate) type KeyBatchFn<K, In> = Arc<dyn Fn(&[In], &mut Vec<(K, u64)>) + Send + Sync>;
-
-/// The batch form of `key_of`. With a concrete (not `dyn`) `F`, the key
-/// function is inlined into the loop.
-pub(crate) fn key_batch_fn<K, In, F>(key_of: Arc<F>) -> KeyBatchFn<K, In>
-where
-    K: Key,
-    In: 'static,
-    F: Fn(&In) -> K + Send + Sync + ?Sized + 'static,
-{
-    Arc::new(move |records: &[In], keys: &mut Vec<(K, u64)>| {
-        keys.extend(records.iter().map(|record| {
-            let key = key_of(record);
-            let hash = key_hash(&key);
-            (key, hash)
-        }));
-    })
-}
-
 /// Where a keyed operator publishes its final per-key state at end of input.
 pub(crate) type FinalStates<K, S> = Arc<Mutex<HashMap<usize, HashMap<K, S>>>>;
 
 /// The keyed process function with per-key state. `F` is the process
-/// function: a concrete closure type on the job builder's path, so that a
-/// batch runs without an indirect call per record, or `dyn` (the default)
-/// where it is erased.
-pub(crate) struct KeyedCore<K, S, In, Out: Send + 'static, F: ?Sized = DynProcess<K, S, In, Out>> {
+/// function and `KF` the key function: concrete closure types on the job
+/// builder's path, so that a batch runs as one loop (key, stable hash,
+/// state lookup, user function) without an indirect call per record, or
+/// `dyn` (the defaults) where they are erased.
+///
+/// One loop matters: the key function's latency (the benchmark's key is a
+/// 64-bit division) then overlaps with the state lookup of neighbouring
+/// records. Computing the keys of a batch in a pass of its own cost 9.7% of
+/// the keyed count's cycles; a fused loop with the key function behind an
+/// indirect call per record cost more than that.
+pub(crate) struct KeyedCore<
+    K,
+    S,
+    In,
+    Out: Send + 'static,
+    F: ?Sized = DynProcess<K, S, In, Out>,
+    KF: ?Sized = dyn Fn(&In) -> K + Send + Sync,
+> {
     pub(crate) subtask: usize,
-    /// The keys and key hashes of a batch.
-    pub(crate) keys_of: KeyBatchFn<K, In>,
-    /// Scratch for `keys_of`, reused from batch to batch (its capacity stays
-    /// at the largest batch seen).
-    pub(crate) keys: Vec<(K, u64)>,
+    pub(crate) key_of: Arc<KF>,
     pub(crate) function: Arc<F>,
     pub(crate) states: KeyedState<K, S>,
     pub(crate) publish: Option<FinalStates<K, S>>,
-    pub(crate) _records: PhantomData<fn() -> Out>,
+    pub(crate) _records: PhantomData<fn(In) -> Out>,
 }
 
 /// The stored form of one subtask's keyed state: one part per key group.
@@ -127,7 +108,9 @@ pub(crate) fn merge_keyed_states(states: &[Vec<u8>]) -> Result<Vec<u8>, String> 
     postcard::to_allocvec(&merged).map_err(|error| error.to_string())
 }
 
-impl<K: Key, S, In: 'static, Out: Send + 'static, F: ?Sized> KeyedCore<K, S, In, Out, F> {
+impl<K: Key, S, In: 'static, Out: Send + 'static, F: ?Sized, KF: ?Sized>
+    KeyedCore<K, S, In, Out, F, KF>
+{
     /// Empty state for `subtask` of `parallelism`.
     ///
     /// # Panics
@@ -138,7 +121,7 @@ impl<K: Key, S, In: 'static, Out: Send + 'static, F: ?Sized> KeyedCore<K, S, In,
         max_parallelism: MaxParallelism,
         parallelism: usize,
         subtask: usize,
-        key_of: Arc<dyn Fn(&In) -> K + Send + Sync>,
+        key_of: Arc<KF>,
         function: Arc<F>,
         publish: Option<FinalStates<K, S>>,
     ) -> Self {
@@ -146,56 +129,33 @@ impl<K: Key, S, In: 'static, Out: Send + 'static, F: ?Sized> KeyedCore<K, S, In,
             .unwrap_or_else(|error| panic!("bug: the plan let through {error}"));
         KeyedCore {
             subtask,
-            keys_of: key_batch_fn(key_of),
-            keys: Vec::new(),
+            key_of,
             function,
             states,
             publish,
             _records: PhantomData,
         }
     }
-
-    /// Replaces the batch key function made from the erased `key_of` by
-    /// one with the key function inlined (see [`key_batch_fn`]); it must
-    /// compute the same keys.
-    pub(crate) fn with_keys_of(mut self, keys_of: KeyBatchFn<K, In>) -> Self {
-        self.keys_of = keys_of;
-        self
-    }
 }
 
-impl<K, S, In, Out, F> Core<In, Out> for KeyedCore<K, S, In, Out, F>
+impl<K, S, In, Out, F, KF> Core<In, Out> for KeyedCore<K, S, In, Out, F, KF>
 where
     K: Key,
     S: Snapshot + Default + Clone + 'static,
     In: Data,
     Out: Data,
     F: Fn(&K, &mut S, In, &mut Collector<'_, Out>) -> Result<(), BoxError> + ?Sized + 'static,
+    KF: Fn(&In) -> K + ?Sized + 'static,
 {
     fn process(&mut self, batch: Vec<In>, out: &mut Collector<'_, Out>) -> Result<(), BoxError> {
-        let mut keys = std::mem::take(&mut self.keys);
-        keys.clear();
-        (self.keys_of)(&batch, &mut keys);
-        debug_assert_eq!(keys.len(), batch.len(), "one key per record");
-        let mut result = Ok(());
-        // Both sides are exact-size and random-access, so the zip is one
-        // counted loop.
-        for ((key, hash), record) in keys.iter().zip(batch) {
-            let state = match self.states.try_get_or_default_hashed(key, *hash) {
-                Ok(state) => state,
-                Err(error) => {
-                    result = Err(error.into());
-                    break;
-                }
-            };
-            if let Err(error) = (self.function)(key, state, record, out) {
-                result = Err(error);
-                break;
-            }
+        for record in batch {
+            let key = (self.key_of)(&record);
+            let state = self
+                .states
+                .try_get_or_default_hashed(&key, key_hash(&key))?;
+            (self.function)(&key, state, record, out)?;
         }
-        keys.clear();
-        self.keys = keys;
-        result
+        Ok(())
     }
 
     fn snapshot(&mut self, _checkpoint: CheckpointId) -> Result<Vec<u8>, BoxError> {

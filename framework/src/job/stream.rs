@@ -18,10 +18,7 @@ use crate::runtime::BoxError;
 use crate::state::Snapshot;
 use crate::storage::names;
 
-use super::ops::{
-    key_batch_fn, FinalStates, Key, KeyBatchFn, KeyedCore, RecordFn, SinkCore, SinkMaker,
-    StatelessCore,
-};
+use super::ops::{FinalStates, Key, KeyedCore, RecordFn, SinkCore, SinkMaker, StatelessCore};
 use super::physical::{
     CoreFactory, Partition, PhysicalPlan, PlannedEdge, PlannedOperator, Rescale, SourceTemplate,
     StageTemplate, Template,
@@ -86,16 +83,19 @@ pub struct Stream<'j, T> {
 
 /// A stream partitioned by key: every record with the same key goes to the
 /// same subtask of the next operator (by key group).
+///
+/// `F` is the key function's type. [`Stream::key_by`] keeps it concrete,
+/// so that the keyed operator's loop over a batch inlines the key function
+/// together with the state lookup and the process function (one loop, no
+/// indirect call per record); the default names the erased form.
 #[must_use = "a keyed stream does nothing until it is processed"]
-pub struct KeyedStream<'j, K, T> {
+pub struct KeyedStream<'j, K, T, F: ?Sized = dyn Fn(&T) -> K + Send + Sync> {
     job: &'j Job,
     producers: Vec<usize>,
-    key_of: Arc<dyn Fn(&T) -> K + Send + Sync>,
-    /// `key_of` followed by the stable hash, built where the key
-    /// function's type is still known, so that routing a batch inlines it.
+    key_of: Arc<F>,
+    /// `key_of` followed by the stable hash, as the partitioner uses it.
     key_hash: KeyHash<T>,
-    /// The keys and hashes of a batch, likewise monomorphised.
-    keys_of: KeyBatchFn<K, T>,
+    _keys: PhantomData<fn() -> K>,
 }
 
 /// Reads the final per-key state of a keyed operator after its job ran:
@@ -365,17 +365,18 @@ impl<'j, T: Data> Stream<'j, T> {
     }
 
     /// Partitions the stream by key (hash of the key's key group).
-    pub fn key_by<K: Key>(
-        self,
-        key_of: impl Fn(&T) -> K + Send + Sync + 'static,
-    ) -> KeyedStream<'j, K, T> {
+    pub fn key_by<K, F>(self, key_of: F) -> KeyedStream<'j, K, T, F>
+    where
+        K: Key,
+        F: Fn(&T) -> K + Send + Sync + 'static,
+    {
         let key_of = Arc::new(key_of);
         KeyedStream {
             job: self.job,
             producers: self.producers,
             key_hash: Arc::new(KeyHasher::new(Arc::clone(&key_of))),
-            keys_of: key_batch_fn(Arc::clone(&key_of)),
             key_of,
+            _keys: PhantomData,
         }
     }
 
@@ -499,7 +500,12 @@ impl SinkHandle<'_> {
     }
 }
 
-impl<'j, K: Key, T: Data> KeyedStream<'j, K, T> {
+impl<'j, K, T, F> KeyedStream<'j, K, T, F>
+where
+    K: Key,
+    T: Data,
+    F: Fn(&T) -> K + Send + Sync + ?Sized + 'static,
+{
     /// A keyed process function: for each record, `function` gets its key,
     /// the key's state (`S::default()` for a new key) and a collector.
     /// An `Err` fails the job (which restarts per its strategy).
@@ -550,27 +556,24 @@ impl<'j, K: Key, T: Data> KeyedStream<'j, K, T> {
         S: Snapshot + Default + Clone + Send + 'static,
         U: Data,
     {
-        let (key_of, keys_of) = (self.key_of, self.keys_of);
+        let key_of = self.key_of;
         let key_hash: Arc<dyn Any + Send + Sync> = Arc::new(self.key_hash);
-        // Kept as its concrete type: the core runs a batch without an
-        // indirect call per record.
+        // Kept as its concrete type, as the key function: the core runs a
+        // batch without an indirect call per record.
         let function = Arc::new(function);
         // Checked again by the plan; an invalid value makes `run` fail with
         // a typed error before this factory is ever called.
         let max_parallelism =
             MaxParallelism::new(self.job.config.max_parallelism).unwrap_or_default();
         let make_core = Arc::new(move |subtask: usize, parallelism: usize| {
-            Box::new(
-                KeyedCore::new(
-                    max_parallelism,
-                    parallelism,
-                    subtask,
-                    Arc::clone(&key_of),
-                    Arc::clone(&function),
-                    publish.clone(),
-                )
-                .with_keys_of(Arc::clone(&keys_of)),
-            ) as Box<dyn Core<T, U>>
+            Box::new(KeyedCore::new(
+                max_parallelism,
+                parallelism,
+                subtask,
+                Arc::clone(&key_of),
+                Arc::clone(&function),
+                publish.clone(),
+            )) as Box<dyn Core<T, U>>
         });
         let operator = self.job.stage(
             name,

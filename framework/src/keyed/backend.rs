@@ -481,7 +481,9 @@ mod tests {
     fn check(keys: &[u64]) {
         let (mut hashed, mut plain) = (state(1, 0), state(1, 0));
         for key in keys {
-            *hashed.try_get_or_default_hashed(key, key_hash(key)).unwrap() += 1;
+            *hashed
+                .try_get_or_default_hashed(key, key_hash(key))
+                .unwrap() += 1;
             *plain.get_or_default(key) += 1;
         }
         assert_eq!(hashed.len(), plain.len());
