@@ -807,6 +807,47 @@ mod tests {
         });
     }
 
+    /// `push_all` of `chunks` in turn, after `before` single pushes: the
+    /// batches sent (window 8, batches of 4) are the records in order, cut
+    /// every 4 records, as `push` one by one would cut them.
+    fn check_push_all(before: u32, chunks: &[u32]) {
+        check(tuning(4, 8), |sender, seen, settle| {
+            let mut next = 0;
+            for _ in 0..before {
+                sender.push(next);
+                next += 1;
+            }
+            for &len in chunks {
+                let mut records: Vec<u32> = (next..next + len).collect();
+                next += len;
+                sender.push_all(&mut records);
+                assert!(records.is_empty(), "push_all leaves the vector empty");
+            }
+            sender.flush();
+            settle();
+            let expected: Vec<_> = (0..next)
+                .collect::<Vec<_>>()
+                .chunks(4)
+                .map(|chunk| Item::Batch(chunk.to_vec()))
+                .collect();
+            assert_eq!(
+                *seen.borrow(),
+                expected,
+                "before {before}, chunks {chunks:?}"
+            );
+        });
+    }
+
+    #[test]
+    fn push_all_cuts_batches_as_push_does() {
+        check_push_all(0, &[4]); // Taken whole as the batch.
+        check_push_all(0, &[3, 1]); // Taken whole, then appended.
+        check_push_all(1, &[2]); // Appended to an open batch.
+        check_push_all(3, &[6]); // Fills the open batch, then one more.
+        check_push_all(0, &[11, 0, 5]);
+        check_push_all(2, &[1, 9, 2]);
+    }
+
     #[test]
     fn stale_credits_are_ignored() {
         check(tuning(1, 1), |sender, _, _| {
