@@ -37,7 +37,7 @@ use support::{
 
 const USAGE: &str = "keyed_count [--records N] [--keys K] [--parallelism P] \
 [--checkpoint-interval-ms MS|off] [--mode aligned|unaligned|at-least-once] [--runs R] \
-[--store memory|fs] [--compare-off] [--smoke]";
+[--store memory|fs] [--window-batches W] [--compare-off] [--smoke]";
 
 /// Where checkpoints go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,6 +61,8 @@ struct Options {
     store: StoreKind,
     compare_off: bool,
     smoke: bool,
+    /// Batches in flight per channel; `None` keeps the job's default.
+    window_batches: Option<usize>,
 }
 
 impl Default for Options {
@@ -75,6 +77,7 @@ impl Default for Options {
             store: StoreKind::Fs,
             compare_off: false,
             smoke: false,
+            window_batches: None,
         }
     }
 }
@@ -124,6 +127,9 @@ fn parse(arguments: impl IntoIterator<Item = String>) -> Result<Options, String>
             "--checkpoint-interval-ms" => options.interval_ms = parse_interval(arguments.next())?,
             "--mode" => options.mode = parse_mode(arguments.next())?,
             "--store" => options.store = parse_store(arguments.next())?,
+            "--window-batches" => {
+                options.window_batches = Some(parse_number(&flag, arguments.next())?)
+            }
             "--compare-off" => options.compare_off = true,
             "--smoke" => options.smoke = true,
             "--bench" => {}
@@ -139,6 +145,9 @@ fn parse(arguments: impl IntoIterator<Item = String>) -> Result<Options, String>
     if options.keys == 0 || options.parallelism == 0 || options.runs == 0 {
         return Err("--keys, --parallelism and --runs must be at least 1".to_string());
     }
+    if options.window_batches == Some(0) {
+        return Err("--window-batches must be at least 1".to_string());
+    }
     Ok(options)
 }
 
@@ -152,11 +161,13 @@ struct JobRun {
 }
 
 fn job_config(options: &Options, interval_ms: Option<u64>) -> JobConfig {
+    let defaults = JobConfig::default();
     JobConfig {
         checkpoint_interval_ms: interval_ms,
         mode: options.mode,
         default_parallelism: options.parallelism,
-        ..JobConfig::default()
+        window_batches: options.window_batches.unwrap_or(defaults.window_batches),
+        ..defaults
     }
 }
 
@@ -370,13 +381,15 @@ fn describe(interval_ms: Option<u64>) -> String {
 }
 
 fn run(options: &Options) -> Result<(), String> {
+    let window = job_config(options, None).window_batches;
     println!(
-        "keyed count: {} records, {} keys, parallelism {}, mode {:?}, store {:?}, {} runs",
+        "keyed count: {} records, {} keys, parallelism {}, mode {:?}, store {:?}, window {} batches, {} runs",
         options.records,
         options.keys,
         options.parallelism,
         options.mode,
         options.store,
+        window,
         options.runs
     );
     let runs = run_config(options, options.interval_ms)?;
