@@ -7,12 +7,16 @@
 //! routing a record is an index computation and one push onto an open
 //! batch.
 //!
-//! A whole batch (what a source read) is routed by [`Router::route_batch`]:
-//! a hash edge computes the key hashes of the batch in one call of a
-//! monomorphised closure (the user's key function and the stable hash
-//! inlined, no indirect call per record) and looks the subtask up in a
-//! key-group table (no division per record); a forward edge appends the
-//! batch to its channel in chunks.
+//! A whole batch (what a source read, or what a [`Collector`] buffered) is
+//! routed by [`Router::route_batch`]. A hash edge runs one monomorphised
+//! loop per batch: the user's key function, the stable hash, a key-group
+//! table lookup (no division) and the push, with no indirect call per
+//! record. A forward edge hands the batch to its channel whole, and the
+//! channel takes the vector itself when no batch is open.
+//!
+//! Known gap: the keyed operator downstream computes each record's key
+//! again (as Flink's does); carrying it would need a typed side column in
+//! the channel's batches.
 
 use std::hash::Hash;
 use std::marker::PhantomData;
@@ -50,6 +54,8 @@ impl HashTarget<'_> {
 /// user's key function, the stable hash and the push onto the channel in
 /// one monomorphised loop.
 trait Scatter<T>: Send + Sync {
+    /// Pushes every record of `records` onto the output `target` names for
+    /// its key, in order.
     fn scatter(
         &self,
         records: &mut Vec<T>,
