@@ -32,12 +32,13 @@ use snapflow::keyed::BuildStableHasher;
 use snapflow::protocol::SnapshotMode;
 
 use support::{
-    expected_count, median, peak_rss_kb, quantile, reset_peak_rss, sequence, Count, DiscardSink,
+    expected_count, median, peak_rss_kb, quantile, reset_peak_rss, sequence, ArbiterPinner, Count,
+    DiscardSink,
 };
 
 const USAGE: &str = "keyed_count [--records N] [--keys K] [--parallelism P] \
 [--checkpoint-interval-ms MS|off] [--mode aligned|unaligned|at-least-once] [--runs R] \
-[--store memory|fs] [--window-batches W] [--compare-off] [--smoke]";
+[--store memory|fs] [--window-batches W] [--pin-arbiters] [--compare-off] [--smoke]";
 
 /// Where checkpoints go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,6 +64,8 @@ struct Options {
     smoke: bool,
     /// Batches in flight per channel; `None` keeps the job's default.
     window_batches: Option<usize>,
+    /// Pin the job's arbiter threads to CPUs (see `ArbiterPinner`).
+    pin_arbiters: bool,
 }
 
 impl Default for Options {
@@ -78,6 +81,7 @@ impl Default for Options {
             compare_off: false,
             smoke: false,
             window_batches: None,
+            pin_arbiters: false,
         }
     }
 }
@@ -130,6 +134,7 @@ fn parse(arguments: impl IntoIterator<Item = String>) -> Result<Options, String>
             "--window-batches" => {
                 options.window_batches = Some(parse_number(&flag, arguments.next())?)
             }
+            "--pin-arbiters" => options.pin_arbiters = true,
             "--compare-off" => options.compare_off = true,
             "--smoke" => options.smoke = true,
             "--bench" => {}
@@ -194,11 +199,18 @@ fn run_job(options: &Options, interval_ms: Option<u64>) -> Result<JobRun, String
         });
     counts.sink("discard", sink.clone());
     let peak_rss_reset = reset_peak_rss();
+    let pinner = options.pin_arbiters.then(ArbiterPinner::start);
     let started = Instant::now();
     let report = job
         .run()
         .map_err(|error| format!("the job failed: {error}"))?;
     let elapsed = started.elapsed();
+    if let Some(pinner) = pinner {
+        let pinned = pinner.finish()?;
+        if pinned == 0 {
+            return Err("--pin-arbiters found no arbiter thread to pin".to_string());
+        }
+    }
     let peak_rss_kb = peak_rss_kb();
     check_output(options, &state, &sink)?;
     Ok(JobRun {
@@ -383,13 +395,15 @@ fn describe(interval_ms: Option<u64>) -> String {
 fn run(options: &Options) -> Result<(), String> {
     let window = job_config(options, None).window_batches;
     println!(
-        "keyed count: {} records, {} keys, parallelism {}, mode {:?}, store {:?}, window {} batches, {} runs",
+        "keyed count: {} records, {} keys, parallelism {}, mode {:?}, store {:?}, window {} batches, \
+         arbiters {}, {} runs",
         options.records,
         options.keys,
         options.parallelism,
         options.mode,
         options.store,
         window,
+        if options.pin_arbiters { "pinned" } else { "not pinned" },
         options.runs
     );
     let runs = run_config(options, options.interval_ms)?;
