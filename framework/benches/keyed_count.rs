@@ -32,12 +32,13 @@ use snapflow::keyed::BuildStableHasher;
 use snapflow::protocol::SnapshotMode;
 
 use support::{
-    expected_count, median, peak_rss_kb, quantile, reset_peak_rss, sequence, Count, DiscardSink,
+    expected_count, median, peak_rss_kb, quantile, reset_peak_rss, sequence, ArbiterPinner, Count,
+    DiscardSink,
 };
 
 const USAGE: &str = "keyed_count [--records N] [--keys K] [--parallelism P] \
 [--checkpoint-interval-ms MS|off] [--mode aligned|unaligned|at-least-once] [--runs R] \
-[--store memory|fs] [--compare-off] [--smoke]";
+[--store memory|fs] [--window-batches W] [--pin-arbiters] [--compare-off] [--smoke]";
 
 /// Where checkpoints go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,6 +62,10 @@ struct Options {
     store: StoreKind,
     compare_off: bool,
     smoke: bool,
+    /// Batches in flight per channel; `None` keeps the job's default.
+    window_batches: Option<usize>,
+    /// Pin the job's arbiter threads to CPUs (see `ArbiterPinner`).
+    pin_arbiters: bool,
 }
 
 impl Default for Options {
@@ -75,6 +80,8 @@ impl Default for Options {
             store: StoreKind::Fs,
             compare_off: false,
             smoke: false,
+            window_batches: None,
+            pin_arbiters: false,
         }
     }
 }
@@ -124,6 +131,10 @@ fn parse(arguments: impl IntoIterator<Item = String>) -> Result<Options, String>
             "--checkpoint-interval-ms" => options.interval_ms = parse_interval(arguments.next())?,
             "--mode" => options.mode = parse_mode(arguments.next())?,
             "--store" => options.store = parse_store(arguments.next())?,
+            "--window-batches" => {
+                options.window_batches = Some(parse_number(&flag, arguments.next())?)
+            }
+            "--pin-arbiters" => options.pin_arbiters = true,
             "--compare-off" => options.compare_off = true,
             "--smoke" => options.smoke = true,
             "--bench" => {}
@@ -139,6 +150,9 @@ fn parse(arguments: impl IntoIterator<Item = String>) -> Result<Options, String>
     if options.keys == 0 || options.parallelism == 0 || options.runs == 0 {
         return Err("--keys, --parallelism and --runs must be at least 1".to_string());
     }
+    if options.window_batches == Some(0) {
+        return Err("--window-batches must be at least 1".to_string());
+    }
     Ok(options)
 }
 
@@ -152,11 +166,13 @@ struct JobRun {
 }
 
 fn job_config(options: &Options, interval_ms: Option<u64>) -> JobConfig {
+    let defaults = JobConfig::default();
     JobConfig {
         checkpoint_interval_ms: interval_ms,
         mode: options.mode,
         default_parallelism: options.parallelism,
-        ..JobConfig::default()
+        window_batches: options.window_batches.unwrap_or(defaults.window_batches),
+        ..defaults
     }
 }
 
@@ -183,11 +199,18 @@ fn run_job(options: &Options, interval_ms: Option<u64>) -> Result<JobRun, String
         });
     counts.sink("discard", sink.clone());
     let peak_rss_reset = reset_peak_rss();
+    let pinner = options.pin_arbiters.then(ArbiterPinner::start);
     let started = Instant::now();
     let report = job
         .run()
         .map_err(|error| format!("the job failed: {error}"))?;
     let elapsed = started.elapsed();
+    if let Some(pinner) = pinner {
+        let pinned = pinner.finish()?;
+        if pinned == 0 {
+            return Err("--pin-arbiters found no arbiter thread to pin".to_string());
+        }
+    }
     let peak_rss_kb = peak_rss_kb();
     check_output(options, &state, &sink)?;
     Ok(JobRun {
@@ -370,13 +393,17 @@ fn describe(interval_ms: Option<u64>) -> String {
 }
 
 fn run(options: &Options) -> Result<(), String> {
+    let window = job_config(options, None).window_batches;
     println!(
-        "keyed count: {} records, {} keys, parallelism {}, mode {:?}, store {:?}, {} runs",
+        "keyed count: {} records, {} keys, parallelism {}, mode {:?}, store {:?}, window {} batches, \
+         arbiters {}, {} runs",
         options.records,
         options.keys,
         options.parallelism,
         options.mode,
         options.store,
+        window,
+        if options.pin_arbiters { "pinned" } else { "not pinned" },
         options.runs
     );
     let runs = run_config(options, options.interval_ms)?;

@@ -24,7 +24,7 @@ use snapflow::sink::CollectHandle;
 use snapflow::source::{Source, SourceError, SourceFactory, SourcePoll, SourcePosition};
 use snapflow::storage::{CheckpointStore, MemoryCheckpointStore};
 use snapflow::Snapshot;
-use snapflow_tests::pipeline::{PacedSource, PacedSourceFactory, Pacing};
+use snapflow_tests::pipeline::{PacedSourceFactory, Pacing};
 use snapflow_tests::{seeds, FaultKind, Faults, TestRng};
 
 const KEYS: u64 = 11;
@@ -45,7 +45,7 @@ struct CountedSource {
 }
 
 struct CountedReader {
-    inner: PacedSource,
+    inner: <PacedSourceFactory as SourceFactory>::Source,
     exhausted: Arc<AtomicUsize>,
     ended: bool,
 }

@@ -161,7 +161,9 @@ impl<Out: Data> OutputSide<Out> {
             .routes
             .last_mut()
             .ok_or_else(|| JobError::Internal("a channel outside any edge".into()))?;
-        route.count += 1;
+        route
+            .add_channel()
+            .map_err(|error| JobError::Internal(format!("channel {}: {error}", id.0)))?;
         let (sender, receiver) = channel(id, generation, config, *target, credit);
         self.senders.push(sender);
         Ok(receiver)
@@ -241,9 +243,7 @@ impl<In: Data, Out: Data> SubtaskSlot for StageSlot<In, Out> {
         } = *self;
         let feedback = start.node_config.feedback.clone();
         let machine = new_machine::<Vec<In>>(start.node_config, start.last_completed)?;
-        let router = Router {
-            edges: outputs.routes,
-        };
+        let router = Router::new(outputs.routes);
         let senders = outputs.senders;
         let (tag, env, failures) = (start.tag, start.env, start.failures);
         let (subtask, parallelism) = (start.subtask, start.parallelism);
@@ -333,9 +333,7 @@ impl<T: Data> SubtaskSlot for SourceSlot<T> {
             make,
         } = *self;
         let machine = new_machine::<Vec<T>>(start.node_config, start.last_completed)?;
-        let router = Router {
-            edges: outputs.routes,
-        };
+        let router = Router::new(outputs.routes);
         let senders = outputs.senders;
         let (tag, env, failures) = (start.tag, start.env, start.failures);
         let (subtask, parallelism, read_batch) =

@@ -340,11 +340,10 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
         let records = batch.len() as u64;
         let mut collector = Collector::new(outputs, &mut self.router);
         let result = self.core.process(batch, &mut collector);
+        let emitted = collector.finish();
         let counters = &self.env.counters;
         counters.records_in.fetch_add(records, Ordering::Relaxed);
-        counters
-            .records_out
-            .fetch_add(collector.emitted(), Ordering::Relaxed);
+        counters.records_out.fetch_add(emitted, Ordering::Relaxed);
         result
     }
 
@@ -418,7 +417,8 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
             self.inputs_ended = true;
             let mut collector = Collector::new(io.outputs(), &mut self.router);
             self.core.on_end(&mut collector)?;
-            let emitted = collector.emitted();
+            let emitted = collector.finish();
+            drop(collector);
             self.env
                 .counters
                 .records_out
@@ -687,9 +687,7 @@ impl<T: Data> SourceLogic for SourceShell<T> {
         let mut buffer = std::mem::take(&mut self.buffer);
         let status = self.reader()?.poll_batch(&mut buffer, read_batch);
         let records = buffer.len() as u64;
-        for record in buffer.drain(..) {
-            self.router.route(record, outputs);
-        }
+        self.router.route_batch(&mut buffer, outputs);
         self.buffer = buffer;
         self.env
             .counters

@@ -20,21 +20,21 @@ use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
 
-use crate::keyed::{self, MaxParallelism};
+use crate::keyed::MaxParallelism;
 use crate::runtime::BoxError;
 use crate::state::Snapshot;
 use crate::storage::names;
 
 use super::operator::{Aggregator, Operator, OperatorContext};
 use super::ops::{
-    FinalStates, Key, KeyedCore, OperatorCore, ProcessFn, RecordFn, Reduced, SinkCore, SinkMaker,
+    FinalStates, Key, KeyedCore, OperatorCore, RecordFn, Reduced, SinkCore, SinkMaker,
     StatelessCore,
 };
 use super::physical::{
     CoreFactory, Partition, PhysicalPlan, PlannedEdge, PlannedOperator, Rescale, SourceTemplate,
     StageTemplate, Template,
 };
-use super::route::{Collector, KeyHash};
+use super::route::{Collector, KeyHash, KeyHasher};
 use super::shell::{Core, Data, OperatorCounters, SourceMaker};
 use super::supervisor::{self, RunningJob};
 use super::{JobConfig, JobError, JobReport};
@@ -149,11 +149,19 @@ pub struct Stream<'j, T> {
 
 /// A stream partitioned by key: every record with the same key goes to the
 /// same subtask of the next operator (by key group).
+///
+/// `F` is the key function's type. [`Stream::key_by`] keeps it concrete,
+/// so that the keyed operator's loop over a batch inlines the key function
+/// together with the state lookup and the process function (one loop, no
+/// indirect call per record); the default names the erased form.
 #[must_use = "a keyed stream does nothing until it is processed"]
-pub struct KeyedStream<'j, K, T> {
+pub struct KeyedStream<'j, K, T, F: ?Sized = dyn Fn(&T) -> K + Send + Sync> {
     job: &'j Job,
     producers: Vec<usize>,
-    key_of: Arc<dyn Fn(&T) -> K + Send + Sync>,
+    key_of: Arc<F>,
+    /// `key_of` followed by the stable hash, as the partitioner uses it.
+    key_hash: KeyHash<T>,
+    _keys: PhantomData<fn() -> K>,
 }
 
 /// Reads the final per-key state of a keyed operator after its job ran:
@@ -500,10 +508,12 @@ impl<'j, T: Data> Stream<'j, T> {
 
     /// Partitions the stream by key (hash of the key's key group),
     /// replacing any partitioning chosen before on this stream.
-    pub fn key_by<K: Key>(
-        self,
-        key_of: impl Fn(&T) -> K + Send + Sync + 'static,
-    ) -> KeyedStream<'j, K, T> {
+    pub fn key_by<K, F>(self, key_of: F) -> KeyedStream<'j, K, T, F>
+    where
+        K: Key,
+        F: Fn(&T) -> K + Send + Sync + 'static,
+    {
+        let key_of = Arc::new(key_of);
         KeyedStream {
             job: self.job,
             producers: self
@@ -511,7 +521,9 @@ impl<'j, T: Data> Stream<'j, T> {
                 .iter()
                 .map(|producer| producer.operator)
                 .collect(),
-            key_of: Arc::new(key_of),
+            key_hash: Arc::new(KeyHasher::new(Arc::clone(&key_of))),
+            key_of,
+            _keys: PhantomData,
         }
     }
 
@@ -643,7 +655,12 @@ impl SinkHandle<'_> {
     }
 }
 
-impl<'j, K: Key, T: Data> KeyedStream<'j, K, T> {
+impl<'j, K, T, F> KeyedStream<'j, K, T, F>
+where
+    K: Key,
+    T: Data,
+    F: Fn(&T) -> K + Send + Sync + ?Sized + 'static,
+{
     /// A keyed process function: for each record, `function` gets its key,
     /// the key's state (`S::default()` for a new key) and a collector.
     /// An `Err` fails the job (which restarts per its strategy).
@@ -742,10 +759,10 @@ impl<'j, K: Key, T: Data> KeyedStream<'j, K, T> {
         U: Data,
     {
         let key_of = self.key_of;
-        let hash_of = Arc::clone(&key_of);
-        let key_hash: KeyHash<T> = Arc::new(move |record: &T| keyed::key_hash(&hash_of(record)));
-        let key_hash: Arc<dyn Any + Send + Sync> = Arc::new(key_hash);
-        let function: ProcessFn<K, S, T, U> = Arc::new(function);
+        let key_hash: Arc<dyn Any + Send + Sync> = Arc::new(self.key_hash);
+        // Kept as its concrete type, as the key function: the core runs a
+        // batch without an indirect call per record.
+        let function = Arc::new(function);
         // Checked again by the plan; an invalid value makes `run` fail with
         // a typed error before this factory is ever called.
         let max_parallelism =

@@ -161,12 +161,19 @@ impl<K: StateKey, S> KeyedState<K, S> {
     #[inline]
     fn locate(&self, key: &K) -> Result<(u64, usize), u32> {
         let hash = key_hash(key);
+        self.locate_hash(hash).map(|index| (hash, index))
+    }
+
+    /// The index in `dirty` of the key group of a key with hash `hash`, or
+    /// that key group when this state does not own it.
+    #[inline]
+    fn locate_hash(&self, hash: u64) -> Result<usize, u32> {
         let key_group = self.max_parallelism.key_group_of(hash);
         // Below `start` wraps to a huge index, so one comparison checks both
         // ends of the range.
         let index = key_group.wrapping_sub(self.range.start) as usize;
         if index < self.dirty.len() {
-            Ok((hash, index))
+            Ok(index)
         } else {
             Err(key_group)
         }
@@ -303,6 +310,20 @@ impl<K: StateKey, S: Default> KeyedState<K, S> {
     pub fn try_get_or_default(&mut self, key: &K) -> Result<&mut S, KeyedError> {
         match self.locate(key) {
             Ok((hash, index)) => Ok(self.slot_or_default(key, hash, index)),
+            Err(key_group) => Err(self.foreign_key(key_group)),
+        }
+    }
+
+    /// [`Self::try_get_or_default`] for a caller that already has the key's
+    /// [`key_hash`] (a keyed operator that hashed a whole batch in one
+    /// pass): the key is not hashed again. `hash` must be `key_hash(key)`;
+    /// a wrong hash finds no state and creates a stray entry under it, so
+    /// debug builds assert it.
+    #[inline]
+    pub fn try_get_or_default_hashed(&mut self, key: &K, hash: u64) -> Result<&mut S, KeyedError> {
+        debug_assert_eq!(hash, key_hash(key), "the hash given is not the key's");
+        match self.locate_hash(hash) {
+            Ok(index) => Ok(self.slot_or_default(key, hash, index)),
             Err(key_group) => Err(self.foreign_key(key_group)),
         }
     }
@@ -444,5 +465,45 @@ impl<K: StateKey, S: Snapshot> KeyedState<K, S> {
             )?;
         }
         Ok(state)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(parallelism: u32, subtask: u32) -> KeyedState<u64, u64> {
+        KeyedState::for_subtask(MaxParallelism::default(), parallelism, subtask).unwrap()
+    }
+
+    /// The lookup with a given hash finds and creates the same entries as
+    /// the one that hashes the key itself.
+    fn check(keys: &[u64]) {
+        let (mut hashed, mut plain) = (state(1, 0), state(1, 0));
+        for key in keys {
+            *hashed
+                .try_get_or_default_hashed(key, key_hash(key))
+                .unwrap() += 1;
+            *plain.get_or_default(key) += 1;
+        }
+        assert_eq!(hashed.len(), plain.len());
+        for (key, count) in plain.iter() {
+            assert_eq!(hashed.get(key), Some(count), "key {key}");
+        }
+    }
+
+    #[test]
+    fn hashed_lookup_matches_the_plain_one() {
+        check(&[]);
+        check(&[7, 7, 7]);
+        check(&(0..1000).map(|i| i % 37).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn hashed_lookup_refuses_a_foreign_key() {
+        let mut first_half = state(2, 0);
+        let foreign = (0..u64::MAX).find(|key| !first_half.owns(key)).unwrap();
+        let result = first_half.try_get_or_default_hashed(&foreign, key_hash(&foreign));
+        assert!(matches!(result, Err(KeyedError::ForeignKey { .. })));
     }
 }

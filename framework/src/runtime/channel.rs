@@ -298,6 +298,49 @@ impl<T: Send + 'static, C: Send + 'static> ChannelSender<T, C> {
         opened
     }
 
+    /// Appends every record of `records` in order, leaving it empty (its
+    /// capacity is kept), as [`ChannelSender::push`] would one by one but
+    /// with one size check per batch instead of per record. Returns true
+    /// when this opened a new batch.
+    pub fn push_all(&mut self, records: &mut Vec<T>) -> bool {
+        let opened = self.open.is_empty() && !records.is_empty();
+        let batch_size_max = self.config.batch_size_max.get();
+        if opened && records.len() <= batch_size_max {
+            // The caller's vector becomes the open batch without a copy, and
+            // the caller gets the empty one back (callers that refill it
+            // reserve capacity again; see `Collector`).
+            self.open_since = Some(Instant::now());
+            mem::swap(&mut self.open, records);
+            if self.open.len() >= batch_size_max {
+                self.seal();
+            }
+            return true;
+        }
+        if records.len() <= batch_size_max.saturating_sub(self.open.len()) {
+            // It fits: one move of the whole slice.
+            self.open.append(records);
+            if self.open.len() >= batch_size_max {
+                self.seal();
+            }
+            return opened;
+        }
+        let mut rest = records.drain(..);
+        while !rest.as_slice().is_empty() {
+            if self.open.is_empty() {
+                self.open_since = Some(Instant::now());
+                if self.open.capacity() == 0 {
+                    self.open.reserve(batch_size_max.min(4096));
+                }
+            }
+            let room = batch_size_max.saturating_sub(self.open.len());
+            self.open.extend(rest.by_ref().take(room));
+            if self.open.len() >= batch_size_max {
+                self.seal();
+            }
+        }
+        opened
+    }
+
     /// Closes the open batch, then queues the control item behind it.
     pub fn push_control(&mut self, control: C) {
         self.seal();
@@ -543,6 +586,16 @@ impl<T: Send + 'static, C: Send + 'static> Outputs<T, C> {
         self.senders[output].push(record);
     }
 
+    /// Pushes every record of `records` on output `output`, in order,
+    /// leaving `records` empty (see [`ChannelSender::push_all`]).
+    ///
+    /// # Panics
+    ///
+    /// If `output` is out of range, as [`Outputs::emit`].
+    pub fn emit_all(&mut self, output: usize, records: &mut Vec<T>) {
+        self.senders[output].push_all(records);
+    }
+
     /// Pushes a control item on output `output` (after the open batch).
     ///
     /// # Panics
@@ -752,6 +805,47 @@ mod tests {
             );
             assert_eq!(sender.pending_items(), 2);
         });
+    }
+
+    /// `push_all` of `chunks` in turn, after `before` single pushes: the
+    /// batches sent (window 8, batches of 4) are the records in order, cut
+    /// every 4 records, as `push` one by one would cut them.
+    fn check_push_all(before: u32, chunks: &[u32]) {
+        check(tuning(4, 8), |sender, seen, settle| {
+            let mut next = 0;
+            for _ in 0..before {
+                sender.push(next);
+                next += 1;
+            }
+            for &len in chunks {
+                let mut records: Vec<u32> = (next..next + len).collect();
+                next += len;
+                sender.push_all(&mut records);
+                assert!(records.is_empty(), "push_all leaves the vector empty");
+            }
+            sender.flush();
+            settle();
+            let expected: Vec<_> = (0..next)
+                .collect::<Vec<_>>()
+                .chunks(4)
+                .map(|chunk| Item::Batch(chunk.to_vec()))
+                .collect();
+            assert_eq!(
+                *seen.borrow(),
+                expected,
+                "before {before}, chunks {chunks:?}"
+            );
+        });
+    }
+
+    #[test]
+    fn push_all_cuts_batches_as_push_does() {
+        check_push_all(0, &[4]); // Taken whole as the batch.
+        check_push_all(0, &[3, 1]); // Taken whole, then appended.
+        check_push_all(1, &[2]); // Appended to an open batch.
+        check_push_all(3, &[6]); // Fills the open batch, then one more.
+        check_push_all(0, &[11, 0, 5]);
+        check_push_all(2, &[1, 9, 2]);
     }
 
     #[test]
