@@ -196,6 +196,9 @@ fn traced_run() -> Seen {
         .key_by(|n: &u64| n % 7)
         .process("count", |key: &u64, count: &mut Count, _n: u64, out| {
             count.seen += 1;
+            if count.seen == 1 {
+                tracing::info!(key, "first record of a key");
+            }
             out.emit((*key, count.seen));
             Ok(())
         })
@@ -253,6 +256,18 @@ fn job_subtask_and_checkpoint_spans_and_events_are_traced() {
             .unwrap_or_else(|| panic!("a span for count[{subtask}]"));
         assert_eq!(instance.parent.as_deref(), Some("job"));
         assert!(instance.fields.contains_key("generation"));
+    }
+    // User code runs inside its operator instance's span: a process
+    // function's event names the subtask that ran it.
+    let user_events = events(&seen, "first record of a key");
+    assert!(
+        user_events.len() >= 7,
+        "one per key at least: {user_events:?}"
+    );
+    for event in user_events {
+        let (name, fields) = event.span.as_ref().expect("inside a span");
+        assert_eq!(name, "subtask", "{event:?}");
+        assert_eq!(fields.get("operator").map(String::as_str), Some("count"));
     }
     let checkpoint = span(&seen, "checkpoint", "checkpoint", "1").expect("checkpoint 1's span");
     assert_eq!(checkpoint.parent.as_deref(), Some("job"));

@@ -186,6 +186,15 @@ pub(crate) struct ShellEnv {
 }
 
 impl ShellEnv {
+    /// Enters this operator instance's span for the rest of a handler, so
+    /// that every event of the shell and of user code (process functions,
+    /// sources, sinks, snapshots) is recorded inside it. Done once per
+    /// delivered message, not per record; the clone is a reference count
+    /// (nothing at all when no subscriber wants the span).
+    fn enter(&self) -> tracing::span::EnteredSpan {
+        self.span.clone().entered()
+    }
+
     fn tell(&self, kind: NodeEventKind) {
         self.supervisor.do_send(NodeEvent {
             generation: self.generation,
@@ -356,11 +365,7 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
                 NodeAction::TakeSnapshot(token) => {
                     let checkpoint = token.checkpoint();
                     self.alignments.snapshot(checkpoint);
-                    let state = {
-                        let span = self.env.span.clone();
-                        let _span = span.enter();
-                        self.core.snapshot(checkpoint)?
-                    };
+                    let state = self.core.snapshot(checkpoint)?;
                     self.taken.insert(checkpoint, state);
                     // The state is captured as bytes: safe for the protocol.
                     self.machine.state_recorded(token);
@@ -439,8 +444,6 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
             self.note_guarantee();
             return Ok(());
         };
-        let span = self.env.span.clone();
-        let _span = span.enter();
         let part = PartBytes::decode(&bytes)?;
         self.core.restore(Some(&part.state))?;
         self.note_guarantee();
@@ -467,6 +470,7 @@ impl<In: Data, Out: Data> StageLogic for StageShell<In, Out> {
         batch: Vec<In>,
         io: &mut StageIo<'_, Out, Control>,
     ) -> Result<(), BoxError> {
+        let _entered = self.env.enter();
         if let Some(head) = &mut self.loop_head {
             if head.is_dropped(input, true) {
                 return Ok(());
@@ -489,6 +493,7 @@ impl<In: Data, Out: Data> StageLogic for StageShell<In, Out> {
         control: Control,
         io: &mut StageIo<'_, Out, Control>,
     ) -> Result<(), BoxError> {
+        let _entered = self.env.enter();
         if let Some(head) = &mut self.loop_head {
             if head.is_dropped(input, false) {
                 return Ok(());
@@ -506,6 +511,7 @@ impl<In: Data, Out: Data> StageLogic for StageShell<In, Out> {
     }
 
     fn on_started(&mut self, io: &mut StageIo<'_, Out, Control>) -> Result<(), BoxError> {
+        let _entered = self.env.enter();
         self.restore(io)?;
         // A stage without inputs has ended at once.
         self.after_input(io)
@@ -516,6 +522,7 @@ impl<In: Data, Out: Data> StageLogic for StageShell<In, Out> {
         control: Control,
         io: &mut StageIo<'_, Out, Control>,
     ) -> Result<(), BoxError> {
+        let _entered = self.env.enter();
         match control {
             Control::Trigger(checkpoint) => self.machine.on_trigger(checkpoint),
             Control::Abort(checkpoint) => {
@@ -683,6 +690,7 @@ impl<T: Data> SourceLogic for SourceShell<T> {
         if self.exhausted {
             return Ok(SourcePoll::Exhausted);
         }
+        let _entered = self.env.enter();
         let read_batch = self.read_batch;
         let mut buffer = std::mem::take(&mut self.buffer);
         let status = self.reader()?.poll_batch(&mut buffer, read_batch);
@@ -712,6 +720,7 @@ impl<T: Data> SourceLogic for SourceShell<T> {
         control: Control,
         outputs: &mut Outputs<T, Control>,
     ) -> Result<(), BoxError> {
+        let _entered = self.env.enter();
         match control {
             Control::Trigger(checkpoint) => self.machine.on_trigger(checkpoint),
             Control::Abort(checkpoint) => {
