@@ -182,7 +182,7 @@ pub fn quiet_injected_panics() {
 /// `count` emits `(key, running count)`.
 pub mod pipeline {
     use std::collections::HashMap;
-    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::Arc;
 
     use snapflow::job::{Job, KeyedStateHandle};
@@ -273,6 +273,73 @@ pub mod pipeline {
 
         fn seek(&mut self, position: &SourcePosition) -> Result<(), SourceError> {
             self.inner.seek(position)
+        }
+    }
+
+    /// A [`CollectHandle`] whose first pre-commit, across every subtask and
+    /// generation, fails when the sink is armed: the failure happens inside
+    /// checkpoint 1, before that subtask acks it, so checkpoint 1 is in
+    /// flight when the job fails.
+    #[derive(Clone)]
+    pub struct FailFirstPreCommit<T> {
+        output: CollectHandle<T>,
+        failed: Arc<AtomicBool>,
+    }
+
+    impl<T> FailFirstPreCommit<T> {
+        /// Collects into `output`; the first pre-commit fails if `armed`.
+        pub fn new(output: CollectHandle<T>, armed: bool) -> Self {
+            FailFirstPreCommit {
+                output,
+                failed: Arc::new(AtomicBool::new(!armed)),
+            }
+        }
+    }
+
+    /// One subtask's sink of a [`FailFirstPreCommit`].
+    pub struct FailFirstWriter<T> {
+        inner: CollectSink<T>,
+        failed: Arc<AtomicBool>,
+    }
+
+    impl<T: Clone> SinkFactory for FailFirstPreCommit<T> {
+        type Sink = FailFirstWriter<T>;
+
+        fn create(&self, subtask: usize, parallelism: usize) -> Result<Self::Sink, SinkError> {
+            Ok(FailFirstWriter {
+                inner: self.output.create(subtask, parallelism)?,
+                failed: Arc::clone(&self.failed),
+            })
+        }
+    }
+
+    impl<T: Clone> Sink for FailFirstWriter<T> {
+        type Item = T;
+
+        fn write_batch(&mut self, batch: &[T]) -> Result<(), SinkError> {
+            self.inner.write_batch(batch)
+        }
+
+        fn pre_commit(&mut self, checkpoint_id: u64) -> Result<SinkState, SinkError> {
+            if !self.failed.swap(true, Ordering::SeqCst) {
+                return Err(SinkError::Custom {
+                    message: format!("pre-commit of checkpoint {checkpoint_id} refused"),
+                    retryable: false,
+                });
+            }
+            self.inner.pre_commit(checkpoint_id)
+        }
+
+        fn commit(&mut self, checkpoint_id: u64) -> Result<(), SinkError> {
+            self.inner.commit(checkpoint_id)
+        }
+
+        fn abort(&mut self) -> Result<(), SinkError> {
+            self.inner.abort()
+        }
+
+        fn restore(&mut self, state: Option<&SinkState>) -> Result<(), SinkError> {
+            self.inner.restore(state)
         }
     }
 

@@ -7,59 +7,10 @@ use std::sync::Arc;
 
 use snapflow::job::{Job, JobConfig, RestartReport, RestartStrategy};
 use snapflow::runtime::failure::FailureKind;
-use snapflow::sink::{CollectHandle, CollectSink, Sink, SinkError, SinkFactory, SinkState};
-use snapflow_tests::pipeline::{PacedSourceFactory, Pacing};
+use snapflow::sink::CollectHandle;
+use snapflow_tests::pipeline::{FailFirstPreCommit, PacedSourceFactory, Pacing};
 
 const RECORDS: u64 = 500;
-
-/// A collect sink whose first pre-commit (across subtasks and
-/// generations) fails: the failure happens inside checkpoint 1, before
-/// this subtask acks it, so checkpoint 1 is in flight.
-#[derive(Clone)]
-struct FailFirstPreCommit {
-    output: CollectHandle<u64>,
-    failed: Arc<AtomicBool>,
-}
-
-struct FailFirstWriter {
-    inner: CollectSink<u64>,
-    failed: Arc<AtomicBool>,
-}
-
-impl SinkFactory for FailFirstPreCommit {
-    type Sink = FailFirstWriter;
-    fn create(&self, subtask: usize, parallelism: usize) -> Result<FailFirstWriter, SinkError> {
-        Ok(FailFirstWriter {
-            inner: self.output.create(subtask, parallelism)?,
-            failed: Arc::clone(&self.failed),
-        })
-    }
-}
-
-impl Sink for FailFirstWriter {
-    type Item = u64;
-    fn write_batch(&mut self, batch: &[u64]) -> Result<(), SinkError> {
-        self.inner.write_batch(batch)
-    }
-    fn pre_commit(&mut self, checkpoint_id: u64) -> Result<SinkState, SinkError> {
-        if !self.failed.swap(true, Ordering::SeqCst) {
-            return Err(SinkError::Custom {
-                message: format!("pre-commit of checkpoint {checkpoint_id} refused"),
-                retryable: false,
-            });
-        }
-        self.inner.pre_commit(checkpoint_id)
-    }
-    fn commit(&mut self, checkpoint_id: u64) -> Result<(), SinkError> {
-        self.inner.commit(checkpoint_id)
-    }
-    fn abort(&mut self) -> Result<(), SinkError> {
-        self.inner.abort()
-    }
-    fn restore(&mut self, state: Option<&SinkState>) -> Result<(), SinkError> {
-        self.inner.restore(state)
-    }
-}
 
 /// How the test job fails.
 #[derive(Clone, Copy)]
@@ -91,10 +42,7 @@ fn restart_of(inject: Inject) -> RestartReport {
     );
     let output = CollectHandle::new();
     let fired = Arc::new(AtomicBool::new(false));
-    let sink = FailFirstPreCommit {
-        output: output.clone(),
-        failed: Arc::new(AtomicBool::new(!matches!(inject, Inject::SinkPreCommit))),
-    };
+    let sink = FailFirstPreCommit::new(output.clone(), matches!(inject, Inject::SinkPreCommit));
     let pacing = Pacing {
         records_per_read: 8,
     };

@@ -9,13 +9,12 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use snapflow::job::{Job, JobConfig, RestartStrategy};
-use snapflow::sink::{CollectHandle, CollectSink, Sink, SinkError, SinkFactory, SinkState};
+use snapflow::sink::CollectHandle;
 use snapflow::Snapshot;
-use snapflow_tests::pipeline::{PacedSourceFactory, Pacing};
+use snapflow_tests::pipeline::{FailFirstPreCommit, PacedSourceFactory, Pacing};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id};
 use tracing::{Event, Subscriber};
@@ -110,54 +109,6 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Recorder {
     }
 }
 
-/// A collect sink whose first pre-commit fails: checkpoint 1 is in flight
-/// then, so it is aborted and the region restarts.
-#[derive(Clone)]
-struct FailFirstPreCommit {
-    output: CollectHandle<(u64, u64)>,
-    failed: Arc<AtomicBool>,
-}
-
-struct FailFirstWriter {
-    inner: CollectSink<(u64, u64)>,
-    failed: Arc<AtomicBool>,
-}
-
-impl SinkFactory for FailFirstPreCommit {
-    type Sink = FailFirstWriter;
-    fn create(&self, subtask: usize, parallelism: usize) -> Result<FailFirstWriter, SinkError> {
-        Ok(FailFirstWriter {
-            inner: self.output.create(subtask, parallelism)?,
-            failed: Arc::clone(&self.failed),
-        })
-    }
-}
-
-impl Sink for FailFirstWriter {
-    type Item = (u64, u64);
-    fn write_batch(&mut self, batch: &[(u64, u64)]) -> Result<(), SinkError> {
-        self.inner.write_batch(batch)
-    }
-    fn pre_commit(&mut self, checkpoint_id: u64) -> Result<SinkState, SinkError> {
-        if !self.failed.swap(true, Ordering::SeqCst) {
-            return Err(SinkError::Custom {
-                message: "pre-commit refused".into(),
-                retryable: false,
-            });
-        }
-        self.inner.pre_commit(checkpoint_id)
-    }
-    fn commit(&mut self, checkpoint_id: u64) -> Result<(), SinkError> {
-        self.inner.commit(checkpoint_id)
-    }
-    fn abort(&mut self) -> Result<(), SinkError> {
-        self.inner.abort()
-    }
-    fn restore(&mut self, state: Option<&SinkState>) -> Result<(), SinkError> {
-        self.inner.restore(state)
-    }
-}
-
 #[derive(Snapshot, Default, Clone, Debug)]
 struct Count {
     seen: u64,
@@ -185,10 +136,7 @@ fn traced_run() -> Seen {
         },
     );
     let output = CollectHandle::new();
-    let sink = FailFirstPreCommit {
-        output: output.clone(),
-        failed: Arc::new(AtomicBool::new(false)),
-    };
+    let sink = FailFirstPreCommit::new(output.clone(), true);
     let pacing = Pacing {
         records_per_read: 8,
     };
