@@ -21,7 +21,8 @@ use snapflow::job::{Job, JobConfig, JobReport, OperatorReport};
 use snapflow::protocol::SnapshotMode;
 
 use support::{
-    expected_count, peak_rss_kb, quantile, reset_peak_rss, sequence, Count, DiscardSink,
+    bench_main, expected_count, parse_mode, parse_number, peak_rss_kb, quantile, reset_peak_rss,
+    sequence, Count, DiscardSink,
 };
 
 const USAGE: &str = "backpressure [--sizes N,N,...] [--keys K] [--pause-per-batch-us US] \
@@ -38,38 +39,22 @@ struct Options {
     mode: SnapshotMode,
 }
 
-fn parse_number<T: std::str::FromStr>(flag: &str, value: &str) -> Result<T, String> {
-    value
-        .replace('_', "")
-        .parse()
-        .map_err(|_| format!("{flag}: `{value}` is not a valid number"))
-}
-
-fn parse_mode(value: &str) -> Result<SnapshotMode, String> {
-    match value {
-        "aligned" => Ok(SnapshotMode::Aligned),
-        "unaligned" => Ok(SnapshotMode::Unaligned),
-        "at-least-once" => Ok(SnapshotMode::AtLeastOnce),
-        other => Err(format!("--mode: unknown mode `{other}`")),
-    }
-}
-
 fn apply(options: &mut Options, flag: &str, value: &str) -> Result<(), String> {
     match flag {
         "--sizes" => {
             let sizes: Result<Vec<u64>, String> = value
                 .split(',')
-                .map(|size| parse_number(flag, size))
+                .map(|size| parse_number(flag, Some(size)))
                 .collect();
             options.sizes = sizes?;
         }
-        "--keys" => options.keys = parse_number(flag, value)?,
+        "--keys" => options.keys = parse_number(flag, Some(value))?,
         "--pause-per-batch-us" => {
-            options.pause_per_batch = Duration::from_micros(parse_number(flag, value)?);
+            options.pause_per_batch = Duration::from_micros(parse_number(flag, Some(value))?);
         }
-        "--parallelism" => options.parallelism = parse_number(flag, value)?,
-        "--checkpoint-interval-ms" => options.interval_ms = parse_number(flag, value)?,
-        "--mode" => options.mode = parse_mode(value)?,
+        "--parallelism" => options.parallelism = parse_number(flag, Some(value))?,
+        "--checkpoint-interval-ms" => options.interval_ms = parse_number(flag, Some(value))?,
+        "--mode" => options.mode = parse_mode(Some(value))?,
         other => return Err(format!("unknown flag `{other}`\nusage: {USAGE}")),
     }
     Ok(())
@@ -196,18 +181,5 @@ fn run(options: &Options) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    let options = match parse(std::env::args().skip(1)) {
-        Ok(options) => options,
-        Err(message) => {
-            eprintln!("{message}");
-            return ExitCode::from(2);
-        }
-    };
-    match run(&options) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
-            eprintln!("backpressure: {message}");
-            ExitCode::FAILURE
-        }
-    }
+    bench_main("backpressure", parse, run)
 }

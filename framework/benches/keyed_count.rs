@@ -32,8 +32,8 @@ use snapflow::keyed::BuildStableHasher;
 use snapflow::protocol::SnapshotMode;
 
 use support::{
-    expected_count, median, peak_rss_kb, quantile, reset_peak_rss, sequence, ArbiterPinner, Count,
-    DiscardSink,
+    bench_main, expected_count, median, parse_mode, parse_number, peak_rss_kb, quantile,
+    reset_peak_rss, sequence, ArbiterPinner, Count, DiscardSink,
 };
 
 const USAGE: &str = "keyed_count [--records N] [--keys K] [--parallelism P] \
@@ -86,32 +86,15 @@ impl Default for Options {
     }
 }
 
-fn parse_number<T: std::str::FromStr>(flag: &str, value: Option<String>) -> Result<T, String> {
-    let value = value.ok_or_else(|| format!("{flag} needs a value"))?;
-    value
-        .replace('_', "")
-        .parse()
-        .map_err(|_| format!("{flag}: `{value}` is not a valid number"))
-}
-
-fn parse_mode(value: Option<String>) -> Result<SnapshotMode, String> {
-    match value.as_deref() {
-        Some("aligned") => Ok(SnapshotMode::Aligned),
-        Some("unaligned") => Ok(SnapshotMode::Unaligned),
-        Some("at-least-once") => Ok(SnapshotMode::AtLeastOnce),
-        other => Err(format!("--mode: unknown mode {other:?}")),
-    }
-}
-
-fn parse_interval(value: Option<String>) -> Result<Option<u64>, String> {
-    match value.as_deref() {
+fn parse_interval(value: Option<&str>) -> Result<Option<u64>, String> {
+    match value {
         Some("off") => Ok(None),
         _ => parse_number("--checkpoint-interval-ms", value).map(Some),
     }
 }
 
-fn parse_store(value: Option<String>) -> Result<StoreKind, String> {
-    match value.as_deref() {
+fn parse_store(value: Option<&str>) -> Result<StoreKind, String> {
+    match value {
         Some("memory") => Ok(StoreKind::Memory),
         Some("fs") => Ok(StoreKind::Fs),
         other => Err(format!("--store: unknown store {other:?}")),
@@ -124,15 +107,19 @@ fn parse(arguments: impl IntoIterator<Item = String>) -> Result<Options, String>
     let mut arguments = arguments.into_iter();
     while let Some(flag) = arguments.next() {
         match flag.as_str() {
-            "--records" => options.records = parse_number(&flag, arguments.next())?,
-            "--keys" => options.keys = parse_number(&flag, arguments.next())?,
-            "--parallelism" => options.parallelism = parse_number(&flag, arguments.next())?,
-            "--runs" => options.runs = parse_number(&flag, arguments.next())?,
-            "--checkpoint-interval-ms" => options.interval_ms = parse_interval(arguments.next())?,
-            "--mode" => options.mode = parse_mode(arguments.next())?,
-            "--store" => options.store = parse_store(arguments.next())?,
+            "--records" => options.records = parse_number(&flag, arguments.next().as_deref())?,
+            "--keys" => options.keys = parse_number(&flag, arguments.next().as_deref())?,
+            "--parallelism" => {
+                options.parallelism = parse_number(&flag, arguments.next().as_deref())?
+            }
+            "--runs" => options.runs = parse_number(&flag, arguments.next().as_deref())?,
+            "--checkpoint-interval-ms" => {
+                options.interval_ms = parse_interval(arguments.next().as_deref())?
+            }
+            "--mode" => options.mode = parse_mode(arguments.next().as_deref())?,
+            "--store" => options.store = parse_store(arguments.next().as_deref())?,
             "--window-batches" => {
-                options.window_batches = Some(parse_number(&flag, arguments.next())?)
+                options.window_batches = Some(parse_number(&flag, arguments.next().as_deref())?)
             }
             "--pin-arbiters" => options.pin_arbiters = true,
             "--compare-off" => options.compare_off = true,
@@ -426,18 +413,5 @@ fn run(options: &Options) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    let options = match parse(std::env::args().skip(1)) {
-        Ok(options) => options,
-        Err(message) => {
-            eprintln!("{message}");
-            return ExitCode::from(2);
-        }
-    };
-    match run(&options) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
-            eprintln!("keyed_count: {message}");
-            ExitCode::FAILURE
-        }
-    }
+    bench_main("keyed_count", parse, run)
 }

@@ -29,7 +29,7 @@ use snapflow::source::{
     split_range, Source, SourceError, SourceFactory, SourcePoll, SourcePosition,
 };
 
-use support::{expected_count, median, Count, DiscardSink};
+use support::{bench_main, expected_count, median, parse_number, Count, DiscardSink};
 
 const USAGE: &str = "recovery [--records N] [--keys K] [--fail-at I] [--parallelism P] \
 [--checkpoint-interval-ms MS] [--runs R]";
@@ -43,14 +43,6 @@ struct Options {
     parallelism: usize,
     interval_ms: u64,
     runs: usize,
-}
-
-fn parse_number<T: std::str::FromStr>(flag: &str, value: Option<String>) -> Result<T, String> {
-    let value = value.ok_or_else(|| format!("{flag} needs a value"))?;
-    value
-        .replace('_', "")
-        .parse()
-        .map_err(|_| format!("{flag}: `{value}` is not a valid number"))
 }
 
 /// Parses the flags; cargo's own `--bench` flag is ignored.
@@ -69,14 +61,16 @@ fn parse(arguments: impl IntoIterator<Item = String>) -> Result<Options, String>
     let mut arguments = arguments.into_iter();
     while let Some(flag) = arguments.next() {
         match flag.as_str() {
-            "--records" => options.records = parse_number(&flag, arguments.next())?,
-            "--keys" => options.keys = parse_number(&flag, arguments.next())?,
-            "--fail-at" => options.fail_at = parse_number(&flag, arguments.next())?,
-            "--parallelism" => options.parallelism = parse_number(&flag, arguments.next())?,
-            "--checkpoint-interval-ms" => {
-                options.interval_ms = parse_number(&flag, arguments.next())?;
+            "--records" => options.records = parse_number(&flag, arguments.next().as_deref())?,
+            "--keys" => options.keys = parse_number(&flag, arguments.next().as_deref())?,
+            "--fail-at" => options.fail_at = parse_number(&flag, arguments.next().as_deref())?,
+            "--parallelism" => {
+                options.parallelism = parse_number(&flag, arguments.next().as_deref())?
             }
-            "--runs" => options.runs = parse_number(&flag, arguments.next())?,
+            "--checkpoint-interval-ms" => {
+                options.interval_ms = parse_number(&flag, arguments.next().as_deref())?;
+            }
+            "--runs" => options.runs = parse_number(&flag, arguments.next().as_deref())?,
             "--bench" => {}
             "--help" | "-h" => return Err(USAGE.to_string()),
             other => return Err(format!("unknown flag `{other}`\nusage: {USAGE}")),
@@ -331,18 +325,5 @@ fn run(options: &Options) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    let options = match parse(std::env::args().skip(1)) {
-        Ok(options) => options,
-        Err(message) => {
-            eprintln!("{message}");
-            return ExitCode::from(2);
-        }
-    };
-    match run(&options) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
-            eprintln!("recovery: {message}");
-            ExitCode::FAILURE
-        }
-    }
+    bench_main("recovery", parse, run)
 }

@@ -8,10 +8,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::hint::black_box;
+use std::process::ExitCode;
+use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use snapflow::protocol::SnapshotMode;
 use snapflow::sink::{Sink, SinkError, SinkFactory, SinkState};
 use snapflow::source::GeneratorSourceFactory;
 
@@ -280,4 +283,48 @@ fn arbiter_threads() -> Vec<u64> {
         .collect();
     tids.sort_unstable();
     tids
+}
+
+/// Parses a flag's number (`_` separators allowed); a missing value or a
+/// bad number is a message for the user.
+pub fn parse_number<T: FromStr>(flag: &str, value: Option<&str>) -> Result<T, String> {
+    let value = value.ok_or_else(|| format!("{flag} needs a value"))?;
+    value
+        .replace('_', "")
+        .parse()
+        .map_err(|_| format!("{flag}: `{value}` is not a valid number"))
+}
+
+/// Parses `--mode`: `aligned`, `unaligned` or `at-least-once`.
+pub fn parse_mode(value: Option<&str>) -> Result<SnapshotMode, String> {
+    match value {
+        Some("aligned") => Ok(SnapshotMode::Aligned),
+        Some("unaligned") => Ok(SnapshotMode::Unaligned),
+        Some("at-least-once") => Ok(SnapshotMode::AtLeastOnce),
+        other => Err(format!("--mode: unknown mode {other:?}")),
+    }
+}
+
+/// The `main` of every benchmark: parses the arguments (exit code 2 on a
+/// usage error), runs, and turns a failed check into exit code 1 with the
+/// benchmark's name in the message.
+pub fn bench_main<O>(
+    name: &str,
+    parse: impl FnOnce(std::iter::Skip<std::env::Args>) -> Result<O, String>,
+    run: impl FnOnce(&O) -> Result<(), String>,
+) -> ExitCode {
+    let options = match parse(std::env::args().skip(1)) {
+        Ok(options) => options,
+        Err(message) => {
+            eprintln!("{message}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&options) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("{name}: {message}");
+            ExitCode::FAILURE
+        }
+    }
 }
