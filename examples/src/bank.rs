@@ -36,8 +36,8 @@ use snapflow::storage::{
 use snapflow::Snapshot;
 
 use crate::common::{
-    check_crashes, fresh_store, print_report, Arguments, CommonOptions, CrashPlan, ExampleError,
-    PacedSource, Pacing, Rng,
+    check_crashes, fresh_store, parse_options, print_report, Arguments, CommonOptions, CrashPlan,
+    ExampleError, ExampleOptions, PacedSource, Pacing, Rng,
 };
 
 /// The options of the bank example.
@@ -57,8 +57,18 @@ pub struct Options {
 }
 
 impl Options {
-    /// A full run: 50 accounts, 30,000 transfers.
-    pub fn full() -> Options {
+    /// Parses the command line (`--smoke` first selects the smoke defaults).
+    pub fn parse(arguments: Vec<String>) -> Result<Options, ExampleError> {
+        parse_options(arguments)
+    }
+
+    fn initial_total(&self) -> i64 {
+        i64::from(self.accounts) * self.initial_balance
+    }
+}
+
+impl ExampleOptions for Options {
+    fn full() -> Self {
         Options {
             accounts: 50,
             transfers: 30_000,
@@ -68,8 +78,7 @@ impl Options {
         }
     }
 
-    /// A tiny run for CI.
-    pub fn smoke() -> Options {
+    fn smoke() -> Self {
         Options {
             accounts: 8,
             transfers: 800,
@@ -79,35 +88,21 @@ impl Options {
         }
     }
 
-    /// Parses the command line (`--smoke` first selects the smoke defaults).
-    pub fn parse(arguments: Vec<String>) -> Result<Options, ExampleError> {
-        let mut options = if arguments.iter().any(|flag| flag == "--smoke") {
-            Options::smoke()
-        } else {
-            Options::full()
-        };
-        let mut arguments = Arguments::new(arguments);
-        while let Some(flag) = arguments.next_flag() {
-            match flag.as_str() {
-                "--smoke" => {}
-                "--accounts" => {
-                    options.accounts = u32::try_from(arguments.positive(&flag)?)
-                        .map_err(|_| ExampleError::Usage(format!("{flag} is too large")))?;
-                }
-                "--transfers" => options.transfers = arguments.positive(&flag)?,
-                "--unaligned" => options.unaligned = true,
-                other => {
-                    if !options.common.apply(other, &mut arguments)? {
-                        return Err(ExampleError::Usage(format!("unknown option {other}")));
-                    }
-                }
-            }
-        }
-        Ok(options)
+    fn common(&mut self) -> &mut CommonOptions {
+        &mut self.common
     }
 
-    fn initial_total(&self) -> i64 {
-        i64::from(self.accounts) * self.initial_balance
+    fn apply_own(&mut self, flag: &str, arguments: &mut Arguments) -> Result<bool, ExampleError> {
+        match flag {
+            "--accounts" => {
+                self.accounts = u32::try_from(arguments.positive(flag)?)
+                    .map_err(|_| ExampleError::Usage(format!("{flag} is too large")))?;
+            }
+            "--transfers" => self.transfers = arguments.positive(flag)?,
+            "--unaligned" => self.unaligned = true,
+            _ => return Ok(false),
+        }
+        Ok(true)
     }
 }
 

@@ -132,6 +132,41 @@ impl Arguments {
     }
 }
 
+/// An example's options: its two sets of defaults, its share of the
+/// common options, and its own flags. [`parse_options`] does the rest.
+pub trait ExampleOptions: Sized {
+    /// The defaults of a full run.
+    fn full() -> Self;
+    /// The defaults of a smoke run (selected by `--smoke` anywhere).
+    fn smoke() -> Self;
+    /// The options every example shares.
+    fn common(&mut self) -> &mut CommonOptions;
+    /// Applies `flag` if it is one of this example's own; `Ok(false)` if
+    /// it is not.
+    fn apply_own(&mut self, flag: &str, arguments: &mut Arguments) -> Result<bool, ExampleError>;
+}
+
+/// Parses an example's command line: `--smoke` first selects the smoke
+/// defaults, then each flag is the example's own, a common one, or a
+/// usage error.
+pub fn parse_options<O: ExampleOptions>(arguments: Vec<String>) -> Result<O, ExampleError> {
+    let mut options = if arguments.iter().any(|flag| flag == "--smoke") {
+        O::smoke()
+    } else {
+        O::full()
+    };
+    let mut arguments = Arguments::new(arguments);
+    while let Some(flag) = arguments.next_flag() {
+        let known = flag == "--smoke"
+            || options.apply_own(&flag, &mut arguments)?
+            || options.common().apply(&flag, &mut arguments)?;
+        if !known {
+            return Err(ExampleError::Usage(format!("unknown option {flag}")));
+        }
+    }
+    Ok(options)
+}
+
 /// The options every example shares.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommonOptions {

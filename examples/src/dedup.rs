@@ -21,8 +21,8 @@ use snapflow::sink::CollectHandle;
 use snapflow::Snapshot;
 
 use crate::common::{
-    check_crashes, fresh_store, print_report, Arguments, CommonOptions, CrashPlan, ExampleError,
-    PacedSource, Pacing, Rng,
+    check_crashes, fresh_store, parse_options, print_report, Arguments, CommonOptions, CrashPlan,
+    ExampleError, ExampleOptions, PacedSource, Pacing, Rng,
 };
 
 /// The options of the dedup example.
@@ -35,42 +35,37 @@ pub struct Options {
 }
 
 impl Options {
-    /// A full run: 20,000 ids, about 33,000 events.
-    pub fn full() -> Options {
+    /// Parses the command line (`--smoke` first selects the smoke defaults).
+    pub fn parse(arguments: Vec<String>) -> Result<Options, ExampleError> {
+        parse_options(arguments)
+    }
+}
+
+impl ExampleOptions for Options {
+    fn full() -> Self {
         Options {
             ids: 20_000,
             common: CommonOptions::full(),
         }
     }
 
-    /// A tiny run for CI.
-    pub fn smoke() -> Options {
+    fn smoke() -> Self {
         Options {
             ids: 600,
             common: CommonOptions::smoke(),
         }
     }
 
-    /// Parses the command line (`--smoke` first selects the smoke defaults).
-    pub fn parse(arguments: Vec<String>) -> Result<Options, ExampleError> {
-        let mut options = if arguments.iter().any(|flag| flag == "--smoke") {
-            Options::smoke()
-        } else {
-            Options::full()
-        };
-        let mut arguments = Arguments::new(arguments);
-        while let Some(flag) = arguments.next_flag() {
-            match flag.as_str() {
-                "--smoke" => {}
-                "--ids" => options.ids = arguments.positive(&flag)?,
-                other => {
-                    if !options.common.apply(other, &mut arguments)? {
-                        return Err(ExampleError::Usage(format!("unknown option {other}")));
-                    }
-                }
-            }
+    fn common(&mut self) -> &mut CommonOptions {
+        &mut self.common
+    }
+
+    fn apply_own(&mut self, flag: &str, arguments: &mut Arguments) -> Result<bool, ExampleError> {
+        match flag {
+            "--ids" => self.ids = arguments.positive(flag)?,
+            _ => return Ok(false),
         }
-        Ok(options)
+        Ok(true)
     }
 }
 

@@ -24,8 +24,8 @@ use snapflow::sink::CollectHandle;
 use snapflow::Snapshot;
 
 use crate::common::{
-    check_crashes, fresh_store, print_report, Arguments, CommonOptions, CrashPlan, ExampleError,
-    PacedSource, Pacing, Rng,
+    check_crashes, fresh_store, parse_options, print_report, Arguments, CommonOptions, CrashPlan,
+    ExampleError, ExampleOptions, PacedSource, Pacing, Rng,
 };
 
 /// The options of the online_model example.
@@ -40,8 +40,14 @@ pub struct Options {
 }
 
 impl Options {
-    /// A full run: 30,000 readings of 20 sensors.
-    pub fn full() -> Options {
+    /// Parses the command line (`--smoke` first selects the smoke defaults).
+    pub fn parse(arguments: Vec<String>) -> Result<Options, ExampleError> {
+        parse_options(arguments)
+    }
+}
+
+impl ExampleOptions for Options {
+    fn full() -> Self {
         Options {
             readings: 30_000,
             sensors: 20,
@@ -49,8 +55,7 @@ impl Options {
         }
     }
 
-    /// A tiny run for CI.
-    pub fn smoke() -> Options {
+    fn smoke() -> Self {
         Options {
             readings: 1_000,
             sensors: 5,
@@ -58,27 +63,17 @@ impl Options {
         }
     }
 
-    /// Parses the command line (`--smoke` first selects the smoke defaults).
-    pub fn parse(arguments: Vec<String>) -> Result<Options, ExampleError> {
-        let mut options = if arguments.iter().any(|flag| flag == "--smoke") {
-            Options::smoke()
-        } else {
-            Options::full()
-        };
-        let mut arguments = Arguments::new(arguments);
-        while let Some(flag) = arguments.next_flag() {
-            match flag.as_str() {
-                "--smoke" => {}
-                "--readings" => options.readings = arguments.positive(&flag)?,
-                "--sensors" => options.sensors = arguments.positive(&flag)?,
-                other => {
-                    if !options.common.apply(other, &mut arguments)? {
-                        return Err(ExampleError::Usage(format!("unknown option {other}")));
-                    }
-                }
-            }
+    fn common(&mut self) -> &mut CommonOptions {
+        &mut self.common
+    }
+
+    fn apply_own(&mut self, flag: &str, arguments: &mut Arguments) -> Result<bool, ExampleError> {
+        match flag {
+            "--readings" => self.readings = arguments.positive(flag)?,
+            "--sensors" => self.sensors = arguments.positive(flag)?,
+            _ => return Ok(false),
         }
-        Ok(options)
+        Ok(true)
     }
 }
 

@@ -31,8 +31,8 @@ use snapflow::source::{
 use snapflow::Snapshot;
 
 use crate::common::{
-    check_crashes, fresh_store, print_report, Arguments, CommonOptions, CrashPlan, ExampleError,
-    PacedSource, Pacer, Pacing, Rng,
+    check_crashes, fresh_store, parse_options, print_report, Arguments, CommonOptions, CrashPlan,
+    ExampleError, ExampleOptions, PacedSource, Pacer, Pacing, Rng,
 };
 
 /// The options of the wordcount example.
@@ -47,8 +47,14 @@ pub struct Options {
 }
 
 impl Options {
-    /// A full run: 300,000 words, two crashes, a few seconds in release.
-    pub fn full() -> Options {
+    /// Parses the command line (`--smoke` first selects the smoke defaults).
+    pub fn parse(arguments: Vec<String>) -> Result<Options, ExampleError> {
+        parse_options(arguments)
+    }
+}
+
+impl ExampleOptions for Options {
+    fn full() -> Self {
         Options {
             words: 300_000,
             input: None,
@@ -56,8 +62,7 @@ impl Options {
         }
     }
 
-    /// A tiny run for CI.
-    pub fn smoke() -> Options {
+    fn smoke() -> Self {
         Options {
             words: 3_000,
             input: None,
@@ -65,27 +70,17 @@ impl Options {
         }
     }
 
-    /// Parses the command line (`--smoke` first selects the smoke defaults).
-    pub fn parse(arguments: Vec<String>) -> Result<Options, ExampleError> {
-        let mut options = if arguments.iter().any(|flag| flag == "--smoke") {
-            Options::smoke()
-        } else {
-            Options::full()
-        };
-        let mut arguments = Arguments::new(arguments);
-        while let Some(flag) = arguments.next_flag() {
-            match flag.as_str() {
-                "--smoke" => {}
-                "--words" => options.words = arguments.positive(&flag)?,
-                "--input" => options.input = Some(PathBuf::from(arguments.value(&flag)?)),
-                other => {
-                    if !options.common.apply(other, &mut arguments)? {
-                        return Err(ExampleError::Usage(format!("unknown option {other}")));
-                    }
-                }
-            }
+    fn common(&mut self) -> &mut CommonOptions {
+        &mut self.common
+    }
+
+    fn apply_own(&mut self, flag: &str, arguments: &mut Arguments) -> Result<bool, ExampleError> {
+        match flag {
+            "--words" => self.words = arguments.positive(flag)?,
+            "--input" => self.input = Some(PathBuf::from(arguments.value(flag)?)),
+            _ => return Ok(false),
         }
-        Ok(options)
+        Ok(true)
     }
 }
 

@@ -3,7 +3,7 @@
 //! Each test uses its own temporary checkpoint directory, so they can run
 //! in parallel.
 
-use snapflow_examples::common::{CommonOptions, ExampleError};
+use snapflow_examples::common::{CommonOptions, ExampleError, ExampleOptions};
 use snapflow_examples::{bank, dedup, online_model, wordcount};
 
 fn check<O>(
