@@ -53,7 +53,7 @@ impl Snapshot for Journal {
     };
 
     fn encode_payload(&self, out: &mut Vec<u8>) -> Result<(), StateError> {
-        encode_with_postcard(Self::SCHEMA.type_name, self, out)
+        snapflow::__private::encode_field(Self::SCHEMA.type_name, self, out)
     }
 
     fn decode_payload(payload: &[u8]) -> Result<Self, StateError> {
@@ -78,7 +78,7 @@ impl Snapshot for Counter {
     };
 
     fn encode_payload(&self, out: &mut Vec<u8>) -> Result<(), StateError> {
-        encode_with_postcard(Self::SCHEMA.type_name, self, out)
+        snapflow::__private::encode_field(Self::SCHEMA.type_name, self, out)
     }
 
     fn decode_payload(payload: &[u8]) -> Result<Self, StateError> {
@@ -104,7 +104,7 @@ impl Snapshot for Table {
     };
 
     fn encode_payload(&self, out: &mut Vec<u8>) -> Result<(), StateError> {
-        encode_with_postcard(Self::SCHEMA.type_name, self, out)
+        snapflow::__private::encode_field(Self::SCHEMA.type_name, self, out)
     }
 
     fn decode_payload(payload: &[u8]) -> Result<Self, StateError> {
@@ -112,30 +112,14 @@ impl Snapshot for Table {
     }
 }
 
-fn encode_with_postcard<T: Serialize>(
-    type_name: &'static str,
-    value: &T,
-    out: &mut Vec<u8>,
-) -> Result<(), StateError> {
-    let extended =
-        postcard::to_extend(value, std::mem::take(out)).map_err(|error| StateError::Encode {
-            type_name,
-            reason: error.to_string(),
-        })?;
-    *out = extended;
-    Ok(())
-}
-
+/// Decodes a whole payload as one serde value, the way derived code
+/// decodes its fields (the framework's own helpers, not a copy).
 fn decode_with_postcard<T: DeserializeOwned>(
     type_name: &'static str,
-    payload: &[u8],
+    mut payload: &[u8],
 ) -> Result<T, StateError> {
-    let payload_error = |reason: String| StateError::Payload { type_name, reason };
-    let (value, rest) =
-        postcard::take_from_bytes(payload).map_err(|error| payload_error(error.to_string()))?;
-    if !rest.is_empty() {
-        return Err(payload_error(format!("{} trailing bytes", rest.len())));
-    }
+    let value = snapflow::__private::decode_field(type_name, &mut payload)?;
+    snapflow::__private::finish(type_name, payload)?;
     Ok(value)
 }
 

@@ -47,7 +47,7 @@ impl Snapshot for Count {
     };
 
     fn encode_payload(&self, out: &mut Vec<u8>) -> Result<(), StateError> {
-        encode_with_postcard("Count", self, out)
+        snapflow::__private::encode_field("Count", self, out)
     }
 
     fn decode_payload(payload: &[u8]) -> Result<Self, StateError> {
@@ -89,7 +89,7 @@ impl Snapshot for CountV2 {
     };
 
     fn encode_payload(&self, out: &mut Vec<u8>) -> Result<(), StateError> {
-        encode_with_postcard("Count", self, out)
+        snapflow::__private::encode_field("Count", self, out)
     }
 
     fn decode_payload(payload: &[u8]) -> Result<Self, StateError> {
@@ -122,7 +122,7 @@ impl Snapshot for Renamed {
     };
 
     fn encode_payload(&self, out: &mut Vec<u8>) -> Result<(), StateError> {
-        encode_with_postcard("Count", self, out)
+        snapflow::__private::encode_field("Count", self, out)
     }
 
     fn decode_payload(payload: &[u8]) -> Result<Self, StateError> {
@@ -159,7 +159,7 @@ impl Snapshot for Tally {
     };
 
     fn encode_payload(&self, out: &mut Vec<u8>) -> Result<(), StateError> {
-        encode_with_postcard("Tally", self, out)
+        snapflow::__private::encode_field("Tally", self, out)
     }
 
     fn decode_payload(payload: &[u8]) -> Result<Self, StateError> {
@@ -167,35 +167,15 @@ impl Snapshot for Tally {
     }
 }
 
-fn encode_with_postcard<T: Serialize>(
-    type_name: &'static str,
-    value: &T,
-    out: &mut Vec<u8>,
-) -> Result<(), StateError> {
-    let extended =
-        postcard::to_extend(value, std::mem::take(out)).map_err(|error| StateError::Encode {
-            type_name,
-            reason: error.to_string(),
-        })?;
-    *out = extended;
-    Ok(())
-}
-
+/// Decodes a whole payload as one serde value, the way derived code
+/// decodes its fields (the framework's own helpers, not a copy).
 fn decode_with_postcard<T: DeserializeOwned>(
     type_name: &'static str,
-    payload: &[u8],
+    mut payload: &[u8],
 ) -> Result<T, StateError> {
-    match postcard::take_from_bytes::<T>(payload) {
-        Ok((value, [])) => Ok(value),
-        Ok((_, rest)) => Err(StateError::Payload {
-            type_name,
-            reason: format!("{} trailing bytes", rest.len()),
-        }),
-        Err(error) => Err(StateError::Payload {
-            type_name,
-            reason: error.to_string(),
-        }),
-    }
+    let value = snapflow::__private::decode_field(type_name, &mut payload)?;
+    snapflow::__private::finish(type_name, payload)?;
+    Ok(value)
 }
 
 /// The default max parallelism, 128.
