@@ -38,7 +38,7 @@ use support::{
 
 const USAGE: &str = "keyed_count [--records N] [--keys K] [--parallelism P] \
 [--checkpoint-interval-ms MS|off] [--mode aligned|unaligned|at-least-once] [--runs R] \
-[--store memory|fs] [--window-batches W] [--pin-arbiters] [--compare-off] [--smoke]";
+[--store memory|fs] [--window-batches W] [--arbiters A] [--pin-arbiters] [--compare-off] [--smoke]";
 
 /// Where checkpoints go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,6 +66,10 @@ struct Options {
     window_batches: Option<usize>,
     /// Pin the job's arbiter threads to CPUs (see `ArbiterPinner`).
     pin_arbiters: bool,
+    /// Arbiter threads; `None` keeps the job's default (one per core).
+    /// `--arbiters 1` runs every subtask on one thread, so the job/loop
+    /// ratio is the inverse of the job's CPU cost per record in loop units.
+    arbiters: Option<usize>,
 }
 
 impl Default for Options {
@@ -82,6 +86,7 @@ impl Default for Options {
             smoke: false,
             window_batches: None,
             pin_arbiters: false,
+            arbiters: None,
         }
     }
 }
@@ -122,6 +127,9 @@ fn parse(arguments: impl IntoIterator<Item = String>) -> Result<Options, String>
                 options.window_batches = Some(parse_number(&flag, arguments.next().as_deref())?)
             }
             "--pin-arbiters" => options.pin_arbiters = true,
+            "--arbiters" => {
+                options.arbiters = Some(parse_number(&flag, arguments.next().as_deref())?)
+            }
             "--compare-off" => options.compare_off = true,
             "--smoke" => options.smoke = true,
             "--bench" => {}
@@ -159,6 +167,7 @@ fn job_config(options: &Options, interval_ms: Option<u64>) -> JobConfig {
         mode: options.mode,
         default_parallelism: options.parallelism,
         window_batches: options.window_batches.unwrap_or(defaults.window_batches),
+        arbiters: options.arbiters.or(defaults.arbiters),
         ..defaults
     }
 }
@@ -383,13 +392,14 @@ fn run(options: &Options) -> Result<(), String> {
     let window = job_config(options, None).window_batches;
     println!(
         "keyed count: {} records, {} keys, parallelism {}, mode {:?}, store {:?}, window {} batches, \
-         arbiters {}, {} runs",
+         arbiters {} ({}), {} runs",
         options.records,
         options.keys,
         options.parallelism,
         options.mode,
         options.store,
         window,
+        options.arbiters.map_or("one per core".to_string(), |count| count.to_string()),
         if options.pin_arbiters { "pinned" } else { "not pinned" },
         options.runs
     );
