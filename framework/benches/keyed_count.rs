@@ -32,9 +32,12 @@ use snapflow::keyed::BuildStableHasher;
 use snapflow::protocol::SnapshotMode;
 
 use support::{
-    bench_main, expected_count, median, parse_mode, parse_number, peak_rss_kb, quantile,
-    reset_peak_rss, sequence, ArbiterPinner, Count, DiscardSink,
+    bench_main, cross_core_round_trip_ns, expected_count, median, parse_mode, parse_number,
+    peak_rss_kb, quantile, reset_peak_rss, sequence, ArbiterPinner, Count, DiscardSink,
 };
+
+/// Round trips of the cross-core probe printed around the runs (20-70 ms).
+const ROUND_TRIPS: u64 = 200_000;
 
 const USAGE: &str = "keyed_count [--records N] [--keys K] [--parallelism P] \
 [--checkpoint-interval-ms MS|off] [--mode aligned|unaligned|at-least-once] [--runs R] \
@@ -403,6 +406,7 @@ fn run(options: &Options) -> Result<(), String> {
         if options.pin_arbiters { "pinned" } else { "not pinned" },
         options.runs
     );
+    let probe_before_ns = cross_core_round_trip_ns(ROUND_TRIPS);
     let runs = run_config(options, options.interval_ms)?;
     let title = format!("job, {}", describe(options.interval_ms));
     let job_rate = print_job_runs(&title, options, &runs);
@@ -416,6 +420,11 @@ fn run(options: &Options) -> Result<(), String> {
     }
     let loop_rate = run_loop(options)?;
     println!("ratio job/loop: {:.4}", job_rate / loop_rate);
+    println!(
+        "cross-core round trip: {probe_before_ns:.0} ns before the job runs, {:.0} ns after the loop \
+         (about 80 is the fast condition, about 340 the slow one; BENCHMARKS.md \"Slow mode\")",
+        cross_core_round_trip_ns(ROUND_TRIPS)
+    );
     if options.smoke {
         println!("smoke: per-key counts and committed record counts are exact");
     }

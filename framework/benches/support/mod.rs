@@ -328,3 +328,45 @@ pub fn bench_main<O>(
         }
     }
 }
+
+/// The median time of one cache-line round trip between two threads, in
+/// nanoseconds: two threads take turns incrementing one atomic counter,
+/// `round_trips` times each.
+///
+/// On the 2-vCPU VM the benchmarks were written on, this figure moves
+/// between about 80 ns and about 340 ns from one minute to the next (the
+/// host places the two vCPUs on cores that share a cache, or not), and the
+/// job's throughput moves with it; see BENCHMARKS.md, "Slow mode". Printed
+/// before and after a run, it tells which condition the run had. It
+/// measures nothing about the job.
+pub fn cross_core_round_trip_ns(round_trips: u64) -> f64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    let turn = Arc::new(AtomicU64::new(0));
+    let other = Arc::clone(&turn);
+    let started = std::time::Instant::now();
+    // Odd values are the helper's turn, even values the caller's. Each
+    // side spins (bounded by `round_trips`) until the counter says it is
+    // its turn, then hands the turn over.
+    let helper = std::thread::spawn(move || {
+        for round in 0..round_trips {
+            while other.load(Ordering::Acquire) != 2 * round + 1 {
+                std::hint::spin_loop();
+            }
+            other.store(2 * round + 2, Ordering::Release);
+        }
+    });
+    for round in 0..round_trips {
+        turn.store(2 * round + 1, Ordering::Release);
+        while turn.load(Ordering::Acquire) != 2 * round + 2 {
+            std::hint::spin_loop();
+        }
+    }
+    let elapsed = started.elapsed();
+    // The helper only spins on the shared counter and has finished its
+    // last round once the caller saw it; a panic there is a bug here.
+    helper
+        .join()
+        .expect("the round-trip helper thread panicked");
+    elapsed.as_nanos() as f64 / round_trips as f64
+}
