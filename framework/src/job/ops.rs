@@ -165,9 +165,9 @@ where
     fn process(&mut self, batch: Vec<In>, out: &mut Collector<'_, Out>) -> Result<(), BoxError> {
         for record in batch {
             let key = (self.key_of)(&record);
-            let state = self
-                .states
-                .try_get_or_default_hashed(&key, key_hash(&key))?;
+            // The hash partitioner upstream routed this record here by the
+            // key group of this very hash, so the lookup need not check it.
+            let state = self.states.get_or_default_routed(&key, key_hash(&key));
             (self.function)(&key, state, record, out)?;
         }
         Ok(())
