@@ -11,9 +11,10 @@
 //! A whole batch (what a source read, or what a [`Collector`] buffered) is
 //! routed by [`Router::route_batch`]. A hash edge runs one monomorphised
 //! loop per batch: the user's key function, the stable hash, a key-group
-//! table lookup (no division) and the push, with no indirect call per
-//! record. A forward edge hands the batch to its channel whole, and the
-//! channel takes the vector itself when no batch is open.
+//! table lookup (no division) and a push onto the vector of the record's
+//! channel, with no indirect call per record; then each vector goes to its
+//! channel whole. A forward edge hands the batch to its channel whole, and
+//! the channel takes the vector itself when no batch is open.
 //!
 //! Known gap: the keyed operator downstream computes each record's key
 //! again (as Flink's does); carrying it would need a typed side column in
@@ -36,11 +37,21 @@ pub(crate) type KeyHash<T> = Arc<KeyHasher<T>>;
 /// downstream subtask of every key group.
 pub(crate) struct HashTarget<'a> {
     first: usize,
+    /// The edge's channel count (its downstream subtasks).
+    count: usize,
     subtasks: &'a [u32],
     max_parallelism: MaxParallelism,
 }
 
 impl HashTarget<'_> {
+    /// The downstream subtask of the key group of `key_hash`: the output's
+    /// offset from the edge's first.
+    #[inline]
+    fn offset_of(&self, key_hash: u64) -> usize {
+        let group = self.max_parallelism.key_group_of(key_hash) as usize;
+        self.subtasks.get(group).copied().unwrap_or(0) as usize
+    }
+
     /// The output of the subtask that owns the key group of `key_hash`.
     #[inline]
     pub(crate) fn output_of(&self, key_hash: u64) -> usize {
@@ -56,12 +67,14 @@ impl HashTarget<'_> {
 /// one monomorphised loop.
 trait Scatter<T>: Send + Sync {
     /// Pushes every record of `records` onto the output `target` names for
-    /// its key, in order.
+    /// its key, in order. `parts` is the edge's, one vector per output,
+    /// kept between batches; it is left empty.
     fn scatter(
         &self,
         records: &mut Vec<T>,
         outputs: &mut Outputs<T, Control>,
         target: &HashTarget<'_>,
+        parts: &mut Vec<Vec<T>>,
     ) where
         T: Send + 'static;
 }
@@ -82,12 +95,30 @@ where
         records: &mut Vec<T>,
         outputs: &mut Outputs<T, Control>,
         target: &HashTarget<'_>,
+        parts: &mut Vec<Vec<T>>,
     ) where
         T: Send + 'static,
     {
+        parts.resize_with(target.count, Vec::new);
+        // A channel that takes a part whole hands back a vector without
+        // capacity: reserve a fair share and a quarter, so that a part
+        // grows at most about once per batch unless the keys are skewed.
+        let share = records.len() / target.count.max(1);
+        for part in parts.iter_mut() {
+            part.reserve(share + share / 4);
+        }
         for record in records.drain(..) {
             let hash = keyed::key_hash(&(self.key_of)(&record));
-            outputs.emit(target.output_of(hash), record);
+            // Cannot miss: the table holds subtasks below the edge's
+            // channel count, which is the number of parts.
+            if let Some(part) = parts.get_mut(target.offset_of(hash)) {
+                part.push(record);
+            }
+        }
+        for (offset, part) in parts.iter_mut().enumerate() {
+            if !part.is_empty() {
+                outputs.emit_all(target.first + offset, part);
+            }
         }
     }
 }
@@ -170,6 +201,9 @@ pub(crate) struct EdgeRoute<T> {
     /// For a hash edge: the downstream subtask of every key group, for the
     /// current `count` (see [`MaxParallelism::subtask_table`]).
     subtasks: Vec<u32>,
+    /// For a hash edge: one vector per channel, which its batch router
+    /// fills and hands to the channel whole (see [`Scatter::scatter`]).
+    parts: Vec<Vec<T>>,
 }
 
 impl<T> EdgeRoute<T> {
@@ -182,6 +216,7 @@ impl<T> EdgeRoute<T> {
             // small inputs do not all land on downstream subtask 0.
             next: subtask,
             subtasks: Vec::new(),
+            parts: Vec::new(),
         };
         for _ in 0..count {
             // A count above the max parallelism leaves the table empty;
@@ -211,6 +246,7 @@ impl<T> EdgeRoute<T> {
     fn hash_target(&self, max_parallelism: MaxParallelism) -> HashTarget<'_> {
         HashTarget {
             first: self.first,
+            count: self.count,
             subtasks: &self.subtasks,
             max_parallelism,
         }
@@ -266,8 +302,15 @@ impl<T: Send + 'static> EdgeRoute<T> {
                 key_hash,
                 max_parallelism,
             } => {
-                let target = self.hash_target(*max_parallelism);
-                key_hash.scatter.scatter(records, outputs, &target);
+                let target = HashTarget {
+                    first: self.first,
+                    count: self.count,
+                    subtasks: &self.subtasks,
+                    max_parallelism: *max_parallelism,
+                };
+                key_hash
+                    .scatter
+                    .scatter(records, outputs, &target, &mut self.parts);
             }
             RouteKind::Rebalance | RouteKind::Broadcast => return false,
         }
@@ -387,5 +430,148 @@ impl<T: Send + 'static> Drop for Collector<'_, T> {
     fn drop(&mut self) {
         self.buffer.clear();
         self.router.collected = std::mem::take(&mut self.buffer);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keyed::KeyedState;
+    use crate::runtime::channel::{
+        channel, ChannelConfig, ChannelId, Credit, Delivery, Item, Window,
+    };
+    use crate::runtime::Generation;
+    use actix::{Actor, Context, Handler, System};
+    use std::cell::RefCell;
+    use std::collections::BTreeMap;
+    use std::num::NonZeroUsize;
+    use std::rc::Rc;
+
+    /// The records each channel delivered, in order, by channel id.
+    type Seen = Rc<RefCell<BTreeMap<u64, Vec<u64>>>>;
+
+    /// Records every delivered batch; also stands in as the credit target.
+    struct Receiver {
+        seen: Seen,
+    }
+
+    impl Actor for Receiver {
+        type Context = Context<Self>;
+    }
+
+    impl Handler<Delivery<u64, Control>> for Receiver {
+        type Result = ();
+        fn handle(&mut self, delivery: Delivery<u64, Control>, _: &mut Context<Self>) {
+            if let Item::Batch(records) = delivery.item {
+                let mut seen = self.seen.borrow_mut();
+                seen.entry(delivery.channel.0).or_default().extend(records);
+            }
+        }
+    }
+
+    impl Handler<Credit> for Receiver {
+        type Result = ();
+        fn handle(&mut self, _: Credit, _: &mut Context<Self>) {}
+    }
+
+    /// Routes `records` over a hash edge to `parallelism` channels, once as
+    /// a batch (the scatter) and once record by record, and returns what
+    /// each channel received in each case (channels 0.. and 100..).
+    fn route_both_ways(parallelism: usize, records: &[u64]) -> (Vec<Vec<u64>>, Vec<Vec<u64>>) {
+        let runner = System::new();
+        let seen: Seen = Rc::default();
+        let receiver = runner.block_on(async {
+            Receiver {
+                seen: Rc::clone(&seen),
+            }
+            .start()
+        });
+        let config = ChannelConfig {
+            batch_size_max: NonZeroUsize::new(7).unwrap(),
+            batch_linger_ms: 1_000,
+            window: Window::Unbounded,
+        };
+        let outputs = |first_id: u64| {
+            let senders = (0..parallelism as u64)
+                .map(|subtask| {
+                    channel(
+                        ChannelId(first_id + subtask),
+                        Generation(1),
+                        config.clone(),
+                        receiver.clone().recipient(),
+                        receiver.clone().recipient(),
+                    )
+                    .0
+                })
+                .collect();
+            Outputs::new(senders)
+        };
+        let key_of = Arc::new(|record: &u64| record % 97);
+        let router = || {
+            let kind = RouteKind::Hash {
+                key_hash: Arc::new(KeyHasher::new(Arc::clone(&key_of))),
+                max_parallelism: MaxParallelism::default(),
+            };
+            Router::new(vec![EdgeRoute::new(0, parallelism, kind, 0)])
+        };
+        let (mut batched, mut single) = (outputs(0), outputs(100));
+        let mut batch = records.to_vec();
+        router().route_batch(&mut batch, &mut batched);
+        assert!(batch.is_empty(), "the scatter leaves the batch empty");
+        let mut one_by_one = router();
+        records
+            .iter()
+            .for_each(|&record| one_by_one.route(record, &mut single));
+        batched.flush_all();
+        single.flush_all();
+        runner.block_on(async {
+            for _ in 0..10 {
+                actix_rt::task::yield_now().await;
+            }
+        });
+        let seen = seen.borrow();
+        let received = |first_id: u64| {
+            (first_id..first_id + parallelism as u64)
+                .map(|id| seen.get(&id).cloned().unwrap_or_default())
+                .collect()
+        };
+        (received(0), received(100))
+    }
+
+    /// The batch router sends each record where routing it alone would, in
+    /// the same order, and that is the subtask whose keyed state owns the
+    /// record's key (what `KeyedState::get_or_default_routed` relies on).
+    fn check(parallelism: usize, records: &[u64]) {
+        let (batched, single) = route_both_ways(parallelism, records);
+        assert_eq!(batched, single, "parallelism {parallelism}");
+        let received: usize = batched.iter().map(Vec::len).sum();
+        assert_eq!(received, records.len(), "parallelism {parallelism}");
+        for (subtask, records) in batched.iter().enumerate() {
+            let state: KeyedState<u64, ()> = KeyedState::for_subtask(
+                MaxParallelism::default(),
+                parallelism as u32,
+                subtask as u32,
+            )
+            .unwrap();
+            for record in records {
+                assert!(
+                    state.owns(&(record % 97)),
+                    "record {record} went to subtask {subtask} of {parallelism}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_hash_edge_routes_a_batch_as_it_routes_each_record() {
+        for parallelism in 1..=3 {
+            check(parallelism, &[]);
+            check(parallelism, &[5]);
+            check(parallelism, &(0..1_000).collect::<Vec<_>>());
+            check(
+                parallelism,
+                &(0..500).map(|i| i * 97 + 3).collect::<Vec<_>>(),
+            );
+        }
     }
 }
