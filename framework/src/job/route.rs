@@ -497,7 +497,7 @@ mod tests {
                     channel(
                         ChannelId(first_id + subtask),
                         Generation(1),
-                        config.clone(),
+                        config,
                         receiver.clone().recipient(),
                         receiver.clone().recipient(),
                     )
