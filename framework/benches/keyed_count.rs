@@ -362,10 +362,19 @@ fn print_job_runs(title: &str, options: &Options, runs: &[JobRun]) -> f64 {
     median(&mut rates)
 }
 
-fn run_config(options: &Options, interval_ms: Option<u64>) -> Result<Vec<JobRun>, String> {
-    (0..options.runs)
-        .map(|_| run_job(options, interval_ms))
-        .collect()
+/// The runs of the configuration in `options` and, with `compare_off`, as
+/// many runs with periodic checkpoints off, interleaved (on, off, on, ...)
+/// so that both see the same changes in the host's condition (see
+/// BENCHMARKS.md, "Slow mode").
+fn run_configs(options: &Options, compare_off: bool) -> Result<(Vec<JobRun>, Vec<JobRun>), String> {
+    let (mut on, mut off) = (Vec::new(), Vec::new());
+    for _ in 0..options.runs {
+        on.push(run_job(options, options.interval_ms)?);
+        if compare_off {
+            off.push(run_job(options, None)?);
+        }
+    }
+    Ok((on, off))
 }
 
 fn run_loop(options: &Options) -> Result<f64, String> {
@@ -407,15 +416,26 @@ fn run(options: &Options) -> Result<(), String> {
         options.runs
     );
     let probe_before_ns = cross_core_round_trip_ns(ROUND_TRIPS);
-    let runs = run_config(options, options.interval_ms)?;
+    let compare_off = options.compare_off && options.interval_ms.is_some();
+    let (runs, off) = run_configs(options, compare_off)?;
     let title = format!("job, {}", describe(options.interval_ms));
     let job_rate = print_job_runs(&title, options, &runs);
-    if options.compare_off && options.interval_ms.is_some() {
-        let off = run_config(options, None)?;
+    if compare_off {
         let off_rate = print_job_runs("job, periodic checkpoints off", options, &off);
+        // Each run with checkpoints against the run without right after
+        // it: a change of host condition between the two sets then moves
+        // one pair, not the whole comparison.
+        let mut pairs: Vec<f64> = runs
+            .iter()
+            .zip(&off)
+            .map(|(on, off)| off.elapsed.as_secs_f64() / on.elapsed.as_secs_f64())
+            .collect();
         println!(
-            "checkpoint overhead: on/off throughput {:.3}",
-            job_rate / off_rate
+            "checkpoint overhead: on/off throughput {:.3} (of the medians), {:.3} (median of \
+             {} adjacent on/off pairs)",
+            job_rate / off_rate,
+            median(&mut pairs),
+            pairs.len()
         );
     }
     let loop_rate = run_loop(options)?;
