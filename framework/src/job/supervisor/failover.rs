@@ -1,0 +1,422 @@
+//! The supervisor's failover: loading the checkpoint a region restores
+//! from, starting a region's generation on a fresh pool, turning a failure
+//! report into a region restart (or the job's end, once the restart
+//! strategy says so), and stopping a failed region's pool off the actor.
+//!
+//! It never triggers or completes checkpoints itself; it only sets the
+//! coordinator aside while a region is down and asks `checkpoints` to
+//! resume once every region runs again.
+
+use super::*;
+
+impl Supervisor {
+    /// Asks the writer for the newest checkpoint, to start `region`
+    /// (`None`: every region).
+    pub(super) fn request_load(&mut self, region: Option<usize>, context: &mut Context<Self>) {
+        let generation = match region {
+            Some(region) => self.regions[region].generation,
+            None => self.newest_generation,
+        };
+        if self
+            .writer
+            .send(WriterJob::Load { region, generation })
+            .is_err()
+        {
+            self.finish(
+                Err(JobError::Internal("the checkpoint writer stopped".into())),
+                context,
+            );
+        }
+    }
+
+    pub(super) fn on_loaded(&mut self, loaded: Loaded, context: &mut Context<Self>) {
+        let targets: Vec<usize> = match loaded.region {
+            None if self.phase == Phase::Loading => (0..self.regions.len()).collect(),
+            Some(region)
+                if self.phase == Phase::Running
+                    && self.regions[region].phase == RegionPhase::Loading
+                    && self.regions[region].generation == loaded.generation =>
+            {
+                vec![region]
+            }
+            _ => return,
+        };
+        let started = match loaded.result {
+            Ok(restored) => self.start_regions(&targets, restored, context),
+            Err(error) => Err(JobError::Store(error)),
+        };
+        if let Err(error) = started {
+            self.finish(Err(error), context);
+        }
+    }
+
+    /// Starts a new generation of every region in `targets` from the
+    /// restored checkpoint (its parts of it), then resumes checkpoints if
+    /// every region runs.
+    pub(super) fn start_regions(
+        &mut self,
+        targets: &[usize],
+        restored: Restored,
+        context: &mut Context<Self>,
+    ) -> Result<(), JobError> {
+        let span = self.span.clone();
+        let _entered = span.enter();
+        let (last_completed, parts) = match restored {
+            Some((checkpoint, parts, layout)) => {
+                (Some(checkpoint), self.plan.redistribute(parts, &layout)?)
+            }
+            None => (None, Default::default()),
+        };
+        if let Some(checkpoint) = last_completed {
+            self.highest_triggered = self.highest_triggered.max(checkpoint);
+        }
+        let restored_from = last_completed.map(|checkpoint| checkpoint.0);
+        for &region in targets {
+            self.start_region(region, &parts, last_completed, context)?;
+        }
+        if self.phase == Phase::Loading {
+            self.phase = Phase::Running;
+            self.report.resumed_from = restored_from;
+        }
+        for &region in targets {
+            let Some(pending) = self.regions[region].pending.take() else {
+                continue;
+            };
+            let recovery_ms = millis(pending.since.elapsed());
+            let generation = self.regions[region].generation.0;
+            tracing::info!(
+                region = %self.regions[region].operators.join(","),
+                generation,
+                restored_from,
+                recovery_ms,
+                "region restarted"
+            );
+            self.report.restarts.push(RestartReport {
+                generation,
+                region: self.regions[region].operators.clone(),
+                cause: pending.cause,
+                failure: pending.report,
+                checkpoint_in_flight: pending.checkpoint_in_flight,
+                restored_from,
+                recovery_ms,
+            });
+        }
+        if self
+            .regions
+            .iter()
+            .all(|region| region.phase == RegionPhase::Running)
+        {
+            self.resume_checkpoints(context)?;
+        }
+        Ok(())
+    }
+
+    /// Starts one generation of `region`'s subtasks on a pool of its own.
+    pub(super) fn start_region(
+        &mut self,
+        region: usize,
+        parts: &std::collections::BTreeMap<PartId, Vec<u8>>,
+        last_completed: Option<CheckpointId>,
+        context: &mut Context<Self>,
+    ) -> Result<(), JobError> {
+        let members: Vec<bool> = self
+            .nodes
+            .iter()
+            .map(|node| node.region == region)
+            .collect();
+        let node_count = self.regions[region].nodes.len();
+        let arbiters = self
+            .plan
+            .config
+            .arbiters
+            .and_then(NonZeroUsize::new)
+            .unwrap_or_else(|| PoolConfig::default().arbiters);
+        // A region never needs more threads than it has subtasks.
+        let arbiters = NonZeroUsize::new(arbiters.get().min(node_count)).unwrap_or(arbiters);
+        let pool = ArbiterPool::new(PoolConfig { arbiters })?;
+        let address = context.address();
+        let links = SupervisorLinks {
+            events: address.clone().recipient(),
+            failures: FailureSink::from_recipient(address.recipient()),
+            span: self.span.clone(),
+        };
+        let generation = self.regions[region].generation;
+        let mut handles = start_generation(
+            &self.plan,
+            &pool,
+            generation,
+            &links,
+            parts,
+            last_completed,
+            &members,
+        )?;
+        for &node in &self.regions[region].nodes {
+            let state = &mut self.nodes[node];
+            state.generation = generation;
+            state.inject = handles.injects[node].take();
+            state.ended = false;
+            state.committed = None;
+        }
+        let first_checkpoint = self.highest_triggered.next();
+        let state = &mut self.regions[region];
+        state.channel_stats = handles.channel_stats;
+        state.pool = Some(pool);
+        state.phase = RegionPhase::Running;
+        state.first_checkpoint = first_checkpoint;
+        tracing::info!(
+            region = %state.operators.join(","),
+            generation = generation.0,
+            restored_from = last_completed.map(|checkpoint| checkpoint.0),
+            "generation started"
+        );
+        Ok(())
+    }
+
+    pub(super) fn on_failure_report(&mut self, report: FailureReport, context: &mut Context<Self>) {
+        if self.phase != Phase::Running {
+            return;
+        }
+        let Some(node) = self.node_of(&report.tag) else {
+            tracing::warn!(tag = %report.tag, "a failure report from an unknown subtask");
+            return;
+        };
+        let state = &self.nodes[node];
+        if state.generation != report.tag.generation
+            || self.regions[state.region].phase != RegionPhase::Running
+        {
+            return;
+        }
+        let checkpoint_in_flight = self
+            .coordinator
+            .as_ref()
+            .and_then(|coordinator| coordinator.in_flight().last());
+        let failure = Failure::Operator {
+            report,
+            checkpoint_in_flight,
+        };
+        self.fail(vec![state.region], failure, context);
+    }
+
+    /// The node of an actor tag (operator name and subtask).
+    pub(super) fn node_of(&self, tag: &ActorTag) -> Option<usize> {
+        let operator = *self.operator_index.get(&*tag.operator)?;
+        let planned = &self.plan.operators[operator];
+        (tag.subtask < planned.parallelism).then_some(planned.first_node + tag.subtask)
+    }
+
+    /// Stops the failed regions and restarts them per the strategy, or
+    /// gives up.
+    pub(super) fn fail(
+        &mut self,
+        failed: Vec<usize>,
+        failure: Failure,
+        context: &mut Context<Self>,
+    ) {
+        let span = self.span.clone();
+        let _entered = span.enter();
+        let cause = failure.to_string();
+        let operators: Vec<&str> = failed
+            .iter()
+            .flat_map(|&region| self.regions[region].operators.iter().map(String::as_str))
+            .collect();
+        let region_text = operators.join(",");
+        match self.restarts.on_failure(self.now_ms()) {
+            RestartDecision::GiveUp { reason } => {
+                tracing::error!(region = %region_text, %cause, %reason, "job failed");
+                let (restarts, reason) = (self.restarts.attempts(), reason.to_string());
+                let error = match failure {
+                    Failure::Checkpoints {
+                        consecutive_failures,
+                        persist: Some((checkpoint, error)),
+                    } => JobError::CheckpointPersistFailed {
+                        checkpoint: checkpoint.0,
+                        consecutive_failures,
+                        restarts,
+                        reason,
+                        error,
+                    },
+                    _ => JobError::RestartsExhausted {
+                        restarts,
+                        reason,
+                        cause,
+                    },
+                };
+                self.finish(Err(error), context);
+            }
+            RestartDecision::Restart { delay_ms, attempt } => {
+                tracing::warn!(
+                    region = %region_text,
+                    attempt,
+                    delay_ms,
+                    %cause,
+                    "restarting a failover region"
+                );
+                self.suspend_checkpoints(&failed, context);
+                let pending = PendingRestart::new(&failure);
+                for region in failed {
+                    if self.regions[region].phase == RegionPhase::Running {
+                        self.stop_region(region, pending.clone(), delay_ms, context);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Aborts the checkpoints in flight (telling every subtask outside
+    /// `failed`) and sets the coordinator aside until every region runs.
+    pub(super) fn suspend_checkpoints(&mut self, failed: &[usize], context: &mut Context<Self>) {
+        if let Some(timer) = self.timer.take() {
+            context.cancel_future(timer);
+        }
+        self.savepoint_in_flight = None;
+        self.final_from = None;
+        let Some(mut coordinator) = self.coordinator.take() else {
+            return;
+        };
+        coordinator.abort_all(self.now_ms());
+        // The failed regions' subtasks are about to stop; they need no news.
+        for region in failed {
+            for &node in &self.regions[*region].nodes {
+                self.nodes[node].inject = None;
+            }
+        }
+        while let Some(action) = coordinator.poll_action() {
+            if let CoordinatorAction::Abort { checkpoint, .. } = action {
+                self.on_abort(checkpoint, "the job restarts", false);
+            }
+        }
+        // Checkpoints still with the writer keep their figures: they may
+        // yet become durable, and then they are reported as complete.
+        let persisting = &self.persisting;
+        self.tracked
+            .retain(|checkpoint, _| persisting.contains(checkpoint));
+    }
+
+    /// Stops a region's generation: its pool shuts down on a helper thread,
+    /// which reports back when every actor of it is gone.
+    pub(super) fn stop_region(
+        &mut self,
+        region: usize,
+        pending: PendingRestart,
+        delay_ms: u64,
+        context: &mut Context<Self>,
+    ) {
+        self.fold_stats(region);
+        let state = &mut self.regions[region];
+        for ticker in state.tickers.drain(..) {
+            context.cancel_future(ticker);
+        }
+        state.phase = RegionPhase::Stopping;
+        state.pending = Some(pending);
+        state.restart_delay_ms = delay_ms;
+        for &node in &state.nodes {
+            self.nodes[node].inject = None;
+        }
+        let generation = state.generation;
+        let address = context.address();
+        let pool = state.pool.take();
+        let stop = move || {
+            if let Some(pool) = pool {
+                if let Err(error) = pool.shutdown() {
+                    tracing::warn!("stopping a failed generation: {error}");
+                }
+            }
+            address.do_send(PoolStopped { region, generation });
+        };
+        // Joining the arbiter threads can wait for user code to return, so
+        // it happens off the supervisor's thread.
+        let spawned = thread::Builder::new()
+            .name("snapflow-stop".into())
+            .spawn(stop);
+        if spawned.is_err() {
+            // The closure (and the pool in it) was dropped, which shut the
+            // pool down on this thread; carry on.
+            tracing::error!("could not start the thread that stops a generation");
+            context
+                .address()
+                .do_send(PoolStopped { region, generation });
+        }
+    }
+
+    pub(super) fn on_pool_stopped(&mut self, stopped: PoolStopped, context: &mut Context<Self>) {
+        let region = stopped.region;
+        let Some(state) = self.regions.get(region) else {
+            return;
+        };
+        if self.phase != Phase::Running
+            || state.generation != stopped.generation
+            || state.phase != RegionPhase::Stopping
+        {
+            return;
+        }
+        let delay = Duration::from_millis(state.restart_delay_ms);
+        context.run_later(delay, move |supervisor, context| {
+            if supervisor.phase != Phase::Running {
+                return;
+            }
+            supervisor.newest_generation = Generation(supervisor.newest_generation.0 + 1);
+            let state = &mut supervisor.regions[region];
+            state.generation = supervisor.newest_generation;
+            state.phase = RegionPhase::Loading;
+            supervisor.request_load(Some(region), context);
+        });
+    }
+
+    /// Folds a region's channel statistics into the report (once per
+    /// generation).
+    pub(super) fn fold_stats(&mut self, region: usize) {
+        for (operator, stats) in self.regions[region].channel_stats.drain(..) {
+            let report = &mut self.report.operators[operator];
+            report.in_flight_batches_peak = report
+                .in_flight_batches_peak
+                .max(stats.in_flight_batches_peak());
+            report.credit_stalls += stats.credit_stalls();
+        }
+    }
+}
+
+/// The failover regions of a plan, and per node its region.
+pub(super) fn plan_regions(plan: &PhysicalPlan) -> (Vec<Region>, Vec<Node>) {
+    let edges = plan.edges.iter().map(|edge| (edge.from, edge.to));
+    let partition = failover_regions(plan.node_count(), edges);
+    let mut nodes: Vec<Node> = (0..plan.node_count())
+        .map(|_| Node {
+            region: 0,
+            generation: Generation(1),
+            inject: None,
+            ended: false,
+            committed: None,
+        })
+        .collect();
+    let regions = partition
+        .into_iter()
+        .enumerate()
+        .map(|(region, members)| {
+            let mut operators: Vec<usize> = Vec::new();
+            for &node in &members {
+                nodes[node].region = region;
+                let operator = plan.nodes[node].0;
+                if !operators.contains(&operator) {
+                    operators.push(operator);
+                }
+            }
+            operators.sort_unstable();
+            Region {
+                nodes: members,
+                operators: operators
+                    .into_iter()
+                    .map(|operator| plan.operators[operator].name.clone())
+                    .collect(),
+                phase: RegionPhase::Loading,
+                generation: Generation(1),
+                pool: None,
+                channel_stats: Vec::new(),
+                tickers: Vec::new(),
+                first_checkpoint: CheckpointId(1),
+                pending: None,
+                restart_delay_ms: 0,
+            }
+        })
+        .collect();
+    (regions, nodes)
+}

@@ -1,0 +1,673 @@
+//! The supervisor actor: drives the checkpoint coordinator, persists
+//! checkpoints through a writer thread, detects failures and restarts the
+//! failover region that failed from the last completed checkpoint.
+//!
+//! The supervisor owns the life of a running job: its failover regions
+//! (the connected parts of the graph of subtasks, see `region`), each
+//! running one generation of subtask actors on its own arbiter pool, so
+//! that stopping a region is shutting its pool down; the [`Coordinator`]
+//! (fed acks, declines and time; its triggers, completions and aborts are
+//! carried out here); the restart decisions; and the [`JobReport`]. It
+//! never blocks its actor: every store operation runs on the writer thread
+//! (`writer`), the shutdown of a failed region's pool on a helper thread,
+//! and both answer with messages. It never panics on an operator's
+//! failure: failures arrive as [`FailureReport`]s and become restarts or a
+//! typed error.
+//!
+//! Order of a checkpoint: trigger at the initiators → every subtask acks
+//! with its part → the coordinator completes → the writer writes every
+//! part and commits the metadata → only then are the subtasks told the
+//! checkpoint is complete (sinks commit). A bounded job ends with one more
+//! checkpoint after every subtask's input ended, so the sinks commit
+//! everything; the job is done when every subtask has processed that
+//! completion.
+//!
+//! Regional failover (Flink's): checkpoints stay global (one coordinator,
+//! one id space, one metadata file holding every region's parts). When a
+//! subtask fails, the checkpoints in flight are aborted (the surviving
+//! subtasks are told), the coordinator is set aside, and only the failed
+//! subtask's region is stopped; after the restart delay it loads the
+//! newest complete checkpoint and starts a new generation of that region
+//! from its parts. The other regions keep processing meanwhile, without
+//! checkpoints (a global checkpoint needs every subtask); once every
+//! region runs again a new coordinator starts, numbering on from the
+//! newest checkpoint ever triggered. Every start of a region takes a new
+//! generation number from one counter, and events, failures and channels
+//! of any other generation are dropped, so nothing of an old generation
+//! reaches a new one. The restart strategy counts failures per job. Too
+//! many checkpoint failures in a row restart every region.
+
+use std::collections::{BTreeSet, HashMap};
+use std::num::NonZeroUsize;
+use std::sync::{mpsc, Arc};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use actix::SpawnHandle;
+use actix::{Actor, ActorContext, Addr, AsyncContext, Context, Handler, Message, Recipient};
+
+use crate::protocol::{
+    AckOutcome, CheckpointId, CheckpointKind, Coordinator, CoordinatorAction, CoordinatorConfig,
+};
+use crate::runtime::channel::ChannelStats;
+use crate::runtime::failure::{FailureReport, FailureSink};
+use crate::runtime::pool::{ActorSlot, ArbiterPool, Placement, PoolConfig};
+use crate::runtime::stage::Inject;
+use crate::runtime::{ActorTag, Generation};
+use crate::storage::{
+    self, CheckpointStore, CommitRequest, KeyGroupLayout, MemoryCheckpointStore, PartId, StoreError,
+};
+
+use super::physical::{start_generation, PhysicalPlan, SupervisorLinks};
+use super::region::failover_regions;
+use super::shell::{Control, NodeEvent, NodeEventKind};
+use super::writer::{spawn_writer, Loaded, Persisted, Restored, WriterJob};
+use super::{
+    CheckpointReport, FailedCheckpoint, GuaranteeReason, JobError, JobReport, OperatorReport,
+    RestartReport,
+};
+use crate::restart::{RestartDecision, RestartTracker};
+use crate::source::Guarantee;
+
+mod checkpoints;
+mod failover;
+
+use failover::plan_regions;
+
+type Outcome = (Result<JobReport, JobError>, Vec<ArbiterPool>);
+
+/// A job running on its own threads: cancel it, stop it with a savepoint,
+/// or wait for it to finish.
+pub struct RunningJob {
+    supervisor: Addr<Supervisor>,
+    done: mpsc::Receiver<Outcome>,
+    control: ArbiterPool,
+    writer_thread: thread::JoinHandle<()>,
+}
+
+impl RunningJob {
+    /// Stops the job as soon as possible, without a savepoint; [`RunningJob::wait`]
+    /// then returns [`JobError::Cancelled`]. Output not yet committed is
+    /// dropped (sinks roll it back when the job resumes).
+    pub fn cancel(&self) {
+        self.supervisor.do_send(Stop { savepoint: false });
+    }
+
+    /// Takes a savepoint and stops the job once every subtask has processed
+    /// its completion (sinks committed everything before it). The job can
+    /// resume from it later: a new run on the same store starts from the
+    /// newest checkpoint or savepoint. [`RunningJob::wait`] then reports the
+    /// savepoint's id in [`JobReport::savepoint`]. A bounded job that ends
+    /// first simply finishes. While a failover region restarts, the
+    /// savepoint is taken once every region runs again.
+    pub fn stop_with_savepoint(&self) {
+        self.supervisor.do_send(Stop { savepoint: true });
+    }
+
+    /// Blocks until the job finishes, fails, or is stopped.
+    pub fn wait(self) -> Result<JobReport, JobError> {
+        let (result, pools) = match self.done.recv() {
+            Ok(outcome) => outcome,
+            Err(_) => (
+                Err(JobError::Internal(
+                    "the supervisor stopped without a result".into(),
+                )),
+                Vec::new(),
+            ),
+        };
+        // Every pool is shut down even if one fails; the first error wins.
+        let mut shutdown = Ok(());
+        for pool in pools {
+            if let Err(error) = pool.shutdown() {
+                shutdown = shutdown.and(Err(error));
+            }
+        }
+        shutdown?;
+        self.control.shutdown()?;
+        // The writer ends when the supervisor (its only sender) is dropped.
+        if self.writer_thread.join().is_err() {
+            return Err(JobError::Internal("the checkpoint writer panicked".into()));
+        }
+        result
+    }
+}
+
+/// Starts a planned job on its own threads.
+pub(crate) fn start(name: String, plan: PhysicalPlan) -> Result<RunningJob, JobError> {
+    let span = tracing::info_span!("job", job = %name);
+    let restarts = RestartTracker::new(plan.config.restart.clone())?;
+    let store: Arc<dyn CheckpointStore> = match &plan.config.store {
+        Some(store) => Arc::clone(store),
+        None => Arc::new(MemoryCheckpointStore::new(&name)?),
+    };
+    let control = ArbiterPool::new(PoolConfig {
+        arbiters: NonZeroUsize::MIN,
+    })?;
+    let slot: ActorSlot<Supervisor> = ActorSlot::new();
+    let supervisor = slot.address();
+    let (writer, writer_thread) = spawn_writer(
+        store,
+        supervisor.clone().recipient(),
+        supervisor.clone().recipient(),
+    )?;
+    let (done_sender, done) = mpsc::channel::<Outcome>();
+    let tag = ActorTag::new("supervisor", 0, Generation(0));
+    control.start_in_slot(
+        slot,
+        Placement::Arbiter(0),
+        tag,
+        FailureSink::log_only(),
+        move |_| Supervisor::new(name, plan, writer, done_sender, span, restarts),
+    )?;
+    Ok(RunningJob {
+        supervisor,
+        done,
+        control,
+        writer_thread,
+    })
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Stop {
+    savepoint: bool,
+}
+
+/// A failed region's pool has stopped (every actor of its generation is
+/// gone).
+#[derive(Message)]
+#[rtype(result = "()")]
+struct PoolStopped {
+    region: usize,
+    generation: Generation,
+}
+
+/// Why regions failed.
+enum Failure {
+    /// An operator instance failed while `checkpoint_in_flight` was the
+    /// newest checkpoint triggered and neither complete nor aborted.
+    Operator {
+        report: FailureReport,
+        checkpoint_in_flight: Option<CheckpointId>,
+    },
+    /// More checkpoints failed in a row than tolerated; `persist` is the
+    /// store error when the last of them could not be persisted.
+    Checkpoints {
+        consecutive_failures: u32,
+        persist: Option<(CheckpointId, StoreError)>,
+    },
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Operator {
+                report,
+                checkpoint_in_flight,
+            } => {
+                write!(f, "{report}; ")?;
+                match checkpoint_in_flight {
+                    Some(checkpoint) => write!(f, "{checkpoint} in flight"),
+                    None => f.write_str("no checkpoint in flight"),
+                }
+            }
+            Failure::Checkpoints {
+                consecutive_failures,
+                persist,
+            } => {
+                write!(f, "{consecutive_failures} checkpoints failed in a row")?;
+                match persist {
+                    Some((checkpoint, error)) => {
+                        write!(f, "; {checkpoint} could not be persisted: {error}")
+                    }
+                    None => Ok(()),
+                }
+            }
+        }
+    }
+}
+
+/// A failure being recovered from, until the region's restart is reported.
+#[derive(Clone)]
+struct PendingRestart {
+    cause: String,
+    report: Option<FailureReport>,
+    checkpoint_in_flight: Option<u64>,
+    /// When the failure was reported.
+    since: Instant,
+}
+
+impl PendingRestart {
+    fn new(failure: &Failure) -> PendingRestart {
+        let (report, checkpoint_in_flight) = match failure {
+            Failure::Operator {
+                report,
+                checkpoint_in_flight,
+            } => (
+                Some(report.clone()),
+                checkpoint_in_flight.map(|checkpoint| checkpoint.0),
+            ),
+            Failure::Checkpoints { .. } => (None, None),
+        };
+        PendingRestart {
+            cause: failure.to_string(),
+            report,
+            checkpoint_in_flight,
+            since: Instant::now(),
+        }
+    }
+}
+
+/// The job's phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Waiting for the checkpoint the first generation restores from.
+    Loading,
+    /// Started (some regions may be restarting).
+    Running,
+    Done,
+}
+
+/// A failover region's phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RegionPhase {
+    Running,
+    /// Failed: its pool is shutting down, then the restart delay runs.
+    Stopping,
+    /// Waiting for the checkpoint it restores from.
+    Loading,
+}
+
+/// One failover region and its current generation.
+struct Region {
+    /// Its nodes, ascending.
+    nodes: Vec<usize>,
+    /// The names of the operators it has subtasks of, in declaration order.
+    operators: Vec<String>,
+    phase: RegionPhase,
+    generation: Generation,
+    pool: Option<ArbiterPool>,
+    /// (operator, stats) of its channels, by sending operator.
+    channel_stats: Vec<(usize, ChannelStats)>,
+    /// Timers ticking its iteration heads.
+    tickers: Vec<SpawnHandle>,
+    /// The first checkpoint its current generation can take part in;
+    /// older completions are not for it (it restored from one at least as
+    /// new).
+    first_checkpoint: CheckpointId,
+    /// The failure it is restarting from.
+    pending: Option<PendingRestart>,
+    restart_delay_ms: u64,
+}
+
+/// What the supervisor knows of one node (subtask).
+struct Node {
+    region: usize,
+    /// The generation of its running actor.
+    generation: Generation,
+    /// Where to inject controls; `None` while its region is not running.
+    inject: Option<Recipient<Inject<Control>>>,
+    /// Its input ended (a source: exhausted).
+    ended: bool,
+    /// The newest completion it processed (sinks committed).
+    committed: Option<CheckpointId>,
+}
+
+/// A triggered checkpoint's figures and span, until it is persisted or
+/// aborted.
+struct Tracked {
+    triggered_at: Instant,
+    /// The longest alignment acked so far.
+    alignment_max_us: u64,
+    span: tracing::Span,
+}
+
+pub(crate) struct Supervisor {
+    name: String,
+    plan: Arc<PhysicalPlan>,
+    writer: mpsc::Sender<WriterJob>,
+    done: Option<mpsc::Sender<Outcome>>,
+    span: tracing::Span,
+    phase: Phase,
+    regions: Vec<Region>,
+    nodes: Vec<Node>,
+    /// Operator index by name, to find a failure report's node.
+    operator_index: HashMap<String, usize>,
+    /// The newest generation handed out to a region.
+    newest_generation: Generation,
+    /// Present exactly while every region runs.
+    coordinator: Option<Coordinator<Vec<u8>>>,
+    /// Counts coordinators, so a persist failure is counted only by the
+    /// coordinator that completed the checkpoint.
+    epoch: u64,
+    /// The first checkpoint triggered after every input ended.
+    final_from: Option<CheckpointId>,
+    clock: Instant,
+    timer: Option<SpawnHandle>,
+    /// The newest checkpoint id ever triggered (or restored).
+    highest_triggered: CheckpointId,
+    /// Triggered checkpoints not yet persisted or aborted. Those still with
+    /// the writer survive a failure, so a checkpoint that becomes durable
+    /// after a failure still reports its real duration.
+    tracked: HashMap<CheckpointId, Tracked>,
+    restarts: RestartTracker,
+    /// Completed checkpoints sent to the writer and not yet persisted.
+    persisting: BTreeSet<CheckpointId>,
+    /// The user asked to stop with a savepoint.
+    stop_requested: bool,
+    /// The store error of the persist failure being counted, for the
+    /// `FailJob` it may cause (see `count_persist_failure`).
+    persist_failure: Option<(CheckpointId, StoreError)>,
+    /// The stop savepoint, while it is triggered and not yet persisted.
+    savepoint_in_flight: Option<CheckpointId>,
+    report: JobReport,
+}
+
+impl Supervisor {
+    fn new(
+        name: String,
+        plan: PhysicalPlan,
+        writer: mpsc::Sender<WriterJob>,
+        done: mpsc::Sender<Outcome>,
+        span: tracing::Span,
+        restarts: RestartTracker,
+    ) -> Supervisor {
+        let report = JobReport {
+            guarantee: Guarantee::ExactlyOnce,
+            guarantee_reasons: Vec::new(),
+            job: name.clone(),
+            operators: plan
+                .operators
+                .iter()
+                .map(|operator| OperatorReport {
+                    name: operator.name.clone(),
+                    parallelism: operator.parallelism,
+                    ..OperatorReport::default()
+                })
+                .collect(),
+            checkpoints: Vec::new(),
+            failed_checkpoints: Vec::new(),
+            restarts: Vec::new(),
+            resumed_from: None,
+            savepoint: None,
+        };
+        let (regions, nodes) = plan_regions(&plan);
+        let operator_index = plan
+            .operators
+            .iter()
+            .enumerate()
+            .map(|(index, operator)| (operator.name.clone(), index))
+            .collect();
+        Supervisor {
+            name,
+            plan: Arc::new(plan),
+            writer,
+            done: Some(done),
+            span,
+            phase: Phase::Loading,
+            regions,
+            nodes,
+            operator_index,
+            newest_generation: Generation(1),
+            coordinator: None,
+            epoch: 0,
+            final_from: None,
+            clock: Instant::now(),
+            timer: None,
+            highest_triggered: CheckpointId(0),
+            tracked: HashMap::new(),
+            restarts,
+            persisting: BTreeSet::new(),
+            stop_requested: false,
+            persist_failure: None,
+            savepoint_in_flight: None,
+            report,
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.clock.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Sends `control` to every running subtask; a completion only to
+    /// regions whose generation took part in that checkpoint.
+    fn broadcast(&self, control: Control) {
+        for node in &self.nodes {
+            if let Control::Complete(checkpoint) = control {
+                if checkpoint < self.regions[node.region].first_checkpoint {
+                    continue;
+                }
+            }
+            if let Some(inject) = &node.inject {
+                inject.do_send(Inject(control));
+            }
+        }
+    }
+
+    fn on_node_event(&mut self, event: NodeEvent, context: &mut Context<Self>) {
+        let node = event.node;
+        let Some(state) = self.nodes.get(node) else {
+            return;
+        };
+        if self.phase != Phase::Running
+            || state.generation != event.generation
+            || self.regions[state.region].phase != RegionPhase::Running
+        {
+            return;
+        }
+        let now_ms = self.now_ms();
+        match event.kind {
+            NodeEventKind::Ack {
+                checkpoint,
+                part,
+                alignment_us,
+            } => {
+                if let Some(tracked) = self.tracked.get_mut(&checkpoint) {
+                    tracked.alignment_max_us = tracked.alignment_max_us.max(alignment_us);
+                }
+                // A stale ack's part is simply dropped: parts live in memory
+                // until the writer persists a completed checkpoint.
+                if let Some(coordinator) = &mut self.coordinator {
+                    if let AckOutcome::Stale(_) = coordinator.on_ack(now_ms, node, checkpoint, part)
+                    {
+                        tracing::debug!(checkpoint = checkpoint.0, node, "stale ack");
+                    }
+                }
+            }
+            NodeEventKind::Decline { checkpoint, reason } => {
+                if let Some(coordinator) = &mut self.coordinator {
+                    coordinator.on_decline(now_ms, node, checkpoint, reason);
+                }
+            }
+            NodeEventKind::InputsEnded => self.on_inputs_ended(node, now_ms, context),
+            NodeEventKind::Committed { checkpoint } => {
+                let committed = &mut self.nodes[node].committed;
+                *committed = (*committed).max(Some(checkpoint));
+                if self.is_done() {
+                    let report = self.final_report();
+                    self.finish(Ok(report), context);
+                    return;
+                }
+            }
+        }
+        self.carry_out(context);
+    }
+
+    fn on_inputs_ended(&mut self, node: usize, now_ms: u64, context: &mut Context<Self>) {
+        self.nodes[node].ended = true;
+        let Some(inject) = self.nodes[node].inject.clone() else {
+            return;
+        };
+        if let Some(idle_ms) = self.plan.is_loop_head(node) {
+            // The head decides when its loop is idle; it needs a clock,
+            // which the supervisor's ticks give it.
+            let ticks = inject.clone();
+            let period = Duration::from_millis((idle_ms / 4).max(1));
+            let ticker = context.run_interval(period, move |_, _| {
+                ticks.do_send(Inject(Control::Tick));
+            });
+            let region = self.nodes[node].region;
+            self.regions[region].tickers.push(ticker);
+        }
+        if let Some(coordinator) = &mut self.coordinator {
+            for checkpoint in coordinator.add_initiator(node) {
+                inject.do_send(Inject(Control::Trigger(checkpoint)));
+            }
+        }
+        self.check_final(now_ms);
+    }
+
+    /// Whether every subtask committed a checkpoint that ends the job: one
+    /// triggered after every input ended, or the stop savepoint. Never
+    /// while a region restarts.
+    fn is_done(&self) -> bool {
+        if self.coordinator.is_none() {
+            return false;
+        }
+        let all_committed = |first: CheckpointId| {
+            self.nodes
+                .iter()
+                .all(|node| node.committed.is_some_and(|checkpoint| checkpoint >= first))
+        };
+        let ended = self.final_from.is_some_and(all_committed);
+        let stopped = self.stop_requested
+            && self
+                .report
+                .savepoint
+                .is_some_and(|savepoint| all_committed(CheckpointId(savepoint)));
+        ended || stopped
+    }
+
+    fn on_stop(&mut self, savepoint: bool, context: &mut Context<Self>) {
+        if self.phase == Phase::Done {
+            return;
+        }
+        if !savepoint {
+            let span = self.span.clone();
+            let _entered = span.enter();
+            tracing::info!("job cancelled");
+            self.finish(Err(JobError::Cancelled), context);
+            return;
+        }
+        self.stop_requested = true;
+        self.request_savepoint(context);
+    }
+
+    fn final_report(&mut self) -> JobReport {
+        for region in 0..self.regions.len() {
+            self.fold_stats(region);
+        }
+        let mut report = self.report.clone();
+        if self.plan.config.mode == crate::protocol::SnapshotMode::AtLeastOnce {
+            report.guarantee = Guarantee::AtLeastOnce;
+            report
+                .guarantee_reasons
+                .push(GuaranteeReason::AtLeastOnceMode);
+        }
+        for (operator, planned) in report.operators.iter_mut().zip(&self.plan.operators) {
+            let counters = &planned.counters;
+            operator.records_in = counters
+                .records_in
+                .load(std::sync::atomic::Ordering::Relaxed);
+            operator.records_out = counters
+                .records_out
+                .load(std::sync::atomic::Ordering::Relaxed);
+            if counters
+                .at_least_once
+                .load(std::sync::atomic::Ordering::Relaxed)
+            {
+                report.guarantee = Guarantee::AtLeastOnce;
+                let plan = &self.plan;
+                let is_source = !plan.edges.iter().any(|edge| edge.to == planned.first_node);
+                let reason = GuaranteeReason::connector(&planned.name, is_source);
+                report.guarantee_reasons.push(reason);
+            }
+        }
+        report
+    }
+
+    fn finish(&mut self, result: Result<JobReport, JobError>, context: &mut Context<Self>) {
+        self.phase = Phase::Done;
+        if let Some(timer) = self.timer.take() {
+            context.cancel_future(timer);
+        }
+        let mut pools = Vec::new();
+        for region in 0..self.regions.len() {
+            self.fold_stats(region);
+            let state = &mut self.regions[region];
+            for ticker in state.tickers.drain(..) {
+                context.cancel_future(ticker);
+            }
+            pools.extend(state.pool.take());
+        }
+        if let Some(done) = self.done.take() {
+            let span = self.span.clone();
+            let _entered = span.enter();
+            tracing::info!(job = %self.name, ok = result.is_ok(), "job finished");
+            // The receiver waits in `run`; if it is gone nobody needs the
+            // result.
+            let _ = done.send((result, pools));
+        }
+        context.stop();
+    }
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl Actor for Supervisor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, context: &mut Context<Self>) {
+        self.request_load(None, context);
+    }
+}
+
+impl Handler<NodeEvent> for Supervisor {
+    type Result = ();
+
+    fn handle(&mut self, event: NodeEvent, context: &mut Context<Self>) {
+        self.on_node_event(event, context);
+    }
+}
+
+impl Handler<FailureReport> for Supervisor {
+    type Result = ();
+
+    fn handle(&mut self, report: FailureReport, context: &mut Context<Self>) {
+        self.on_failure_report(report, context);
+    }
+}
+
+impl Handler<Persisted> for Supervisor {
+    type Result = ();
+
+    fn handle(&mut self, persisted: Persisted, context: &mut Context<Self>) {
+        self.on_persisted(persisted, context);
+    }
+}
+
+impl Handler<Loaded> for Supervisor {
+    type Result = ();
+
+    fn handle(&mut self, loaded: Loaded, context: &mut Context<Self>) {
+        self.on_loaded(loaded, context);
+    }
+}
+
+impl Handler<PoolStopped> for Supervisor {
+    type Result = ();
+
+    fn handle(&mut self, stopped: PoolStopped, context: &mut Context<Self>) {
+        self.on_pool_stopped(stopped, context);
+    }
+}
+
+impl Handler<Stop> for Supervisor {
+    type Result = ();
+
+    fn handle(&mut self, stop: Stop, context: &mut Context<Self>) {
+        self.on_stop(stop.savepoint, context);
+    }
+}
