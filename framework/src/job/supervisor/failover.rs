@@ -3,9 +3,9 @@
 //! report into a region restart (or the job's end, once the restart
 //! strategy says so), and stopping a failed region's pool off the actor.
 //!
-//! It never triggers or completes checkpoints itself; it only sets the
-//! coordinator aside while a region is down and asks `checkpoints` to
-//! resume once every region runs again.
+//! It never triggers or completes a checkpoint. At a failure it aborts the
+//! ones in flight and sets the coordinator aside; once every region runs
+//! again it asks `checkpoints` to resume.
 
 use super::*;
 
