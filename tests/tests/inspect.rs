@@ -412,6 +412,13 @@ fn a_custom_operators_state_reads_back_from_every_checkpoint() {
     );
     for part in latest.operator_parts("summer").expect("parts") {
         assert!(part.operator_ended().expect("an operator's part"));
+        // The plain reader names the one that works.
+        let error = part.state::<Summer>().expect_err("an operator's part");
+        assert!(
+            matches!(error, InspectError::OperatorPart { .. }),
+            "{error}"
+        );
+        assert!(error.to_string().contains("operator_state"), "{error}");
     }
 }
 

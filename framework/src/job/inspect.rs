@@ -138,6 +138,16 @@ pub enum InspectError {
         /// What the decoder said.
         reason: String,
     },
+    /// [`PartView::state`] was asked for a part that holds a custom
+    /// [`Operator`]'s state, which is stored after a header of its own.
+    #[error(
+        "part {part} holds a custom operator's state: read it with \
+         `PartView::operator_state` or `CheckpointView::operator_states`"
+    )]
+    OperatorPart {
+        /// The part.
+        part: PartId,
+    },
     /// A state blob does not decode as the type asked for (corrupt, or
     /// another type or version without an upgrade path).
     #[error("part {part}: {source}")]
@@ -220,12 +230,30 @@ impl PartView {
     ///
     /// # Errors
     ///
+    /// [`InspectError::OperatorPart`] when the part is a custom
+    /// [`Operator`]'s (read it with [`PartView::operator_state`]);
     /// [`InspectError::State`] when the bytes are not a blob of `S`.
     pub fn state<S: Snapshot>(&self) -> Result<S, InspectError> {
-        blob::decode(&self.state).map_err(|source| InspectError::State {
-            part: self.id.clone(),
-            source,
+        blob::decode(&self.state).map_err(|source| {
+            if self.is_operator_part() {
+                InspectError::OperatorPart {
+                    part: self.id.clone(),
+                }
+            } else {
+                InspectError::State {
+                    part: self.id.clone(),
+                    source,
+                }
+            }
         })
+    }
+
+    /// Whether the state looks like a custom [`Operator`]'s: its header
+    /// decodes and a state blob (by its magic) follows it. Asked only after
+    /// the bytes failed to decode as a plain blob, which starts with the
+    /// magic itself.
+    fn is_operator_part(&self) -> bool {
+        decode_operator_part(&self.state).is_ok_and(|part| part.blob.starts_with(&blob::MAGIC))
     }
 
     /// The state of a custom [`Operator`] subtask: the instance as it was

@@ -372,7 +372,7 @@ const COLLECT_BATCH_MAX: usize = 1024;
 /// Where a user function emits its output records.
 ///
 /// Emitted records are buffered and routed a batch at a time (at
-/// [`COLLECT_BATCH_MAX`] records, and when the callback returns), so that
+/// 1,024 records, and when the callback returns), so that
 /// the per-record cost is one push onto a vector; routing, the channel's
 /// batch bookkeeping and the record counter run once per batch. The buffer
 /// is the router's, reused from callback to callback. Order is kept: the
@@ -425,7 +425,7 @@ impl<'a, T: Clone + Send + 'static> Collector<'a, T> {
 
 impl<T: Send + 'static> Drop for Collector<'_, T> {
     /// Hands the (empty) buffer back to the router for reuse. A collector
-    /// dropped without [`Collector::finish`] (its callback failed, and the
+    /// dropped without `finish` (its callback failed, and the
     /// subtask with it) drops what it buffered.
     fn drop(&mut self) {
         self.buffer.clear();
