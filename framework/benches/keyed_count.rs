@@ -38,6 +38,18 @@ use support::{
 
 /// Round trips of the cross-core probe printed around the runs (20-70 ms).
 const ROUND_TRIPS: u64 = 200_000;
+/// Round trips of the probe taken right before and after each job run
+/// (3-17 ms).
+const RUN_ROUND_TRIPS: u64 = 50_000;
+/// How long a per-run probe waits for the previous job's threads to exit.
+const PROBE_SETTLE_MS: u64 = 30;
+/// A probe at or above this many nanoseconds means the host placed the
+/// two vCPUs on cores without a shared cache (about 340 ns; about 80 with
+/// one).
+const FAR_PLACEMENT_NS: f64 = 200.0;
+/// A probe below this many nanoseconds means the two vCPUs are SMT
+/// siblings of one core (about 30 ns), sharing its execution units.
+const SMT_PLACEMENT_NS: f64 = 50.0;
 
 const USAGE: &str = "keyed_count [--records N] [--keys K] [--parallelism P] \
 [--checkpoint-interval-ms MS|off] [--mode aligned|unaligned|at-least-once] [--runs R] \
@@ -161,7 +173,37 @@ struct JobRun {
     peak_rss_kb: Option<u64>,
     /// Whether the peak was reset before the run (else it is the process's).
     peak_rss_reset: bool,
+    /// The cross-core round trip right before and right after the run, ns.
+    probes_ns: [f64; 2],
 }
+
+impl JobRun {
+    /// Where the host had placed the two vCPUs during the run, judged by
+    /// the probes right before and after it; "mixed" when they disagree.
+    fn placement(&self) -> &'static str {
+        let [before, after] = self.probes_ns.map(placement_of);
+        if before == after {
+            before
+        } else {
+            "mixed"
+        }
+    }
+}
+
+/// The placement of the two vCPUs that a cross-core round trip of
+/// `probe_ns` indicates (inferred; see BENCHMARKS.md).
+fn placement_of(probe_ns: f64) -> &'static str {
+    if probe_ns < SMT_PLACEMENT_NS {
+        "SMT-sibling"
+    } else if probe_ns < FAR_PLACEMENT_NS {
+        "near"
+    } else {
+        "far"
+    }
+}
+
+/// Every placement a run can be judged to have run in, in print order.
+const PLACEMENTS: [&str; 4] = ["near", "SMT-sibling", "far", "mixed"];
 
 fn job_config(options: &Options, interval_ms: Option<u64>) -> JobConfig {
     let defaults = JobConfig::default();
@@ -197,6 +239,7 @@ fn run_job(options: &Options, interval_ms: Option<u64>) -> Result<JobRun, String
             Ok(())
         });
     counts.sink("discard", sink.clone());
+    let probe_before_ns = settled_probe_ns();
     let peak_rss_reset = reset_peak_rss();
     let pinner = options.pin_arbiters.then(ArbiterPinner::start);
     let started = Instant::now();
@@ -204,6 +247,7 @@ fn run_job(options: &Options, interval_ms: Option<u64>) -> Result<JobRun, String
         .run()
         .map_err(|error| format!("the job failed: {error}"))?;
     let elapsed = started.elapsed();
+    let probes_ns = [probe_before_ns, settled_probe_ns()];
     if let Some(pinner) = pinner {
         let pinned = pinner.finish()?;
         if pinned == 0 {
@@ -217,7 +261,16 @@ fn run_job(options: &Options, interval_ms: Option<u64>) -> Result<JobRun, String
         report,
         peak_rss_kb,
         peak_rss_reset,
+        probes_ns,
     })
+}
+
+/// The cross-core probe, after a pause that lets the previous job's
+/// threads wind down (a probe taken while they exit reads several times
+/// too high).
+fn settled_probe_ns() -> f64 {
+    std::thread::sleep(Duration::from_millis(PROBE_SETTLE_MS));
+    cross_core_round_trip_ns(RUN_ROUND_TRIPS)
 }
 
 fn check_output(
@@ -297,6 +350,49 @@ fn periodic_figures(runs: &[JobRun], figure: fn(&CheckpointReport) -> u64) -> Ve
     figures
 }
 
+/// The records/s of the runs judged to have run in `placement`.
+fn rates_in_placement(options: &Options, runs: &[JobRun], placement: &str) -> Vec<f64> {
+    runs.iter()
+        .filter(|run| run.placement() == placement)
+        .map(|run| mega_per_second(options.records, run.elapsed))
+        .collect()
+}
+
+/// Each run's records/s with its probes, then the runs' records/s split
+/// by the placement their probes saw.
+fn print_by_placement(options: &Options, runs: &[JobRun]) {
+    for (index, run) in runs.iter().enumerate() {
+        let [before, after] = run.probes_ns;
+        println!(
+            "    run {}: {:.2} M records/s, probes {before:.0}/{after:.0} ns ({})",
+            index + 1,
+            mega_per_second(options.records, run.elapsed),
+            run.placement()
+        );
+    }
+    for placement in PLACEMENTS {
+        let rates = rates_in_placement(options, runs, placement);
+        if !rates.is_empty() {
+            let title = format!("records/s, runs in the {placement} placement");
+            println!("    {}", summary(&title, &rates, "M"));
+        }
+    }
+}
+
+/// The job/loop ratio over all runs and per placement of the vCPUs.
+fn print_ratios(options: &Options, runs: &[JobRun], job_rate: f64, loop_rate: f64) {
+    let mut line = format!("ratio job/loop: {:.4}", job_rate / loop_rate);
+    for placement in PLACEMENTS {
+        let mut rates = rates_in_placement(options, runs, placement);
+        if !rates.is_empty() {
+            let count = rates.len();
+            let ratio = median(&mut rates) / loop_rate;
+            line.push_str(&format!("; {placement} {ratio:.4} ({count} runs)"));
+        }
+    }
+    println!("{line}");
+}
+
 /// Prints the figures of one configuration over its runs; returns the
 /// median records/s in millions.
 fn print_job_runs(title: &str, options: &Options, runs: &[JobRun]) -> f64 {
@@ -306,6 +402,7 @@ fn print_job_runs(title: &str, options: &Options, runs: &[JobRun]) -> f64 {
         .map(|run| mega_per_second(options.records, run.elapsed))
         .collect();
     println!("  {}", summary("records/s", &rates, "M"));
+    print_by_placement(options, runs);
     let completed: Vec<f64> = runs
         .iter()
         .map(|run| run.report.checkpoints.len() as f64)
@@ -439,10 +536,11 @@ fn run(options: &Options) -> Result<(), String> {
         );
     }
     let loop_rate = run_loop(options)?;
-    println!("ratio job/loop: {:.4}", job_rate / loop_rate);
+    print_ratios(options, &runs, job_rate, loop_rate);
     println!(
         "cross-core round trip: {probe_before_ns:.0} ns before the job runs, {:.0} ns after the loop \
-         (about 80 is the fast condition, about 340 the slow one; BENCHMARKS.md \"Slow mode\")",
+         (SMT-sibling below {SMT_PLACEMENT_NS:.0}, near below {FAR_PLACEMENT_NS:.0}, far above; a \
+         run's placement is its probes' when both agree; BENCHMARKS.md \"keyed_count, third round\")",
         cross_core_round_trip_ns(ROUND_TRIPS)
     );
     if options.smoke {
