@@ -43,22 +43,37 @@ pub(crate) struct HashTarget<'a> {
     max_parallelism: MaxParallelism,
 }
 
-impl HashTarget<'_> {
+impl<'a> HashTarget<'a> {
+    /// The target of a hash edge whose `count` channels start at output
+    /// `first`, with `subtasks` its key-group table.
+    fn new(
+        first: usize,
+        count: usize,
+        subtasks: &'a [u32],
+        max_parallelism: MaxParallelism,
+    ) -> Self {
+        HashTarget {
+            first,
+            count,
+            subtasks,
+            max_parallelism,
+        }
+    }
+
     /// The downstream subtask of the key group of `key_hash`: the output's
     /// offset from the edge's first.
     #[inline]
     fn offset_of(&self, key_hash: u64) -> usize {
         let group = self.max_parallelism.key_group_of(key_hash) as usize;
+        // Cannot miss: the table has an entry for every key group, and
+        // `group` is below the max parallelism by construction.
         self.subtasks.get(group).copied().unwrap_or(0) as usize
     }
 
     /// The output of the subtask that owns the key group of `key_hash`.
     #[inline]
     pub(crate) fn output_of(&self, key_hash: u64) -> usize {
-        let group = self.max_parallelism.key_group_of(key_hash) as usize;
-        // Cannot miss: the table has an entry for every key group, and
-        // `group` is below the max parallelism by construction.
-        self.first + self.subtasks.get(group).copied().unwrap_or(0) as usize
+        self.first + self.offset_of(key_hash)
     }
 }
 
@@ -242,16 +257,6 @@ impl<T> EdgeRoute<T> {
         Ok(())
     }
 
-    /// Where a hash edge sends each key group.
-    fn hash_target(&self, max_parallelism: MaxParallelism) -> HashTarget<'_> {
-        HashTarget {
-            first: self.first,
-            count: self.count,
-            subtasks: &self.subtasks,
-            max_parallelism,
-        }
-    }
-
     /// The one channel a record goes to; a broadcast edge's records go to
     /// every channel (see [`EdgeRoute::send`]), not through here.
     #[inline]
@@ -267,7 +272,9 @@ impl<T> EdgeRoute<T> {
                 max_parallelism,
             } => {
                 let hash = key_hash.hash_one(record);
-                return self.hash_target(*max_parallelism).output_of(hash);
+                let target =
+                    HashTarget::new(self.first, self.count, &self.subtasks, *max_parallelism);
+                return target.output_of(hash);
             }
         };
         self.first + offset
@@ -302,12 +309,8 @@ impl<T: Send + 'static> EdgeRoute<T> {
                 key_hash,
                 max_parallelism,
             } => {
-                let target = HashTarget {
-                    first: self.first,
-                    count: self.count,
-                    subtasks: &self.subtasks,
-                    max_parallelism: *max_parallelism,
-                };
+                let target =
+                    HashTarget::new(self.first, self.count, &self.subtasks, *max_parallelism);
                 key_hash
                     .scatter
                     .scatter(records, outputs, &target, &mut self.parts);
