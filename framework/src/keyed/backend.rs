@@ -12,13 +12,12 @@
 //! the key once with the stable hash, derives the key group from that hash
 //! (to refuse keys of foreign key groups and to mark the group dirty), and
 //! probes the table with the same hash (`HashTable` takes a precomputed
-//! hash; std's `HashMap` cannot, which is why we depend on hashbrown). The
-//! job's keyed operator, whose records a hash partitioner routed by the
-//! same key groups, uses [`KeyedState::get_or_default_routed`] instead,
-//! which skips the per-call key group (checked in debug builds and again
-//! at snapshot). An
+//! hash; std's `HashMap` cannot, which is why we depend on hashbrown). An
 //! existing key costs one hash and no allocation; a new key is cloned once.
-//! Snapshots compute each key's group again and bucket the entries.
+//! Snapshots compute each key's group again and bucket the entries. The
+//! job's keyed operator, whose records a hash partitioner routed by the
+//! same key groups, uses [`KeyedState::get_or_default_routed`], which skips
+//! the per-call key group (checked in debug builds and again at snapshot).
 //!
 //! The alternative was one table per key group, in a `Vec` indexed by
 //! `key_group - range.start`, which makes snapshot and restore per group
@@ -360,18 +359,23 @@ impl<K: StateKey, S: Default> KeyedState<K, S> {
             self.range
         );
         self.all_dirty = true;
-        match self.table.find_entry(hash, |(other, _)| other == key) {
-            Ok(occupied) => &mut occupied.into_mut().1,
-            Err(absent) => Self::insert_default(absent.into_table(), key, hash),
-        }
+        self.find_or_insert_default(key, hash)
     }
 
+    #[inline(always)]
+    fn slot_or_default(&mut self, key: &K, hash: u64, index: usize) -> &mut S {
+        self.dirty[index] = true;
+        self.find_or_insert_default(key, hash)
+    }
+
+    /// The state of `key` (with hash `hash`) in the table, inserted as
+    /// `S::default()` when absent. Marks nothing dirty.
+    //
     // `find_entry` then, on a miss only, `insert_unique`: `HashTable::entry`
     // checks spare capacity and tracks an insert slot on every lookup, which
     // measured about 5-10% slower on the count benchmark.
     #[inline(always)]
-    fn slot_or_default(&mut self, key: &K, hash: u64, index: usize) -> &mut S {
-        self.dirty[index] = true;
+    fn find_or_insert_default(&mut self, key: &K, hash: u64) -> &mut S {
         match self.table.find_entry(hash, |(other, _)| other == key) {
             Ok(occupied) => &mut occupied.into_mut().1,
             Err(absent) => Self::insert_default(absent.into_table(), key, hash),
