@@ -313,8 +313,16 @@ pub fn bench_main<O>(
     parse: impl FnOnce(std::iter::Skip<std::env::Args>) -> Result<O, String>,
     run: impl FnOnce(&O) -> Result<(), String>,
 ) -> ExitCode {
+    // Each parser answers `--help` with its usage as the error.
+    let help = std::env::args()
+        .skip(1)
+        .any(|argument| argument == "--help" || argument == "-h");
     let options = match parse(std::env::args().skip(1)) {
         Ok(options) => options,
+        Err(usage) if help => {
+            println!("{usage}");
+            return ExitCode::SUCCESS;
+        }
         Err(message) => {
             eprintln!("{message}");
             return ExitCode::from(2);
