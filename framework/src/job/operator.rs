@@ -63,11 +63,14 @@ use super::shell::Data;
 ///
 /// # Parallelism
 ///
-/// Operator state belongs to one subtask: restoring a checkpoint at
-/// another parallelism of this operator fails before anything starts with
-/// [`JobError::RescaleUnsupported`](super::JobError::RescaleUnsupported)
-/// (Flink's list and union redistribution are not offered). Keep state
-/// that must rescale in keyed state
+/// Operator state belongs to one subtask. Restoring a checkpoint at
+/// another parallelism of this operator calls [`Operator::rescale`] with
+/// the old subtasks' instances, and the operator decides how its state is
+/// spread over the new subtasks (Flink's list state splits its elements
+/// round robin; its union state hands every subtask all of them). The
+/// default refuses, and the restore fails before anything starts with
+/// [`JobError::RescaleUnsupported`](super::JobError::RescaleUnsupported).
+/// State that is naturally per key rescales on its own in keyed state
 /// ([`KeyedStream::process`](super::KeyedStream::process)).
 ///
 /// # Example
@@ -166,6 +169,58 @@ pub trait Operator: Snapshot + Send + 'static {
     fn on_end_of_input(&mut self, out: &mut Collector<'_, Self::Out>) -> Result<(), BoxError> {
         let _ = out;
         Ok(())
+    }
+
+    /// Spreads the state of the `old` subtasks (their instances as decoded
+    /// from the checkpoint, in subtask order) over `parallelism` new ones,
+    /// when a job is restored at another parallelism of this operator.
+    /// Return exactly `parallelism` instances, in subtask order; each new
+    /// subtask then gets its own through [`Operator::restore_from`].
+    ///
+    /// The default returns `None`: the state cannot be redistributed, and
+    /// the restore fails with
+    /// [`JobError::RescaleUnsupported`](super::JobError::RescaleUnsupported).
+    /// A restore is refused as well when some old subtasks had seen the
+    /// end of their input and others had not (a new subtask could not tell
+    /// whether [`Operator::on_end_of_input`] already ran for its state).
+    ///
+    /// ```
+    /// use snapflow::job::{Collector, Operator};
+    /// use snapflow::runtime::BoxError;
+    /// use snapflow::Snapshot;
+    ///
+    /// /// Counts records; counts add up, so rescaling keeps their total.
+    /// #[derive(Snapshot, Default)]
+    /// struct Count {
+    ///     seen: u64,
+    /// }
+    ///
+    /// impl Operator for Count {
+    ///     type In = u64;
+    ///     type Out = u64;
+    ///
+    ///     fn on_record(&mut self, _: u64, _: &mut Collector<'_, u64>) -> Result<(), BoxError> {
+    ///         self.seen += 1;
+    ///         Ok(())
+    ///     }
+    ///
+    ///     fn rescale(old: Vec<Self>, parallelism: usize) -> Option<Vec<Self>> {
+    ///         let total = old.iter().map(|count| count.seen).sum();
+    ///         let mut new: Vec<Self> = (0..parallelism).map(|_| Count::default()).collect();
+    ///         new.first_mut()?.seen = total;
+    ///         Some(new)
+    ///     }
+    /// }
+    ///
+    /// let rescaled = Count::rescale(vec![Count { seen: 3 }, Count { seen: 4 }], 3).unwrap();
+    /// assert_eq!(rescaled.iter().map(|count| count.seen).collect::<Vec<_>>(), [7, 0, 0]);
+    /// ```
+    fn rescale(old: Vec<Self>, parallelism: usize) -> Option<Vec<Self>>
+    where
+        Self: Sized,
+    {
+        let _ = (old, parallelism);
+        None
     }
 }
 

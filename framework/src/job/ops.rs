@@ -7,9 +7,11 @@
 //! becomes bytes. It never sees the protocol or the transport: the shell in
 //! [`super::shell`] calls these cores.
 //!
-//! Keyed state is [`crate::keyed::KeyedState`], snapshotted per key group
-//! (so a restore at another parallelism could take its key groups from any
-//! old subtask's part; the job layer does not rescale yet).
+//! Keyed state is [`crate::keyed::KeyedState`], snapshotted per key group,
+//! so a restore at another parallelism takes its key groups from the union
+//! of the old subtasks' parts ([`merge_keyed_states`]). A user operator's
+//! state is spread over the new subtasks by its own [`Operator::rescale`]
+//! ([`rescale_operator_states`]).
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -288,6 +290,47 @@ pub(crate) fn decode_operator_part(bytes: &[u8]) -> Result<OperatorPart<'_>, Ope
     })
 }
 
+/// The stored states (as written by [`encode_operator_part`]) of the old
+/// subtasks of operator `O`, in subtask order, redistributed over
+/// `parallelism` new subtasks by [`Operator::rescale`]. The new parts keep
+/// the old parts' checkpoint id and ended flag. The error says why the
+/// state cannot be redistributed.
+pub(crate) fn rescale_operator_states<O: Operator>(
+    states: &[Vec<u8>],
+    parallelism: usize,
+) -> Result<Vec<Vec<u8>>, String> {
+    let mut instances = Vec::with_capacity(states.len());
+    let (mut checkpoint, mut ended) = (0, Vec::with_capacity(states.len()));
+    for state in states {
+        let part = decode_operator_part(state).map_err(|error| error.to_string())?;
+        let instance: O = blob::decode(part.blob).map_err(|error| error.to_string())?;
+        checkpoint = part.checkpoint;
+        ended.push(part.ended);
+        instances.push(instance);
+    }
+    let ended = match (ended.iter().all(|&e| e), ended.iter().any(|&e| e)) {
+        (true, _) => true,
+        (false, false) => false,
+        (false, true) => {
+            return Err("some old subtasks had seen the end of their input and some had not".into())
+        }
+    };
+    let rescaled = O::rescale(instances, parallelism)
+        .ok_or("its operator does not redistribute its state (`Operator::rescale`)")?;
+    if rescaled.len() != parallelism {
+        return Err(format!(
+            "`Operator::rescale` returned {} instances for {parallelism} subtasks",
+            rescaled.len()
+        ));
+    }
+    rescaled
+        .iter()
+        .map(|instance| {
+            encode_operator_part(checkpoint, ended, instance).map_err(|error| error.to_string())
+        })
+        .collect()
+}
+
 /// The core of a user [`Operator`]: its state is the instance itself,
 /// stored after a header (see [`encode_operator_part`]): the checkpoint id,
 /// so that [`Operator::on_restore`] learns it, and whether the input had
@@ -429,6 +472,57 @@ mod tests {
             self.restored_from = Some(checkpoint);
             Ok(())
         }
+
+        /// Counts add up: all of them go to the new subtask 0.
+        fn rescale(old: Vec<Self>, parallelism: usize) -> Option<Vec<Self>> {
+            let mut new: Vec<Self> = (0..parallelism).map(|_| Counter::default()).collect();
+            new.first_mut()?.count = old.iter().map(|counter| counter.count).sum();
+            Some(new)
+        }
+    }
+
+    /// The stored states of subtasks with these counts and ended flags, at
+    /// checkpoint 42.
+    fn stored(subtasks: &[(u64, bool)]) -> Vec<Vec<u8>> {
+        subtasks
+            .iter()
+            .map(|&(count, ended)| {
+                core(count, ended)
+                    .snapshot(CheckpointId(42))
+                    .expect("a snapshot")
+            })
+            .collect()
+    }
+
+    /// Each rescaled part as (count, checkpoint id, ended).
+    fn rescaled(states: &[Vec<u8>], parallelism: usize) -> Result<Vec<(u64, u64, bool)>, String> {
+        let parts = rescale_operator_states::<Counter>(states, parallelism)?;
+        Ok(parts
+            .iter()
+            .map(|bytes| {
+                let part = decode_operator_part(bytes).expect("a rescaled part decodes");
+                let counter: Counter = blob::decode(part.blob).expect("its blob decodes");
+                (counter.count, part.checkpoint, part.ended)
+            })
+            .collect())
+    }
+
+    #[test]
+    fn rescaling_keeps_the_checkpoint_and_the_ended_flag() {
+        let running = stored(&[(3, false), (4, false)]);
+        assert_eq!(
+            rescaled(&running, 3),
+            Ok(vec![(7, 42, false), (0, 42, false), (0, 42, false)])
+        );
+        let ended = stored(&[(3, true), (4, true), (5, true)]);
+        assert_eq!(rescaled(&ended, 1), Ok(vec![(12, 42, true)]));
+    }
+
+    #[test]
+    fn rescaling_refuses_mixed_ends_of_input() {
+        let mixed = stored(&[(3, true), (4, false)]);
+        let error = rescaled(&mixed, 3).expect_err("mixed ends are refused");
+        assert!(error.contains("end of their input"), "{error}");
     }
 
     fn core(count: u64, ended: bool) -> OperatorCore<Counter> {

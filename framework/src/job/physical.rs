@@ -384,8 +384,14 @@ pub(crate) struct PlannedOperator {
     pub(crate) rescale: Rescale,
 }
 
+/// Redistributes the stored states of a user operator's old subtasks (in
+/// subtask order) over a new parallelism; see
+/// [`super::ops::rescale_operator_states`].
+pub(crate) type OperatorRescale =
+    Arc<dyn Fn(&[Vec<u8>], usize) -> Result<Vec<Vec<u8>>, String> + Send + Sync>;
+
 /// How an operator's checkpointed state follows a change of parallelism.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone)]
 pub(crate) enum Rescale {
     /// It has no state of its own: new subtasks start empty.
     Stateless,
@@ -395,9 +401,9 @@ pub(crate) enum Rescale {
     /// Sources and sinks: positions and transactions belong to one split,
     /// so the parallelism must not change.
     No,
-    /// A user operator's state belongs to one subtask: the parallelism
-    /// must not change.
-    OperatorState,
+    /// A user operator's state: its `Operator::rescale` spreads the old
+    /// subtasks' instances over the new ones (or refuses).
+    Operator(OperatorRescale),
 }
 
 /// One logical edge, resolved.
@@ -521,9 +527,10 @@ impl PhysicalPlan {
     /// An operator whose parallelism changed since the checkpoint
     /// (`layout`) is rescaled: a keyed operator's subtasks each get the
     /// union of the old key-group parts (each keeps its own key groups), a
-    /// stateless one starts empty; sources, sinks, user operators' state
-    /// and recorded channel state cannot be rescaled (typed errors). The
-    /// max parallelism must not change.
+    /// user operator's state is spread by its `Operator::rescale`, a
+    /// stateless one starts empty; sources, sinks and recorded channel
+    /// state cannot be rescaled (typed errors). The max parallelism must
+    /// not change.
     pub(crate) fn redistribute(
         &self,
         mut parts: BTreeMap<PartId, Vec<u8>>,
@@ -546,17 +553,18 @@ impl PhysicalPlan {
                 operator: operator.name.clone(),
                 reason: reason.to_owned(),
             };
-            if operator.rescale == Rescale::No {
+            if matches!(operator.rescale, Rescale::No) {
                 return Err(rescale_error("sources and sinks keep their parallelism"));
-            }
-            if operator.rescale == Rescale::OperatorState {
-                return Err(rescale_error(
-                    "operator state belongs to one subtask and is not redistributed",
-                ));
             }
             let mut states = Vec::with_capacity(old as usize);
             for subtask in 0..old {
                 let Some(bytes) = parts.remove(&PartId::new(operator.name.clone(), subtask)) else {
+                    if matches!(operator.rescale, Rescale::Operator(_)) {
+                        // Its states are handed over by subtask index.
+                        return Err(rescale_error(&format!(
+                            "the part of subtask {subtask} is missing"
+                        )));
+                    }
                     continue;
                 };
                 let part = PartBytes::decode(&bytes)
@@ -570,21 +578,26 @@ impl PhysicalPlan {
                 }
                 states.push(part.state);
             }
-            if operator.rescale == Rescale::Stateless {
-                continue;
-            }
-            let merged = PartBytes {
-                state: merge_keyed_states(&states).map_err(|error| rescale_error(&error))?,
-                channels: Vec::new(),
+            let new_states = match &operator.rescale {
+                Rescale::Stateless | Rescale::No => continue,
+                Rescale::Keyed => {
+                    let merged =
+                        merge_keyed_states(&states).map_err(|error| rescale_error(&error))?;
+                    vec![merged; operator.parallelism]
+                }
+                Rescale::Operator(rescale) => {
+                    rescale(&states, operator.parallelism).map_err(|error| rescale_error(&error))?
+                }
             };
-            let merged = merged
-                .encode()
-                .map_err(|error| rescale_error(&error.to_string()))?;
-            for subtask in 0..operator.parallelism {
-                parts.insert(
-                    PartId::new(operator.name.clone(), subtask as u32),
-                    merged.clone(),
-                );
+            for (subtask, state) in new_states.into_iter().enumerate() {
+                let part = PartBytes {
+                    state,
+                    channels: Vec::new(),
+                };
+                let bytes = part
+                    .encode()
+                    .map_err(|error| rescale_error(&error.to_string()))?;
+                parts.insert(PartId::new(operator.name.clone(), subtask as u32), bytes);
             }
         }
         Ok(parts)

@@ -27,8 +27,8 @@ use crate::storage::names;
 
 use super::operator::{Aggregator, Operator, OperatorContext};
 use super::ops::{
-    FinalStates, Key, KeyedCore, OperatorCore, RecordFn, Reduced, SinkCore, SinkMaker,
-    StatelessCore,
+    rescale_operator_states, FinalStates, Key, KeyedCore, OperatorCore, RecordFn, Reduced,
+    SinkCore, SinkMaker, StatelessCore,
 };
 use super::physical::{
     CoreFactory, Partition, PhysicalPlan, PlannedEdge, PlannedOperator, Rescale, SourceTemplate,
@@ -459,9 +459,9 @@ impl<'j, T: Data> Stream<'j, T> {
 
     /// A custom operator with operator-level state (see [`Operator`]):
     /// `factory` makes one instance per subtask, and its state is
-    /// checkpointed and restored exactly-once. The operator's parallelism
-    /// cannot change on restore
-    /// ([`JobError::RescaleUnsupported`]).
+    /// checkpointed and restored exactly-once. Its parallelism can change
+    /// on restore only if it implements [`Operator::rescale`] (else
+    /// [`JobError::RescaleUnsupported`]).
     pub fn operator<O>(
         self,
         name: &str,
@@ -481,7 +481,8 @@ impl<'j, T: Data> Stream<'j, T> {
             }) as Box<dyn Core<T, O::Out>>
         });
         let operator = self.job.stage(name, &self.producers, None, make_core);
-        self.job.graph.borrow_mut().operators[operator].rescale = Rescale::OperatorState;
+        self.job.graph.borrow_mut().operators[operator].rescale =
+            Rescale::Operator(Arc::new(rescale_operator_states::<O>));
         self.next(operator)
     }
 
