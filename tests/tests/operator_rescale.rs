@@ -4,9 +4,10 @@
 //! every record exactly once. An operator that does not implement
 //! `rescale` is refused with a typed error.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use snapflow::job::inspect::CheckpointView;
 use snapflow::job::{
@@ -22,8 +23,10 @@ const RECORDS: u64 = 2_000;
 const PACING: Pacing = Pacing {
     records_per_read: 8,
 };
-/// How long the first run goes on before it is stopped with a savepoint.
-const FIRST_RUN_MS: u64 = 60;
+/// The first run is stopped with a savepoint once its operator has seen
+/// this many records (or after `FIRST_RUN_WAIT_MS_MAX`).
+const FIRST_RUN_RECORDS: u64 = 100;
+const FIRST_RUN_WAIT_MS_MAX: u64 = 10_000;
 
 /// Counts and sums its records; emits `(subtask, seen, sum)` at the end.
 /// Totals add up, so `rescale` puts them all on the new subtask 0.
@@ -33,6 +36,9 @@ struct Total {
     sum: u64,
     #[snapshot(skip)]
     subtask: usize,
+    /// Records seen by every instance of the run, for the test to wait on.
+    #[snapshot(skip)]
+    progress: Option<Arc<AtomicU64>>,
 }
 
 impl Operator for Total {
@@ -42,6 +48,9 @@ impl Operator for Total {
     fn on_record(&mut self, id: u64, _: &mut Collector<'_, Self::Out>) -> Result<(), BoxError> {
         self.seen += 1;
         self.sum += id;
+        if let Some(progress) = &self.progress {
+            progress.fetch_add(1, Ordering::Relaxed);
+        }
         Ok(())
     }
 
@@ -69,6 +78,8 @@ impl Operator for Total {
 #[derive(Snapshot, Default)]
 struct FixedTotal {
     seen: u64,
+    #[snapshot(skip)]
+    progress: Option<Arc<AtomicU64>>,
 }
 
 impl Operator for FixedTotal {
@@ -77,6 +88,9 @@ impl Operator for FixedTotal {
 
     fn on_record(&mut self, _: u64, _: &mut Collector<'_, u64>) -> Result<(), BoxError> {
         self.seen += 1;
+        if let Some(progress) = &self.progress {
+            progress.fetch_add(1, Ordering::Relaxed);
+        }
         Ok(())
     }
 }
@@ -112,18 +126,25 @@ fn declare<O: Operator<In = u64>>(
         .parallelism(1);
 }
 
-/// Runs the job at `from` until it is stopped with a savepoint, then
-/// resumes it at `to`. Returns the savepoint's report and the resumed run's.
+/// Runs the job at `from` until `progress` reaches `FIRST_RUN_RECORDS`,
+/// stops it with a savepoint, then resumes it at `to`. Returns the
+/// savepoint's report and the resumed run's.
 fn stop_then_resume<O: Operator<In = u64>>(
     store: &Arc<dyn CheckpointStore>,
     (from, to): (usize, usize),
     operator: impl Fn(&OperatorContext) -> O + Clone + Send + Sync + 'static,
+    progress: &AtomicU64,
     output: &CollectHandle<O::Out>,
 ) -> (JobReport, Result<JobReport, JobError>) {
     let first = Job::new("rescale", config(store));
     declare(&first, from, operator.clone(), output);
     let running = first.start().expect("the first run starts");
-    thread::sleep(Duration::from_millis(FIRST_RUN_MS));
+    let started = Instant::now();
+    while progress.load(Ordering::Relaxed) < FIRST_RUN_RECORDS
+        && started.elapsed() < Duration::from_millis(FIRST_RUN_WAIT_MS_MAX)
+    {
+        thread::sleep(Duration::from_millis(1));
+    }
     running.stop_with_savepoint();
     let stopped = running.wait().expect("the first run stops");
     let second = Job::new("rescale", config(store));
@@ -131,9 +152,14 @@ fn stop_then_resume<O: Operator<In = u64>>(
     (stopped, second.run())
 }
 
-fn total(context: &OperatorContext) -> Total {
-    Total {
+/// Makes `Total`s that count their records into `progress`.
+fn total(
+    progress: &Arc<AtomicU64>,
+) -> impl Fn(&OperatorContext) -> Total + Clone + Send + Sync + 'static {
+    let progress = Arc::clone(progress);
+    move |context: &OperatorContext| Total {
         subtask: context.subtask,
+        progress: Some(Arc::clone(&progress)),
         ..Total::default()
     }
 }
@@ -145,7 +171,9 @@ fn check(from: usize, to: usize) {
     let store: Arc<dyn CheckpointStore> =
         Arc::new(MemoryCheckpointStore::new("rescale").expect("a memory store"));
     let output = CollectHandle::new();
-    let (stopped, resumed) = stop_then_resume(&store, (from, to), total, &output);
+    let progress = Arc::new(AtomicU64::new(0));
+    let (stopped, resumed) =
+        stop_then_resume(&store, (from, to), total(&progress), &progress, &output);
     let savepoint = stopped.savepoint.expect("the first run took a savepoint");
     let resumed = resumed.expect("the job resumes at the new parallelism");
     assert_eq!(resumed.resumed_from, Some(savepoint), "{from} -> {to}");
@@ -189,11 +217,16 @@ fn operator_state_without_rescale_keeps_its_parallelism() {
     let store: Arc<dyn CheckpointStore> =
         Arc::new(MemoryCheckpointStore::new("fixed").expect("a memory store"));
     let output = CollectHandle::new();
-    let (_, resumed) = stop_then_resume(
-        &store,
-        (2, 3),
-        |_: &OperatorContext| FixedTotal::default(),
-        &output,
+    let progress = Arc::new(AtomicU64::new(0));
+    let counted = Arc::clone(&progress);
+    let fixed = move |_: &OperatorContext| FixedTotal {
+        seen: 0,
+        progress: Some(Arc::clone(&counted)),
+    };
+    let (stopped, resumed) = stop_then_resume(&store, (2, 3), fixed, &progress, &output);
+    assert!(
+        stopped.savepoint.is_some(),
+        "the first run took a savepoint"
     );
     let error = resumed.expect_err("the rescale is refused");
     assert!(
