@@ -36,8 +36,6 @@ use support::{
     peak_rss_kb, quantile, reset_peak_rss, sequence, ArbiterPinner, Count, DiscardSink,
 };
 
-/// Round trips of the cross-core probe printed around the runs (20-70 ms).
-const ROUND_TRIPS: u64 = 200_000;
 /// Round trips of the probe taken right before and after each job run
 /// (3-17 ms).
 const RUN_ROUND_TRIPS: u64 = 50_000;
@@ -391,6 +389,11 @@ fn print_ratios(options: &Options, runs: &[JobRun], job_rate: f64, loop_rate: f6
         }
     }
     println!("{line}");
+    println!(
+        "  (placement of the vCPUs by a cache-line round trip probed right before and after each \
+         run: SMT-sibling below {SMT_PLACEMENT_NS:.0} ns, near below {FAR_PLACEMENT_NS:.0}, far \
+         above, mixed when the two disagree; BENCHMARKS.md \"keyed_count, third round\")"
+    );
 }
 
 /// Prints the figures of one configuration over its runs; returns the
@@ -512,7 +515,6 @@ fn run(options: &Options) -> Result<(), String> {
         if options.pin_arbiters { "pinned" } else { "not pinned" },
         options.runs
     );
-    let probe_before_ns = cross_core_round_trip_ns(ROUND_TRIPS);
     let compare_off = options.compare_off && options.interval_ms.is_some();
     let (runs, off) = run_configs(options, compare_off)?;
     let title = format!("job, {}", describe(options.interval_ms));
@@ -537,12 +539,6 @@ fn run(options: &Options) -> Result<(), String> {
     }
     let loop_rate = run_loop(options)?;
     print_ratios(options, &runs, job_rate, loop_rate);
-    println!(
-        "cross-core round trip: {probe_before_ns:.0} ns before the job runs, {:.0} ns after the loop \
-         (SMT-sibling below {SMT_PLACEMENT_NS:.0}, near below {FAR_PLACEMENT_NS:.0}, far above; a \
-         run's placement is its probes' when both agree; BENCHMARKS.md \"keyed_count, third round\")",
-        cross_core_round_trip_ns(ROUND_TRIPS)
-    );
     if options.smoke {
         println!("smoke: per-key counts and committed record counts are exact");
     }

@@ -300,21 +300,18 @@ pub(crate) fn rescale_operator_states<O: Operator>(
     parallelism: usize,
 ) -> Result<Vec<Vec<u8>>, String> {
     let mut instances = Vec::with_capacity(states.len());
-    let (mut checkpoint, mut ended) = (0, Vec::with_capacity(states.len()));
+    let (mut checkpoint, mut ended) = (0, None);
     for state in states {
         let part = decode_operator_part(state).map_err(|error| error.to_string())?;
-        let instance: O = blob::decode(part.blob).map_err(|error| error.to_string())?;
-        checkpoint = part.checkpoint;
-        ended.push(part.ended);
-        instances.push(instance);
-    }
-    let ended = match (ended.iter().all(|&e| e), ended.iter().any(|&e| e)) {
-        (true, _) => true,
-        (false, false) => false,
-        (false, true) => {
-            return Err("some old subtasks had seen the end of their input and some had not".into())
+        if *ended.get_or_insert(part.ended) != part.ended {
+            return Err(
+                "some old subtasks had seen the end of their input and some had not".into(),
+            );
         }
-    };
+        instances.push(blob::decode::<O>(part.blob).map_err(|error| error.to_string())?);
+        checkpoint = part.checkpoint;
+    }
+    let ended = ended.unwrap_or(false);
     let rescaled = O::rescale(instances, parallelism)
         .ok_or("its operator does not redistribute its state (`Operator::rescale`)")?;
     if rescaled.len() != parallelism {

@@ -578,25 +578,30 @@ impl PhysicalPlan {
                 }
                 states.push(part.state);
             }
-            let new_states = match &operator.rescale {
-                Rescale::Stateless | Rescale::No => continue,
-                Rescale::Keyed => {
-                    let merged =
-                        merge_keyed_states(&states).map_err(|error| rescale_error(&error))?;
-                    vec![merged; operator.parallelism]
-                }
-                Rescale::Operator(rescale) => {
-                    rescale(&states, operator.parallelism).map_err(|error| rescale_error(&error))?
-                }
-            };
-            for (subtask, state) in new_states.into_iter().enumerate() {
+            let encode = |state: Vec<u8>| {
                 let part = PartBytes {
                     state,
                     channels: Vec::new(),
                 };
-                let bytes = part
-                    .encode()
-                    .map_err(|error| rescale_error(&error.to_string()))?;
+                part.encode()
+                    .map_err(|error| rescale_error(&error.to_string()))
+            };
+            let new_parts = match &operator.rescale {
+                Rescale::Stateless | Rescale::No => continue,
+                // Every new subtask gets the same union and keeps its own
+                // key groups from it: encoded once.
+                Rescale::Keyed => {
+                    let merged =
+                        merge_keyed_states(&states).map_err(|error| rescale_error(&error))?;
+                    vec![encode(merged)?; operator.parallelism]
+                }
+                Rescale::Operator(rescale) => rescale(&states, operator.parallelism)
+                    .map_err(|error| rescale_error(&error))?
+                    .into_iter()
+                    .map(encode)
+                    .collect::<Result<_, _>>()?,
+            };
+            for (subtask, bytes) in new_parts.into_iter().enumerate() {
                 parts.insert(PartId::new(operator.name.clone(), subtask as u32), bytes);
             }
         }
