@@ -54,8 +54,11 @@ use serde::{Deserialize, Serialize};
 ///
 /// The [`Default`] is Flink's default for a job with checkpointing since
 /// Flink 1.19: [`RestartStrategy::ExponentialBackoff`] from 1 s, growing by
-/// 1.5 per failure up to 1 min, reset after the job ran stably for 1 h, and
-/// never giving up. Flink's default also has a 10 % jitter; ours has none,
+/// 1.5 per failure up to 1 min, reset after the job ran stably for 1 h;
+/// unlike Flink's it gives up after
+/// [`DEFAULT_RESTARTS_MAX_WITHOUT_CHECKPOINT`] restarts in a row with no
+/// checkpoint completed between them, so a job that fails in the same
+/// place every time ends instead of retrying forever. Flink's default also has a 10 % jitter; ours has none,
 /// because the jitter here is seeded and a fixed seed in a default would
 /// make every job jitter alike, which defeats the purpose: give each job its
 /// own [`Jitter::seed`] to spread restarts out.
@@ -97,6 +100,15 @@ pub enum RestartStrategy {
         /// Optional random spread of each delay, deterministic per seed.
         #[serde(default)]
         jitter: Option<Jitter>,
+        /// How many restarts in a row with no checkpoint completed between
+        /// them are allowed before giving up (`None`: no limit, Flink's
+        /// behaviour). A poison pill (a record that fails its operator
+        /// every time) fails in the same place after every restart, so no
+        /// checkpoint completes between the failures; this ends such a job
+        /// instead of retrying it forever. A completed checkpoint resets
+        /// the count ([`RestartTracker::on_checkpoint_completed`]).
+        #[serde(default = "default_restarts_without_checkpoint")]
+        restarts_max_without_checkpoint: Option<u32>,
     },
     /// Restart after `delay_ms` unless more than `failures_max_per_interval`
     /// failures (this one included) fall within the last `interval_ms`. A
@@ -113,6 +125,16 @@ pub enum RestartStrategy {
     },
 }
 
+/// The default strategy's limit on restarts in a row with no checkpoint
+/// completed between them: 10, about two minutes of backoff from 1 s,
+/// long enough to ride out an external system that is away for a moment,
+/// short enough that a poison pill ends the job in minutes, not never.
+pub const DEFAULT_RESTARTS_MAX_WITHOUT_CHECKPOINT: u32 = 10;
+
+fn default_restarts_without_checkpoint() -> Option<u32> {
+    Some(DEFAULT_RESTARTS_MAX_WITHOUT_CHECKPOINT)
+}
+
 impl Default for RestartStrategy {
     fn default() -> RestartStrategy {
         RestartStrategy::ExponentialBackoff {
@@ -121,6 +143,7 @@ impl Default for RestartStrategy {
             multiplier: 1.5,
             reset_after_stable_ms: 60 * 60 * 1_000,
             jitter: None,
+            restarts_max_without_checkpoint: default_restarts_without_checkpoint(),
         }
     }
 }
@@ -200,6 +223,7 @@ impl RestartStrategy {
                 multiplier,
                 reset_after_stable_ms,
                 jitter,
+                ..
             } => validate_backoff(
                 delay_ms_initial,
                 delay_ms_max,
@@ -281,6 +305,13 @@ pub enum GiveUpReason {
         /// The configured number of attempts.
         attempts_max: u32,
     },
+    /// A [`RestartStrategy::ExponentialBackoff`] restarted
+    /// `restarts_max_without_checkpoint` times in a row and the job failed
+    /// again with no checkpoint completed in between.
+    NoCheckpointBetweenFailures {
+        /// The configured limit.
+        restarts_max: u32,
+    },
     /// A [`RestartStrategy::FailureRate`] saw too many failures in its window.
     FailureRateExceeded {
         /// The failures within the window, the last one included.
@@ -296,6 +327,12 @@ impl fmt::Display for GiveUpReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             GiveUpReason::StrategyNone => write!(f, "restart strategy is none"),
+            GiveUpReason::NoCheckpointBetweenFailures { restarts_max } => write!(
+                f,
+                "failed again after {restarts_max} {} in a row with no checkpoint completed \
+                 between them (the same failure every time, e.g. a poison pill)",
+                plural(*restarts_max, "restart", "restarts")
+            ),
             GiveUpReason::AttemptsExhausted { attempts_max } => {
                 let noun = plural(*attempts_max, "attempt", "attempts");
                 write!(f, "{attempts_max} restart {noun} exhausted")
@@ -355,6 +392,8 @@ pub struct RestartTracker {
     jitter_state: u64,
     /// Failure times within the failure-rate window, oldest first.
     failure_times_ms: VecDeque<u64>,
+    /// Restarts decided since the last completed checkpoint.
+    restarts_without_checkpoint: u32,
 }
 
 impl RestartTracker {
@@ -378,6 +417,7 @@ impl RestartTracker {
             running_since_ms: None,
             jitter_state,
             failure_times_ms: VecDeque::new(),
+            restarts_without_checkpoint: 0,
         })
     }
 
@@ -406,6 +446,7 @@ impl RestartTracker {
         match self.decide(now_ms) {
             Ok(delay_ms) => {
                 self.attempts = self.attempts.saturating_add(1);
+                self.restarts_without_checkpoint = self.restarts_without_checkpoint.saturating_add(1);
                 RestartDecision::Restart {
                     delay_ms,
                     attempt: self.attempts,
@@ -425,6 +466,12 @@ impl RestartTracker {
     pub fn on_running(&mut self, now_ms: u64) {
         let now_ms = self.observe(now_ms);
         self.running_since_ms.get_or_insert(now_ms);
+    }
+
+    /// A checkpoint completed: the job made progress, so the count of
+    /// restarts in a row without a checkpoint starts again from zero.
+    pub fn on_checkpoint_completed(&mut self) {
+        self.restarts_without_checkpoint = 0;
     }
 
     /// Takes `now_ms` as the latest time, never letting time go backwards.
@@ -453,7 +500,13 @@ impl RestartTracker {
                 multiplier,
                 reset_after_stable_ms,
                 jitter,
+                restarts_max_without_checkpoint,
             } => {
+                if let Some(restarts_max) = restarts_max_without_checkpoint {
+                    if self.restarts_without_checkpoint >= restarts_max {
+                        return Err(GiveUpReason::NoCheckpointBetweenFailures { restarts_max });
+                    }
+                }
                 let ran_stably = running_since_ms
                     .is_some_and(|since_ms| now_ms - since_ms >= reset_after_stable_ms);
                 if ran_stably {

@@ -28,6 +28,7 @@ fn backoff(initial_ms: u64, max_ms: u64, multiplier: f64, stable_ms: u64) -> Res
         multiplier,
         reset_after_stable_ms: stable_ms,
         jitter: None,
+        restarts_max_without_checkpoint: None,
     }
 }
 
@@ -45,6 +46,7 @@ fn with_jitter(strategy: RestartStrategy, jitter: Jitter) -> RestartStrategy {
             multiplier,
             reset_after_stable_ms,
             jitter: Some(jitter),
+            restarts_max_without_checkpoint: None,
         },
         other => panic!("only a backoff takes jitter, not {other:?}"),
     }
@@ -354,6 +356,7 @@ fn any_strategy() -> impl Strategy<Value = RestartStrategy> {
                 multiplier,
                 reset_after_stable_ms: stable_ms,
                 jitter,
+                restarts_max_without_checkpoint: None,
             }
         });
     prop_oneof![

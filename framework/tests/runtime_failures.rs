@@ -41,6 +41,7 @@ fn check_map_failure(fail_with_error: bool, kind: FailureKind, message: &str) {
         tag: ActorTag::new("map", 1, Generation(3)),
         kind,
         message: message.to_owned(),
+        retryable: true,
     };
     assert_eq!(report, expected);
     let healthy = collect_input_until_end(&pipeline.events, 0);
@@ -121,6 +122,7 @@ fn a_panic_that_escapes_every_guard_is_reported_by_the_watcher() {
         tag,
         kind: FailureKind::ActorTaskPanicked,
         message: "unguarded panic 42".to_owned(),
+        retryable: true,
     };
     assert_eq!(report, expected);
     let deadline = Instant::now() + WAIT;
@@ -149,6 +151,7 @@ fn a_panicking_constructor_is_reported() {
         tag,
         kind: FailureKind::ConstructorPanicked,
         message: "cannot build".to_owned(),
+        retryable: true,
     };
     assert_eq!(report, expected);
     pool.shutdown().expect("shutdown");

@@ -69,6 +69,8 @@ pub mod inspect;
 mod operator;
 mod ops;
 mod physical;
+mod recovery;
+mod report;
 mod region;
 mod route;
 mod shell;
@@ -83,7 +85,7 @@ use crate::protocol::{CoordinatorConfigError, GraphError, SnapshotMode};
 use crate::restart::RestartConfigError;
 use crate::runtime::failure::FailureReport;
 use crate::runtime::RuntimeError;
-use crate::source::Guarantee;
+use crate::sink::SinkError;
 use crate::storage::{CheckpointStore, FsCheckpointStore, StoreError};
 
 pub use crate::restart::RestartStrategy;
@@ -92,14 +94,21 @@ pub use ops::Key;
 pub use route::Collector;
 pub use shell::Data;
 pub use stream::{Feedback, Job, KeyedStateHandle, KeyedStream, SinkHandle, Stream};
+pub use report::{
+    CheckpointReport, FailedCheckpoint, FallbackReport, GuaranteeReason, JobReport, JobStatus,
+    OperatorReport, RestartReport,
+};
 pub use supervisor::RunningJob;
 
 /// How a job runs: checkpoints, snapshot mode, store, restarts, parallelism
 /// and transport tuning.
 #[derive(Debug, Clone)]
 pub struct JobConfig {
-    /// Time between periodic checkpoints; `None` disables them (the final
-    /// checkpoint at the end of a bounded job still happens).
+    /// Time between periodic checkpoints; positive. `None` disables them
+    /// (the final checkpoint at the end of a bounded job still happens),
+    /// except with a [`JobConfig::store`]: a job given a place for its
+    /// checkpoints means to recover from them, so it then checkpoints
+    /// every [`DEFAULT_CHECKPOINT_INTERVAL_MS`] and says so at start.
     pub checkpoint_interval_ms: Option<u64>,
     /// A checkpoint not complete after this long is aborted as a failure.
     pub checkpoint_timeout_ms: u64,
@@ -138,7 +147,20 @@ pub struct JobConfig {
     pub window_batches: usize,
     /// Arbiter threads for operators; `None` means one per core.
     pub arbiters: Option<usize>,
+    /// Run even when falling back past a damaged checkpoint replays output
+    /// a sink has already committed. Off by default: the job then fails
+    /// at start with [`JobError::FallbackWouldDuplicate`]. On, it runs,
+    /// the committed output of the skipped checkpoints appears twice, and
+    /// the report's guarantee is at-least-once with
+    /// [`GuaranteeReason::FallbackReplaysCommittedOutput`].
+    pub accept_duplicates_after_fallback: bool,
 }
+
+/// The checkpoint interval of a job that has a [`JobConfig::store`] but no
+/// [`JobConfig::checkpoint_interval_ms`]: 10 s, a common choice for
+/// Flink jobs and Arroyo's default, short enough that a restart replays
+/// little, long enough that checkpoints cost little.
+pub const DEFAULT_CHECKPOINT_INTERVAL_MS: u64 = 10_000;
 
 impl Default for JobConfig {
     fn default() -> Self {
@@ -157,6 +179,7 @@ impl Default for JobConfig {
             batch_linger_ms: 5,
             window_batches: 8,
             arbiters: None,
+            accept_duplicates_after_fallback: false,
         }
     }
 }
@@ -299,6 +322,58 @@ pub enum JobError {
         #[source]
         error: StoreError,
     },
+    /// Loading fell back past damaged checkpoints (or started from none)
+    /// to a checkpoint older than output a sink has already committed, so
+    /// running would write that output a second time. Nothing ran.
+    #[error(
+        "restoring {} would write again output that sink `{sink}` (subtask {subtask}) already \
+         committed ({}){}. Nothing ran. To run anyway and accept the duplicates (the report \
+         then says at-least-once), set JobConfig::accept_duplicates_after_fallback; or put the \
+         damaged checkpoint back from a backup; or remove that output from the sink first.",
+        restored.map_or("no checkpoint (a start from the beginning)".to_string(), |id| format!("checkpoint {id}")),
+        report::describe_ids(committed),
+        describe_skipped(skipped)
+    )]
+    FallbackWouldDuplicate {
+        /// The checkpoint that would be restored (`None`: none).
+        restored: Option<u64>,
+        /// The sink operator.
+        sink: String,
+        /// The sink's subtask.
+        subtask: usize,
+        /// The checkpoints after `restored` whose output the sink made
+        /// visible (empty: the sink cannot tell, and a fallback happened).
+        committed: Vec<u64>,
+        /// The damaged checkpoints skipped on the way (this load's and
+        /// those set aside before).
+        skipped: Vec<u64>,
+    },
+    /// A failure that retrying cannot fix (its error says
+    /// `is_retryable() == false`: a schema or version mismatch on
+    /// restore, output that would be overwritten, a missing transaction,
+    /// a configuration error, or a user error marked
+    /// [`NotRetryable`](crate::runtime::NotRetryable)). The job ends at
+    /// once, under every restart strategy.
+    #[error("job failed with an error that retrying cannot fix (after {restarts} restarts): {cause}")]
+    NotRetryable {
+        /// How many restarts happened before.
+        restarts: u32,
+        /// The failure: operator, subtask, generation, kind and message.
+        cause: String,
+        /// The failed operator instance.
+        failure: FailureReport,
+    },
+    /// A sink could not be checked or restored before the job started.
+    #[error("sink `{sink}` (subtask {subtask}) cannot restore: {error}")]
+    SinkRestore {
+        /// The sink operator.
+        sink: String,
+        /// The subtask.
+        subtask: usize,
+        /// The sink's error.
+        #[source]
+        error: SinkError,
+    },
     /// The job was cancelled.
     #[error("the job was cancelled")]
     Cancelled,
@@ -316,164 +391,20 @@ impl JobError {
             JobError::Store(error) | JobError::CheckpointPersistFailed { error, .. } => {
                 error.is_retryable()
             }
+            JobError::SinkRestore { error, .. } => error.is_retryable(),
             _ => false,
         }
     }
 }
 
-/// What a finished job reports.
-#[derive(Debug, Clone)]
-pub struct JobReport {
-    /// What the job guarantees after a restore: exactly-once unless the
-    /// mode is at-least-once, a source cannot seek, or a sink cannot roll
-    /// back.
-    pub guarantee: Guarantee,
-    /// Why [`JobReport::guarantee`] is at-least-once: the mode, and every
-    /// source that cannot seek or sink that cannot roll back. Empty when
-    /// the job is exactly-once.
-    pub guarantee_reasons: Vec<GuaranteeReason>,
-    /// The job's name.
-    pub job: String,
-    /// Per operator, in declaration order.
-    pub operators: Vec<OperatorReport>,
-    /// Checkpoints that completed and were persisted, in order.
-    pub checkpoints: Vec<CheckpointReport>,
-    /// Checkpoints that were aborted as failures or failed to persist.
-    pub failed_checkpoints: Vec<FailedCheckpoint>,
-    /// Every restart, in order.
-    pub restarts: Vec<RestartReport>,
-    /// The checkpoint the first generation restored from (a resumed job).
-    pub resumed_from: Option<u64>,
-    /// The savepoint the job stopped with
-    /// ([`RunningJob::stop_with_savepoint`]).
-    pub savepoint: Option<u64>,
-}
 
-impl JobReport {
-    /// The report of the operator named `name`.
-    pub fn operator(&self, name: &str) -> Option<&OperatorReport> {
-        self.operators.iter().find(|operator| operator.name == name)
+fn describe_skipped(skipped: &[u64]) -> String {
+    if skipped.is_empty() {
+        return String::new();
     }
-}
-
-/// Why a job guarantees only at-least-once (see [`JobReport::guarantee`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum GuaranteeReason {
-    /// The job runs in [`SnapshotMode::AtLeastOnce`]: barriers are not
-    /// aligned, so records after a checkpoint's barrier may already be in
-    /// its state and are applied again after a restore.
-    AtLeastOnceMode,
-    /// This source cannot seek ([`crate::source::Source::can_seek`] is
-    /// false): after a restore it goes on from wherever it is, so what it
-    /// read since the last checkpoint is not replayed by snapflow. Whether
-    /// the external system redelivers it decides between duplicates and
-    /// loss.
-    SourceCannotSeek {
-        /// The source operator's name.
-        operator: String,
-    },
-    /// This sink cannot roll back output it wrote after the last
-    /// checkpoint, so a restore writes it again.
-    SinkCannotRollBack {
-        /// The sink operator's name.
-        operator: String,
-    },
-}
-
-impl GuaranteeReason {
-    /// The reason for an operator whose connector is at-least-once.
-    fn connector(operator: &str, is_source: bool) -> GuaranteeReason {
-        let operator = operator.to_owned();
-        if is_source {
-            GuaranteeReason::SourceCannotSeek { operator }
-        } else {
-            GuaranteeReason::SinkCannotRollBack { operator }
-        }
-    }
-}
-
-impl std::fmt::Display for GuaranteeReason {
-    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            GuaranteeReason::AtLeastOnceMode => write!(formatter, "the mode is at-least-once"),
-            GuaranteeReason::SourceCannotSeek { operator } => {
-                write!(formatter, "source `{operator}` cannot seek")
-            }
-            GuaranteeReason::SinkCannotRollBack { operator } => {
-                write!(formatter, "sink `{operator}` cannot roll back")
-            }
-        }
-    }
-}
-
-/// Counters of one operator, summed over subtasks and generations (records
-/// replayed after a restart are counted again).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct OperatorReport {
-    /// The operator's name.
-    pub name: String,
-    /// Its parallelism.
-    pub parallelism: usize,
-    /// Records it processed.
-    pub records_in: u64,
-    /// Records it emitted.
-    pub records_out: u64,
-    /// The most batches ever in flight on one of its output channels.
-    pub in_flight_batches_peak: u64,
-    /// How often one of its output channels ran out of credit.
-    pub credit_stalls: u64,
-}
-
-/// One completed checkpoint.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CheckpointReport {
-    /// Its id.
-    pub checkpoint: u64,
-    /// From trigger to durable commit.
-    pub duration_ms: u64,
-    /// Bytes of all its parts.
-    pub size_bytes: u64,
-    /// The longest barrier alignment of any subtask: from the first
-    /// barrier of this checkpoint at its inputs to its snapshot. 0 when no
-    /// subtask received a barrier (a checkpoint triggered after every input
-    /// ended); near 0 in unaligned mode.
-    pub alignment_max_us: u64,
-}
-
-/// One failed checkpoint.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FailedCheckpoint {
-    /// Its id.
-    pub checkpoint: u64,
-    /// Why it failed.
-    pub reason: String,
-}
-
-/// One restart.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RestartReport {
-    /// The generation the restarted region started with (one counter for
-    /// the whole job: every start of any region takes the next number).
-    pub generation: u64,
-    /// The operators of the failover region that restarted (those with a
-    /// subtask in it), in declaration order. Every other region kept
-    /// running.
-    pub region: Vec<String>,
-    /// The failure that caused it, as text: the operator, subtask and
-    /// generation that failed, how (panic or error) and the message, and
-    /// the checkpoint in flight; or the checkpoint failures.
-    pub cause: String,
-    /// The failed operator instance (operator, subtask, generation, kind
-    /// and message); `None` when more checkpoints failed in a row than
-    /// tolerated.
-    pub failure: Option<FailureReport>,
-    /// The newest checkpoint that was triggered and neither complete nor
-    /// aborted when the failure was reported (`None`: no checkpoint was in
-    /// flight, or the cause was not an operator's failure).
-    pub checkpoint_in_flight: Option<u64>,
-    /// The checkpoint it restored from (`None`: from the beginning).
-    pub restored_from: Option<u64>,
-    /// From the failure report to the new generation's start.
-    pub recovery_ms: u64,
+    let texts: Vec<String> = skipped.iter().map(u64::to_string).collect();
+    format!(
+        "; damaged checkpoint {} was skipped and set aside",
+        texts.join(", ")
+    )
 }

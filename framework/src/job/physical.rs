@@ -33,6 +33,7 @@ use crate::runtime::stage::{Inject, StageActor, StageConfig};
 use crate::runtime::{ActorTag, Generation};
 use crate::storage::{KeyGroupLayout, PartId};
 
+use super::recovery::SinkHooks;
 use super::ops::merge_keyed_states;
 use super::route::{EdgeRoute, KeyHash, RouteKind, Router};
 use super::shell::{
@@ -382,6 +383,8 @@ pub(crate) struct PlannedOperator {
     pub(crate) loop_idle_ms: Option<u64>,
     /// Whether its state can be restored at another parallelism.
     pub(crate) rescale: Rescale,
+    /// A sink's recovery hooks.
+    pub(crate) sink: Option<SinkHooks>,
 }
 
 /// Redistributes the stored states of a user operator's old subtasks (in

@@ -37,7 +37,8 @@ use super::physical::{
 use super::route::{Collector, KeyHash, KeyHasher};
 use super::shell::{Core, Data, OperatorCounters, SourceMaker};
 use super::supervisor::{self, RunningJob};
-use super::{JobConfig, JobError, JobReport};
+use super::recovery::{SinkCheckFn, SinkHooks, SinkRestoreFn, SinkView};
+use super::{JobConfig, JobError, JobReport, DEFAULT_CHECKPOINT_INTERVAL_MS};
 use crate::sink::{Sink, SinkFactory};
 use crate::source::{Source, SourceFactory};
 
@@ -48,6 +49,8 @@ struct OperatorSpec {
     template: Box<dyn Template>,
     loop_idle_ms: Option<u64>,
     rescale: Rescale,
+    /// A sink's recovery hooks (checked before any restore).
+    sink: Option<(SinkCheckFn, SinkRestoreFn)>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -248,6 +251,7 @@ impl Job {
             template,
             loop_idle_ms: None,
             rescale: Rescale::Stateless,
+            sink: None,
         });
         graph.operators.len() - 1
     }
@@ -307,7 +311,22 @@ impl Job {
     }
 
     fn plan(&self) -> Result<PhysicalPlan, JobError> {
-        let config = self.config.clone();
+        let mut config = self.config.clone();
+        if config.checkpoint_interval_ms == Some(0) {
+            return Err(JobError::InvalidConfig(
+                "checkpoint_interval_ms must be positive; use None for no periodic checkpoints"
+                    .into(),
+            ));
+        }
+        if config.store.is_some() && config.checkpoint_interval_ms.is_none() {
+            tracing::info!(
+                job = %self.name,
+                interval_ms = DEFAULT_CHECKPOINT_INTERVAL_MS,
+                "the job has a checkpoint store and no checkpoint_interval_ms: \
+                 checkpointing every DEFAULT_CHECKPOINT_INTERVAL_MS"
+            );
+            config.checkpoint_interval_ms = Some(DEFAULT_CHECKPOINT_INTERVAL_MS);
+        }
         if config.default_parallelism == 0 {
             return Err(JobError::InvalidConfig(
                 "default_parallelism must be at least 1".into(),
@@ -341,6 +360,12 @@ impl Job {
                 });
             }
             sources.push(operator.is_source);
+            let sink = operator.sink.map(|(check, restore)| SinkHooks {
+                operator: operator.name.clone(),
+                parallelism,
+                check,
+                restore,
+            });
             operators.push(PlannedOperator {
                 name: operator.name,
                 parallelism,
@@ -349,6 +374,7 @@ impl Job {
                 counters: Arc::new(OperatorCounters::default()),
                 loop_idle_ms: operator.loop_idle_ms,
                 rescale: operator.rescale,
+                sink,
             });
             first_node += parallelism;
         }
@@ -603,6 +629,8 @@ impl<'j, T: Data> Stream<'j, T> {
         F: SinkFactory + Send + Sync + 'static,
         F::Sink: Sink<Item = T> + 'static,
     {
+        let factory = Arc::new(factory);
+        let hooks = sink_hooks(&factory);
         let make: SinkMaker<T> = Arc::new(move |subtask, parallelism| {
             let sink = factory.create(subtask, parallelism)?;
             Ok(Box::new(sink) as Box<dyn Sink<Item = T>>)
@@ -616,12 +644,38 @@ impl<'j, T: Data> Stream<'j, T> {
             }) as Box<dyn Core<T, ()>>
         });
         let operator = self.job.stage(name, &self.producers, None, make_core);
-        self.job.graph.borrow_mut().operators[operator].rescale = Rescale::No;
+        let mut graph = self.job.graph.borrow_mut();
+        graph.operators[operator].rescale = Rescale::No;
+        graph.operators[operator].sink = Some(hooks);
+        drop(graph);
         SinkHandle {
             job: self.job,
             operator,
         }
     }
+}
+
+/// The recovery hooks of a sink factory: both make a fresh sink, used
+/// once and dropped, on the checkpoint writer's thread.
+fn sink_hooks<F>(factory: &Arc<F>) -> (SinkCheckFn, SinkRestoreFn)
+where
+    F: SinkFactory + Send + Sync + 'static,
+{
+    let checker = Arc::clone(factory);
+    let check: SinkCheckFn = Arc::new(move |subtask, parallelism, restored, state| {
+        let mut sink = checker.create(subtask, parallelism)?;
+        let visibility = sink.check_restore(restored, state)?;
+        let guarantee = sink.guarantee();
+        Ok(SinkView {
+            visibility,
+            guarantee,
+        })
+    });
+    let restorer = Arc::clone(factory);
+    let restore: SinkRestoreFn = Arc::new(move |subtask, parallelism, state| {
+        restorer.create(subtask, parallelism)?.restore(state)
+    });
+    (check, restore)
 }
 
 /// The open end of an iteration: close it with [`Stream::close_loop`].

@@ -2,7 +2,8 @@
 //! (writing its parts, fsync, committing its metadata through the
 //! [`CheckpointStore`]) and the loading of the checkpoint to restore.
 //!
-//! It owns nothing but the store handle. It never decides anything: the
+//! It owns nothing but the store handle and the sinks' recovery hooks. It
+//! never decides anything itself (the fallback rule is `recovery`'s): the
 //! supervisor sends it jobs and gets one answer message per job. Jobs run
 //! strictly in order, which the supervisor relies on: a load requested
 //! after a persist sees that persist's outcome, so a failover region that
@@ -19,6 +20,7 @@ use crate::protocol::CheckpointId;
 use crate::runtime::Generation;
 use crate::storage::{self, CheckpointStore, CommitRequest, KeyGroupLayout, PartId, StoreError};
 
+use super::recovery::{recover, Recovery, RecoveryOptions, SinkHooks};
 use super::JobError;
 
 /// Work for the writer thread.
@@ -59,7 +61,7 @@ pub(crate) struct Persisted {
 pub(crate) struct Loaded {
     pub(crate) region: Option<usize>,
     pub(crate) generation: Generation,
-    pub(crate) result: Result<Restored, StoreError>,
+    pub(crate) result: Result<Recovery, JobError>,
 }
 
 /// Starts the writer thread. Its queue is unbounded, but the supervisor
@@ -67,6 +69,8 @@ pub(crate) struct Loaded {
 /// checkpoints while one is persisted) and one load per region start.
 pub(crate) fn spawn_writer(
     store: Arc<dyn CheckpointStore>,
+    sinks: Vec<SinkHooks>,
+    accept_duplicates: bool,
     persisted: Recipient<Persisted>,
     loaded: Recipient<Loaded>,
 ) -> Result<(mpsc::Sender<WriterJob>, thread::JoinHandle<()>), JobError> {
@@ -91,7 +95,11 @@ pub(crate) fn spawn_writer(
                         });
                     }
                     WriterJob::Load { region, generation } => {
-                        let result = load(store.as_ref());
+                        let options = RecoveryOptions {
+                            accept_duplicates,
+                            first_start: region.is_none(),
+                        };
+                        let result = recover(store.as_ref(), &sinks, options);
                         loaded.do_send(Loaded {
                             region,
                             generation,
@@ -130,22 +138,4 @@ fn persist(
             Err(error)
         }
     }
-}
-
-fn load(store: &dyn CheckpointStore) -> Result<Restored, StoreError> {
-    let report = store.load_latest()?;
-    for skipped in &report.skipped {
-        tracing::warn!(
-            checkpoint = skipped.checkpoint,
-            "skipped a checkpoint that does not verify: {}",
-            skipped.reason
-        );
-    }
-    Ok(report.checkpoint.map(|loaded| {
-        (
-            CheckpointId(loaded.metadata.checkpoint),
-            loaded.parts,
-            loaded.metadata.key_groups,
-        )
-    }))
 }

@@ -54,6 +54,11 @@ pub struct FailureReport {
     pub kind: FailureKind,
     /// The panic message or the error's text.
     pub message: String,
+    /// Whether running the failed code again may succeed. False for an
+    /// error that says so (see [`is_retryable_error`]): the job then ends
+    /// at once instead of restarting. Panics count as retryable; a panic
+    /// that repeats ends the job through the restart strategy's bound.
+    pub retryable: bool,
 }
 
 impl Message for FailureReport {
@@ -133,6 +138,7 @@ pub fn guard<R>(
                 tag: tag.clone(),
                 kind: FailureKind::CallbackFailed,
                 message: error.to_string(),
+                retryable: is_retryable_error(error.as_ref()),
             });
             None
         }
@@ -141,9 +147,100 @@ pub fn guard<R>(
                 tag: tag.clone(),
                 kind: FailureKind::CallbackPanicked,
                 message: panic_message(payload.as_ref()),
+                retryable: true,
             });
             None
         }
+    }
+}
+
+/// Whether retrying may fix `error`: its own `is_retryable` when it (or an
+/// error in its `source()` chain, first found wins) is one of snapflow's
+/// typed errors, false for [`NotRetryable`] and for bytes that do not
+/// decode (`postcard::Error`: a stored part that passed its checksum but
+/// not its decoder will fail the same way every time), and true for
+/// anything else (a user's error, of which nothing is known).
+pub fn is_retryable_error(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut current = Some(error);
+    while let Some(error) = current {
+        if let Some(answer) = typed_retryable(error) {
+            return answer;
+        }
+        current = error.source();
+    }
+    true
+}
+
+fn typed_retryable(error: &(dyn std::error::Error + 'static)) -> Option<bool> {
+    if error.is::<NotRetryable>() || error.is::<postcard::Error>() {
+        return Some(false);
+    }
+    if let Some(error) = error.downcast_ref::<crate::sink::SinkError>() {
+        return Some(error.is_retryable());
+    }
+    if let Some(error) = error.downcast_ref::<crate::source::SourceError>() {
+        return Some(error.is_retryable());
+    }
+    if let Some(error) = error.downcast_ref::<crate::state::StateError>() {
+        return Some(error.is_retryable());
+    }
+    if let Some(error) = error.downcast_ref::<crate::keyed::KeyedError>() {
+        return Some(error.is_retryable());
+    }
+    if let Some(error) = error.downcast_ref::<crate::storage::StoreError>() {
+        return Some(error.is_retryable());
+    }
+    None
+}
+
+/// Marks a user's error as one that retrying cannot fix: returned from a
+/// process function, an operator, a source or a sink, it ends the job at
+/// once with [`JobError::NotRetryable`](crate::job::JobError::NotRetryable)
+/// instead of restarting it.
+///
+/// ```
+/// use snapflow::runtime::{is_retryable_error, NotRetryable};
+///
+/// let error = NotRetryable::new("record 17 has no user id");
+/// assert!(!is_retryable_error(&error));
+/// assert_eq!(error.to_string(), "record 17 has no user id");
+/// ```
+#[derive(Debug)]
+pub struct NotRetryable {
+    message: String,
+    source: Option<BoxError>,
+}
+
+impl NotRetryable {
+    /// An error with this message.
+    pub fn new(message: impl Into<String>) -> NotRetryable {
+        NotRetryable {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// Wraps `error`, keeping it as the source.
+    pub fn wrap(error: impl Into<BoxError>) -> NotRetryable {
+        let source = error.into();
+        NotRetryable {
+            message: source.to_string(),
+            source: Some(source),
+        }
+    }
+}
+
+impl fmt::Display for NotRetryable {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for NotRetryable {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|error| error as &(dyn std::error::Error + 'static))
     }
 }
 

@@ -98,6 +98,7 @@
 
 pub mod channel;
 pub mod failure;
+pub use failure::{is_retryable_error, NotRetryable};
 pub mod pool;
 mod scheduling;
 pub mod source;

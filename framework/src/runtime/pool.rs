@@ -289,6 +289,7 @@ where
                 tag,
                 kind: FailureKind::ConstructorPanicked,
                 message: panic_message(payload.as_ref()),
+                retryable: true,
             });
             return;
         }
@@ -301,6 +302,7 @@ where
                     tag,
                     kind: FailureKind::ActorTaskPanicked,
                     message: panic_message(error.into_panic().as_ref()),
+                    retryable: true,
                 });
             }
             // A cancelled task means the arbiter is shutting down: not a

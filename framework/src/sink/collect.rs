@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::{
-    check_ascending, subtask_u32, PendingTransactions, Sink, SinkError, SinkFactory, SinkState,
+    check_ascending, subtask_u32, PendingTransactions, Sink, SinkError, SinkFactory, SinkState, Visibility,
 };
 
 /// What one subtask has stored in the handle.
@@ -219,6 +219,35 @@ impl<T: Clone> Sink for CollectSink<T> {
         }
         self.open.clear();
         Ok(())
+    }
+
+    fn check_restore(
+        &mut self,
+        restored: Option<u64>,
+        state: Option<&SinkState>,
+    ) -> Result<Visibility, SinkError> {
+        let listed = PendingTransactions::decode_for(state, self.subtask)?;
+        let mut stores = self.handle.lock();
+        let store = stores.entry(self.subtask).or_default();
+        if let Some(id) = listed
+            .iter()
+            .find(|id| !store.pending.contains_key(id) && !store.committed_ids.contains(id))
+        {
+            return Err(SinkError::StagedDataDamaged {
+                subtask: self.subtask,
+                checkpoint_id: *id,
+                location: "the collect handle".to_string(),
+                reason: "the transaction is neither pending nor committed".to_string(),
+            });
+        }
+        let after = restored;
+        let committed = store
+            .committed_ids
+            .iter()
+            .copied()
+            .filter(|id| after.is_none_or(|after| *id > after))
+            .collect();
+        Ok(Visibility::Known(committed))
     }
 
     fn finish(&mut self) -> Result<(), SinkError> {

@@ -10,7 +10,9 @@
 //! | `<prefix>-<subtask>-<checkpoint>` | committed output |
 //!
 //! Pre-commit flushes and fsyncs the open file, renames it to its `.part`
-//! name and fsyncs the directory. Commit renames `.part` files into place
+//! name and fsyncs the directory; the sink's state records each pending
+//! file's size and CRC-32, so a restore never commits a file that was cut
+//! short or changed ([`SinkError::StagedDataDamaged`]). Commit renames `.part` files into place
 //! (a rename whose source is gone and whose target exists was done before:
 //! idempotent). Restore commits the transactions its state lists and deletes
 //! every other pending file of its prefix and subtask. It never touches
@@ -20,7 +22,7 @@
 //! prefix would collide on names; the sink refuses to overwrite committed
 //! output ([`SinkError::TargetExists`]) rather than lose it.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::fmt::Display;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -29,6 +31,7 @@ use std::path::{Path, PathBuf};
 
 use super::{
     check_ascending, subtask_u32, PendingTransactions, Sink, SinkError, SinkFactory, SinkState,
+    Visibility,
 };
 
 /// The file-name prefix used unless another is given.
@@ -157,8 +160,9 @@ impl<T, F: Fn(&T, &mut Vec<u8>) + Clone> SinkFactory for FileSinkFactory<T, F> {
             encode: self.encode.clone(),
             fsync: self.fsync,
             open: None,
+            written: RunningDigest::default(),
             buffer: Vec::new(),
-            pending: BTreeSet::new(),
+            pending: BTreeMap::new(),
             finished: false,
             last_pre_commit: None,
             _records: PhantomData,
@@ -223,11 +227,14 @@ pub struct FileSink<T, F> {
     fsync: bool,
     /// The open transaction's file, created at the first write.
     open: Option<File>,
+    /// Size and checksum of what was written to `open` so far.
+    written: RunningDigest,
     /// Encoded records not yet written to `open`; bounded by flushing at
     /// [`BUFFER_BYTES`] (one record may overshoot it).
     buffer: Vec<u8>,
-    /// Checkpoint ids of pre-committed, uncommitted transactions.
-    pending: BTreeSet<u64>,
+    /// Pre-committed, uncommitted transactions: checkpoint id and the
+    /// digest of the staged file.
+    pending: BTreeMap<u64, Digest>,
     finished: bool,
     last_pre_commit: Option<u64>,
     _records: PhantomData<fn(&T)>,
@@ -268,19 +275,26 @@ impl<T, F> FileSink<T, F> {
         if let Some(file) = self.open.as_mut() {
             file.write_all(&self.buffer)
                 .map_err(io_error("writing", &path))?;
+            self.written.add(&self.buffer);
         }
         self.buffer.clear();
         Ok(())
     }
 
     /// Renames one pending file into place; done before counts as done.
-    fn commit_one(&self, checkpoint_id: u64) -> Result<(), SinkError> {
+    /// With a digest, the file is checked against it first.
+    fn commit_one(&self, checkpoint_id: u64, digest: Option<Digest>) -> Result<(), SinkError> {
         let source = self.names.pending(checkpoint_id);
         let target = self.names.committed(checkpoint_id);
         let source_exists = exists(&source)?;
         let target_exists = exists(&target)?;
         match (source_exists, target_exists) {
-            (true, false) => fs::rename(&source, &target).map_err(io_error("renaming", &source)),
+            (true, false) => {
+                if let Some(digest) = digest {
+                    self.verify_staged(checkpoint_id, digest)?;
+                }
+                fs::rename(&source, &target).map_err(io_error("renaming", &source))
+            }
             (false, true) => Ok(()),
             (true, true) => Err(SinkError::TargetExists { path: target }),
             (false, false) => Err(SinkError::MissingTransaction {
@@ -288,6 +302,69 @@ impl<T, F> FileSink<T, F> {
                 checkpoint_id,
             }),
         }
+    }
+
+    /// Checks a staged file against the digest recorded at pre-commit.
+    fn verify_staged(&self, checkpoint_id: u64, expected: Digest) -> Result<(), SinkError> {
+        let path = self.names.pending(checkpoint_id);
+        let found = Digest::of_file(&path).map_err(io_error("reading", &path))?;
+        if found == expected {
+            return Ok(());
+        }
+        Err(SinkError::StagedDataDamaged {
+            subtask: self.names.subtask,
+            checkpoint_id,
+            location: path.display().to_string(),
+            reason: format!(
+                "staged {} bytes with CRC-32 {:08x}, found {} bytes with CRC-32 {:08x}",
+                expected.size_bytes,
+                expected.crc32,
+                found.size_bytes,
+                found.crc32
+            ),
+        })
+    }
+
+    /// Whether a transaction the restored state lists can be restored:
+    /// its staged file is intact, or it was committed already.
+    fn check_listed(&self, checkpoint_id: u64, digest: Option<Digest>) -> Result<(), SinkError> {
+        let source = self.names.pending(checkpoint_id);
+        if exists(&source)? {
+            return match digest {
+                Some(digest) => self.verify_staged(checkpoint_id, digest),
+                None => Ok(()),
+            };
+        }
+        if exists(&self.names.committed(checkpoint_id))? {
+            return Ok(());
+        }
+        Err(SinkError::StagedDataDamaged {
+            subtask: self.names.subtask,
+            checkpoint_id,
+            location: source.display().to_string(),
+            reason: "the staged file is missing and was never committed".to_string(),
+        })
+    }
+
+    /// The checkpoint ids of this subtask's committed files above `after`.
+    fn committed_after(&self, after: Option<u64>) -> Result<Vec<u64>, SinkError> {
+        let dir = &self.names.dir;
+        let mut ids = Vec::new();
+        for entry in fs::read_dir(dir).map_err(io_error("listing", dir))? {
+            let entry = entry.map_err(io_error("listing", dir))?;
+            let name = entry.file_name();
+            let Some((subtask, id)) = name
+                .to_str()
+                .and_then(|name| parse_committed(name, &self.names.prefix))
+            else {
+                continue;
+            };
+            if subtask == self.names.subtask as u64 && after.is_none_or(|after| id > after) {
+                ids.push(id);
+            }
+        }
+        ids.sort_unstable();
+        Ok(ids)
     }
 
     /// Deletes every pending file of this sink not filed under `keep`.
@@ -343,24 +420,29 @@ impl<T, F: Fn(&T, &mut Vec<u8>)> Sink for FileSink<T, F> {
             let part_path = self.names.pending(checkpoint_id);
             fs::rename(&open_path, &part_path).map_err(io_error("renaming", &open_path))?;
             self.sync_dir(&self.names.pending_dir)?;
-            self.pending.insert(checkpoint_id);
+            self.pending
+                .insert(checkpoint_id, std::mem::take(&mut self.written).finish());
         }
         self.last_pre_commit = Some(checkpoint_id);
-        let checkpoint_ids = self.pending.iter().copied().collect();
-        Ok(PendingTransactions {
+        let staged = StagedFiles {
             subtask: subtask_u32(self.names.subtask)?,
-            checkpoint_ids,
-        }
-        .encode())
+            files: self
+                .pending
+                .iter()
+                .map(|(id, digest)| (*id, Some(*digest)))
+                .collect(),
+        };
+        Ok(staged.encode())
     }
 
     fn commit(&mut self, checkpoint_id: u64) -> Result<(), SinkError> {
-        let due: Vec<u64> = self.pending.range(..=checkpoint_id).copied().collect();
+        let due: Vec<u64> = self.pending.range(..=checkpoint_id).map(|(id, _)| *id).collect();
         if due.is_empty() {
             return Ok(());
         }
         for id in due {
-            self.commit_one(id)?;
+            // This process wrote the file moments ago: no re-read here.
+            self.commit_one(id, None)?;
             self.pending.remove(&id);
         }
         self.sync_dirs()
@@ -368,6 +450,7 @@ impl<T, F: Fn(&T, &mut Vec<u8>)> Sink for FileSink<T, F> {
 
     fn abort(&mut self) -> Result<(), SinkError> {
         self.buffer.clear();
+        self.written = RunningDigest::default();
         if self.open.take().is_some() {
             let path = self.names.in_progress();
             fs::remove_file(&path).map_err(io_error("deleting", &path))?;
@@ -376,21 +459,170 @@ impl<T, F: Fn(&T, &mut Vec<u8>)> Sink for FileSink<T, F> {
     }
 
     fn restore(&mut self, state: Option<&SinkState>) -> Result<(), SinkError> {
-        let listed = PendingTransactions::decode_for(state, self.names.subtask)?;
-        for id in &listed {
-            self.commit_one(*id)?;
+        let listed = StagedFiles::decode_for(state, self.names.subtask)?;
+        for (id, digest) in &listed {
+            self.commit_one(*id, *digest)?;
         }
-        self.delete_pending_except(&listed.iter().copied().collect())?;
+        self.delete_pending_except(&listed.iter().map(|(id, _)| *id).collect())?;
         self.sync_dirs()?;
         self.open = None;
+        self.written = RunningDigest::default();
         self.buffer.clear();
         self.pending.clear();
         Ok(())
     }
 
+    fn check_restore(
+        &mut self,
+        restored: Option<u64>,
+        state: Option<&SinkState>,
+    ) -> Result<Visibility, SinkError> {
+        let listed = StagedFiles::decode_for(state, self.names.subtask)?;
+        for (id, digest) in listed {
+            self.check_listed(id, digest)?;
+        }
+        let committed = self.committed_after(restored)?;
+        Ok(Visibility::Known(committed))
+    }
+
     fn finish(&mut self) -> Result<(), SinkError> {
         self.finished = true;
         self.write_buffer()
+    }
+}
+
+/// The size and CRC-32 of a staged file.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Digest {
+    size_bytes: u64,
+    crc32: u32,
+}
+
+/// A [`Digest`] being computed over bytes as they are written.
+#[derive(Debug, Clone, Default)]
+struct RunningDigest {
+    size_bytes: u64,
+    hasher: crc32fast::Hasher,
+}
+
+impl RunningDigest {
+    fn add(&mut self, bytes: &[u8]) {
+        self.size_bytes += bytes.len() as u64;
+        self.hasher.update(bytes);
+    }
+
+    fn finish(self) -> Digest {
+        Digest {
+            size_bytes: self.size_bytes,
+            crc32: self.hasher.finalize(),
+        }
+    }
+}
+
+impl Digest {
+    /// Reads the file in bounded chunks; never holds it whole.
+    fn of_file(path: &Path) -> io::Result<Digest> {
+        use std::io::Read;
+        let mut file = File::open(path)?;
+        let mut digest = RunningDigest::default();
+        let mut chunk = vec![0_u8; BUFFER_BYTES];
+        loop {
+            let read = file.read(&mut chunk)?;
+            if read == 0 {
+                return Ok(digest.finish());
+            }
+            digest.add(&chunk[..read]);
+        }
+    }
+}
+
+/// The file sink's state: its subtask and every pending transaction with
+/// the size and checksum of its staged file.
+///
+/// Layout (little-endian): format byte `2`, subtask `u32`, count `u32`,
+/// then per transaction its checkpoint id `u64`, size `u64` and CRC-32
+/// `u32`. States of format `1` ([`PendingTransactions`], written before
+/// the sink recorded digests) are still read; their files are restored
+/// unchecked.
+struct StagedFiles {
+    subtask: u32,
+    files: Vec<(u64, Option<Digest>)>,
+}
+
+const STAGED_FORMAT: u8 = 2;
+const STAGED_HEADER_BYTES: usize = 9;
+const STAGED_ENTRY_BYTES: usize = 20;
+
+impl StagedFiles {
+    fn encode(&self) -> SinkState {
+        let mut bytes =
+            Vec::with_capacity(STAGED_HEADER_BYTES + STAGED_ENTRY_BYTES * self.files.len());
+        bytes.push(STAGED_FORMAT);
+        bytes.extend_from_slice(&self.subtask.to_le_bytes());
+        let count = u32::try_from(self.files.len()).unwrap_or(u32::MAX);
+        bytes.extend_from_slice(&count.to_le_bytes());
+        for (id, digest) in &self.files {
+            let digest = digest.unwrap_or_default();
+            bytes.extend_from_slice(&id.to_le_bytes());
+            bytes.extend_from_slice(&digest.size_bytes.to_le_bytes());
+            bytes.extend_from_slice(&digest.crc32.to_le_bytes());
+        }
+        SinkState::from_bytes(bytes)
+    }
+
+    fn decode(state: &SinkState) -> Result<StagedFiles, SinkError> {
+        let bytes = state.as_bytes();
+        if bytes.first() != Some(&STAGED_FORMAT) {
+            let pending = PendingTransactions::decode(state)?;
+            return Ok(StagedFiles {
+                subtask: pending.subtask,
+                files: pending.checkpoint_ids.into_iter().map(|id| (id, None)).collect(),
+            });
+        }
+        let malformed = |reason: &str| SinkError::MalformedState {
+            reason: reason.to_string(),
+        };
+        if bytes.len() < STAGED_HEADER_BYTES {
+            return Err(malformed("shorter than its header"));
+        }
+        let word = |at: usize| u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]);
+        let (subtask, count) = (word(1), word(5) as usize);
+        let body = &bytes[STAGED_HEADER_BYTES..];
+        if body.len() % STAGED_ENTRY_BYTES != 0 || body.len() / STAGED_ENTRY_BYTES != count {
+            return Err(malformed("length does not match the transaction count"));
+        }
+        let long = |chunk: &[u8], at: usize| {
+            u64::from_le_bytes(chunk[at..at + 8].try_into().unwrap_or([0; 8]))
+        };
+        let files: Vec<(u64, Option<Digest>)> = body
+            .chunks_exact(STAGED_ENTRY_BYTES)
+            .map(|chunk| {
+                let crc32 = u32::from_le_bytes(chunk[16..20].try_into().unwrap_or([0; 4]));
+                let size_bytes = long(chunk, 8);
+                (long(chunk, 0), Some(Digest { size_bytes, crc32 }))
+            })
+            .collect();
+        if files.windows(2).any(|pair| pair[0].0 >= pair[1].0) {
+            return Err(malformed("checkpoint ids are not strictly ascending"));
+        }
+        Ok(StagedFiles { subtask, files })
+    }
+
+    fn decode_for(
+        state: Option<&SinkState>,
+        subtask: usize,
+    ) -> Result<Vec<(u64, Option<Digest>)>, SinkError> {
+        let Some(state) = state else {
+            return Ok(Vec::new());
+        };
+        let staged = StagedFiles::decode(state)?;
+        if staged.subtask as usize != subtask {
+            return Err(SinkError::WrongSubtask {
+                expected: subtask,
+                found: staged.subtask,
+            });
+        }
+        Ok(staged.files)
     }
 }
 

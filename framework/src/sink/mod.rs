@@ -49,8 +49,17 @@
 //! committed is lost data and a typed error
 //! ([`SinkError::MissingTransaction`]), never silently skipped.
 //!
+//! **Before the restore** the job asks a fresh sink of each subtask
+//! [`Sink::check_restore`]: whether the staged transactions the restored
+//! checkpoint lists are intact, and which checkpoints after it the sink
+//! already made visible. Damaged staged data makes the checkpoint invalid
+//! (the job falls back to an older one); visible output after the
+//! restored checkpoint would be written twice, so the job refuses to
+//! start unless the user accepts duplicates.
+//!
 //! **Known limits.** Restoring a checkpoint older than the latest completed
-//! one cannot take back output that later checkpoints already committed.
+//! one cannot take back output that later checkpoints already committed
+//! (the check above refuses it rather than duplicate silently).
 //! Restoring at a different parallelism is not supported: a transaction
 //! pending for a subtask that no longer exists is never committed.
 //!
@@ -208,6 +217,52 @@ pub trait Sink {
     /// sink did not write.
     fn restore(&mut self, state: Option<&SinkState>) -> Result<(), SinkError>;
 
+    /// Checks, before the job restores, whether this sink can take part
+    /// in restoring checkpoint `restored` (`None`: the job starts from no
+    /// checkpoint) with `state`, the state this sink stored in it (`None`
+    /// when there is none), and says what it has already made visible
+    /// after it.
+    ///
+    /// The job calls it on a fresh sink of every subtask, on the
+    /// checkpoint writer's thread, before any actor of the job starts;
+    /// that sink is then dropped, and the sink that runs is another one
+    /// (so a check must not leave anything behind that `restore` relies
+    /// on). It must only read: committing and aborting are `restore`'s.
+    ///
+    /// Two things are checked:
+    ///
+    /// - **Staged data.** Every transaction `state` lists must still be
+    ///   pending and intact, or already committed. A transaction that is
+    ///   gone or damaged (a file cut short or changed since
+    ///   `pre_commit`) is [`SinkError::StagedDataDamaged`]: the job then
+    ///   treats the checkpoint as invalid and falls back to an older one,
+    ///   which is safe because staged output was never visible, so the
+    ///   replay makes it again.
+    /// - **Visibility.** The returned [`Visibility`] lists the
+    ///   checkpoints after `restored` whose output this sink already made
+    ///   visible. Restoring `restored` replays their input, so their
+    ///   output would appear twice: the job refuses to start
+    ///   ([`JobError::FallbackWouldDuplicate`](crate::job::JobError::FallbackWouldDuplicate))
+    ///   unless the user accepts duplicates. The ids also keep the job
+    ///   from reusing them: new checkpoints are numbered above them.
+    ///
+    /// The default says [`Visibility::Unknown`]: the job then refuses a
+    /// fallback past a damaged checkpoint, because it cannot rule out
+    /// duplicates.
+    ///
+    /// # Errors
+    ///
+    /// [`SinkError::StagedDataDamaged`] as above; any other error fails
+    /// the job's start.
+    fn check_restore(
+        &mut self,
+        restored: Option<u64>,
+        state: Option<&SinkState>,
+    ) -> Result<Visibility, SinkError> {
+        let _ = (restored, state);
+        Ok(Visibility::Unknown)
+    }
+
     /// No more records will come. The default does nothing.
     ///
     /// # Errors
@@ -221,6 +276,36 @@ pub trait Sink {
     /// exactly-once, which is true only if the sink follows the contract.
     fn guarantee(&self) -> Guarantee {
         Guarantee::ExactlyOnce
+    }
+}
+
+/// What a sink has already made visible after the checkpoint a job is
+/// about to restore; the answer of [`Sink::check_restore`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Visibility {
+    /// The ids of the checkpoints after the restored one whose output
+    /// this sink has made visible, ascending; empty when there are none
+    /// (the usual case: nothing is committed before its checkpoint is
+    /// durable, so only a fallback past a damaged checkpoint finds any).
+    Known(Vec<u64>),
+    /// This sink cannot tell what it made visible.
+    Unknown,
+    /// Writing the same output again changes nothing a reader sees (for
+    /// example upserts of a keyed result into a table): a replay after a
+    /// fallback is harmless, so the job runs and stays exactly-once in
+    /// effect.
+    ReplayIsHarmless,
+}
+
+impl Visibility {
+    /// The checkpoints this sink says it made visible (none for
+    /// [`Visibility::Unknown`] and [`Visibility::ReplayIsHarmless`]).
+    pub fn committed(&self) -> &[u64] {
+        match self {
+            Visibility::Known(ids) => ids,
+            Visibility::Unknown | Visibility::ReplayIsHarmless => &[],
+        }
     }
 }
 
@@ -384,6 +469,21 @@ pub enum SinkError {
         /// The transaction's checkpoint id.
         checkpoint_id: u64,
     },
+    /// Data a sink staged at `pre_commit` and a checkpoint lists is gone or
+    /// no longer what was staged: that checkpoint cannot be restored.
+    #[error(
+        "staged output of checkpoint {checkpoint_id} (subtask {subtask}) at `{location}` is damaged: {reason}"
+    )]
+    StagedDataDamaged {
+        /// The subtask.
+        subtask: usize,
+        /// The transaction's checkpoint id.
+        checkpoint_id: u64,
+        /// Where the staged data was (a file, a transaction name).
+        location: String,
+        /// What is wrong: missing, a different size, a different checksum.
+        reason: String,
+    },
     /// Committing would overwrite output that already exists and was not
     /// written by this transaction (e.g. another job used the directory).
     #[error("committing would overwrite existing output `{path}`")]
@@ -421,6 +521,7 @@ impl SinkError {
             | SinkError::MalformedState { .. }
             | SinkError::WrongSubtask { .. }
             | SinkError::MissingTransaction { .. }
+            | SinkError::StagedDataDamaged { .. }
             | SinkError::TargetExists { .. }
             | SinkError::Misuse { .. } => false,
         }

@@ -44,12 +44,14 @@ pub enum StoreError {
     },
     /// A part is missing, has the wrong size or fails its checksum. The
     /// whole checkpoint is invalid.
-    #[error("part {part} of checkpoint {checkpoint} is corrupt: {reason}")]
+    #[error("part {part} of checkpoint {checkpoint} ({path:?}) is corrupt: {reason}")]
     CorruptPart {
         /// The checkpoint.
         checkpoint: CheckpointId,
         /// The part.
         part: PartId,
+        /// The part's file.
+        path: PathBuf,
         /// What is wrong.
         reason: String,
     },

@@ -434,13 +434,15 @@ impl Io for MemFs {
             .dir(from_parent)
             .and_then(|dir| dir.current.get(&from_name))
             .ok_or_else(|| not_found(from))?;
-        if state.dir(inode).is_some() {
-            return Err(invalid(from, "renaming directories is not supported"));
-        }
         let target = state
             .dir(to_parent)
             .and_then(|dir| dir.current.get(&to_name))
             .copied();
+        // A directory moves only to a free name (the store sets damaged
+        // checkpoints aside this way); replacing a directory is not needed.
+        if state.dir(inode).is_some() && target.is_some() {
+            return Err(invalid(to, "renaming a directory onto an existing name"));
+        }
         if target.is_some_and(|target| state.dir(target).is_some()) {
             return Err(invalid(to, "is a directory"));
         }

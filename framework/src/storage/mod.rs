@@ -74,6 +74,7 @@ mod pin;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -286,4 +287,72 @@ pub trait CheckpointStore: Send + Sync + fmt::Debug {
     /// Pins a complete checkpoint so that retention keeps it until the pin is
     /// dropped.
     fn pin(&self, checkpoint: CheckpointId) -> Result<CheckpointPin, StoreError>;
+
+    /// [`load_latest`](Self::load_latest) among the checkpoints with an id
+    /// below `before`: the job layer calls it to fall back past a
+    /// checkpoint that loads but that a sink found damaged.
+    ///
+    /// The default lists the complete checkpoints and loads the newest
+    /// one below `before` that verifies; a store should override it to
+    /// report corrupt metadata as skipped too, as the built-in stores do.
+    fn load_latest_before(&self, before: CheckpointId) -> Result<LoadReport, StoreError> {
+        let mut skipped = Vec::new();
+        let summaries = self.list()?;
+        let candidates = summaries.iter().rev().filter(|summary| summary.checkpoint < before);
+        for summary in candidates {
+            match self.load(summary.checkpoint) {
+                Ok(loaded) => {
+                    return Ok(LoadReport {
+                        checkpoint: Some(loaded),
+                        skipped,
+                    })
+                }
+                Err(error) if error.is_retryable() => return Err(error),
+                Err(reason) => skipped.push(SkippedCheckpoint {
+                    checkpoint: summary.checkpoint,
+                    reason,
+                }),
+            }
+        }
+        Ok(LoadReport {
+            checkpoint: None,
+            skipped,
+        })
+    }
+
+    /// The highest id this store holds in any form: complete, in
+    /// progress, never committed, corrupt or set aside. The job layer
+    /// numbers new checkpoints above it, so an id is never used twice.
+    ///
+    /// The default is the newest listed (complete) checkpoint; a store
+    /// should override it to count the other forms too, as the built-in
+    /// stores do.
+    fn highest_id(&self) -> Result<Option<CheckpointId>, StoreError> {
+        Ok(self.list()?.last().map(|summary| summary.checkpoint))
+    }
+
+    /// Moves a damaged checkpoint out of the way, keeping it for
+    /// inspection under a name that is never listed or loaded, and
+    /// returns where it went; `None` when the store has no such
+    /// checkpoint or cannot move it (the default: it stays, and loading
+    /// keeps skipping it).
+    ///
+    /// The built-in stores rename `chk-<id>` to `chk-<id>.damaged-<unix
+    /// ms>` and write the reason into a `_damaged` file inside it.
+    fn set_aside(&self, checkpoint: CheckpointId, reason: &str) -> Result<Option<PathBuf>, StoreError> {
+        let _ = (checkpoint, reason);
+        Ok(None)
+    }
+
+    /// The ids of the checkpoints [`set_aside`](Self::set_aside) moved
+    /// away, ascending (the default: none).
+    fn damaged_ids(&self) -> Result<Vec<CheckpointId>, StoreError> {
+        Ok(Vec::new())
+    }
+
+    /// The directory this store keeps the job's checkpoints in, when it
+    /// has one (shown when a job starts).
+    fn location(&self) -> Option<&Path> {
+        None
+    }
 }

@@ -230,6 +230,12 @@ impl Supervisor {
             expected_parts: Some(parts.iter().map(|(part, _)| part.clone()).collect()),
             ..CommitRequest::default()
         };
+        let mut request = request;
+        if self.final_from.is_some_and(|first| checkpoint >= first) {
+            // Every input had ended: a later run on this store has nothing
+            // left to do (see `recovery`).
+            request.user.insert(FINAL_KEY.to_owned(), FINAL_VALUE.to_owned());
+        }
         let kind = match kind {
             CheckpointKind::Savepoint => storage::CheckpointKind::Savepoint,
             CheckpointKind::Periodic | CheckpointKind::Requested => {
@@ -293,6 +299,11 @@ impl Supervisor {
                     duration_ms,
                     size_bytes,
                     alignment_max_us,
+                });
+                self.restarts.on_checkpoint_completed();
+                self.update_status(|status| {
+                    status.last_completed_checkpoint =
+                        status.last_completed_checkpoint.max(Some(checkpoint.0));
                 });
                 if self.savepoint_in_flight == Some(checkpoint) {
                     self.savepoint_in_flight = None;

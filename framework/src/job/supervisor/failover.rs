@@ -42,12 +42,54 @@ impl Supervisor {
             _ => return,
         };
         let started = match loaded.result {
-            Ok(restored) => self.start_regions(&targets, restored, context),
-            Err(error) => Err(JobError::Store(error)),
+            Ok(recovery) => self.apply_recovery(&targets, recovery, context),
+            Err(error) => Err(error),
         };
         if let Err(error) = started {
+            let span = self.span.clone();
+            let _entered = span.enter();
+            tracing::error!(%error, "the job cannot start");
             self.finish(Err(error), context);
         }
+    }
+
+    /// Takes in what recovery found (fallbacks, accepted duplicates, the
+    /// floor of new ids), then starts the regions, or ends a job that had
+    /// already finished.
+    fn apply_recovery(
+        &mut self,
+        targets: &[usize],
+        recovery: Recovery,
+        context: &mut Context<Self>,
+    ) -> Result<(), JobError> {
+        self.highest_triggered = self.highest_triggered.max(CheckpointId(recovery.id_floor));
+        let fallbacks = recovery.fallbacks.len();
+        self.report.fallbacks.extend(recovery.fallbacks);
+        self.update_status(|status| status.fallbacks += fallbacks);
+        if !recovery.replayed.is_empty() {
+            self.report.guarantee = Guarantee::AtLeastOnce;
+            for reason in recovery.replayed {
+                if !self.report.guarantee_reasons.contains(&reason) {
+                    self.report.guarantee_reasons.push(reason);
+                }
+            }
+        }
+        if recovery.finished {
+            let restored = recovery.restored.as_ref().map(|(checkpoint, ..)| checkpoint.0);
+            let span = self.span.clone();
+            let _entered = span.enter();
+            tracing::warn!(
+                checkpoint = restored,
+                "the job already finished: its newest checkpoint is its final one, so \
+                 nothing runs and no checkpoint is written"
+            );
+            let mut report = self.final_report();
+            report.resumed_from = restored;
+            report.already_finished = true;
+            self.finish(Ok(report), context);
+            return Ok(());
+        }
+        self.start_regions(targets, recovery.restored, context)
     }
 
     /// Starts a new generation of every region in `targets` from the
@@ -84,10 +126,13 @@ impl Supervisor {
             };
             let recovery_ms = millis(pending.since.elapsed());
             let generation = self.regions[region].generation.0;
-            tracing::info!(
+            tracing::warn!(
                 region = %self.regions[region].operators.join(","),
-                generation,
+                attempt = pending.attempt,
+                delay_ms = pending.delay_ms,
+                cause = %pending.cause,
                 restored_from,
+                generation,
                 recovery_ms,
                 "region restarted"
             );
@@ -150,6 +195,7 @@ impl Supervisor {
             last_completed,
             &members,
         )?;
+        self.update_status(|status| status.generation = status.generation.max(generation.0));
         for &node in &self.regions[region].nodes {
             let state = &mut self.nodes[node];
             state.generation = generation;
@@ -190,6 +236,20 @@ impl Supervisor {
             .coordinator
             .as_ref()
             .and_then(|coordinator| coordinator.in_flight().last());
+        let text = report.to_string();
+        self.update_status(|status| status.last_failure = Some(text));
+        if !report.retryable {
+            let span = self.span.clone();
+            let _entered = span.enter();
+            tracing::error!(failure = %report, "job failed with an error that retrying cannot fix");
+            let error = JobError::NotRetryable {
+                restarts: self.restarts.attempts(),
+                cause: report.to_string(),
+                failure: report,
+            };
+            self.finish(Err(error), context);
+            return;
+        }
         let failure = Failure::Operator {
             report,
             checkpoint_in_flight,
@@ -251,8 +311,9 @@ impl Supervisor {
                     %cause,
                     "restarting a failover region"
                 );
+                self.update_status(|status| status.restarts = attempt);
                 self.suspend_checkpoints(&failed, context);
-                let pending = PendingRestart::new(&failure);
+                let pending = PendingRestart::new(&failure, attempt, delay_ms);
                 for region in failed {
                     if self.regions[region].phase == RegionPhase::Running {
                         self.stop_region(region, pending.clone(), delay_ms, context);

@@ -39,7 +39,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::num::NonZeroUsize;
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -61,10 +61,11 @@ use crate::storage::{
 use super::physical::{start_generation, PhysicalPlan, SupervisorLinks};
 use super::region::failover_regions;
 use super::shell::{Control, NodeEvent, NodeEventKind};
+use super::recovery::{Recovery, FINAL_KEY, FINAL_VALUE};
 use super::writer::{spawn_writer, Loaded, Persisted, Restored, WriterJob};
 use super::{
-    CheckpointReport, FailedCheckpoint, GuaranteeReason, JobError, JobReport, OperatorReport,
-    RestartReport,
+    CheckpointReport, FailedCheckpoint, GuaranteeReason, JobError, JobReport, JobStatus,
+    OperatorReport, RestartReport,
 };
 use crate::restart::{RestartDecision, RestartTracker};
 use crate::source::Guarantee;
@@ -83,9 +84,17 @@ pub struct RunningJob {
     done: mpsc::Receiver<Outcome>,
     control: ArbiterPool,
     writer_thread: thread::JoinHandle<()>,
+    status: Arc<Mutex<JobStatus>>,
 }
 
 impl RunningJob {
+    /// What the job is doing now: its newest generation, the restarts so
+    /// far, the last failure, the last completed checkpoint. Cheap: a copy
+    /// of a small record the supervisor keeps up to date.
+    pub fn status(&self) -> JobStatus {
+        lock_status(&self.status).clone()
+    }
+
     /// Stops the job as soon as possible, without a savepoint; [`RunningJob::wait`]
     /// then returns [`JobError::Cancelled`]. Output not yet committed is
     /// dropped (sinks roll it back when the job resumes).
@@ -140,6 +149,20 @@ pub(crate) fn start(name: String, plan: PhysicalPlan) -> Result<RunningJob, JobE
         Some(store) => Arc::clone(store),
         None => Arc::new(MemoryCheckpointStore::new(&name)?),
     };
+    {
+        let _entered = span.enter();
+        match store.location() {
+            Some(location) => tracing::info!(?location, "checkpoints are stored in this directory"),
+            None => tracing::info!("checkpoints are kept in memory and end with the job"),
+        }
+    }
+    let sinks = plan
+        .operators
+        .iter()
+        .filter_map(|operator| operator.sink.clone())
+        .collect();
+    let accept_duplicates = plan.config.accept_duplicates_after_fallback;
+    let status = Arc::new(Mutex::new(JobStatus::default()));
     let control = ArbiterPool::new(PoolConfig {
         arbiters: NonZeroUsize::MIN,
     })?;
@@ -147,6 +170,8 @@ pub(crate) fn start(name: String, plan: PhysicalPlan) -> Result<RunningJob, JobE
     let supervisor = slot.address();
     let (writer, writer_thread) = spawn_writer(
         store,
+        sinks,
+        accept_duplicates,
         supervisor.clone().recipient(),
         supervisor.clone().recipient(),
     )?;
@@ -157,13 +182,17 @@ pub(crate) fn start(name: String, plan: PhysicalPlan) -> Result<RunningJob, JobE
         Placement::Arbiter(0),
         tag,
         FailureSink::log_only(),
-        move |_| Supervisor::new(name, plan, writer, done_sender, span, restarts),
+        {
+            let status = Arc::clone(&status);
+            move |_| Supervisor::new(name, plan, writer, done_sender, span, restarts, status)
+        },
     )?;
     Ok(RunningJob {
         supervisor,
         done,
         control,
         writer_thread,
+        status,
     })
 }
 
@@ -231,6 +260,9 @@ impl std::fmt::Display for Failure {
 #[derive(Clone)]
 struct PendingRestart {
     cause: String,
+    /// The restart strategy's attempt number and delay.
+    attempt: u32,
+    delay_ms: u64,
     report: Option<FailureReport>,
     checkpoint_in_flight: Option<u64>,
     /// When the failure was reported.
@@ -238,7 +270,7 @@ struct PendingRestart {
 }
 
 impl PendingRestart {
-    fn new(failure: &Failure) -> PendingRestart {
+    fn new(failure: &Failure, attempt: u32, delay_ms: u64) -> PendingRestart {
         let (report, checkpoint_in_flight) = match failure {
             Failure::Operator {
                 report,
@@ -251,6 +283,8 @@ impl PendingRestart {
         };
         PendingRestart {
             cause: failure.to_string(),
+            attempt,
+            delay_ms,
             report,
             checkpoint_in_flight,
             since: Instant::now(),
@@ -361,6 +395,8 @@ pub(crate) struct Supervisor {
     /// The stop savepoint, while it is triggered and not yet persisted.
     savepoint_in_flight: Option<CheckpointId>,
     report: JobReport,
+    /// What [`RunningJob::status`] shows.
+    status: Arc<Mutex<JobStatus>>,
 }
 
 impl Supervisor {
@@ -371,6 +407,7 @@ impl Supervisor {
         done: mpsc::Sender<Outcome>,
         span: tracing::Span,
         restarts: RestartTracker,
+        status: Arc<Mutex<JobStatus>>,
     ) -> Supervisor {
         let report = JobReport {
             guarantee: Guarantee::ExactlyOnce,
@@ -390,6 +427,8 @@ impl Supervisor {
             restarts: Vec::new(),
             resumed_from: None,
             savepoint: None,
+            fallbacks: Vec::new(),
+            already_finished: false,
         };
         let (regions, nodes) = plan_regions(&plan);
         let operator_index = plan
@@ -422,7 +461,13 @@ impl Supervisor {
             persist_failure: None,
             savepoint_in_flight: None,
             report,
+            status,
         }
+    }
+
+    /// Updates what [`RunningJob::status`] shows.
+    fn update_status(&self, change: impl FnOnce(&mut JobStatus)) {
+        change(&mut lock_status(&self.status));
     }
 
     fn now_ms(&self) -> u64 {
@@ -588,6 +633,7 @@ impl Supervisor {
 
     fn finish(&mut self, result: Result<JobReport, JobError>, context: &mut Context<Self>) {
         self.phase = Phase::Done;
+        self.update_status(|status| status.ended = true);
         if let Some(timer) = self.timer.take() {
             context.cancel_future(timer);
         }
@@ -610,6 +656,12 @@ impl Supervisor {
         }
         context.stop();
     }
+}
+
+/// The status record; a panic while it was held left it consistent (each
+/// update is one assignment), so a poisoned lock is still usable.
+fn lock_status(status: &Mutex<JobStatus>) -> std::sync::MutexGuard<'_, JobStatus> {
+    status.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn millis(duration: Duration) -> u64 {
