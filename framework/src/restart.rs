@@ -446,7 +446,8 @@ impl RestartTracker {
         match self.decide(now_ms) {
             Ok(delay_ms) => {
                 self.attempts = self.attempts.saturating_add(1);
-                self.restarts_without_checkpoint = self.restarts_without_checkpoint.saturating_add(1);
+                self.restarts_without_checkpoint =
+                    self.restarts_without_checkpoint.saturating_add(1);
                 RestartDecision::Restart {
                     delay_ms,
                     attempt: self.attempts,

@@ -12,6 +12,7 @@
 use proptest::prelude::*;
 use snapflow::restart::{
     GiveUpReason, Jitter, RestartConfigError, RestartDecision, RestartStrategy, RestartTracker,
+    DEFAULT_RESTARTS_MAX_WITHOUT_CHECKPOINT,
 };
 
 fn fixed(attempts_max: u32, delay_ms: u64) -> RestartStrategy {
@@ -168,8 +169,68 @@ fn backoff_resets_after_a_stable_period() {
 #[rustfmt::skip]
 fn the_default_is_flinks_exponential_backoff() {
     let strategy = RestartStrategy::default();
-    assert_eq!(strategy, backoff(1000, 60_000, 1.5, 3_600_000));
+    let mut expected = backoff(1000, 60_000, 1.5, 3_600_000);
+    if let RestartStrategy::ExponentialBackoff {
+        restarts_max_without_checkpoint,
+        ..
+    } = &mut expected
+    {
+        *restarts_max_without_checkpoint = Some(DEFAULT_RESTARTS_MAX_WITHOUT_CHECKPOINT);
+    }
+    assert_eq!(strategy, expected);
     check(strategy, "F0 F1 F2 R3 F3600003", &["1000", "1500", "2250", "1000"]);
+}
+
+/// A backoff with a limit on restarts without a checkpoint.
+fn limited(restarts_max: u32) -> RestartTracker {
+    let mut strategy = backoff(10, 100, 2.0, 1_000_000);
+    if let RestartStrategy::ExponentialBackoff {
+        restarts_max_without_checkpoint,
+        ..
+    } = &mut strategy
+    {
+        *restarts_max_without_checkpoint = Some(restarts_max);
+    }
+    RestartTracker::new(strategy).expect("a valid strategy")
+}
+
+#[test]
+fn a_backoff_gives_up_after_its_restarts_without_a_checkpoint() {
+    let mut tracker = limited(3);
+    for attempt in 1..=3 {
+        assert!(matches!(
+            tracker.on_failure(attempt * 10),
+            RestartDecision::Restart { attempt: got, .. } if got == attempt as u32
+        ));
+        tracker.on_running(attempt * 10 + 5);
+    }
+    let RestartDecision::GiveUp { reason } = tracker.on_failure(100) else {
+        panic!("a fourth failure in a row without a checkpoint restarted");
+    };
+    assert_eq!(
+        reason,
+        GiveUpReason::NoCheckpointBetweenFailures { restarts_max: 3 }
+    );
+    assert!(
+        reason.to_string().contains("no checkpoint completed"),
+        "{reason}"
+    );
+}
+
+#[test]
+fn a_completed_checkpoint_resets_the_count_of_restarts_without_one() {
+    let mut tracker = limited(2);
+    for round in 0..5_u64 {
+        for failure in 0..2 {
+            let decision = tracker.on_failure(round * 100 + failure * 10);
+            assert!(
+                matches!(decision, RestartDecision::Restart { .. }),
+                "{decision:?}"
+            );
+        }
+        tracker.on_checkpoint_completed();
+    }
+    assert_eq!(tracker.attempts(), 10);
 }
 
 #[test]

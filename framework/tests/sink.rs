@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use proptest::prelude::*;
 use snapflow::sink::{
     committed_files, CollectHandle, FileSinkFactory, Guarantee, PendingTransactions, PrintSink,
-    Sink, SinkError, SinkFactory, SinkState,
+    Sink, SinkError, SinkFactory, SinkState, Visibility,
 };
 
 type LineSink = snapflow::sink::FileSink<u32, fn(&u32, &mut Vec<u8>)>;
@@ -423,7 +423,10 @@ fn check_malformed(bytes: &[u8]) {
 fn malformed_states_are_rejected() {
     check_malformed(&[]);
     check_malformed(&[1, 0, 0, 0]);
-    check_malformed(&[2, 0, 0, 0, 0, 0, 0, 0, 0]);
+    // Format 3 is unknown; format 2 (the file sink's, with digests) must
+    // have 20 bytes per transaction.
+    check_malformed(&[3, 0, 0, 0, 0, 0, 0, 0, 0]);
+    check_malformed(&[2, 0, 0, 0, 0, 1, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0]);
     check_malformed(&[1, 0, 0, 0, 0, 1, 0, 0, 0]);
     check_malformed(&[1, 0, 0, 0, 0, 255, 255, 255, 255, 1, 2, 3, 4, 5, 6, 7, 8]);
     let descending = PendingTransactions {
@@ -483,4 +486,146 @@ fn sinks_work_as_trait_objects() {
     }
     assert_eq!(handle.committed(), [4, 5]);
     assert_eq!(read(dir.path().join("part-0-1")), "4\n5\n");
+}
+
+// ------------------------------------------------- checks before a restore
+
+/// How a staged file is damaged after its pre-commit.
+#[derive(Debug, Clone, Copy)]
+enum Damage {
+    None,
+    Flip,
+    Truncate,
+    Grow,
+    Delete,
+}
+
+/// Pre-commits checkpoints 1 and 2 (1 committed), damages the staged file
+/// of 2, and returns what a fresh sink says before restoring 2, and what
+/// restoring 2 then does.
+fn check_staged(damage: Damage) -> (Result<Visibility, SinkError>, Result<(), SinkError>) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut sink = new_sink(dir.path(), 0, None);
+    sink.write_batch(&[1, 2, 3]).unwrap();
+    sink.pre_commit(1).unwrap();
+    sink.commit(1).unwrap();
+    sink.write_batch(&[40, 50, 60]).unwrap();
+    let state = sink.pre_commit(2).unwrap();
+    drop(sink);
+    let staged = dir.path().join(".pending/part-0-2.part");
+    let mut bytes = fs::read(&staged).unwrap();
+    match damage {
+        Damage::None => {}
+        Damage::Flip => bytes[4] ^= 0x20,
+        Damage::Truncate => bytes.truncate(bytes.len() - 1),
+        Damage::Grow => bytes.push(b'7'),
+        Damage::Delete => {}
+    }
+    match damage {
+        Damage::Delete => fs::remove_file(&staged).unwrap(),
+        _ => fs::write(&staged, &bytes).unwrap(),
+    }
+    let mut fresh = factory(dir.path()).create(0, 1).unwrap();
+    let checked = fresh.check_restore(Some(2), Some(&state));
+    let mut restoring = factory(dir.path()).create(0, 1).unwrap();
+    (checked, restoring.restore(Some(&state)))
+}
+
+fn check_damaged(damage: Damage, reason: &str) {
+    let (checked, restored) = check_staged(damage);
+    if let Damage::Delete = damage {
+        // `restore` has nothing to verify, and it says the data is lost.
+        assert!(
+            matches!(
+                restored,
+                Err(SinkError::MissingTransaction {
+                    checkpoint_id: 2,
+                    ..
+                })
+            ),
+            "{restored:?}"
+        );
+    }
+    let results = match damage {
+        Damage::Delete => vec![checked.map(|_| ())],
+        _ => vec![checked.map(|_| ()), restored],
+    };
+    for result in results {
+        match result {
+            Err(SinkError::StagedDataDamaged {
+                checkpoint_id: 2,
+                reason: text,
+                ..
+            }) => assert!(text.contains(reason), "{damage:?}: {text}"),
+            other => panic!("{damage:?}: expected StagedDataDamaged, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn damaged_staged_files_are_refused_before_they_are_committed() {
+    check_damaged(Damage::Flip, "CRC-32");
+    check_damaged(Damage::Truncate, "found 8 bytes");
+    check_damaged(Damage::Grow, "found 10 bytes");
+    check_damaged(Damage::Delete, "missing");
+}
+
+#[test]
+fn intact_staged_files_pass_the_check_and_commit() {
+    let (checked, restored) = check_staged(Damage::None);
+    assert_eq!(checked.unwrap(), Visibility::Known(Vec::new()));
+    restored.unwrap();
+}
+
+#[test]
+fn the_file_sink_lists_what_it_committed_after_a_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut sink = new_sink(dir.path(), 1, None);
+    let mut state_of_2 = None;
+    for checkpoint in 1..=4 {
+        sink.write_batch(&[checkpoint as u32]).unwrap();
+        let state = sink.pre_commit(checkpoint).unwrap();
+        sink.commit(checkpoint).unwrap();
+        if checkpoint == 2 {
+            state_of_2 = Some(state);
+        }
+    }
+    // Another subtask's output is not this one's.
+    let mut other = new_sink(dir.path(), 0, None);
+    other.write_batch(&[9]).unwrap();
+    other.pre_commit(7).unwrap();
+    other.commit(7).unwrap();
+    let mut fresh = factory(dir.path()).create(1, 2).unwrap();
+    let after_2 = fresh.check_restore(Some(2), state_of_2.as_ref()).unwrap();
+    assert_eq!(after_2, Visibility::Known(vec![3, 4]));
+    assert_eq!(after_2.committed(), [3, 4]);
+    let from_nothing = fresh.check_restore(None, None).unwrap();
+    assert_eq!(from_nothing, Visibility::Known(vec![1, 2, 3, 4]));
+}
+
+#[test]
+fn the_collect_sink_lists_what_it_committed_and_notices_lost_transactions() {
+    let handle = CollectHandle::<u32>::new();
+    let mut sink = handle.create(0, 1).unwrap();
+    sink.restore(None).unwrap();
+    sink.write_batch(&[1]).unwrap();
+    let first = sink.pre_commit(1).unwrap();
+    sink.commit(1).unwrap();
+    sink.write_batch(&[2]).unwrap();
+    sink.pre_commit(2).unwrap();
+    sink.commit(2).unwrap();
+    let mut fresh = handle.create(0, 1).unwrap();
+    assert_eq!(
+        fresh.check_restore(Some(1), Some(&first)).unwrap(),
+        Visibility::Known(vec![2])
+    );
+    // A fresh handle (another process) never saw transaction 1.
+    let mut elsewhere = CollectHandle::<u32>::new().create(0, 1).unwrap();
+    assert!(matches!(
+        elsewhere.check_restore(Some(1), Some(&first)),
+        Err(SinkError::StagedDataDamaged {
+            checkpoint_id: 1,
+            ..
+        })
+    ));
 }

@@ -899,3 +899,65 @@ fn a_read_error_is_returned_not_skipped() {
     let healthy = MemoryCheckpointStore::on_fs(fs, JOB, StoreOptions::default()).unwrap();
     check_latest(&healthy, 2);
 }
+
+// ------------------------------------- damaged checkpoints and the id floor
+
+/// A file-system store (real disk) and a memory store, so the set-aside
+/// rename is checked on both.
+fn both_stores(dir: &Path) -> Vec<Box<dyn CheckpointStore>> {
+    vec![
+        Box::new(FsCheckpointStore::open(dir, JOB).unwrap()),
+        Box::new(MemoryCheckpointStore::new(JOB).unwrap()),
+    ]
+}
+
+#[test]
+fn a_damaged_checkpoint_is_set_aside_and_its_id_is_never_reused() {
+    let dir = tempfile::tempdir().unwrap();
+    for store in both_stores(dir.path()) {
+        let store = store.as_ref();
+        for checkpoint in 1..=3 {
+            commit(store, checkpoint, CheckpointKind::Checkpoint);
+        }
+        // A checkpoint that never committed still takes its id.
+        store.begin(5, CheckpointKind::Checkpoint).unwrap();
+        store.discard(5).unwrap();
+        store.begin(4, CheckpointKind::Checkpoint).unwrap();
+        assert_eq!(store.highest_id().unwrap(), Some(4));
+        store.discard(4).unwrap();
+        let moved = store
+            .set_aside(3, "part counter[1] is corrupt")
+            .unwrap()
+            .expect("checkpoint 3 has a directory");
+        let name = moved.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(
+            name.starts_with("chk-00000000000000000003.damaged-"),
+            "{name}"
+        );
+        assert_eq!(listed(store), [1, 2]);
+        assert_eq!(store.damaged_ids().unwrap(), [3]);
+        assert_eq!(store.highest_id().unwrap(), Some(3));
+        check_latest(store, 2);
+        assert_eq!(store.set_aside(3, "again").unwrap(), None);
+    }
+}
+
+#[test]
+fn loading_below_an_id_skips_newer_checkpoints() {
+    let store = MemoryCheckpointStore::new(JOB).unwrap();
+    for checkpoint in 1..=3 {
+        commit(&store, checkpoint, CheckpointKind::Checkpoint);
+    }
+    let below_3 = store.load_latest_before(3).unwrap();
+    assert_eq!(below_3.checkpoint.unwrap().metadata.checkpoint, 2);
+    assert!(below_3.skipped.is_empty());
+    assert!(store.load_latest_before(1).unwrap().checkpoint.is_none());
+}
+
+#[test]
+fn the_file_store_names_its_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = FsCheckpointStore::open(dir.path(), JOB).unwrap();
+    assert_eq!(store.location(), Some(store.job_dir()));
+    assert!(store.job_dir().starts_with(dir.path()));
+}

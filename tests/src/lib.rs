@@ -186,7 +186,9 @@ pub mod pipeline {
     use std::sync::Arc;
 
     use snapflow::job::{Job, KeyedStateHandle};
-    use snapflow::sink::{CollectHandle, CollectSink, Sink, SinkError, SinkFactory, SinkState};
+    use snapflow::sink::{
+        CollectHandle, CollectSink, Sink, SinkError, SinkFactory, SinkState, Visibility,
+    };
     use snapflow::source::{
         Source, SourceError, SourceFactory, SourcePoll, SourcePosition, VecSourceFactory,
     };
@@ -324,7 +326,8 @@ pub mod pipeline {
             if !self.failed.swap(true, Ordering::SeqCst) {
                 return Err(SinkError::Custom {
                     message: format!("pre-commit of checkpoint {checkpoint_id} refused"),
-                    retryable: false,
+                    // A transient refusal: the job is expected to recover.
+                    retryable: true,
                 });
             }
             self.inner.pre_commit(checkpoint_id)
@@ -340,6 +343,14 @@ pub mod pipeline {
 
         fn restore(&mut self, state: Option<&SinkState>) -> Result<(), SinkError> {
             self.inner.restore(state)
+        }
+
+        fn check_restore(
+            &mut self,
+            restored: Option<u64>,
+            state: Option<&SinkState>,
+        ) -> Result<Visibility, SinkError> {
+            self.inner.check_restore(restored, state)
         }
     }
 
@@ -391,7 +402,8 @@ pub mod pipeline {
                 .check("commit", call)
                 .map_err(|message| SinkError::Custom {
                     message,
-                    retryable: false,
+                    // An injected transient fault: the job must recover.
+                    retryable: true,
                 })?;
             self.inner.commit(checkpoint_id)
         }
@@ -402,6 +414,14 @@ pub mod pipeline {
 
         fn restore(&mut self, state: Option<&SinkState>) -> Result<(), SinkError> {
             self.inner.restore(state)
+        }
+
+        fn check_restore(
+            &mut self,
+            restored: Option<u64>,
+            state: Option<&SinkState>,
+        ) -> Result<Visibility, SinkError> {
+            self.inner.check_restore(restored, state)
         }
 
         fn finish(&mut self) -> Result<(), SinkError> {
@@ -529,7 +549,7 @@ pub mod file_sink {
 
     use snapflow::sink::{
         committed_files, FileSink, FileSinkFactory, Sink, SinkError, SinkFactory, SinkState,
-        DEFAULT_PREFIX,
+        Visibility, DEFAULT_PREFIX,
     };
 
     type Encode = fn(&(u64, u64), &mut Vec<u8>);
@@ -593,6 +613,14 @@ pub mod file_sink {
 
         fn restore(&mut self, state: Option<&SinkState>) -> Result<(), SinkError> {
             self.inner.restore(state)
+        }
+
+        fn check_restore(
+            &mut self,
+            restored: Option<u64>,
+            state: Option<&SinkState>,
+        ) -> Result<Visibility, SinkError> {
+            self.inner.check_restore(restored, state)
         }
 
         fn finish(&mut self) -> Result<(), SinkError> {

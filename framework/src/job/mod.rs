@@ -70,8 +70,8 @@ mod operator;
 mod ops;
 mod physical;
 mod recovery;
-mod report;
 mod region;
+mod report;
 mod route;
 mod shell;
 mod stream;
@@ -91,13 +91,13 @@ use crate::storage::{CheckpointStore, FsCheckpointStore, StoreError};
 pub use crate::restart::RestartStrategy;
 pub use operator::{Aggregator, Operator, OperatorContext};
 pub use ops::Key;
-pub use route::Collector;
-pub use shell::Data;
-pub use stream::{Feedback, Job, KeyedStateHandle, KeyedStream, SinkHandle, Stream};
 pub use report::{
     CheckpointReport, FailedCheckpoint, FallbackReport, GuaranteeReason, JobReport, JobStatus,
     OperatorReport, RestartReport,
 };
+pub use route::Collector;
+pub use shell::Data;
+pub use stream::{Feedback, Job, KeyedStateHandle, KeyedStream, SinkHandle, Stream};
 pub use supervisor::RunningJob;
 
 /// How a job runs: checkpoints, snapshot mode, store, restarts, parallelism
@@ -354,7 +354,9 @@ pub enum JobError {
     /// a configuration error, or a user error marked
     /// [`NotRetryable`](crate::runtime::NotRetryable)). The job ends at
     /// once, under every restart strategy.
-    #[error("job failed with an error that retrying cannot fix (after {restarts} restarts): {cause}")]
+    #[error(
+        "job failed with an error that retrying cannot fix (after {restarts} restarts): {cause}"
+    )]
     NotRetryable {
         /// How many restarts happened before.
         restarts: u32,
@@ -396,7 +398,6 @@ impl JobError {
         }
     }
 }
-
 
 fn describe_skipped(skipped: &[u64]) -> String {
     if skipped.is_empty() {

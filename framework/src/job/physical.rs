@@ -33,8 +33,8 @@ use crate::runtime::stage::{Inject, StageActor, StageConfig};
 use crate::runtime::{ActorTag, Generation};
 use crate::storage::{KeyGroupLayout, PartId};
 
-use super::recovery::SinkHooks;
 use super::ops::merge_keyed_states;
+use super::recovery::SinkHooks;
 use super::route::{EdgeRoute, KeyHash, RouteKind, Router};
 use super::shell::{
     is_empty_channel, Control, Core, Data, NodeEvent, OperatorCounters, PartBytes, ShellEnv,

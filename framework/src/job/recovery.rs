@@ -110,9 +110,16 @@ pub(crate) fn recover(
             Some(before) => store.load_latest_before(before)?,
         };
         for skipped in report.skipped {
-            fallbacks.push(set_aside(store, skipped.checkpoint, &skipped.reason.to_string()));
+            fallbacks.push(set_aside(
+                store,
+                skipped.checkpoint,
+                &skipped.reason.to_string(),
+            ));
         }
-        let restored = report.checkpoint.as_ref().map(|loaded| loaded.metadata.checkpoint);
+        let restored = report
+            .checkpoint
+            .as_ref()
+            .map(|loaded| loaded.metadata.checkpoint);
         match check_sinks(sinks, report.checkpoint.as_ref()) {
             Ok(views) => break (report.checkpoint, views),
             Err(Rejection::Damaged(reason)) => {

@@ -117,7 +117,8 @@ impl std::fmt::Display for GuaranteeReason {
                 restored,
                 committed,
             } => {
-                let restored = restored.map_or("no checkpoint".to_string(), |id| format!("checkpoint {id}"));
+                let restored =
+                    restored.map_or("no checkpoint".to_string(), |id| format!("checkpoint {id}"));
                 write!(
                     formatter,
                     "the job fell back to {restored}, and sink `{operator}` had committed \

@@ -34,10 +34,10 @@ use super::physical::{
     CoreFactory, Partition, PhysicalPlan, PlannedEdge, PlannedOperator, Rescale, SourceTemplate,
     StageTemplate, Template,
 };
+use super::recovery::{SinkCheckFn, SinkHooks, SinkRestoreFn, SinkView};
 use super::route::{Collector, KeyHash, KeyHasher};
 use super::shell::{Core, Data, OperatorCounters, SourceMaker};
 use super::supervisor::{self, RunningJob};
-use super::recovery::{SinkCheckFn, SinkHooks, SinkRestoreFn, SinkView};
 use super::{JobConfig, JobError, JobReport, DEFAULT_CHECKPOINT_INTERVAL_MS};
 use crate::sink::{Sink, SinkFactory};
 use crate::source::{Source, SourceFactory};

@@ -14,7 +14,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::{
-    check_ascending, subtask_u32, PendingTransactions, Sink, SinkError, SinkFactory, SinkState, Visibility,
+    check_ascending, subtask_u32, PendingTransactions, Sink, SinkError, SinkFactory, SinkState,
+    Visibility,
 };
 
 /// What one subtask has stored in the handle.

@@ -30,8 +30,8 @@ use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 
 use super::{
-    check_ascending, subtask_u32, PendingTransactions, Sink, SinkError, SinkFactory, SinkState,
-    Visibility,
+    check_ascending, decode_staged_for, encode_staged, subtask_u32, Digest, Sink, SinkError,
+    SinkFactory, SinkState, StagedFiles, Visibility,
 };
 
 /// The file-name prefix used unless another is given.
@@ -317,10 +317,7 @@ impl<T, F> FileSink<T, F> {
             location: path.display().to_string(),
             reason: format!(
                 "staged {} bytes with CRC-32 {:08x}, found {} bytes with CRC-32 {:08x}",
-                expected.size_bytes,
-                expected.crc32,
-                found.size_bytes,
-                found.crc32
+                expected.size_bytes, expected.crc32, found.size_bytes, found.crc32
             ),
         })
     }
@@ -432,11 +429,15 @@ impl<T, F: Fn(&T, &mut Vec<u8>)> Sink for FileSink<T, F> {
                 .map(|(id, digest)| (*id, Some(*digest)))
                 .collect(),
         };
-        Ok(staged.encode())
+        Ok(encode_staged(&staged))
     }
 
     fn commit(&mut self, checkpoint_id: u64) -> Result<(), SinkError> {
-        let due: Vec<u64> = self.pending.range(..=checkpoint_id).map(|(id, _)| *id).collect();
+        let due: Vec<u64> = self
+            .pending
+            .range(..=checkpoint_id)
+            .map(|(id, _)| *id)
+            .collect();
         if due.is_empty() {
             return Ok(());
         }
@@ -459,7 +460,7 @@ impl<T, F: Fn(&T, &mut Vec<u8>)> Sink for FileSink<T, F> {
     }
 
     fn restore(&mut self, state: Option<&SinkState>) -> Result<(), SinkError> {
-        let listed = StagedFiles::decode_for(state, self.names.subtask)?;
+        let listed = decode_staged_for(state, self.names.subtask)?;
         for (id, digest) in &listed {
             self.commit_one(*id, *digest)?;
         }
@@ -477,7 +478,7 @@ impl<T, F: Fn(&T, &mut Vec<u8>)> Sink for FileSink<T, F> {
         restored: Option<u64>,
         state: Option<&SinkState>,
     ) -> Result<Visibility, SinkError> {
-        let listed = StagedFiles::decode_for(state, self.names.subtask)?;
+        let listed = decode_staged_for(state, self.names.subtask)?;
         for (id, digest) in listed {
             self.check_listed(id, digest)?;
         }
@@ -489,13 +490,6 @@ impl<T, F: Fn(&T, &mut Vec<u8>)> Sink for FileSink<T, F> {
         self.finished = true;
         self.write_buffer()
     }
-}
-
-/// The size and CRC-32 of a staged file.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct Digest {
-    size_bytes: u64,
-    crc32: u32,
 }
 
 /// A [`Digest`] being computed over bytes as they are written.
@@ -533,96 +527,6 @@ impl Digest {
             }
             digest.add(&chunk[..read]);
         }
-    }
-}
-
-/// The file sink's state: its subtask and every pending transaction with
-/// the size and checksum of its staged file.
-///
-/// Layout (little-endian): format byte `2`, subtask `u32`, count `u32`,
-/// then per transaction its checkpoint id `u64`, size `u64` and CRC-32
-/// `u32`. States of format `1` ([`PendingTransactions`], written before
-/// the sink recorded digests) are still read; their files are restored
-/// unchecked.
-struct StagedFiles {
-    subtask: u32,
-    files: Vec<(u64, Option<Digest>)>,
-}
-
-const STAGED_FORMAT: u8 = 2;
-const STAGED_HEADER_BYTES: usize = 9;
-const STAGED_ENTRY_BYTES: usize = 20;
-
-impl StagedFiles {
-    fn encode(&self) -> SinkState {
-        let mut bytes =
-            Vec::with_capacity(STAGED_HEADER_BYTES + STAGED_ENTRY_BYTES * self.files.len());
-        bytes.push(STAGED_FORMAT);
-        bytes.extend_from_slice(&self.subtask.to_le_bytes());
-        let count = u32::try_from(self.files.len()).unwrap_or(u32::MAX);
-        bytes.extend_from_slice(&count.to_le_bytes());
-        for (id, digest) in &self.files {
-            let digest = digest.unwrap_or_default();
-            bytes.extend_from_slice(&id.to_le_bytes());
-            bytes.extend_from_slice(&digest.size_bytes.to_le_bytes());
-            bytes.extend_from_slice(&digest.crc32.to_le_bytes());
-        }
-        SinkState::from_bytes(bytes)
-    }
-
-    fn decode(state: &SinkState) -> Result<StagedFiles, SinkError> {
-        let bytes = state.as_bytes();
-        if bytes.first() != Some(&STAGED_FORMAT) {
-            let pending = PendingTransactions::decode(state)?;
-            return Ok(StagedFiles {
-                subtask: pending.subtask,
-                files: pending.checkpoint_ids.into_iter().map(|id| (id, None)).collect(),
-            });
-        }
-        let malformed = |reason: &str| SinkError::MalformedState {
-            reason: reason.to_string(),
-        };
-        if bytes.len() < STAGED_HEADER_BYTES {
-            return Err(malformed("shorter than its header"));
-        }
-        let word = |at: usize| u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]);
-        let (subtask, count) = (word(1), word(5) as usize);
-        let body = &bytes[STAGED_HEADER_BYTES..];
-        if body.len() % STAGED_ENTRY_BYTES != 0 || body.len() / STAGED_ENTRY_BYTES != count {
-            return Err(malformed("length does not match the transaction count"));
-        }
-        let long = |chunk: &[u8], at: usize| {
-            u64::from_le_bytes(chunk[at..at + 8].try_into().unwrap_or([0; 8]))
-        };
-        let files: Vec<(u64, Option<Digest>)> = body
-            .chunks_exact(STAGED_ENTRY_BYTES)
-            .map(|chunk| {
-                let crc32 = u32::from_le_bytes(chunk[16..20].try_into().unwrap_or([0; 4]));
-                let size_bytes = long(chunk, 8);
-                (long(chunk, 0), Some(Digest { size_bytes, crc32 }))
-            })
-            .collect();
-        if files.windows(2).any(|pair| pair[0].0 >= pair[1].0) {
-            return Err(malformed("checkpoint ids are not strictly ascending"));
-        }
-        Ok(StagedFiles { subtask, files })
-    }
-
-    fn decode_for(
-        state: Option<&SinkState>,
-        subtask: usize,
-    ) -> Result<Vec<(u64, Option<Digest>)>, SinkError> {
-        let Some(state) = state else {
-            return Ok(Vec::new());
-        };
-        let staged = StagedFiles::decode(state)?;
-        if staged.subtask as usize != subtask {
-            return Err(SinkError::WrongSubtask {
-                expected: subtask,
-                found: staged.subtask,
-            });
-        }
-        Ok(staged.files)
     }
 }
 

@@ -358,7 +358,9 @@ impl PendingTransactions {
         SinkState(bytes)
     }
 
-    /// Reads state bytes written by [`PendingTransactions::encode`].
+    /// Reads state bytes written by [`PendingTransactions::encode`], or
+    /// the file sink's state (format byte `2`, the same ids with the size
+    /// and CRC-32 of each staged file), whose ids it returns.
     ///
     /// # Errors
     ///
@@ -371,6 +373,13 @@ impl PendingTransactions {
         };
         if bytes.len() < PENDING_HEADER_BYTES {
             return Err(malformed("shorter than its header"));
+        }
+        if bytes[0] == STAGED_FORMAT {
+            let staged = decode_staged(state)?;
+            return Ok(PendingTransactions {
+                subtask: staged.subtask,
+                checkpoint_ids: staged.files.into_iter().map(|(id, _)| id).collect(),
+            });
         }
         if bytes[0] != PENDING_FORMAT {
             return Err(malformed("unknown format byte"));
@@ -544,4 +553,99 @@ pub(crate) fn subtask_u32(subtask: usize) -> Result<u32, SinkError> {
         name: subtask.to_string(),
         reason: "subtask index above u32::MAX",
     })
+}
+
+/// The size and CRC-32 of a staged file.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Digest {
+    pub(crate) size_bytes: u64,
+    pub(crate) crc32: u32,
+}
+
+/// The file sink's state: its subtask and every pending transaction with
+/// the size and checksum of its staged file.
+///
+/// Layout (little-endian): format byte `2`, subtask `u32`, count `u32`,
+/// then per transaction its checkpoint id `u64`, size `u64` and CRC-32
+/// `u32`. States of format `1` ([`PendingTransactions`], written before
+/// the sink recorded digests) are still read; their files are restored
+/// unchecked.
+pub(crate) struct StagedFiles {
+    pub(crate) subtask: u32,
+    pub(crate) files: Vec<(u64, Option<Digest>)>,
+}
+
+const STAGED_FORMAT: u8 = 2;
+const STAGED_HEADER_BYTES: usize = 9;
+const STAGED_ENTRY_BYTES: usize = 20;
+
+pub(crate) fn encode_staged(staged: &StagedFiles) -> SinkState {
+    let mut bytes =
+        Vec::with_capacity(STAGED_HEADER_BYTES + STAGED_ENTRY_BYTES * staged.files.len());
+    bytes.push(STAGED_FORMAT);
+    bytes.extend_from_slice(&staged.subtask.to_le_bytes());
+    let count = u32::try_from(staged.files.len()).unwrap_or(u32::MAX);
+    bytes.extend_from_slice(&count.to_le_bytes());
+    for (id, digest) in &staged.files {
+        let digest = digest.unwrap_or_default();
+        bytes.extend_from_slice(&id.to_le_bytes());
+        bytes.extend_from_slice(&digest.size_bytes.to_le_bytes());
+        bytes.extend_from_slice(&digest.crc32.to_le_bytes());
+    }
+    SinkState::from_bytes(bytes)
+}
+
+/// Reads a state of format 2.
+pub(crate) fn decode_staged(state: &SinkState) -> Result<StagedFiles, SinkError> {
+    let bytes = state.as_bytes();
+    let malformed = |reason: &str| SinkError::MalformedState {
+        reason: reason.to_string(),
+    };
+    if bytes.len() < STAGED_HEADER_BYTES {
+        return Err(malformed("shorter than its header"));
+    }
+    let word =
+        |at: usize| u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]);
+    let (subtask, count) = (word(1), word(5) as usize);
+    let body = &bytes[STAGED_HEADER_BYTES..];
+    if body.len() % STAGED_ENTRY_BYTES != 0 || body.len() / STAGED_ENTRY_BYTES != count {
+        return Err(malformed("length does not match the transaction count"));
+    }
+    let long = |chunk: &[u8], at: usize| {
+        u64::from_le_bytes(chunk[at..at + 8].try_into().unwrap_or([0; 8]))
+    };
+    let files: Vec<(u64, Option<Digest>)> = body
+        .chunks_exact(STAGED_ENTRY_BYTES)
+        .map(|chunk| {
+            let crc32 = u32::from_le_bytes(chunk[16..20].try_into().unwrap_or([0; 4]));
+            let size_bytes = long(chunk, 8);
+            (long(chunk, 0), Some(Digest { size_bytes, crc32 }))
+        })
+        .collect();
+    if files.windows(2).any(|pair| pair[0].0 >= pair[1].0) {
+        return Err(malformed("checkpoint ids are not strictly ascending"));
+    }
+    Ok(StagedFiles { subtask, files })
+}
+
+/// Reads a state of format 1 or 2 of `subtask` (`None`: empty).
+pub(crate) fn decode_staged_for(
+    state: Option<&SinkState>,
+    subtask: usize,
+) -> Result<Vec<(u64, Option<Digest>)>, SinkError> {
+    let Some(state) = state else {
+        return Ok(Vec::new());
+    };
+    if state.as_bytes().first() != Some(&STAGED_FORMAT) {
+        let ids = PendingTransactions::decode_for(Some(state), subtask)?;
+        return Ok(ids.into_iter().map(|id| (id, None)).collect());
+    }
+    let staged = decode_staged(state)?;
+    if staged.subtask as usize != subtask {
+        return Err(SinkError::WrongSubtask {
+            expected: subtask,
+            found: staged.subtask,
+        });
+    }
+    Ok(staged.files)
 }

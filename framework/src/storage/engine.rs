@@ -500,8 +500,13 @@ impl Engine {
                 let Some(rest) = entry.name.strip_prefix(prefix) else {
                     continue;
                 };
-                let damaged = rest.get(20..).is_some_and(|tail| tail.starts_with(DAMAGED_SUFFIX));
-                if let Some(id) = rest.get(..20).and_then(|digits| parse_entry_name(digits, "")) {
+                let damaged = rest
+                    .get(20..)
+                    .is_some_and(|tail| tail.starts_with(DAMAGED_SUFFIX));
+                if let Some(id) = rest
+                    .get(..20)
+                    .and_then(|digits| parse_entry_name(digits, ""))
+                {
                     if damaged {
                         ids.push(id);
                     }

@@ -298,7 +298,10 @@ pub trait CheckpointStore: Send + Sync + fmt::Debug {
     fn load_latest_before(&self, before: CheckpointId) -> Result<LoadReport, StoreError> {
         let mut skipped = Vec::new();
         let summaries = self.list()?;
-        let candidates = summaries.iter().rev().filter(|summary| summary.checkpoint < before);
+        let candidates = summaries
+            .iter()
+            .rev()
+            .filter(|summary| summary.checkpoint < before);
         for summary in candidates {
             match self.load(summary.checkpoint) {
                 Ok(loaded) => {
@@ -339,7 +342,11 @@ pub trait CheckpointStore: Send + Sync + fmt::Debug {
     ///
     /// The built-in stores rename `chk-<id>` to `chk-<id>.damaged-<unix
     /// ms>` and write the reason into a `_damaged` file inside it.
-    fn set_aside(&self, checkpoint: CheckpointId, reason: &str) -> Result<Option<PathBuf>, StoreError> {
+    fn set_aside(
+        &self,
+        checkpoint: CheckpointId,
+        reason: &str,
+    ) -> Result<Option<PathBuf>, StoreError> {
         let _ = (checkpoint, reason);
         Ok(None)
     }

@@ -234,7 +234,9 @@ impl Supervisor {
         if self.final_from.is_some_and(|first| checkpoint >= first) {
             // Every input had ended: a later run on this store has nothing
             // left to do (see `recovery`).
-            request.user.insert(FINAL_KEY.to_owned(), FINAL_VALUE.to_owned());
+            request
+                .user
+                .insert(FINAL_KEY.to_owned(), FINAL_VALUE.to_owned());
         }
         let kind = match kind {
             CheckpointKind::Savepoint => storage::CheckpointKind::Savepoint,

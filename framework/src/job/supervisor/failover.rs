@@ -75,7 +75,15 @@ impl Supervisor {
             }
         }
         if recovery.finished {
-            let restored = recovery.restored.as_ref().map(|(checkpoint, ..)| checkpoint.0);
+            let restored = recovery
+                .restored
+                .as_ref()
+                .map(|(checkpoint, ..)| checkpoint.0);
+            if let Some((_, parts, layout)) = recovery.restored {
+                // The job as declared now must still fit the checkpoint
+                // (parallelism, key groups), as it would for a real run.
+                self.plan.redistribute(parts, &layout)?;
+            }
             let span = self.span.clone();
             let _entered = span.enter();
             tracing::warn!(

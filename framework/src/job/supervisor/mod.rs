@@ -59,9 +59,9 @@ use crate::storage::{
 };
 
 use super::physical::{start_generation, PhysicalPlan, SupervisorLinks};
+use super::recovery::{Recovery, FINAL_KEY, FINAL_VALUE};
 use super::region::failover_regions;
 use super::shell::{Control, NodeEvent, NodeEventKind};
-use super::recovery::{Recovery, FINAL_KEY, FINAL_VALUE};
 use super::writer::{spawn_writer, Loaded, Persisted, Restored, WriterJob};
 use super::{
     CheckpointReport, FailedCheckpoint, GuaranteeReason, JobError, JobReport, JobStatus,
@@ -177,16 +177,10 @@ pub(crate) fn start(name: String, plan: PhysicalPlan) -> Result<RunningJob, JobE
     )?;
     let (done_sender, done) = mpsc::channel::<Outcome>();
     let tag = ActorTag::new("supervisor", 0, Generation(0));
-    control.start_in_slot(
-        slot,
-        Placement::Arbiter(0),
-        tag,
-        FailureSink::log_only(),
-        {
-            let status = Arc::clone(&status);
-            move |_| Supervisor::new(name, plan, writer, done_sender, span, restarts, status)
-        },
-    )?;
+    control.start_in_slot(slot, Placement::Arbiter(0), tag, FailureSink::log_only(), {
+        let status = Arc::clone(&status);
+        move |_| Supervisor::new(name, plan, writer, done_sender, span, restarts, status)
+    })?;
     Ok(RunningJob {
         supervisor,
         done,
@@ -661,7 +655,9 @@ impl Supervisor {
 /// The status record; a panic while it was held left it consistent (each
 /// update is one assignment), so a poisoned lock is still usable.
 fn lock_status(status: &Mutex<JobStatus>) -> std::sync::MutexGuard<'_, JobStatus> {
-    status.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    status
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn millis(duration: Duration) -> u64 {
