@@ -5,6 +5,8 @@
 //! injection that fires each planned fault exactly once (with a panic hook
 //! that keeps injected panics quiet).
 
+pub mod damage;
+
 use std::panic;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Once};
