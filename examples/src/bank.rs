@@ -557,6 +557,30 @@ impl CheckpointStore for AuditedStore {
         self.inner.load_latest()
     }
 
+    fn load_latest_before(&self, before: CheckpointId) -> Result<LoadReport, StoreError> {
+        self.inner.load_latest_before(before)
+    }
+
+    fn highest_id(&self) -> Result<Option<CheckpointId>, StoreError> {
+        self.inner.highest_id()
+    }
+
+    fn set_aside(
+        &self,
+        checkpoint: CheckpointId,
+        reason: &str,
+    ) -> Result<Option<std::path::PathBuf>, StoreError> {
+        self.inner.set_aside(checkpoint, reason)
+    }
+
+    fn damaged_ids(&self) -> Result<Vec<CheckpointId>, StoreError> {
+        self.inner.damaged_ids()
+    }
+
+    fn location(&self) -> Option<&std::path::Path> {
+        self.inner.location()
+    }
+
     fn pin(&self, checkpoint: CheckpointId) -> Result<CheckpointPin, StoreError> {
         self.inner.pin(checkpoint)
     }

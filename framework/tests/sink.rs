@@ -623,7 +623,7 @@ fn the_collect_sink_lists_what_it_committed_and_notices_lost_transactions() {
     let mut elsewhere = CollectHandle::<u32>::new().create(0, 1).unwrap();
     assert!(matches!(
         elsewhere.check_restore(Some(1), Some(&first)),
-        Err(SinkError::StagedDataDamaged {
+        Err(SinkError::MissingTransaction {
             checkpoint_id: 1,
             ..
         })

@@ -10,8 +10,8 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::sync::mpsc;
+use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
@@ -200,7 +200,14 @@ pub fn resume(
     let output = dirs.output.clone();
     thread::spawn(move || {
         let job = Job::new(JOB, config);
-        declare(&job, RECORDS, SHAPE, PACING, &Faults::none(), line_sink(&output));
+        declare(
+            &job,
+            RECORDS,
+            SHAPE,
+            PACING,
+            &Faults::none(),
+            line_sink(&output),
+        );
         // The receiver may have given up on a hang already.
         let _ = sender.send(job.run());
     });
@@ -293,7 +300,10 @@ pub fn candidates(dirs: &Dirs) -> Option<(u64, Vec<(Target, PathBuf)>)> {
     if let Some(older) = ids.iter().rev().nth(1) {
         let older_dir = store.entry_dir(*older, CheckpointKind::Checkpoint);
         for path in files_in(&older_dir) {
-            if path.extension().is_some_and(|extension| extension == "part") {
+            if path
+                .extension()
+                .is_some_and(|extension| extension == "part")
+            {
                 found.push((Target::OlderPart, path));
             }
         }
@@ -360,6 +370,9 @@ pub fn newest_file(dirs: &Dirs, newest: u64, target: Target, operator: &str) -> 
     match target {
         Target::NewestMetadata => dir.join("_metadata"),
         Target::NewestPart | Target::OlderPart => dir.join(format!("op-{operator}")).join("0.part"),
-        Target::Staged => dirs.output.join(".pending").join(format!("part-0-{newest}.part")),
+        Target::Staged => dirs
+            .output
+            .join(".pending")
+            .join(format!("part-0-{newest}.part")),
     }
 }

@@ -10,11 +10,14 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use snapflow::job::{Job, JobConfig, RestartStrategy};
 use snapflow::sink::CollectHandle;
 use snapflow::Snapshot;
+use snapflow_tests::damage::{self, Crash, Dirs, Harm, Target};
 use snapflow_tests::pipeline::{FailFirstPreCommit, PacedSourceFactory, Pacing};
+use snapflow_tests::TestRng;
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id};
 use tracing::{Event, Subscriber};
@@ -37,6 +40,7 @@ struct EventRecord {
     /// The span the event happened in (its name and fields).
     span: Option<(String, Fields)>,
     fields: Fields,
+    level: tracing::Level,
 }
 
 impl EventRecord {
@@ -105,7 +109,11 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Recorder {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .events
-            .push(EventRecord { span, fields });
+            .push(EventRecord {
+                span,
+                fields,
+                level: *event.metadata().level(),
+            });
     }
 }
 
@@ -114,11 +122,15 @@ struct Count {
     seen: u64,
 }
 
+/// What the layer saw since the last call.
+fn take_seen(seen: &Mutex<Seen>) -> Seen {
+    std::mem::take(&mut *seen.lock().unwrap_or_else(PoisonError::into_inner))
+}
+
 /// Runs the traced job and returns what the layer saw.
-fn traced_run() -> Seen {
-    let seen = Arc::new(Mutex::new(Seen::default()));
+fn traced_run(seen: &Arc<Mutex<Seen>>) -> Seen {
     tracing_subscriber::registry()
-        .with(Recorder(Arc::clone(&seen)))
+        .with(Recorder(Arc::clone(seen)))
         .try_init()
         .expect("the only subscriber of this test binary");
     let job = Job::new(
@@ -154,8 +166,7 @@ fn traced_run() -> Seen {
     let report = job.run().expect("the job recovers");
     assert_eq!(report.restarts.len(), 1);
     assert_eq!(output.committed().len(), 400);
-    let seen = std::mem::take(&mut *seen.lock().unwrap_or_else(PoisonError::into_inner));
-    seen
+    take_seen(seen)
 }
 
 fn span<'a>(seen: &'a Seen, name: &str, field: &str, value: &str) -> Option<&'a SpanRecord> {
@@ -189,7 +200,8 @@ fn check_events(seen: &Seen, message: &str, fields: &[&str], span_name: Option<&
 
 #[test]
 fn job_subtask_and_checkpoint_spans_and_events_are_traced() {
-    let seen = traced_run();
+    let recorder = Arc::new(Mutex::new(Seen::default()));
+    let seen = traced_run(&recorder);
     let job = span(&seen, "job", "job", "traced").expect("a job span");
     assert_eq!(job.parent, None);
     for subtask in ["0", "1"] {
@@ -260,7 +272,82 @@ fn job_subtask_and_checkpoint_spans_and_events_are_traced() {
     check_events(
         &seen,
         "region restarted",
-        &["region", "generation", "recovery_ms"],
+        &[
+            "region",
+            "attempt",
+            "delay_ms",
+            "cause",
+            "restored_from",
+            "generation",
+            "recovery_ms",
+        ],
         Some("job"),
     );
+    for event in events(&seen, "region restarted") {
+        assert_eq!(event.level, tracing::Level::WARN, "{event:?}");
+    }
+    check_events(
+        &seen,
+        "checkpoints are kept in memory and end with the job",
+        &[],
+        Some("job"),
+    );
+    check_fallback_events(&recorder);
+    check_default_interval_event(&recorder);
+}
+
+/// A fallback past a damaged part is a warning that names the file.
+fn check_fallback_events(recorder: &Mutex<Seen>) {
+    let root = tempfile::tempdir().expect("a temporary directory");
+    let dirs = Dirs::under(root.path());
+    let _ = damage::crash_run(&dirs, Crash::BeforeCommit(3));
+    let newest = *damage::checkpoint_ids(&dirs).last().expect("a checkpoint");
+    let part = damage::newest_file(&dirs, newest, Target::NewestPart, "count");
+    damage::apply(&part, Harm::Truncate, &mut TestRng::new(1));
+    take_seen(recorder);
+    damage::resume(&dirs, false, Duration::from_secs(60)).expect("the fallback runs");
+    let seen = take_seen(recorder);
+    let message = "skipping a damaged checkpoint; falling back to an older one";
+    check_events(&seen, message, &["checkpoint", "reason", "set_aside"], None);
+    let warned = events(&seen, message);
+    let event = warned
+        .iter()
+        .find(|event| event.fields.get("checkpoint") == Some(&newest.to_string()))
+        .unwrap_or_else(|| panic!("no warning for checkpoint {newest}: {warned:?}"));
+    assert_eq!(event.level, tracing::Level::WARN);
+    let reason = &event.fields["reason"];
+    assert!(reason.contains(&*part.to_string_lossy()), "{reason}");
+    check_events(
+        &seen,
+        "checkpoints are stored in this directory",
+        &["location"],
+        Some("job"),
+    );
+}
+
+/// A store without an interval takes the default one, and says so.
+fn check_default_interval_event(recorder: &Mutex<Seen>) {
+    let root = tempfile::tempdir().expect("a temporary directory");
+    let config = JobConfig::default()
+        .with_store_dir(root.path(), "defaults")
+        .expect("a store");
+    let job = Job::new("defaults", config);
+    job.source(
+        "numbers",
+        PacedSourceFactory::new(
+            10,
+            Pacing {
+                records_per_read: 5,
+            },
+        ),
+    )
+    .sink("collect", CollectHandle::new());
+    take_seen(recorder);
+    job.run().expect("the job runs");
+    let seen = take_seen(recorder);
+    let said = seen.events.iter().find(|event| {
+        event.message().contains("no checkpoint_interval_ms")
+            && event.fields.get("interval_ms").map(String::as_str) == Some("10000")
+    });
+    assert!(said.is_some(), "no word of the default interval");
 }

@@ -70,7 +70,10 @@ fn judge_ok(report: &JobReport, dirs: &Dirs, damage: &Damage, replay: &str) {
     // A second run after a refusal finds the damaged checkpoint already
     // set aside, so only the first reports the fallback.
     let first_run = !report.guarantee_reasons.iter().any(|reason| {
-        matches!(reason, GuaranteeReason::FallbackReplaysCommittedOutput { .. })
+        matches!(
+            reason,
+            GuaranteeReason::FallbackReplaysCommittedOutput { .. }
+        )
     });
     if first_run && breaks_newest(damage) {
         assert!(
@@ -140,7 +143,9 @@ fn check(seed: u64, crash_kind: fn(u64) -> Crash) {
         }) => {
             assert!(!committed.is_empty(), "{replay}: refused without a reason");
             assert!(
-                committed.iter().all(|id| restored.is_none_or(|restored| *id > restored)),
+                committed
+                    .iter()
+                    .all(|id| restored.is_none_or(|restored| *id > restored)),
                 "{replay}: refused for output before the restored checkpoint"
             );
             eprintln!("{replay}: refused, committed {committed:?} after {restored:?}");

@@ -70,7 +70,10 @@ fn assert_exactly_once(dirs: &Dirs) {
 /// Staged-only output of the damaged checkpoint: exactly-once.
 fn check_staged_only(target: Target, harm_done: Harm) {
     let (_root, dirs, newest) = prepared(Crash::BeforeCommit, false);
-    harm(&damage::newest_file(&dirs, newest, target, "count"), harm_done);
+    harm(
+        &damage::newest_file(&dirs, newest, target, "count"),
+        harm_done,
+    );
     let report = damage::resume(&dirs, false, LIMIT).expect("the fallback runs");
     assert_eq!(report.guarantee, Guarantee::ExactlyOnce, "{report:?}");
     assert_exactly_once(&dirs);
@@ -80,14 +83,20 @@ fn check_staged_only(target: Target, harm_done: Harm) {
         .find(|fallback| fallback.checkpoint == newest)
         .unwrap_or_else(|| panic!("no fallback past {newest}: {:?}", report.fallbacks));
     assert!(fallback.restored < Some(newest));
-    let moved = fallback.set_aside.as_ref().expect("the damaged checkpoint moved");
+    let moved = fallback
+        .set_aside
+        .as_ref()
+        .expect("the damaged checkpoint moved");
     assert!(moved.exists(), "{moved:?}");
     let name = moved.file_name().unwrap_or_default().to_string_lossy();
     assert!(name.contains(".damaged-"), "{name}");
     let note = std::fs::read_to_string(moved.join("_damaged")).expect("the note");
     assert_eq!(note, fallback.reason);
     assert!(
-        report.checkpoints.iter().all(|checkpoint| checkpoint.checkpoint > newest),
+        report
+            .checkpoints
+            .iter()
+            .all(|checkpoint| checkpoint.checkpoint > newest),
         "an id went back: {:?}",
         report.checkpoints
     );
@@ -111,7 +120,10 @@ fn a_damaged_staged_sink_file_makes_its_checkpoint_fall_back() {
 /// by choice.
 fn check_visible(target: Target, harm_done: Harm) {
     let (_root, dirs, newest) = prepared(Crash::AfterCommit, true);
-    harm(&damage::newest_file(&dirs, newest, target, "count"), harm_done);
+    harm(
+        &damage::newest_file(&dirs, newest, target, "count"),
+        harm_done,
+    );
     let error = damage::resume(&dirs, false, LIMIT).expect_err("a duplicating fallback ran");
     let JobError::FallbackWouldDuplicate {
         restored,
@@ -134,7 +146,10 @@ fn check_visible(target: Target, harm_done: Harm) {
     // Refusing again is the same answer: the damaged checkpoint was set
     // aside, but the sink's output still says what was committed.
     let again = damage::resume(&dirs, false, LIMIT).expect_err("refused again");
-    assert!(matches!(again, JobError::FallbackWouldDuplicate { .. }), "{again}");
+    assert!(
+        matches!(again, JobError::FallbackWouldDuplicate { .. }),
+        "{again}"
+    );
     let report = damage::resume(&dirs, true, LIMIT).expect("with duplicates accepted");
     assert_eq!(report.guarantee, Guarantee::AtLeastOnce);
     assert!(report.guarantee_reasons.iter().any(|reason| matches!(
@@ -143,10 +158,16 @@ fn check_visible(target: Target, harm_done: Harm) {
     )));
     // No `TargetExists` dead end: the new checkpoints are numbered above
     // everything committed.
-    assert!(report.checkpoints.iter().all(|checkpoint| checkpoint.checkpoint > newest));
+    assert!(report
+        .checkpoints
+        .iter()
+        .all(|checkpoint| checkpoint.checkpoint > newest));
     let (want, _) = expected(damage::RECORDS);
     let got = committed_output(&dirs);
-    assert!(got.len() > want.len(), "no duplicates in an at-least-once fallback?");
+    assert!(
+        got.len() > want.len(),
+        "no duplicates in an at-least-once fallback?"
+    );
     assert!(want.iter().all(|record| got.binary_search(record).is_ok()));
 }
 

@@ -230,15 +230,16 @@ impl<T: Clone> Sink for CollectSink<T> {
         let listed = PendingTransactions::decode_for(state, self.subtask)?;
         let mut stores = self.handle.lock();
         let store = stores.entry(self.subtask).or_default();
+        // The handle is the external system: a transaction it never saw
+        // is not damaged staging but another system (a fresh handle), so
+        // this is the typed error of the restore itself, not a fallback.
         if let Some(id) = listed
             .iter()
             .find(|id| !store.pending.contains_key(id) && !store.committed_ids.contains(id))
         {
-            return Err(SinkError::StagedDataDamaged {
+            return Err(SinkError::MissingTransaction {
                 subtask: self.subtask,
                 checkpoint_id: *id,
-                location: "the collect handle".to_string(),
-                reason: "the transaction is neither pending nor committed".to_string(),
             });
         }
         let after = restored;

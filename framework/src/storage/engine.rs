@@ -886,7 +886,7 @@ macro_rules! delegate_store {
                 self.engine.damaged_ids()
             }
             fn location(&self) -> Option<&std::path::Path> {
-                Some(self.engine.job_dir())
+                self.directory()
             }
         }
     };

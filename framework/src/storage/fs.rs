@@ -53,6 +53,11 @@ impl FsCheckpointStore {
         })
     }
 
+    /// Where the job's checkpoints are, for [`CheckpointStore::location`](super::CheckpointStore::location).
+    fn directory(&self) -> Option<&Path> {
+        Some(self.engine.job_dir())
+    }
+
     /// The job's directory, `root/job-<escaped name>`.
     pub fn job_dir(&self) -> &Path {
         self.engine.job_dir()

@@ -547,6 +547,11 @@ pub struct MemoryCheckpointStore {
 }
 
 impl MemoryCheckpointStore {
+    /// A memory store has no directory a person could open.
+    fn directory(&self) -> Option<&std::path::Path> {
+        None
+    }
+
     /// A store for `job` on a new, empty [`MemFs`], with default options.
     pub fn new(job: &str) -> Result<Self, StoreError> {
         Self::on_fs(Arc::new(MemFs::new()), job, StoreOptions::default())

@@ -139,7 +139,7 @@ impl Supervisor {
                 attempt = pending.attempt,
                 delay_ms = pending.delay_ms,
                 cause = %pending.cause,
-                restored_from,
+                restored_from = %restored_from.map_or("nothing".to_string(), |id| id.to_string()),
                 generation,
                 recovery_ms,
                 "region restarted"
