@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use tracing::field::{Field, Visit};
-use tracing::{Event, Subscriber};
+use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::layer::{Context, Layer};
 use tracing_subscriber::prelude::*;
 
@@ -38,6 +38,16 @@ impl Fields {
     fn get(&self, name: &str) -> &str {
         self.values.get(name).map_or("?", String::as_str)
     }
+
+    /// `message (name=value, ...)`.
+    fn plain(&self) -> String {
+        let values: Vec<String> = self
+            .values
+            .iter()
+            .map(|(name, value)| format!("{name}={value}"))
+            .collect();
+        format!("{} ({})", self.message, values.join(", "))
+    }
 }
 
 impl Visit for Fields {
@@ -61,13 +71,18 @@ impl Visit for Fields {
 
 impl<S: Subscriber> Layer<S> for ProgressLayer {
     fn on_event(&self, event: &Event<'_>, _context: Context<'_, S>) {
-        if !event.metadata().target().starts_with("snapflow::job") {
+        let metadata = event.metadata();
+        if !metadata.target().starts_with("snapflow") {
             return;
         }
         let mut fields = Fields::default();
         event.record(&mut fields);
         if let Some(line) = describe(&fields) {
             println!("  {line}");
+        } else if *metadata.level() <= Level::WARN {
+            // Every warning and error is shown, worded or not: a fallback
+            // past a damaged checkpoint, a failure that ends the job.
+            println!("  {}: {}", metadata.level(), fields.plain());
         }
     }
 }
@@ -81,7 +96,7 @@ fn describe(fields: &Fields) -> Option<String> {
             fields.get("size_bytes"),
             fields.get("duration_ms")
         )),
-        "restarting the job" => Some(format!(
+        "restarting a failover region" => Some(format!(
             "CRASH: {}; restarting (attempt {})",
             fields.get("cause"),
             fields.get("attempt")
