@@ -776,7 +776,6 @@ fn corruption_is_not_retryable() {
     let error = StoreError::CorruptPart {
         checkpoint: 1,
         part: PartId::new("a", 0),
-        path: "a/0.part".into(),
         reason: "test".to_string(),
     };
     assert!(!error.is_retryable() && error.is_corruption());

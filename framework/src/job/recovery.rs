@@ -266,7 +266,7 @@ fn check_duplicates(
 ) -> Result<Vec<GuaranteeReason>, JobError> {
     let mut damaged: Vec<u64> = store.damaged_ids()?;
     damaged.extend(fallbacks.iter().map(|fallback| fallback.checkpoint));
-    damaged.retain(|id| restored.is_none_or(|restored| *id > restored));
+    damaged.retain(|id| restored.map_or(true, |restored| *id > restored));
     damaged.sort_unstable();
     damaged.dedup();
     let mut replayed: BTreeMap<&str, Vec<u64>> = BTreeMap::new();

@@ -247,7 +247,7 @@ impl<T: Clone> Sink for CollectSink<T> {
             .committed_ids
             .iter()
             .copied()
-            .filter(|id| after.is_none_or(|after| *id > after))
+            .filter(|id| after.map_or(true, |after| *id > after))
             .collect();
         Ok(Visibility::Known(committed))
     }

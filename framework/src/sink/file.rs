@@ -356,7 +356,7 @@ impl<T, F> FileSink<T, F> {
             else {
                 continue;
             };
-            if subtask == self.names.subtask as u64 && after.is_none_or(|after| id > after) {
+            if subtask == self.names.subtask as u64 && after.map_or(true, |after| id > after) {
                 ids.push(id);
             }
         }

@@ -452,7 +452,7 @@ impl Engine {
         before: Option<CheckpointId>,
     ) -> Result<LoadReport, StoreError> {
         let mut skipped = Vec::new();
-        let below = |id: &CheckpointId| before.is_none_or(|before| *id < before);
+        let below = |id: &CheckpointId| before.map_or(true, |before| *id < before);
         let candidates = self.entries()?.into_iter().rev();
         for (checkpoint, _, _) in candidates.filter(|(id, _, _)| below(id)) {
             match self.load(checkpoint) {
@@ -764,8 +764,7 @@ pub(crate) fn read_parts(
         let corrupt = |reason: String| StoreError::CorruptPart {
             checkpoint: metadata.checkpoint,
             part: info.part.clone(),
-            path: path.clone(),
-            reason,
+            reason: format!("{}: {reason}", path.display()),
         };
         // One byte more than expected, to notice a file that grew.
         let bytes = match io.read_file(&path, info.size_bytes.saturating_add(1)) {

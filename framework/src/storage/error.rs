@@ -44,15 +44,13 @@ pub enum StoreError {
     },
     /// A part is missing, has the wrong size or fails its checksum. The
     /// whole checkpoint is invalid.
-    #[error("part {part} of checkpoint {checkpoint} ({path:?}) is corrupt: {reason}")]
+    #[error("part {part} of checkpoint {checkpoint} is corrupt: {reason}")]
     CorruptPart {
         /// The checkpoint.
         checkpoint: CheckpointId,
         /// The part.
         part: PartId,
-        /// The part's file.
-        path: PathBuf,
-        /// What is wrong.
+        /// What is wrong, naming the part's file.
         reason: String,
     },
     /// No complete checkpoint with this id exists.
