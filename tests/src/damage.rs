@@ -216,6 +216,75 @@ pub fn resume(
         .unwrap_or_else(|_| panic!("the resumed job did not end within {limit:?}"))
 }
 
+/// The file sink, declaring that a replay is harmless (as an upserting
+/// sink would): its check still verifies staged files, then answers
+/// [`Visibility::ReplayIsHarmless`].
+pub struct ReplaySafe(FileSinkFactory<(u64, u64), Encode>);
+
+impl SinkFactory for ReplaySafe {
+    type Sink = ReplaySafeSink;
+
+    fn create(&self, subtask: usize, parallelism: usize) -> Result<ReplaySafeSink, SinkError> {
+        Ok(ReplaySafeSink(self.0.create(subtask, parallelism)?))
+    }
+}
+
+/// One subtask of [`ReplaySafe`].
+pub struct ReplaySafeSink(FileSink<(u64, u64), Encode>);
+
+impl Sink for ReplaySafeSink {
+    type Item = (u64, u64);
+
+    fn write_batch(&mut self, batch: &[(u64, u64)]) -> Result<(), SinkError> {
+        self.0.write_batch(batch)
+    }
+
+    fn pre_commit(&mut self, checkpoint_id: u64) -> Result<SinkState, SinkError> {
+        self.0.pre_commit(checkpoint_id)
+    }
+
+    fn commit(&mut self, checkpoint_id: u64) -> Result<(), SinkError> {
+        self.0.commit(checkpoint_id)
+    }
+
+    fn abort(&mut self) -> Result<(), SinkError> {
+        self.0.abort()
+    }
+
+    fn restore(&mut self, state: Option<&SinkState>) -> Result<(), SinkError> {
+        self.0.restore(state)
+    }
+
+    fn check_restore(
+        &mut self,
+        restored: Option<u64>,
+        state: Option<&SinkState>,
+    ) -> Result<Visibility, SinkError> {
+        self.0.check_restore(restored, state)?;
+        Ok(Visibility::ReplayIsHarmless)
+    }
+
+    fn finish(&mut self) -> Result<(), SinkError> {
+        self.0.finish()
+    }
+}
+
+/// [`resume`] with the sink declaring replays harmless.
+pub fn resume_replay_safe(dirs: &Dirs, limit: Duration) -> Result<JobReport, JobError> {
+    let (sender, receiver) = mpsc::channel();
+    let config = config(dirs, RestartStrategy::default(), false);
+    let output = dirs.output.clone();
+    thread::spawn(move || {
+        let job = Job::new(JOB, config);
+        let sink = ReplaySafe(line_sink(&output));
+        declare(&job, RECORDS, SHAPE, PACING, &Faults::none(), sink);
+        let _ = sender.send(job.run());
+    });
+    receiver
+        .recv_timeout(limit)
+        .unwrap_or_else(|_| panic!("the resumed job did not end within {limit:?}"))
+}
+
 /// What a damage does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Harm {

@@ -180,3 +180,21 @@ fn a_fallback_past_committed_output_is_refused_unless_accepted() {
     check_visible(Target::NewestPart, Harm::Flip);
     check_visible(Target::NewestMetadata, Harm::Flip);
 }
+
+#[test]
+fn a_sink_whose_replays_are_harmless_runs_a_fallback_past_its_output() {
+    let (_root, dirs, newest) = prepared(Crash::AfterCommit, true);
+    harm(
+        &damage::newest_file(&dirs, newest, Target::NewestPart, "count"),
+        Harm::Flip,
+    );
+    let report = damage::resume_replay_safe(&dirs, LIMIT).expect("a harmless replay runs");
+    assert_eq!(report.guarantee, Guarantee::ExactlyOnce, "{report:?}");
+    assert!(report
+        .fallbacks
+        .iter()
+        .any(|fallback| fallback.checkpoint == newest));
+    let (want, _) = expected(damage::RECORDS);
+    let got = committed_output(&dirs);
+    assert!(want.iter().all(|record| got.binary_search(record).is_ok()));
+}
