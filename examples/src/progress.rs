@@ -79,13 +79,18 @@ impl<S: Subscriber> Layer<S> for ProgressLayer {
         event.record(&mut fields);
         if let Some(line) = describe(&fields) {
             println!("  {line}");
-        } else if *metadata.level() <= Level::WARN {
+        } else if *metadata.level() <= Level::WARN && !WORDED_ELSEWHERE.contains(&&*fields.message)
+        {
             // Every warning and error is shown, worded or not: a fallback
             // past a damaged checkpoint, a failure that ends the job.
             println!("  {}: {}", metadata.level(), fields.plain());
         }
     }
 }
+
+/// Warnings that another line already tells: "region restarted" is the
+/// "recovered: ..." line of "generation started".
+const WORDED_ELSEWHERE: [&str; 1] = ["region restarted"];
 
 /// The readable line of a supervisor event, or `None` to stay quiet.
 fn describe(fields: &Fields) -> Option<String> {
