@@ -3,7 +3,8 @@
 //!
 //! The explorer enumerates every enabled step in every reachable state:
 //! deliver the head of any channel, let any initiator that may still start a
-//! snapshot start one, and send one unit of money on any output of a node
+//! snapshot start one, let a node allowed to end its outputs end them (in
+//! two cases), and send one unit of money on any open output of a node
 //! that has some (within the case's send budget, and at most 3 data messages
 //! in flight). So every start time relative to every delivery and send is
 //! covered, and markers of different snapshots meet in every order the
@@ -32,6 +33,7 @@ enum Step {
     Deliver(usize),
     Start(usize),
     Send(usize),
+    End(usize),
 }
 
 struct Explorer {
@@ -59,9 +61,14 @@ impl Explorer {
         }
         if world.sends_left > 0 && world.data_in_flight() < MAX_DATA_IN_FLIGHT {
             for (edge, ends) in ctx.setup.graph.edges().iter().enumerate() {
-                if world.balances[ends.from] > 0 {
+                if world.balances[ends.from] > 0 && !world.output_ended[edge] {
                     steps.push(Step::Send(edge));
                 }
+            }
+        }
+        for (node, &may_end) in world.may_end.iter().enumerate() {
+            if may_end {
+                steps.push(Step::End(node));
             }
         }
         steps
@@ -74,6 +81,10 @@ impl Explorer {
             Step::Send(edge) => {
                 world.sends_left -= 1;
                 world.send(ctx, edge, 1);
+                Ok(())
+            }
+            Step::End(node) => {
+                world.end_outputs(ctx, node);
                 Ok(())
             }
         }
@@ -128,11 +139,27 @@ struct Case {
 /// bound of `max_concurrent` per node; declines are allowed only when the
 /// bound is below the number of snapshots.
 fn check(case: Case, starts: &[u32], max_concurrent: usize) -> usize {
+    check_with_ends(case, starts, max_concurrent, &[])
+}
+
+/// [`check`], where each node in `ends` may end all its outputs once, at any
+/// point. Only nodes that start no snapshot may end, and the graph without
+/// their outputs must still let every initiator's markers reach every node:
+/// a snapshot whose markers cannot reach a node never completes, whatever
+/// the machine does.
+fn check_with_ends(case: Case, starts: &[u32], max_concurrent: usize, ends: &[usize]) -> usize {
     let began = Instant::now();
     let graph = case.graph.build().expect("valid graph");
     let setup = Setup::new(graph, max_concurrent);
     let total = case.balances.iter().sum();
-    let world = World::new(&setup, case.balances, case.sends, starts.to_vec());
+    let mut world = World::new(&setup, case.balances, case.sends, starts.to_vec());
+    for &node in ends {
+        assert_eq!(
+            starts[node], 0,
+            "a node that ends its outputs starts nothing"
+        );
+        world.may_end[node] = true;
+    }
     let mut ctx = Ctx::new(&setup, total);
     let snapshots: u32 = starts.iter().sum();
     let mut explorer = Explorer {
@@ -147,10 +174,11 @@ fn check(case: Case, starts: &[u32], max_concurrent: usize) -> usize {
     explorer.visited.insert(world.digest());
     explorer.explore(&world, &mut ctx);
     println!(
-        "concurrent exhaustive {:<8} starts={:?} bound={} sends={} states={:>8} terminal={:>7} \
-         completions checked={:>8} declined={:>7} recorded messages={:>8} in {:.1?}",
+        "concurrent exhaustive {:<8} starts={:?} ends={:?} bound={} sends={} states={:>8} \
+         terminal={:>7} completions checked={:>8} declined={:>7} recorded messages={:>8} in {:.1?}",
         case.name,
         starts,
+        ends,
         max_concurrent,
         case.sends,
         explorer.visited.len(),
@@ -247,4 +275,12 @@ fn two_cycle_three_snapshots_over_a_bound_of_two() {
 #[test]
 fn ring3_three_initiators_over_a_bound_of_one() {
     check(ring3(2), &[1, 1, 1], 1);
+}
+#[test]
+fn two_cycle_two_snapshots_while_the_other_node_ends_its_output() {
+    check_with_ends(two_cycle(3), &[2, 0], 2, &[1]);
+}
+#[test]
+fn full3_two_initiators_while_the_third_ends_its_outputs() {
+    check_with_ends(full3(1), &[1, 1, 0], 2, &[2]);
 }

@@ -167,6 +167,8 @@ pub struct World {
     pub sends_left: u32,
     /// Per node, how many snapshots it may still start.
     pub starts_left: Vec<u32>,
+    /// Per node, whether it may still end its outputs (exhaustive step).
+    pub may_end: Vec<bool>,
     pub collecting: BTreeMap<SnapshotId, Collected>,
     pub completed: Vec<SnapshotId>,
     pub declined: Vec<SnapshotId>,
@@ -195,6 +197,7 @@ impl World {
             next_message: 0,
             sends_left: sends,
             starts_left: starts,
+            may_end: vec![false; count],
             collecting: BTreeMap::new(),
             completed: Vec::new(),
             declined: Vec::new(),
@@ -255,6 +258,7 @@ impl World {
 
     /// `node` ends all its outputs; it sends nothing on them afterwards.
     pub fn end_outputs(&mut self, ctx: &mut Ctx<'_>, node: usize) {
+        self.may_end[node] = false;
         for &edge in ctx.setup.graph.outputs(node) {
             if !self.output_ended[edge] {
                 self.output_ended[edge] = true;
