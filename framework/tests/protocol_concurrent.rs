@@ -12,6 +12,8 @@
 
 #[path = "protocol_concurrent/exhaustive.rs"]
 mod exhaustive;
+#[path = "protocol_concurrent/machine.rs"]
+mod machine;
 #[path = "protocol_concurrent/random.rs"]
 mod random;
 #[path = "protocol_concurrent/ring.rs"]

@@ -314,6 +314,11 @@ impl<T: Clone> ConcurrentMachine<T> {
     /// after this call (nothing is ever held). It is recorded for every
     /// snapshot in flight here whose marker has not yet arrived on
     /// `channel`. With no snapshot in flight this is one branch.
+    ///
+    /// # Panics
+    ///
+    /// On data after the channel's end of input, while a snapshot is in
+    /// flight (with none in flight the hot path does not look).
     #[inline]
     pub fn on_data(&mut self, channel: usize, message: &T) {
         debug_assert!(
