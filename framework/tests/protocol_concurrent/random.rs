@@ -274,7 +274,7 @@ fn random_rings_with_extra_edges() {
     check(
         "random_rings_with_extra_edges",
         Shape::RingWithExtras,
-        5_000,
+        10_000,
         15_000_000,
     );
 }
@@ -283,7 +283,7 @@ fn random_bidirectional_rings() {
     check(
         "random_bidirectional_rings",
         Shape::Bidirectional,
-        2_500,
+        5_000,
         15_100_000,
     );
 }

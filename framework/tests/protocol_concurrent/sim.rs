@@ -461,7 +461,7 @@ impl World {
         };
         let recorded_messages: usize = done.recorded.channels.iter().map(|(_, m)| m.len()).sum();
         ctx.stats.recorded_messages += recorded_messages;
-        oracle::verify(&ctx.trace, label(id), &done.recorded).map_err(|e| e.to_string())?;
+        oracle::verify(&ctx.trace, label(id), &done.recorded).map_err(|e| format!("{id}: {e}"))?;
         let in_states: i64 = done.balances.iter().sum();
         let in_channels: i64 = done.channels.iter().flatten().sum();
         if in_states + in_channels != ctx.total {
