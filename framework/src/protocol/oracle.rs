@@ -656,34 +656,26 @@ mod tests {
 
     #[test]
     fn verify_each_checks_every_label_and_names_the_failing_one() {
+        // Snapshot 1 takes P1 after it received message 1, snapshot 2 before.
         let two = CheckpointId(2);
-        let events = vec![
-            send(0, 0, 1),
-            snap(0),
-            TraceEvent::Snapshot {
-                process: 1,
-                checkpoint: two,
-            },
-            TraceEvent::Snapshot {
-                process: 0,
-                checkpoint: two,
-            },
-            receive(1, 1),
-            snap(1),
-        ];
-        let trace = two_processes(events);
-        let one_ok = RecordedChannels::default();
-        let two_ok = RecordedChannels {
-            channels: vec![(0, vec![1])],
+        let snap_two = |process| TraceEvent::Snapshot {
+            process,
+            checkpoint: two,
         };
-        let reports = verify_each(&trace, &[(ONE, one_ok.clone()), (two, two_ok)]).unwrap();
-        assert_eq!(reports[1].checkpoint, two);
-        assert_eq!(reports[1].messages_in_flight, 1);
-        let error = verify_each(&trace, &[(ONE, one_ok.clone()), (two, one_ok)]).unwrap_err();
-        assert!(
-            matches!(error, OracleError::ChannelStateMismatch { checkpoint, channel: 0, .. } if checkpoint == two),
-            "{error}"
+        let events = vec![send(0, 0, 1), snap(0), snap_two(1), snap_two(0)];
+        let trace = two_processes([events, vec![receive(1, 1), snap(1)]].concat());
+        let (empty, in_flight) = (RecordedChannels::default(), vec![(0, vec![1])]);
+        let two_ok = RecordedChannels {
+            channels: in_flight,
+        };
+        let reports = verify_each(&trace, &[(ONE, empty.clone()), (two, two_ok)]).unwrap();
+        assert_eq!(
+            (reports[1].checkpoint, reports[1].messages_in_flight),
+            (two, 1)
         );
+        let error = verify_each(&trace, &[(ONE, empty.clone()), (two, empty)]).unwrap_err();
+        let names_two = matches!(error, OracleError::ChannelStateMismatch { checkpoint, .. } if checkpoint == two);
+        assert!(names_two, "{error}");
     }
 
     #[test]
