@@ -6,8 +6,10 @@
 //! when its part of a checkpoint is done ([`node`]); when the coordinator
 //! triggers, completes, aborts or gives up on checkpoints ([`coordinator`]);
 //! which channels of a graph are back edges, which policy each channel gets
-//! and which nodes initiate ([`graph`]); and how to verify that a recorded
-//! snapshot is a consistent cut of a trace ([`oracle`]).
+//! and which nodes initiate ([`graph`]); how a node takes part in any number
+//! of concurrent Chandy-Lamport snapshots started by any node, each with its
+//! own identity and no global order ([`concurrent`]); and how to verify that
+//! a recorded snapshot is a consistent cut of a trace ([`oracle`]).
 //!
 //! It never does I/O, never reads a clock, never spawns, sleeps or blocks,
 //! and knows nothing of actix. Time and events are inputs, actions are
@@ -15,6 +17,7 @@
 //! they say. That is what makes every interleaving of a small graph
 //! checkable exhaustively (see `framework/tests/protocol.rs`).
 
+pub mod concurrent;
 pub mod coordinator;
 pub mod graph;
 pub mod node;
@@ -24,6 +27,10 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+pub use concurrent::{
+    ConcurrentAction, ConcurrentConfig, ConcurrentConfigError, ConcurrentDeclineReason,
+    ConcurrentMachine, ConcurrentPart, ConcurrentToken, SnapshotId,
+};
 pub use coordinator::{
     AbortReason, AckOutcome, CheckpointKind, CompletedCheckpoint, Coordinator, CoordinatorAction,
     CoordinatorConfig, CoordinatorConfigError,

@@ -9,6 +9,8 @@
 //! messages sent before the sender's cut point and not received before the
 //! receiver's cut point, in send order. [`verify_at_least_once`] checks the
 //! weaker promise of at-least-once snapshots: no message is lost.
+//! [`verify_each`] checks several snapshots of one trace, each under its own
+//! label, as concurrent Chandy-Lamport snapshots overlap in one run.
 //!
 //! This module is public so that users can run it on traces of their own
 //! jobs. It never changes anything and never panics on a malformed trace:
@@ -251,32 +253,63 @@ pub fn verify(
     recorded: &RecordedChannels,
 ) -> Result<CutReport, OracleError> {
     let analysis = Analysis::new(trace)?;
-    let cut = analysis.cut(trace, checkpoint)?;
-    analysis.check_closed_under_happened_before(trace, checkpoint, &cut)?;
-    let mut by_channel: HashMap<ChannelId, &[MessageId]> = HashMap::new();
-    for (channel, messages) in &recorded.channels {
-        if *channel >= trace.channels.len() {
-            return Err(OracleError::UnknownRecordedChannel { channel: *channel });
-        }
-        by_channel.insert(*channel, messages);
-    }
-    for channel in 0..trace.channels.len() {
-        let expected = analysis.in_flight(trace, channel, &cut);
-        let recorded = by_channel.get(&channel).copied().unwrap_or(&[]);
-        if expected != recorded {
-            return Err(OracleError::ChannelStateMismatch {
-                checkpoint,
-                channel,
-                expected,
-                recorded: recorded.to_vec(),
-            });
-        }
-    }
-    Ok(CutReport {
-        checkpoint,
-        events_in_cut: cut.events.iter().sum(),
-        messages_in_flight: recorded.channels.iter().map(|(_, m)| m.len()).sum(),
-    })
+    analysis.check_snapshot(trace, checkpoint, recorded)
+}
+
+/// Checks every snapshot in `snapshots` against the same trace, as
+/// [`verify`] checks one: each label's snapshot points must form a
+/// consistent cut, and its recorded channel states must be exactly the
+/// messages in flight at that cut. The trace is analysed once, so checking
+/// many snapshots of one run costs little more than checking one. Returns
+/// one report per snapshot, in the given order, or the first error.
+///
+/// This is how concurrent snapshots are checked: several snapshots overlap
+/// in one trace, each process has one snapshot point per snapshot, and each
+/// snapshot has its own label (the `checkpoint` of its
+/// [`TraceEvent::Snapshot`] points). A label only names a snapshot here; it
+/// implies no order, so any injective naming of
+/// [`SnapshotId`](super::SnapshotId)s works (for example numbering them in
+/// the order they first appear).
+///
+/// ```
+/// use snapflow::protocol::oracle::{verify_each, ChannelEnds, RecordedChannels, Trace, TraceEvent};
+/// use snapflow::protocol::CheckpointId;
+///
+/// // Two snapshots overlap: P0 starts "a" and P1 starts "b", while message
+/// // 7 goes from P0 to P1 and message 8 from P1 to P0.
+/// let (a, b) = (CheckpointId(1), CheckpointId(2));
+/// let point = |process, checkpoint| TraceEvent::Snapshot { process, checkpoint };
+/// let trace = Trace {
+///     processes: 2,
+///     channels: vec![ChannelEnds { from: 0, to: 1 }, ChannelEnds { from: 1, to: 0 }],
+///     events: vec![
+///         TraceEvent::Send { process: 0, channel: 0, message: 7 },
+///         point(0, a),
+///         TraceEvent::Send { process: 1, channel: 1, message: 8 },
+///         point(1, b),
+///         TraceEvent::Receive { process: 0, message: 8 },
+///         point(0, b), // P1's marker of "b" arrives after message 8.
+///         TraceEvent::Receive { process: 1, message: 7 },
+///         point(1, a), // P0's marker of "a" arrives after message 7.
+///     ],
+/// };
+/// // In "a", P0 snapshotted before receiving 8 and P1 after receiving 7.
+/// let in_a = RecordedChannels { channels: vec![(1, vec![8])] };
+/// // In "b", P1 snapshotted before receiving 7 and P0 after receiving 8.
+/// let in_b = RecordedChannels { channels: vec![(0, vec![7])] };
+/// let reports = verify_each(&trace, &[(a, in_a.clone()), (b, in_b)]).unwrap();
+/// assert_eq!(reports.len(), 2);
+/// assert!(verify_each(&trace, &[(b, in_a)]).is_err());
+/// ```
+pub fn verify_each(
+    trace: &Trace,
+    snapshots: &[(CheckpointId, RecordedChannels)],
+) -> Result<Vec<CutReport>, OracleError> {
+    let analysis = Analysis::new(trace)?;
+    snapshots
+        .iter()
+        .map(|(checkpoint, recorded)| analysis.check_snapshot(trace, *checkpoint, recorded))
+        .collect()
 }
 
 /// Checks the at-least-once promise for `checkpoint`: every message sent
@@ -434,6 +467,41 @@ impl Analysis {
         Ok(analysis)
     }
 
+    /// [`verify`]'s checks of one snapshot on an analysed trace.
+    fn check_snapshot(
+        &self,
+        trace: &Trace,
+        checkpoint: CheckpointId,
+        recorded: &RecordedChannels,
+    ) -> Result<CutReport, OracleError> {
+        let cut = self.cut(trace, checkpoint)?;
+        self.check_closed_under_happened_before(trace, checkpoint, &cut)?;
+        let mut by_channel: HashMap<ChannelId, &[MessageId]> = HashMap::new();
+        for (channel, messages) in &recorded.channels {
+            if *channel >= trace.channels.len() {
+                return Err(OracleError::UnknownRecordedChannel { channel: *channel });
+            }
+            by_channel.insert(*channel, messages);
+        }
+        for channel in 0..trace.channels.len() {
+            let expected = self.in_flight(trace, channel, &cut);
+            let recorded = by_channel.get(&channel).copied().unwrap_or(&[]);
+            if expected != recorded {
+                return Err(OracleError::ChannelStateMismatch {
+                    checkpoint,
+                    channel,
+                    expected,
+                    recorded: recorded.to_vec(),
+                });
+            }
+        }
+        Ok(CutReport {
+            checkpoint,
+            events_in_cut: cut.events.iter().sum(),
+            messages_in_flight: recorded.channels.iter().map(|(_, m)| m.len()).sum(),
+        })
+    }
+
     fn cut(&self, trace: &Trace, checkpoint: CheckpointId) -> Result<Cut, OracleError> {
         let mut points: Vec<Option<usize>> = vec![None; trace.processes];
         for (index, event) in trace.events.iter().enumerate() {
@@ -584,6 +652,30 @@ mod tests {
             &[(0, vec![1])],
         );
         assert_eq!(report.expect("consistent").messages_in_flight, 1);
+    }
+
+    #[test]
+    fn verify_each_checks_every_label_and_names_the_failing_one() {
+        // Snapshot 1 takes P1 after it received message 1, snapshot 2 before.
+        let two = CheckpointId(2);
+        let snap_two = |process| TraceEvent::Snapshot {
+            process,
+            checkpoint: two,
+        };
+        let events = vec![send(0, 0, 1), snap(0), snap_two(1), snap_two(0)];
+        let trace = two_processes([events, vec![receive(1, 1), snap(1)]].concat());
+        let (empty, in_flight) = (RecordedChannels::default(), vec![(0, vec![1])]);
+        let two_ok = RecordedChannels {
+            channels: in_flight,
+        };
+        let reports = verify_each(&trace, &[(ONE, empty.clone()), (two, two_ok)]).unwrap();
+        assert_eq!(
+            (reports[1].checkpoint, reports[1].messages_in_flight),
+            (two, 1)
+        );
+        let error = verify_each(&trace, &[(ONE, empty.clone()), (two, empty)]).unwrap_err();
+        let names_two = matches!(error, OracleError::ChannelStateMismatch { checkpoint, .. } if checkpoint == two);
+        assert!(names_two, "{error}");
     }
 
     #[test]
