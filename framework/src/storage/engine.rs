@@ -39,6 +39,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+mod aside;
+
 use super::io::Io;
 use super::metadata::{CheckpointMetadata, PartInfo, MAX_METADATA_BYTES};
 use super::pin::{CheckpointPin, PinTable};
@@ -52,10 +54,6 @@ pub(crate) const METADATA_FILE: &str = "_metadata";
 const TEMP_SUFFIX: &str = ".tmp";
 const CHECKPOINTS_DIR: &str = "checkpoints";
 const SAVEPOINTS_DIR: &str = "savepoints";
-/// What a damaged checkpoint's directory name gets, before a timestamp.
-const DAMAGED_SUFFIX: &str = ".damaged-";
-/// The note inside a directory set aside, saying what was wrong.
-const DAMAGED_NOTE_FILE: &str = "_damaged";
 
 /// A part's state while its checkpoint is in progress.
 #[derive(Debug)]
@@ -483,96 +481,6 @@ impl Engine {
             checkpoint: None,
             skipped,
         })
-    }
-
-    /// The ids of the directories [`Engine::set_aside`] renamed, ascending.
-    pub(crate) fn damaged_ids(&self) -> Result<Vec<CheckpointId>, StoreError> {
-        let mut ids = Vec::new();
-        for (dir, prefix) in [
-            (&self.checkpoints_dir, "chk-"),
-            (&self.savepoints_dir, "sp-"),
-        ] {
-            let listing = self
-                .io
-                .list_dir(dir)
-                .map_err(|error| StoreError::io("list_dir", dir, error))?;
-            for entry in listing.into_iter().filter(|entry| entry.is_dir) {
-                let Some(rest) = entry.name.strip_prefix(prefix) else {
-                    continue;
-                };
-                let damaged = rest
-                    .get(20..)
-                    .is_some_and(|tail| tail.starts_with(DAMAGED_SUFFIX));
-                if let Some(id) = rest
-                    .get(..20)
-                    .and_then(|digits| parse_entry_name(digits, ""))
-                {
-                    if damaged {
-                        ids.push(id);
-                    }
-                }
-            }
-        }
-        ids.sort_unstable();
-        ids.dedup();
-        Ok(ids)
-    }
-
-    /// The highest id of any directory of this job that names a
-    /// checkpoint or savepoint: complete, never committed, corrupt or set
-    /// aside. A new checkpoint must take a higher one.
-    pub(crate) fn highest_id(&self) -> Result<Option<CheckpointId>, StoreError> {
-        let mut highest = lock(&self.pending).keys().next_back().copied();
-        for (dir, prefix) in [
-            (&self.checkpoints_dir, "chk-"),
-            (&self.savepoints_dir, "sp-"),
-        ] {
-            let listing = self
-                .io
-                .list_dir(dir)
-                .map_err(|error| StoreError::io("list_dir", dir, error))?;
-            for entry in listing.into_iter().filter(|entry| entry.is_dir) {
-                let id = entry
-                    .name
-                    .strip_prefix(prefix)
-                    .and_then(|rest| rest.get(..20))
-                    .and_then(|digits| parse_entry_name(digits, ""));
-                highest = highest.max(id);
-            }
-        }
-        Ok(highest)
-    }
-
-    /// Renames a damaged checkpoint's directory to
-    /// `<name>.damaged-<unix ms>`, which no listing or loading parses, and
-    /// writes `reason` into a `_damaged` file inside it for whoever
-    /// inspects it. Returns the new path, or `None` when no directory has
-    /// that id.
-    pub(crate) fn set_aside(
-        &self,
-        checkpoint: CheckpointId,
-        reason: &str,
-    ) -> Result<Option<PathBuf>, StoreError> {
-        for kind in [CheckpointKind::Checkpoint, CheckpointKind::Savepoint] {
-            let dir = self.entry_dir(checkpoint, kind);
-            if !self.exists(&dir)? {
-                continue;
-            }
-            let mut name = dir.file_name().unwrap_or_default().to_os_string();
-            name.push(format!("{DAMAGED_SUFFIX}{}", super::now_unix_ms()));
-            let target = dir.with_file_name(name);
-            self.io
-                .rename(&dir, &target)
-                .map_err(|error| StoreError::io("rename", &dir, error))?;
-            self.sync_dir(parent(&dir))?;
-            // The note is for people; losing it loses no data.
-            let note = target.join(DAMAGED_NOTE_FILE);
-            if let Err(error) = self.io.write_file(&note, reason.as_bytes()) {
-                tracing::debug!(?note, %error, "could not write the damage note");
-            }
-            return Ok(Some(target));
-        }
-        Ok(None)
     }
 
     pub(crate) fn pin(&self, checkpoint: CheckpointId) -> Result<CheckpointPin, StoreError> {
