@@ -17,14 +17,14 @@ use postgres::error::SqlState;
 pub enum PostgresError {
     /// Connecting to the server failed (unreachable, refused, wrong
     /// password, unknown database).
-    #[error("connecting to PostgreSQL failed: {source}")]
+    #[error("connecting to PostgreSQL failed: {}", describe(source))]
     Connect {
         /// The client's error.
         #[source]
         source: postgres::Error,
     },
     /// A statement failed.
-    #[error("PostgreSQL failed while {operation}: {source}")]
+    #[error("PostgreSQL failed while {operation}: {}", describe(source))]
     Sql {
         /// What the sink was doing, e.g. "preparing transaction `...`".
         operation: String,
@@ -96,6 +96,20 @@ impl From<PostgresError> for SinkError {
     fn from(error: PostgresError) -> SinkError {
         error.into_sink_error()
     }
+}
+
+/// A client error with the server's message, SQLSTATE and detail: the
+/// client's own `Display` says only "db error" for a server error.
+fn describe(error: &postgres::Error) -> String {
+    let Some(db) = error.as_db_error() else {
+        return error.to_string();
+    };
+    let mut text = format!("{} (SQLSTATE {})", db.message(), db.code().code());
+    if let Some(detail) = db.detail() {
+        text.push_str(": ");
+        text.push_str(detail);
+    }
+    text
 }
 
 /// Whether a client error can go away by itself.

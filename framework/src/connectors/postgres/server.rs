@@ -5,7 +5,12 @@
 //!
 //! This module owns these statements. Every function runs on the sink's
 //! connection thread (it takes the [`Session`]); none of them decides
-//! what to commit or roll back, the sink does.
+//! what to commit or roll back, the sink does. Statements that belong in
+//! the checkpoint's transaction run on the session's data connection;
+//! `COMMIT PREPARED`, `ROLLBACK PREPARED` and the reads of the
+//! bookkeeping run on its control connection, because PostgreSQL refuses
+//! them inside a transaction block and the next checkpoint's transaction
+//! is usually open on the data connection when a commit comes.
 //!
 //! | table | row | written |
 //! |---|---|---|
@@ -109,7 +114,7 @@ pub(crate) fn prepared_checkpoints(
     owner: &Owner,
 ) -> Result<Vec<u64>, PostgresError> {
     let rows = session
-        .client
+        .control
         .query(
             "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() \
              AND left(gid, length($1)) = $1",
@@ -141,7 +146,7 @@ pub(crate) fn committed_after(
         None => -1,
     };
     let rows = session
-        .client
+        .control
         .query(
             &format!(
                 "SELECT checkpoint FROM {COMMITS_TABLE} WHERE job = $1 AND operator = $2 \
@@ -167,7 +172,7 @@ pub(crate) fn is_committed(
 ) -> Result<bool, PostgresError> {
     let id = bigint(checkpoint)?;
     let row = session
-        .client
+        .control
         .query_opt(
             &format!(
                 "SELECT 1 FROM {COMMITS_TABLE} WHERE job = $1 AND operator = $2 \
@@ -213,7 +218,7 @@ pub(crate) fn trim_commits(
     };
     let below = bigint(below)?;
     session
-        .client
+        .control
         .execute(
             &format!(
                 "DELETE FROM {COMMITS_TABLE} WHERE job = $1 AND operator = $2 \
@@ -259,7 +264,7 @@ pub(crate) fn finish_prepared(
     // safe inside the literal; these statements take no parameters.
     let gid = owner.ids.id(checkpoint);
     match session
-        .client
+        .control
         .batch_execute(&format!("{verb} PREPARED '{gid}'"))
     {
         Ok(()) => Ok(true),

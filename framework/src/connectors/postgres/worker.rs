@@ -29,8 +29,12 @@ const START_GRACE: Duration = Duration::from_secs(5);
 
 /// A connection and what this sink prepared on it.
 pub(crate) struct Session {
-    /// The connection.
+    /// The data connection: the open transaction of the current
+    /// checkpoint interval, the user's statement, `PREPARE TRANSACTION`.
     pub(crate) client: Client,
+    /// The control connection, never inside a transaction block:
+    /// `COMMIT PREPARED`, `ROLLBACK PREPARED` and bookkeeping reads.
+    pub(crate) control: Client,
     /// The user's statement, prepared once per connection.
     prepared: Option<(String, Statement)>,
 }
@@ -130,9 +134,18 @@ impl Worker {
     }
 }
 
-/// Connects and sets the session up: `lock_timeout` bounds every wait for
-/// a row lock.
+/// Opens both connections of a session.
 fn open_session(config: &PostgresConfig) -> Result<Session, PostgresError> {
+    Ok(Session {
+        client: open_connection(config)?,
+        control: open_connection(config)?,
+        prepared: None,
+    })
+}
+
+/// Connects and sets the connection up: `lock_timeout` bounds every wait
+/// for a row lock.
+fn open_connection(config: &PostgresConfig) -> Result<Client, PostgresError> {
     let mut client_config: postgres::Config = config
         .url
         .parse()
@@ -145,10 +158,7 @@ fn open_session(config: &PostgresConfig) -> Result<Session, PostgresError> {
     client
         .batch_execute(&format!("SET lock_timeout = {lock_timeout_ms}"))
         .map_err(sql_error("setting lock_timeout".to_string()))?;
-    Ok(Session {
-        client,
-        prepared: None,
-    })
+    Ok(client)
 }
 
 /// Runs commands until the handle is dropped.
