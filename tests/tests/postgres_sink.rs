@@ -18,7 +18,8 @@
 //!   recorded commit is `StagedDataDamaged`, `check_restore` lists what
 //!   was committed after the restored checkpoint.
 //! - A lost connection (`pg_terminate_backend`) fails the job, which
-//!   recovers exactly-once.
+//!   recovers exactly-once; so does a restart of the server (a third
+//!   cluster that only this test uses) while the job runs.
 //! - Bad input: `max_prepared_transactions = 0` (a second server), wrong
 //!   SQL, a constraint violation, a wrong password.
 //!
@@ -28,7 +29,10 @@
 #[path = "postgres_sink/support.rs"]
 mod support;
 
+use std::process::Command;
 use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
 
 use snapflow::connectors::postgres::{
     server::check_max_prepared_transactions, Mode, PostgresConfig, PostgresError,
@@ -41,16 +45,37 @@ use snapflow_tests::{quiet_injected_panics, seeds, FaultKind, Faults, TestRng};
 
 use support::{
     client, create_table, factory, key_count, prepared_of, rows, server, unique, Chaos, ChaosPlan,
-    KeyCount, NO_PREPARED_VAR, URL_VAR,
+    KeyCount, NO_PREPARED_VAR, SPARE_VAR, URL_VAR,
 };
 
-/// Runs the keyed pipeline over `records` at `parallelism` into `sink`.
+/// Runs the keyed pipeline over `records` at `parallelism` into `sink`,
+/// restarting at once up to 10 times.
 fn run_job<F>(
     name: &str,
     records: u64,
     parallelism: usize,
     faults: &Faults,
     sink: F,
+) -> Result<JobReport, JobError>
+where
+    F: SinkFactory + Send + Sync + 'static,
+    F::Sink: Sink<Item = (u64, u64)> + 'static,
+{
+    let restart = RestartStrategy::FixedDelay {
+        attempts_max: 10,
+        delay_ms: 0,
+    };
+    run_job_with(name, records, parallelism, faults, sink, restart)
+}
+
+/// [`run_job`] with another restart strategy.
+fn run_job_with<F>(
+    name: &str,
+    records: u64,
+    parallelism: usize,
+    faults: &Faults,
+    sink: F,
+    restart: RestartStrategy,
 ) -> Result<JobReport, JobError>
 where
     F: SinkFactory + Send + Sync + 'static,
@@ -63,10 +88,7 @@ where
             batch_size_max: 32,
             max_parallelism: 16,
             arbiters: Some(2),
-            restart: RestartStrategy::FixedDelay {
-                attempts_max: 10,
-                delay_ms: 0,
-            },
+            restart,
             ..JobConfig::default()
         },
     );
@@ -154,6 +176,13 @@ fn exactly_once_through_a_failing_job_over_seeds() {
 }
 
 #[test]
+fn idempotent_upserts_through_a_failing_job_over_seeds() {
+    for seed in seeds("SNAPFLOW_PG_SEEDS", 10) {
+        check_job(Mode::Idempotent, (seed % 3 + 1) as usize, seed);
+    }
+}
+
+#[test]
 fn idempotent_upserts_through_a_failing_job_at_parallelism_1_2_3() {
     check_job(Mode::Idempotent, 1, 201);
     check_job(Mode::Idempotent, 2, 202);
@@ -193,6 +222,75 @@ fn a_lost_connection_fails_the_job_and_it_recovers_exactly_once() {
     check_lost_connection(1);
     check_lost_connection(2);
     check_lost_connection(3);
+}
+
+/// The server restarted (a fast shutdown, which cuts every connection)
+/// once the job has committed rows: the job fails over, retries until
+/// the server is back, and ends exactly-once.
+fn check_server_restart(parallelism: usize) {
+    let Some(url) = server(SPARE_VAR) else { return };
+    let (job, table) = (unique("restart"), unique("rows"));
+    create_table(&url, &table, false);
+    let sink = factory(&url, Mode::ExactlyOnce, &job, &table);
+    let restarter = {
+        let (url, table) = (url.clone(), table.clone());
+        thread::spawn(move || restart_when_rows_appear(&url, &table))
+    };
+    // Up to 50 restarts 100 ms apart: 5 s for the server to come back.
+    let restart = RestartStrategy::FixedDelay {
+        attempts_max: 50,
+        delay_ms: 100,
+    };
+    let records = 20_000;
+    let report = run_job_with(&job, records, parallelism, &Faults::none(), sink, restart)
+        .unwrap_or_else(|error| panic!("parallelism {parallelism}: the job failed: {error}"));
+    assert!(
+        restarter.join().expect("the restarter ends"),
+        "parallelism {parallelism}: the server was not restarted while the job ran"
+    );
+    assert!(
+        !report.restarts.is_empty(),
+        "parallelism {parallelism}: the job did not notice the server restart"
+    );
+    assert!(
+        rows(&url, &table) == expected(records).0,
+        "parallelism {parallelism}: the table differs"
+    );
+    assert!(prepared_of(&url, &job).is_empty());
+}
+
+/// Waits (at most 30 s) until `table` has rows, then restarts the spare
+/// server with `.ci/postgres.sh`; whether it did.
+fn restart_when_rows_appear(url: &str, table: &str) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut watcher = client(url);
+    let count_rows = format!("SELECT count(*) FROM {table}");
+    loop {
+        let count: i64 = watcher
+            .query_one(&count_rows, &[])
+            .expect("the table counts")
+            .get(0);
+        if count > 0 {
+            break;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        thread::sleep(Duration::from_millis(2));
+    }
+    drop(watcher);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../.ci/postgres.sh");
+    Command::new("bash")
+        .args([script, "restart", "spare"])
+        .status()
+        .is_ok_and(|status| status.success())
+}
+
+#[test]
+fn a_server_restart_during_the_job_fails_over_exactly_once() {
+    check_server_restart(1);
+    check_server_restart(2);
+    check_server_restart(3);
 }
 
 /// A fresh exactly-once sink of `subtask` (out of 3), restored from
@@ -421,6 +519,27 @@ fn wrong_sql_and_a_wrong_password_are_not_retryable() {
         .err()
         .expect("a wrong password is refused");
     assert!(matches!(error, PostgresError::Connect { .. }), "{error}");
+    assert!(!error.is_retryable(), "{error}");
+}
+
+/// One parameter for a statement that takes two.
+fn too_few(&(key, _): &(u64, u64)) -> snapflow::connectors::postgres::Params {
+    vec![Box::new(key as i64)]
+}
+
+#[test]
+fn a_wrong_number_of_parameters_is_not_retryable() {
+    let Some(url) = server(URL_VAR) else { return };
+    let table = unique("rows");
+    create_table(&url, &table, false);
+    let statement = format!("INSERT INTO {table} (key, count) VALUES ($1, $2)");
+    let config = PostgresConfig::new(&url, Mode::ExactlyOnce, &unique("params"), "sink");
+    let sinks = PostgresSinkFactory::new(config, &statement, too_few as KeyCount)
+        .expect("the statement itself prepares");
+    let mut sink = sinks.create(0, 1).expect("the sink connects");
+    sink.restore(None).expect("restored");
+    sink.write_batch(&[(1, 1)]).expect("buffered");
+    let error = sink.pre_commit(1).expect_err("the row cannot be sent");
     assert!(!error.is_retryable(), "{error}");
 }
 

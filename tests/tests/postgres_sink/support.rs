@@ -12,6 +12,8 @@ use snapflow::sink::{Sink, SinkError, SinkFactory, SinkState, Visibility};
 
 /// The variable that names the main server (prepared transactions on).
 pub const URL_VAR: &str = "SNAPFLOW_POSTGRES_URL";
+/// The variable that names the server the restart test restarts.
+pub const SPARE_VAR: &str = "SNAPFLOW_POSTGRES_SPARE_URL";
 /// The variable that names the server with prepared transactions off.
 pub const NO_PREPARED_VAR: &str = "SNAPFLOW_POSTGRES_NO_PREPARED_URL";
 

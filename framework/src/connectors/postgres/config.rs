@@ -16,6 +16,9 @@ pub const DEFAULT_BATCH_ROWS: usize = 500;
 pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a connection attempt may take unless configured otherwise.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a new sink keeps trying to connect while the server refuses
+/// connections, unless configured otherwise.
+pub const DEFAULT_CONNECT_RETRY: Duration = Duration::from_secs(10);
 /// Job and operator names are at most this long, so a transaction id
 /// stays well under PostgreSQL's 200-byte limit on global ids.
 pub const MAX_NAME_BYTES: usize = 63;
@@ -58,6 +61,12 @@ pub struct PostgresConfig {
     pub lock_timeout: Duration,
     /// How long a connection attempt may take.
     pub connect_timeout: Duration,
+    /// How long a new sink keeps trying (every 100 ms) to connect while
+    /// the attempts fail with a retryable error (a server restarting
+    /// refuses connections for a moment). The bound exists because the
+    /// job's checks before a restore end the job on a sink that cannot
+    /// connect, instead of restarting; zero tries once.
+    pub connect_retry: Duration,
 }
 
 impl PostgresConfig {
@@ -71,6 +80,7 @@ impl PostgresConfig {
             batch_rows: DEFAULT_BATCH_ROWS,
             lock_timeout: DEFAULT_LOCK_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            connect_retry: DEFAULT_CONNECT_RETRY,
         }
     }
 

@@ -117,12 +117,17 @@ fn is_transient(error: &postgres::Error) -> bool {
     if error.is_closed() {
         return true;
     }
-    let Some(code) = error.code() else {
-        // No SQLSTATE: an I/O error or a protocol error on the socket,
-        // which is what a lost connection looks like.
-        return error.as_db_error().is_none();
-    };
-    is_transient_code(code)
+    if let Some(code) = error.code() {
+        return is_transient_code(code);
+    }
+    // No SQLSTATE: either the socket failed (an I/O error is the source,
+    // which is what a lost or refused connection looks like; so is the
+    // client's own connect timeout, which has no source and says
+    // "timeout"), or the client refused the call itself (a wrong number
+    // or type of parameters), which no retry fixes.
+    let io_failure =
+        std::error::Error::source(error).is_some_and(|source| source.is::<std::io::Error>());
+    io_failure || error.to_string().starts_with("timeout")
 }
 
 /// The SQLSTATEs of failures that a retry after a restart can get past.

@@ -61,10 +61,18 @@
 //! The blocking `postgres` client runs its own tokio runtime and panics
 //! when called on a thread that already runs one, as an actix arbiter
 //! does. Every sink (and the factory's start check) therefore owns a
-//! thread (`snapflow-pg-<operator>-<subtask>`) that holds the connection;
-//! the sink's calls send it a command over a channel of capacity one and
-//! wait for the answer, so at most one command is in flight per sink.
-//! The sink buffers at most [`PostgresConfig::batch_rows`] rows.
+//! thread (`snapflow-pg-<operator>-<subtask>`) that holds its
+//! connections; the sink's calls send it a command over a channel of
+//! capacity one and wait for the answer, so at most one command is in
+//! flight per sink. The sink buffers at most
+//! [`PostgresConfig::batch_rows`] rows.
+//!
+//! Each sink holds two connections: the data connection carries the
+//! open transaction of the current interval and `PREPARE TRANSACTION`;
+//! the control connection runs `COMMIT PREPARED`, `ROLLBACK PREPARED`
+//! and the bookkeeping reads, which PostgreSQL refuses inside a
+//! transaction block (the next interval's transaction is usually open
+//! when a checkpoint's commit comes).
 //!
 //! # Errors
 //!
@@ -91,8 +99,8 @@ mod worker;
 mod xid;
 
 pub use config::{
-    Mode, PostgresConfig, DEFAULT_BATCH_ROWS, DEFAULT_CONNECT_TIMEOUT, DEFAULT_LOCK_TIMEOUT,
-    MAX_NAME_BYTES,
+    Mode, PostgresConfig, DEFAULT_BATCH_ROWS, DEFAULT_CONNECT_RETRY, DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_LOCK_TIMEOUT, MAX_NAME_BYTES,
 };
 pub use error::PostgresError;
 pub use sink::{Params, PostgresSink, PostgresSinkFactory};

@@ -13,7 +13,7 @@
 
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use postgres::{Client, NoTls, Statement};
 
@@ -26,6 +26,8 @@ const COMMAND_QUEUE: usize = 1;
 /// Extra time, past the connect timeout, to wait for the thread to say
 /// whether it connected (it also has to start and set the session up).
 const START_GRACE: Duration = Duration::from_secs(5);
+/// The pause between two connection attempts while the server refuses.
+const RETRY_PAUSE: Duration = Duration::from_millis(100);
 
 /// A connection and what this sink prepared on it.
 pub(crate) struct Session {
@@ -76,7 +78,7 @@ impl Worker {
     pub(crate) fn connect(config: &PostgresConfig, name: String) -> Result<Worker, PostgresError> {
         let (commands, receiver) = mpsc::sync_channel::<Command>(COMMAND_QUEUE);
         let (ready, started) = mpsc::sync_channel(1);
-        let limit = config.connect_timeout + START_GRACE;
+        let limit = config.connect_timeout + config.connect_retry + START_GRACE;
         let config = config.clone();
         thread::Builder::new()
             .name(name)
@@ -134,8 +136,22 @@ impl Worker {
     }
 }
 
-/// Opens both connections of a session.
+/// Opens a session, trying again every [`RETRY_PAUSE`] for at most
+/// `connect_retry` while the attempts fail with a retryable error.
 fn open_session(config: &PostgresConfig) -> Result<Session, PostgresError> {
+    let deadline = Instant::now() + config.connect_retry;
+    loop {
+        match try_open_session(config) {
+            Err(error) if error.is_retryable() && Instant::now() + RETRY_PAUSE < deadline => {
+                thread::sleep(RETRY_PAUSE);
+            }
+            outcome => return outcome,
+        }
+    }
+}
+
+/// Opens both connections of a session.
+fn try_open_session(config: &PostgresConfig) -> Result<Session, PostgresError> {
     Ok(Session {
         client: open_connection(config)?,
         control: open_connection(config)?,
