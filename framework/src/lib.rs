@@ -90,6 +90,7 @@
 //!
 //! This crate never talks to a network and never spawns a process.
 
+pub mod connectors;
 pub mod job;
 pub mod keyed;
 pub mod protocol;

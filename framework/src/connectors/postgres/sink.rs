@@ -1,0 +1,355 @@
+//! `PostgresSink`: one subtask's writer, in exactly-once or idempotent
+//! mode, and the factory that checks the server before a job starts.
+//!
+//! This module owns the sink's transaction lifecycle: when a transaction
+//! opens, what goes into it, when it is prepared, committed or rolled
+//! back. It never talks to the server itself (every statement runs on the
+//! connection thread of [`super::worker`], through [`super::server`]) and
+//! never holds more than `batch_rows` rows.
+
+use std::collections::BTreeSet;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use postgres::types::ToSql;
+
+use crate::sink::{
+    check_ascending, subtask_u32, Guarantee, PendingTransactions, Sink, SinkError, SinkFactory,
+    SinkState, Visibility,
+};
+
+use super::config::{Mode, PostgresConfig};
+use super::error::PostgresError;
+use super::server::{self, Owner};
+use super::worker::{sql_error, Session, Worker};
+use super::xid::TransactionIds;
+
+/// The parameters of one row: one boxed value per `$n` of the statement.
+pub type Params = Vec<Box<dyn ToSql + Send + Sync>>;
+
+/// Builds [`PostgresSink`]s that run one statement per record.
+///
+/// ```no_run
+/// use snapflow::connectors::postgres::{Mode, Params, PostgresConfig, PostgresSinkFactory};
+///
+/// let config = PostgresConfig::new("host=/tmp/pg user=postgres", Mode::ExactlyOnce, "wordcount", "counts");
+/// let sink = PostgresSinkFactory::new(
+///     config,
+///     "INSERT INTO counts (word, count) VALUES ($1, $2)",
+///     |(word, count): &(String, u64)| -> Params {
+///         vec![Box::new(word.clone()), Box::new(*count as i64)]
+///     },
+/// )?;
+/// # let _ = sink;
+/// # Ok::<(), snapflow::connectors::postgres::PostgresError>(())
+/// ```
+pub struct PostgresSinkFactory<T, F> {
+    config: Arc<PostgresConfig>,
+    statement: Arc<str>,
+    params: F,
+    _records: PhantomData<fn(&T)>,
+}
+
+impl<T, F: Fn(&T) -> Params + Clone> PostgresSinkFactory<T, F> {
+    /// A factory whose sinks run `statement` (with `$1`, `$2`, ...) once
+    /// per record, with the parameters `params` makes of the record.
+    ///
+    /// It connects once, on a thread of its own, to check the server
+    /// before anything runs: in exactly-once mode that
+    /// `max_prepared_transactions > 0`; that `statement` prepares (so
+    /// wrong SQL fails here, not inside the job); and it creates the
+    /// sink's bookkeeping tables if they are missing.
+    ///
+    /// # Errors
+    ///
+    /// [`PostgresError::InvalidName`] for a bad configuration,
+    /// [`PostgresError::Connect`] when the server cannot be reached,
+    /// [`PostgresError::PreparedTransactionsDisabled`] with how to fix the
+    /// server, [`PostgresError::Sql`] when the statement does not prepare.
+    pub fn new(config: PostgresConfig, statement: &str, params: F) -> Result<Self, PostgresError> {
+        config.validate()?;
+        let worker = Worker::connect(&config, format!("snapflow-pg-check-{}", config.operator))?;
+        let mode = config.mode;
+        let sql = statement.to_string();
+        worker.call(move |session| {
+            if mode == Mode::ExactlyOnce {
+                server::prepared_transactions(session)?;
+            }
+            server::create_tables(session)?;
+            session.statement(&sql).map(|_| ())
+        })?;
+        Ok(PostgresSinkFactory {
+            config: Arc::new(config),
+            statement: Arc::from(statement),
+            params,
+            _records: PhantomData,
+        })
+    }
+}
+
+impl<T, F: Fn(&T) -> Params + Clone> SinkFactory for PostgresSinkFactory<T, F> {
+    type Sink = PostgresSink<T, F>;
+
+    fn create(&self, subtask: usize, _parallelism: usize) -> Result<Self::Sink, SinkError> {
+        let ids = TransactionIds::new(&self.config.job, &self.config.operator, subtask)?;
+        let owner = Owner {
+            job: self.config.job.clone(),
+            operator: self.config.operator.clone(),
+            subtask: i32::try_from(subtask).map_err(|_| SinkError::InvalidName {
+                name: subtask.to_string(),
+                reason: "subtask index above PostgreSQL's integer",
+            })?,
+            ids,
+        };
+        let name = format!("snapflow-pg-{}-{subtask}", self.config.operator);
+        let worker = Worker::connect(&self.config, name)?;
+        Ok(PostgresSink {
+            worker,
+            owner: Arc::new(owner),
+            config: Arc::clone(&self.config),
+            statement: Arc::clone(&self.statement),
+            params: self.params.clone(),
+            subtask,
+            buffer: Vec::with_capacity(self.config.batch_rows),
+            open: false,
+            pending: BTreeSet::new(),
+            last_pre_commit: None,
+            finished: false,
+            _records: PhantomData,
+        })
+    }
+}
+
+/// One subtask's PostgreSQL sink. See the [module documentation](super).
+pub struct PostgresSink<T, F> {
+    worker: Worker,
+    owner: Arc<Owner>,
+    config: Arc<PostgresConfig>,
+    statement: Arc<str>,
+    params: F,
+    subtask: usize,
+    /// Rows not yet sent; at most `batch_rows`.
+    buffer: Vec<Params>,
+    /// A transaction is open on the server (rows were sent since the
+    /// last pre-commit).
+    open: bool,
+    /// Prepared, uncommitted transactions (exactly-once mode).
+    pending: BTreeSet<u64>,
+    last_pre_commit: Option<u64>,
+    finished: bool,
+    _records: PhantomData<fn(&T)>,
+}
+
+impl<T, F> PostgresSink<T, F> {
+    /// Sends the buffered rows into the open transaction, opening it
+    /// first if needed.
+    fn flush(&mut self) -> Result<(), SinkError> {
+        if self.buffer.is_empty() {
+            return Ok(());
+        }
+        let rows = std::mem::replace(&mut self.buffer, Vec::with_capacity(self.config.batch_rows));
+        let (open, sql) = (self.open, Arc::clone(&self.statement));
+        // Counted as open before the call: after a failure the server
+        // may hold the transaction, and `abort` must roll it back.
+        self.open = true;
+        self.worker
+            .call(move |session| send_rows(session, open, &sql, rows))?;
+        Ok(())
+    }
+
+    /// Commits this subtask's prepared transaction of `checkpoint`; one
+    /// committed before (its commit is recorded) counts as done.
+    fn commit_one(&self, checkpoint: u64) -> Result<(), SinkError> {
+        let owner = Arc::clone(&self.owner);
+        let subtask = self.subtask;
+        self.worker.call(move |session| {
+            if server::finish_prepared(session, &owner, "COMMIT", checkpoint)? {
+                return Ok(Ok(()));
+            }
+            if server::is_committed(session, &owner, checkpoint)? {
+                return Ok(Ok(()));
+            }
+            Ok(Err(SinkError::MissingTransaction {
+                subtask,
+                checkpoint_id: checkpoint,
+            }))
+        })?
+    }
+
+    fn pending_state(&self) -> Result<SinkState, SinkError> {
+        Ok(PendingTransactions {
+            subtask: subtask_u32(self.subtask)?,
+            checkpoint_ids: self.pending.iter().copied().collect(),
+        }
+        .encode())
+    }
+}
+
+/// Runs the rows on the connection thread.
+fn send_rows(
+    session: &mut Session,
+    open: bool,
+    sql: &str,
+    rows: Vec<Params>,
+) -> Result<(), PostgresError> {
+    if !open {
+        session
+            .client
+            .batch_execute("BEGIN")
+            .map_err(sql_error("opening a transaction".to_string()))?;
+    }
+    let statement = session.statement(sql)?;
+    for row in &rows {
+        let params: Vec<&(dyn ToSql + Sync)> = row
+            .iter()
+            .map(|value| value.as_ref() as &(dyn ToSql + Sync))
+            .collect();
+        session
+            .client
+            .execute(&statement, &params)
+            .map_err(sql_error(format!("running `{sql}`")))?;
+    }
+    Ok(())
+}
+
+impl<T, F: Fn(&T) -> Params> Sink for PostgresSink<T, F> {
+    type Item = T;
+
+    fn write_batch(&mut self, batch: &[T]) -> Result<(), SinkError> {
+        if self.finished {
+            return Err(SinkError::Misuse {
+                reason: "write_batch after finish".to_string(),
+            });
+        }
+        for record in batch {
+            self.buffer.push((self.params)(record));
+            if self.buffer.len() >= self.config.batch_rows {
+                self.flush()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn pre_commit(&mut self, checkpoint_id: u64) -> Result<SinkState, SinkError> {
+        check_ascending(self.last_pre_commit, checkpoint_id)?;
+        self.flush()?;
+        if self.open {
+            let (owner, mode) = (Arc::clone(&self.owner), self.config.mode);
+            self.worker.call(move |session| match mode {
+                Mode::ExactlyOnce => {
+                    server::record_commit(session, &owner, checkpoint_id)?;
+                    let gid = owner.ids.id(checkpoint_id);
+                    session
+                        .client
+                        .batch_execute(&format!("PREPARE TRANSACTION '{gid}'"))
+                        .map_err(sql_error(format!("preparing transaction '{gid}'")))
+                }
+                Mode::Idempotent => {
+                    server::record_progress(session, &owner, checkpoint_id)?;
+                    session
+                        .client
+                        .batch_execute("COMMIT")
+                        .map_err(sql_error(format!("committing checkpoint {checkpoint_id}")))
+                }
+            })?;
+            self.open = false;
+            if self.config.mode == Mode::ExactlyOnce {
+                self.pending.insert(checkpoint_id);
+            }
+        }
+        self.last_pre_commit = Some(checkpoint_id);
+        self.pending_state()
+    }
+
+    fn commit(&mut self, checkpoint_id: u64) -> Result<(), SinkError> {
+        let due: Vec<u64> = self.pending.range(..=checkpoint_id).copied().collect();
+        let Some(&newest) = due.last() else {
+            return Ok(());
+        };
+        for id in due {
+            self.commit_one(id)?;
+            self.pending.remove(&id);
+        }
+        let owner = Arc::clone(&self.owner);
+        self.worker
+            .call(move |session| server::trim_commits(session, &owner, newest))?;
+        Ok(())
+    }
+
+    fn abort(&mut self) -> Result<(), SinkError> {
+        self.buffer.clear();
+        if std::mem::take(&mut self.open) {
+            self.worker.call(|session| {
+                session
+                    .client
+                    .batch_execute("ROLLBACK")
+                    .map_err(sql_error("rolling back the open transaction".to_string()))
+            })?;
+        }
+        Ok(())
+    }
+
+    fn restore(&mut self, state: Option<&SinkState>) -> Result<(), SinkError> {
+        let listed = PendingTransactions::decode_for(state, self.subtask)?;
+        for id in &listed {
+            self.commit_one(*id)?;
+        }
+        let owner = Arc::clone(&self.owner);
+        let orphans = self
+            .worker
+            .call(move |session| server::prepared_checkpoints(session, &owner))?;
+        for orphan in orphans.into_iter().filter(|id| !listed.contains(id)) {
+            let owner = Arc::clone(&self.owner);
+            self.worker.call(move |session| {
+                server::finish_prepared(session, &owner, "ROLLBACK", orphan).map(|_| ())
+            })?;
+            tracing::info!(
+                subtask = self.subtask,
+                checkpoint = orphan,
+                "rolled back an orphan prepared transaction"
+            );
+        }
+        self.buffer.clear();
+        self.open = false;
+        self.pending.clear();
+        Ok(())
+    }
+
+    fn check_restore(
+        &mut self,
+        restored: Option<u64>,
+        state: Option<&SinkState>,
+    ) -> Result<Visibility, SinkError> {
+        let listed = PendingTransactions::decode_for(state, self.subtask)?;
+        let (owner, mode, subtask) = (Arc::clone(&self.owner), self.config.mode, self.subtask);
+        self.worker.call(move |session| {
+            let prepared = server::prepared_checkpoints(session, &owner)?;
+            for id in listed {
+                if !prepared.contains(&id) && !server::is_committed(session, &owner, id)? {
+                    return Ok(Err(SinkError::StagedDataDamaged {
+                        subtask,
+                        checkpoint_id: id,
+                        location: owner.ids.id(id),
+                        reason: "the prepared transaction is gone and its commit is not recorded"
+                            .to_string(),
+                    }));
+                }
+            }
+            Ok(Ok(match mode {
+                Mode::ExactlyOnce => {
+                    Visibility::Known(server::committed_after(session, &owner, restored)?)
+                }
+                Mode::Idempotent => Visibility::ReplayIsHarmless,
+            }))
+        })?
+    }
+
+    fn finish(&mut self) -> Result<(), SinkError> {
+        self.finished = true;
+        self.flush()
+    }
+
+    fn guarantee(&self) -> Guarantee {
+        Guarantee::ExactlyOnce
+    }
+}

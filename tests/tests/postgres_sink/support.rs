@@ -1,0 +1,241 @@
+//! What the PostgreSQL sink's tests share: finding the server (skip
+//! outside CI, fail in CI), unique names, a plain client to read what the
+//! sink wrote, and a sink wrapper that injects failures at chosen calls.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use postgres::{Client, NoTls};
+use snapflow::connectors::postgres::{Mode, Params, PostgresConfig, PostgresSinkFactory};
+use snapflow::sink::{Sink, SinkError, SinkFactory, SinkState, Visibility};
+
+/// The variable that names the main server (prepared transactions on).
+pub const URL_VAR: &str = "SNAPFLOW_POSTGRES_URL";
+/// The variable that names the server the restart test restarts.
+pub const SPARE_VAR: &str = "SNAPFLOW_POSTGRES_SPARE_URL";
+/// The variable that names the server with prepared transactions off.
+pub const NO_PREPARED_VAR: &str = "SNAPFLOW_POSTGRES_NO_PREPARED_URL";
+
+/// The connection string in `var`, or `None` (with a message) when it is
+/// not set outside CI. In CI (`CI=true`) a missing server fails the test:
+/// CI must run every one of them.
+pub fn server(var: &str) -> Option<String> {
+    if let Ok(url) = std::env::var(var) {
+        if !url.is_empty() {
+            return Some(url);
+        }
+    }
+    let ci = std::env::var("CI").is_ok_and(|value| value == "true");
+    assert!(
+        !ci,
+        "{var} is not set, and CI must not skip the PostgreSQL tests: .ci/run starts the server"
+    );
+    eprintln!(
+        "skipped: {var} is not set; start a server with `eval \"$(.ci/postgres.sh start)\"` \
+         (stop it with `.ci/postgres.sh stop`)"
+    );
+    None
+}
+
+/// A name no other test or run uses: tables and jobs of one database
+/// outlive a test run when a developer keeps the server.
+pub fn unique(what: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.subsec_nanos());
+    let count = NEXT.fetch_add(1, Ordering::SeqCst);
+    format!("{what}_{}_{nanos}_{count}", std::process::id())
+}
+
+/// A plain client for the test thread (no runtime runs there).
+pub fn client(url: &str) -> Client {
+    Client::connect(url, NoTls).expect("the test's own connection")
+}
+
+/// Creates `table (key bigint, count bigint)`, with a primary key on
+/// `key` for upserts.
+pub fn create_table(url: &str, table: &str, keyed: bool) {
+    let key = if keyed { " PRIMARY KEY" } else { "" };
+    client(url)
+        .batch_execute(&format!(
+            "CREATE TABLE {table} (key bigint NOT NULL{key}, count bigint NOT NULL)"
+        ))
+        .expect("the table is created");
+}
+
+/// Every row of `table`, sorted.
+pub fn rows(url: &str, table: &str) -> Vec<(u64, u64)> {
+    let mut rows: Vec<(u64, u64)> = client(url)
+        .query(&format!("SELECT key, count FROM {table}"), &[])
+        .expect("the table reads")
+        .iter()
+        .map(|row| (row.get::<_, i64>(0) as u64, row.get::<_, i64>(1) as u64))
+        .collect();
+    rows.sort_unstable();
+    rows
+}
+
+/// The prepared transactions left by `job`.
+pub fn prepared_of(url: &str, job: &str) -> Vec<String> {
+    client(url)
+        .query(
+            "SELECT gid FROM pg_prepared_xacts WHERE gid LIKE $1",
+            &[&format!("snapflow:{job}:%")],
+        )
+        .expect("pg_prepared_xacts reads")
+        .iter()
+        .map(|row| row.get(0))
+        .collect()
+}
+
+/// The parameters of a `(key, count)` record.
+pub fn key_count(&(key, count): &(u64, u64)) -> Params {
+    vec![Box::new(key as i64), Box::new(count as i64)]
+}
+
+/// The function type of [`key_count`].
+pub type KeyCount = fn(&(u64, u64)) -> Params;
+
+/// A sink factory writing `(key, count)` rows into `table`: plain
+/// inserts in exactly-once mode, upserts keeping the larger count in
+/// idempotent mode.
+pub fn factory(
+    url: &str,
+    mode: Mode,
+    job: &str,
+    table: &str,
+) -> PostgresSinkFactory<(u64, u64), KeyCount> {
+    let statement = match mode {
+        Mode::ExactlyOnce => format!("INSERT INTO {table} (key, count) VALUES ($1, $2)"),
+        Mode::Idempotent => format!(
+            "INSERT INTO {table} (key, count) VALUES ($1, $2) ON CONFLICT (key) \
+             DO UPDATE SET count = GREATEST({table}.count, EXCLUDED.count)"
+        ),
+    };
+    let mut config = PostgresConfig::new(url, mode, job, "sink");
+    config.batch_rows = 64;
+    PostgresSinkFactory::new(config, &statement, key_count as KeyCount)
+        .expect("the sink's start checks pass")
+}
+
+/// Where a [`Chaos`] sink fails, each at most once across every subtask
+/// and generation.
+#[derive(Debug, Default)]
+pub struct ChaosPlan {
+    /// The commit call (0 for the first) that fails before committing:
+    /// the prepared transaction stays, and the restore must commit it.
+    pub fail_commit: Option<u64>,
+    /// The write call before which the sink's own server connections are
+    /// terminated (`pg_terminate_backend` from another connection).
+    pub terminate_at_write: Option<u64>,
+    /// The connection string and application name whose backends are
+    /// terminated.
+    pub terminate: Option<(String, String)>,
+    commits: AtomicU64,
+    writes: AtomicU64,
+}
+
+impl ChaosPlan {
+    /// A plan with these failures.
+    pub fn new(fail_commit: Option<u64>, terminate_at_write: Option<u64>) -> ChaosPlan {
+        ChaosPlan {
+            fail_commit,
+            terminate_at_write,
+            ..ChaosPlan::default()
+        }
+    }
+}
+
+/// A sink factory that injects the failures of a [`ChaosPlan`].
+pub struct Chaos<F> {
+    /// The real sink factory.
+    pub inner: F,
+    /// The failures.
+    pub plan: Arc<ChaosPlan>,
+}
+
+impl<F: SinkFactory> SinkFactory for Chaos<F> {
+    type Sink = ChaosSink<F::Sink>;
+
+    fn create(&self, subtask: usize, parallelism: usize) -> Result<Self::Sink, SinkError> {
+        Ok(ChaosSink {
+            inner: self.inner.create(subtask, parallelism)?,
+            plan: Arc::clone(&self.plan),
+        })
+    }
+}
+
+/// One subtask of a [`Chaos`] sink.
+pub struct ChaosSink<S> {
+    inner: S,
+    plan: Arc<ChaosPlan>,
+}
+
+/// Terminates every backend of `application` from a connection of its
+/// own, on a thread of its own (the caller is an actor thread, where the
+/// blocking client must not run).
+fn terminate_backends(url: &str, application: &str) {
+    let (url, application) = (url.to_string(), application.to_string());
+    std::thread::spawn(move || {
+        client(&url)
+            .execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                 WHERE application_name = $1 AND pid <> pg_backend_pid()",
+                &[&application],
+            )
+            .expect("the backends are terminated");
+    })
+    .join()
+    .expect("the terminating thread ends");
+}
+
+impl<S: Sink> Sink for ChaosSink<S> {
+    type Item = S::Item;
+
+    fn write_batch(&mut self, batch: &[S::Item]) -> Result<(), SinkError> {
+        let call = self.plan.writes.fetch_add(1, Ordering::SeqCst);
+        if self.plan.terminate_at_write == Some(call) {
+            if let Some((url, application)) = &self.plan.terminate {
+                terminate_backends(url, application);
+            }
+        }
+        self.inner.write_batch(batch)
+    }
+
+    fn pre_commit(&mut self, checkpoint_id: u64) -> Result<SinkState, SinkError> {
+        self.inner.pre_commit(checkpoint_id)
+    }
+
+    fn commit(&mut self, checkpoint_id: u64) -> Result<(), SinkError> {
+        let call = self.plan.commits.fetch_add(1, Ordering::SeqCst);
+        if self.plan.fail_commit == Some(call) {
+            return Err(SinkError::Custom {
+                message: format!("injected fault before committing checkpoint {checkpoint_id}"),
+                retryable: true,
+            });
+        }
+        self.inner.commit(checkpoint_id)
+    }
+
+    fn abort(&mut self) -> Result<(), SinkError> {
+        self.inner.abort()
+    }
+
+    fn restore(&mut self, state: Option<&SinkState>) -> Result<(), SinkError> {
+        self.inner.restore(state)
+    }
+
+    fn check_restore(
+        &mut self,
+        restored: Option<u64>,
+        state: Option<&SinkState>,
+    ) -> Result<Visibility, SinkError> {
+        self.inner.check_restore(restored, state)
+    }
+
+    fn finish(&mut self) -> Result<(), SinkError> {
+        self.inner.finish()
+    }
+}
