@@ -88,7 +88,9 @@
 //! - [`job`]: the user's API on top of all of these, the operator shells
 //!   and the supervisor actor that checkpoints and restarts a running job.
 //!
-//! This crate never talks to a network and never spawns a process.
+//! This crate never spawns a process, and talks to a network only through
+//! the connectors a cargo feature turns on (`postgres`: the PostgreSQL
+//! sink in [`connectors`]).
 
 pub mod connectors;
 pub mod job;

@@ -43,6 +43,10 @@ impl Supervisor {
         };
         let started = match loaded.result {
             Ok(recovery) => self.apply_recovery(&targets, recovery, context),
+            Err(error) if error.is_retryable() => {
+                self.retry_load(loaded.region, error, context);
+                return;
+            }
             Err(error) => Err(error),
         };
         if let Err(error) = started {
@@ -50,6 +54,35 @@ impl Supervisor {
             let _entered = span.enter();
             tracing::error!(%error, "the job cannot start");
             self.finish(Err(error), context);
+        }
+    }
+
+    /// Loading failed in a way that may pass (the store's I/O, a sink's
+    /// external system away for a moment): the restart strategy decides
+    /// whether and when to load again, as for any other failure.
+    fn retry_load(&mut self, region: Option<usize>, error: JobError, context: &mut Context<Self>) {
+        let span = self.span.clone();
+        let _entered = span.enter();
+        match self.restarts.on_failure(self.now_ms()) {
+            RestartDecision::Restart { delay_ms, attempt } => {
+                tracing::warn!(attempt, delay_ms, %error, "loading the checkpoint to restore failed; retrying");
+                self.update_status(|status| status.restarts = attempt);
+                let delay = Duration::from_millis(delay_ms);
+                context.run_later(delay, move |supervisor, context| {
+                    if supervisor.phase != Phase::Done {
+                        supervisor.request_load(region, context);
+                    }
+                });
+            }
+            RestartDecision::GiveUp { reason } => {
+                tracing::error!(%error, %reason, "the job cannot start");
+                let error = JobError::RestartsExhausted {
+                    restarts: self.restarts.attempts(),
+                    reason: reason.to_string(),
+                    cause: error.to_string(),
+                };
+                self.finish(Err(error), context);
+            }
         }
     }
 
