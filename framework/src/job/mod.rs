@@ -223,6 +223,13 @@ pub enum JobError {
     /// `.parallelism(n)` on a stream that several operators produce (a union).
     #[error("parallelism set on a union stream; set it on each input instead")]
     ParallelismOnUnion,
+    /// [`Stream::assign_timestamps`] on a stream that is not a source's
+    /// own output: watermarks are generated per split, in the source.
+    #[error("assign_timestamps must follow a source directly; `{operator}` is not one")]
+    TimestampsNotAtSource {
+        /// The operator that produces the stream.
+        operator: String,
+    },
     /// An iteration was opened with [`Stream::iterate`] and never closed.
     #[error("iteration `{name}` is never closed with close_loop")]
     LoopNotClosed {

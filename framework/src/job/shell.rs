@@ -34,6 +34,7 @@ use crate::runtime::{BoxError, Generation};
 
 use super::route::{Collector, Router};
 use crate::source::{Guarantee, Source, SourceError, SourcePoll as ReadStatus, SourcePosition};
+use crate::time::{Advance, InputWatermarks, SourceSignal, SourceWatermarks, WatermarkState};
 
 /// Bound on the serde-friendly record types that flow between operators:
 /// they are cloned for fan-out and recorded channel state, and serialized
@@ -57,6 +58,12 @@ pub enum Control {
     Abort(CheckpointId),
     /// Injected into a loop head: time passed (it may end its loop).
     Tick,
+    /// In-band: no record with event time at or below this follows on
+    /// this channel (DESIGN.md §7).
+    Watermark(u64),
+    /// In-band: the channel is idle and drops out of the watermark
+    /// minimum until it carries a batch or a watermark again.
+    Idle,
 }
 
 /// What a subtask tells the supervisor.
@@ -100,6 +107,12 @@ pub(crate) struct PartBytes {
     pub(crate) state: Vec<u8>,
     /// Recorded channel states: (input channel, postcard `Vec<Vec<In>>`).
     pub(crate) channels: Vec<(u32, Vec<u8>)>,
+    /// The subtask's watermarks ([`WatermarkState`] bytes), if it ever had
+    /// one. Stored after the other two fields, and only when present, so
+    /// that parts without event time keep their old bytes and old parts
+    /// still decode.
+    #[serde(skip)]
+    pub(crate) time: Option<Vec<u8>>,
 }
 
 impl PartBytes {
@@ -108,12 +121,26 @@ impl PartBytes {
     /// the shells, rescaling in `physical.rs` and `job::inspect` all go
     /// through them.
     pub(crate) fn encode(&self) -> Result<Vec<u8>, postcard::Error> {
-        postcard::to_allocvec(self)
+        let mut bytes = postcard::to_allocvec(self)?;
+        if let Some(time) = &self.time {
+            bytes.extend_from_slice(&postcard::to_allocvec(time)?);
+        }
+        Ok(bytes)
     }
 
-    /// Reads bytes written by [`PartBytes::encode`].
+    /// Reads bytes written by [`PartBytes::encode`], with or without the
+    /// watermarks after the fields.
     pub(crate) fn decode(bytes: &[u8]) -> Result<PartBytes, postcard::Error> {
-        postcard::from_bytes(bytes)
+        let (mut part, rest): (PartBytes, &[u8]) = postcard::take_from_bytes(bytes)?;
+        if !rest.is_empty() {
+            part.time = Some(postcard::from_bytes(rest)?);
+        }
+        Ok(part)
+    }
+
+    /// The watermarks stored in this part, if any.
+    pub(crate) fn watermarks(&self) -> Result<Option<WatermarkState>, postcard::Error> {
+        self.time.as_deref().map(WatermarkState::decode).transpose()
     }
 }
 
@@ -167,6 +194,17 @@ pub(crate) trait Core<In, Out: Send + 'static>: 'static {
     /// Every input ended; the last chance to emit.
     fn on_end(&mut self, out: &mut Collector<'_, Out>) -> Result<(), BoxError> {
         let _ = out;
+        Ok(())
+    }
+    /// The operator's watermark rose to `watermark_ms`: fire what is due.
+    /// The shell sends the watermark on after this returns, so what it
+    /// emits comes before the watermark downstream.
+    fn on_watermark(
+        &mut self,
+        watermark_ms: u64,
+        out: &mut Collector<'_, Out>,
+    ) -> Result<(), BoxError> {
+        let _ = (watermark_ms, out);
         Ok(())
     }
 }
@@ -309,7 +347,10 @@ pub(crate) struct StageShell<In: Data, Out: Data> {
     core: Box<dyn Core<In, Out>>,
     router: Router<Out>,
     taken: TakenStates,
+    /// The watermarks taken with each state in `taken` (empty: none).
+    taken_time: TakenStates,
     alignments: Alignments,
+    watermarks: InputWatermarks,
     inputs_ended: bool,
     trigger_requested: bool,
 }
@@ -322,6 +363,10 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
         router: Router<Out>,
         feedback: Vec<bool>,
     ) -> Self {
+        // No flags (a graph without loops) means no back edges.
+        let back_edge = (0..machine.input_count())
+            .map(|input| feedback.get(input).copied().unwrap_or(false))
+            .collect();
         let loop_head = env.loop_idle_ms.map(|idle_ms| LoopHead {
             feedback,
             idle_ms,
@@ -335,7 +380,9 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
             core,
             router,
             taken: TakenStates::default(),
+            taken_time: TakenStates::default(),
             alignments: Alignments::default(),
+            watermarks: InputWatermarks::new(back_edge),
             inputs_ended: false,
             trigger_requested: false,
         }
@@ -367,6 +414,12 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
                     self.alignments.snapshot(checkpoint);
                     let state = self.core.snapshot(checkpoint)?;
                     self.taken.insert(checkpoint, state);
+                    let time = if self.watermarks.is_pristine() {
+                        Vec::new()
+                    } else {
+                        self.watermarks.state().encode()?
+                    };
+                    self.taken_time.insert(checkpoint, time);
                     // The state is captured as bytes: safe for the protocol.
                     self.machine.state_recorded(token);
                 }
@@ -384,7 +437,14 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
                             encode_channel(&channel_state.messages)?,
                         ));
                     }
-                    let bytes = PartBytes { state, channels }.encode()?;
+                    let time =
+                        Some(self.taken_time.take(part.checkpoint)?).filter(|t| !t.is_empty());
+                    let bytes = PartBytes {
+                        state,
+                        channels,
+                        time,
+                    }
+                    .encode()?;
                     self.env.tell(NodeEventKind::Ack {
                         checkpoint: part.checkpoint,
                         part: bytes,
@@ -392,8 +452,7 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
                     });
                 }
                 NodeAction::Decline { checkpoint, reason } => {
-                    self.taken.forget_up_to(checkpoint);
-                    self.alignments.forget_up_to(checkpoint);
+                    self.forget_up_to(checkpoint);
                     self.env.tell(NodeEventKind::Decline { checkpoint, reason });
                 }
             }
@@ -406,6 +465,42 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
             }
         }
         self.after_input(io)
+    }
+
+    /// Forgets what was taken for `checkpoint` and older ones.
+    fn forget_up_to(&mut self, checkpoint: CheckpointId) {
+        self.taken.forget_up_to(checkpoint);
+        self.taken_time.forget_up_to(checkpoint);
+        self.alignments.forget_up_to(checkpoint);
+    }
+
+    /// Carries out what a change of the input watermarks asks for: fires
+    /// what is due, then sends the watermark (or the idleness mark) on
+    /// every output, so the output comes first.
+    fn on_time(
+        &mut self,
+        advance: Advance,
+        io: &mut StageIo<'_, Out, Control>,
+    ) -> Result<(), BoxError> {
+        let control = match advance {
+            Advance::None => return Ok(()),
+            Advance::Idle => Control::Idle,
+            Advance::To(watermark_ms) => {
+                let mut collector = Collector::new(io.outputs(), &mut self.router);
+                let result = self.core.on_watermark(watermark_ms, &mut collector);
+                let emitted = collector.finish();
+                self.env
+                    .counters
+                    .records_out
+                    .fetch_add(emitted, Ordering::Relaxed);
+                result?;
+                Control::Watermark(watermark_ms)
+            }
+        };
+        if !self.inputs_ended {
+            io.outputs().broadcast_control(control);
+        }
+        Ok(())
     }
 
     fn note_guarantee(&self) {
@@ -447,6 +542,10 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
         let part = PartBytes::decode(&bytes)?;
         self.core.restore(Some(&part.state))?;
         self.note_guarantee();
+        // The watermarks resume from the snapshot, never from the minimum.
+        if let Some(watermarks) = part.watermarks()? {
+            self.watermarks.restore(watermarks);
+        }
         // Recorded channel state is delivered before any new input: this
         // runs before the stage processes its first delivery.
         for (_channel, messages) in part.channels {
@@ -454,6 +553,13 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
             for batch in batches {
                 self.process(batch, io.outputs())?;
             }
+        }
+        // Sent again, after the replayed records: downstream ignores it if
+        // it has it, and a watermark that was in flight in a recorded
+        // channel (not kept there yet) is not lost.
+        if let Some(watermark_ms) = self.watermarks.output_ms() {
+            io.outputs()
+                .broadcast_control(Control::Watermark(watermark_ms));
         }
         Ok(())
     }
@@ -476,6 +582,7 @@ impl<In: Data, Out: Data> StageLogic for StageShell<In, Out> {
                 return Ok(());
             }
         }
+        self.watermarks.on_batch(input);
         if let Delivery::Process(batch) = self.machine.on_data(input, batch) {
             self.process(batch, io.outputs())?;
         }
@@ -504,7 +611,21 @@ impl<In: Data, Out: Data> StageLogic for StageShell<In, Out> {
                 self.alignments.barrier(checkpoint);
                 self.machine.on_barrier(input, checkpoint);
             }
-            Control::End => self.machine.on_end_of_input(input),
+            Control::End => {
+                // End of input is watermark +infinity on the channel: what
+                // it makes due fires before the end travels on.
+                let advance = self.watermarks.on_end(input);
+                self.on_time(advance, io)?;
+                self.machine.on_end_of_input(input);
+            }
+            Control::Watermark(watermark_ms) => {
+                let advance = self.watermarks.on_watermark(input, watermark_ms);
+                return self.on_time(advance, io);
+            }
+            Control::Idle => {
+                let advance = self.watermarks.on_idle(input);
+                return self.on_time(advance, io);
+            }
             other => return Err(format!("{other:?} arrived in-band").into()),
         }
         self.drive(io)
@@ -526,14 +647,12 @@ impl<In: Data, Out: Data> StageLogic for StageShell<In, Out> {
         match control {
             Control::Trigger(checkpoint) => self.machine.on_trigger(checkpoint),
             Control::Abort(checkpoint) => {
-                self.taken.forget_up_to(checkpoint);
-                self.alignments.forget_up_to(checkpoint);
+                self.forget_up_to(checkpoint);
                 self.machine.on_abort(checkpoint);
             }
             Control::Complete(checkpoint) => {
                 self.machine.on_complete(checkpoint);
-                self.taken.forget_up_to(checkpoint);
-                self.alignments.forget_up_to(checkpoint);
+                self.forget_up_to(checkpoint);
                 self.core.on_complete(checkpoint)?;
                 self.env.tell(NodeEventKind::Committed { checkpoint });
             }
@@ -593,6 +712,11 @@ pub(crate) struct SourceShell<T: Data> {
     read_batch: usize,
     exhausted: bool,
     taken: TakenStates,
+    /// The watermarks taken with each position in `taken` (empty: none).
+    taken_time: TakenStates,
+    /// The subtask's watermark generator, when the stream has a
+    /// [`crate::time::WatermarkStrategy`].
+    watermarks: Option<SourceWatermarks<T>>,
 }
 
 impl<T: Data> SourceShell<T> {
@@ -603,8 +727,11 @@ impl<T: Data> SourceShell<T> {
         (subtask, parallelism): (usize, usize),
         router: Router<T>,
         read_batch: usize,
+        watermarks: Option<SourceWatermarks<T>>,
     ) -> Self {
         SourceShell {
+            taken_time: TakenStates::default(),
+            watermarks,
             env,
             machine,
             make,
@@ -632,6 +759,10 @@ impl<T: Data> SourceShell<T> {
             }
             if let Some(bytes) = self.env.restore.take() {
                 let part = PartBytes::decode(&bytes)?;
+                if let (Some(watermarks), Some(state)) = (&mut self.watermarks, part.watermarks()?)
+                {
+                    watermarks.restore(&state);
+                }
                 if reader.can_seek() {
                     reader.seek(&SourcePosition::from_bytes(part.state))?;
                 }
@@ -652,6 +783,11 @@ impl<T: Data> SourceShell<T> {
                 NodeAction::TakeSnapshot(token) => {
                     let position = self.reader()?.position().as_bytes().to_vec();
                     self.taken.insert(token.checkpoint(), position);
+                    let time = match &self.watermarks {
+                        Some(watermarks) => watermarks.state().encode()?,
+                        None => Vec::new(),
+                    };
+                    self.taken_time.insert(token.checkpoint(), time);
                     self.machine.state_recorded(token);
                 }
                 NodeAction::EmitBarrier(checkpoint) => {
@@ -661,9 +797,12 @@ impl<T: Data> SourceShell<T> {
                 }
                 NodeAction::ReportPart(part) => {
                     let state = self.taken.take(part.checkpoint)?;
+                    let time =
+                        Some(self.taken_time.take(part.checkpoint)?).filter(|t| !t.is_empty());
                     let bytes = PartBytes {
                         state,
                         channels: Vec::new(),
+                        time,
                     }
                     .encode()?;
                     self.env.tell(NodeEventKind::Ack {
@@ -674,6 +813,7 @@ impl<T: Data> SourceShell<T> {
                 }
                 NodeAction::Decline { checkpoint, reason } => {
                     self.taken.forget_up_to(checkpoint);
+                    self.taken_time.forget_up_to(checkpoint);
                     self.env.tell(NodeEventKind::Decline { checkpoint, reason });
                 }
             }
@@ -695,8 +835,20 @@ impl<T: Data> SourceLogic for SourceShell<T> {
         let mut buffer = std::mem::take(&mut self.buffer);
         let status = self.reader()?.poll_batch(&mut buffer, read_batch);
         let records = buffer.len() as u64;
+        // One branch per poll without a watermark strategy.
+        let signal = match &mut self.watermarks {
+            Some(watermarks) if status.is_ok() => watermarks.on_records(&buffer),
+            _ => SourceSignal::None,
+        };
         self.router.route_batch(&mut buffer, outputs);
         self.buffer = buffer;
+        match signal {
+            SourceSignal::None => {}
+            SourceSignal::Watermark(watermark_ms) => {
+                outputs.broadcast_control(Control::Watermark(watermark_ms));
+            }
+            SourceSignal::Idle => outputs.broadcast_control(Control::Idle),
+        }
         self.env
             .counters
             .records_out
@@ -725,11 +877,13 @@ impl<T: Data> SourceLogic for SourceShell<T> {
             Control::Trigger(checkpoint) => self.machine.on_trigger(checkpoint),
             Control::Abort(checkpoint) => {
                 self.taken.forget_up_to(checkpoint);
+                self.taken_time.forget_up_to(checkpoint);
                 self.machine.on_abort(checkpoint);
             }
             Control::Complete(checkpoint) => {
                 self.machine.on_complete(checkpoint);
                 self.taken.forget_up_to(checkpoint);
+                self.taken_time.forget_up_to(checkpoint);
                 self.env.tell(NodeEventKind::Committed { checkpoint });
             }
             other => return Err(format!("{other:?} was injected into a source").into()),

@@ -41,6 +41,7 @@ use super::supervisor::{self, RunningJob};
 use super::{JobConfig, JobError, JobReport, DEFAULT_CHECKPOINT_INTERVAL_MS};
 use crate::sink::{Sink, SinkFactory};
 use crate::source::{Source, SourceFactory};
+use crate::time::WatermarkStrategy;
 
 struct OperatorSpec {
     name: String,
@@ -218,7 +219,10 @@ impl Job {
                 let source = factory.split(subtask, parallelism)?;
                 Ok(Box::new(source) as Box<dyn Source<Item = _>>)
             });
-        let template = SourceTemplate { make };
+        let template = SourceTemplate {
+            make,
+            watermarks: None,
+        };
         let operator = self.add_operator(name, true, Box::new(template));
         self.graph.borrow_mut().operators[operator].rescale = Rescale::No;
         Stream {
@@ -437,6 +441,51 @@ impl<'j, T: Data> Stream<'j, T> {
         });
         let operator = self.job.stage(name, &self.producers, None, make_core);
         self.next(operator)
+    }
+
+    /// Gives this source's records event times and watermarks: each
+    /// source subtask (one split each for the built-in sources) runs the
+    /// strategy's generator on what it reads and sends watermarks in-band,
+    /// after the records they follow. It must follow
+    /// [`Job::source`] directly; anywhere else [`Job::run`] fails with
+    /// [`JobError::TimestampsNotAtSource`].
+    ///
+    /// ```
+    /// use snapflow::job::{Job, JobConfig};
+    /// use snapflow::sink::CollectHandle;
+    /// use snapflow::source::VecSourceFactory;
+    /// use snapflow::time::WatermarkStrategy;
+    ///
+    /// let job = Job::new("timestamps", JobConfig::default());
+    /// let events = CollectHandle::new();
+    /// job.source("events", VecSourceFactory::new(vec![(1u32, 1_000u64), (2, 900)]))
+    ///     .assign_timestamps(WatermarkStrategy::bounded_out_of_orderness(500, |event: &(u32, u64)| event.1))
+    ///     .sink("out", events.factory());
+    /// job.run()?;
+    /// assert_eq!(events.committed().len(), 2);
+    /// # Ok::<(), snapflow::job::JobError>(())
+    /// ```
+    pub fn assign_timestamps(self, strategy: WatermarkStrategy<T>) -> Self {
+        {
+            let mut graph = self.job.graph.borrow_mut();
+            let operator = match self.producers.as_slice() {
+                [producer] => Some(producer.operator),
+                _ => None,
+            };
+            let accepted = operator.is_some_and(|operator| {
+                let spec = &mut graph.operators[operator];
+                spec.is_source && spec.template.set_watermarks(Box::new(strategy))
+            });
+            if !accepted {
+                let operator = operator
+                    .map(|operator| graph.operators[operator].name.clone())
+                    .unwrap_or_else(|| "a union".to_owned());
+                graph
+                    .errors
+                    .push(JobError::TimestampsNotAtSource { operator });
+            }
+        }
+        self
     }
 
     /// Transforms every record.

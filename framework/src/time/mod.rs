@@ -1,0 +1,26 @@
+//! Event time: timestamps, watermarks and processing-time clocks.
+//!
+//! This module owns the rules of DESIGN.md §7 as pure bookkeeping:
+//! [`WatermarkStrategy`] (how a source subtask turns event times into
+//! watermarks and idleness), [`InputWatermarks`] (an operator's watermark
+//! as the minimum over its non-idle forward inputs, and its stored form),
+//! and [`Clock`] (processing time, one trait, so tests drive it).
+//!
+//! It never sends, spawns or blocks, never touches a channel or an
+//! operator's state, and never decides a protocol question: the shells in
+//! `job` carry watermarks in-band as control items on the same FIFO
+//! channels as records and barriers, ask this module what is due, and
+//! store what it hands them in the operator's part of a checkpoint.
+
+mod clock;
+mod strategy;
+mod watermark;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use strategy::{
+    BoundedOutOfOrderness, Punctuated, TimestampFn, WatermarkGenerator, WatermarkStrategy,
+};
+pub use watermark::{Advance, InputWatermarks, WATERMARK_MAX_MS};
+
+pub(crate) use strategy::{SourceSignal, SourceWatermarks};
+pub(crate) use watermark::WatermarkState;
