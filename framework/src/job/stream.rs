@@ -460,7 +460,7 @@ impl<'j, T: Data> Stream<'j, T> {
     /// let events = CollectHandle::new();
     /// job.source("events", VecSourceFactory::new(vec![(1u32, 1_000u64), (2, 900)]))
     ///     .assign_timestamps(WatermarkStrategy::bounded_out_of_orderness(500, |event: &(u32, u64)| event.1))
-    ///     .sink("out", events.factory());
+    ///     .sink("out", events.clone());
     /// job.run()?;
     /// assert_eq!(events.committed().len(), 2);
     /// # Ok::<(), snapflow::job::JobError>(())

@@ -1,0 +1,367 @@
+//! Event time end to end, through the public API only: per-user counts in
+//! 60-second tumbling windows of event time, with 5 s of out-of-orderness
+//! and late records dropped (and counted), computed by a user operator
+//! that fires on `Operator::on_watermark`.
+//!
+//! Every run is checked against a direct computation over the same seeded
+//! input: committed window counts plus dropped late records add up to the
+//! direct per-(user, window) counts; no window fires twice; each operator
+//! subtask's watermark rises strictly (also across restores) and ends at
+//! +infinity. With forward edges every subtask sees one split in order, so
+//! which records are late is exact and a run with injected failures must
+//! commit exactly the results of a failure-free run.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use snapflow::job::{Collector, Job, JobConfig, Operator, OperatorContext, RestartStrategy};
+use snapflow::runtime::BoxError;
+use snapflow::sink::CollectHandle;
+use snapflow::source::VecSourceFactory;
+use snapflow::storage::{CheckpointStore, MemoryCheckpointStore};
+use snapflow::time::{WatermarkStrategy, WATERMARK_MAX_MS};
+use snapflow::Snapshot;
+use snapflow_tests::pipeline::{Paced, Pacing};
+use snapflow_tests::{quiet_injected_panics, seeds, FaultKind, Faults, TestRng};
+
+/// The window size.
+const WINDOW_MS: u64 = 60_000;
+/// The out-of-orderness the strategy tolerates.
+const BOUND_MS: u64 = 5_000;
+/// The generator's disorder stays below the bound, so only the records it
+/// makes late on purpose can be late.
+const JITTER_MS_MAX: u64 = 4_000;
+/// Event time between consecutive records before jitter.
+const STEP_MS: u64 = 50;
+/// Event times start here, so that large values are exercised.
+const EPOCH_MS: u64 = 1_700_000_000_000;
+const EVENTS: u64 = 6_000;
+const USERS: u64 = 7;
+const PACING: Pacing = Pacing {
+    records_per_read: 8,
+};
+
+/// `(id, user, event time)`.
+type Event = (u64, u32, u64);
+
+/// `(kind, subtask, user, a, b)`: kind 0 is a window result (a = window
+/// end, b = count), 1 a dropped late record (a = window end, b = id), 2
+/// a watermark the subtask saw (a = watermark).
+type Output = (u8, u32, u32, u64, u64);
+
+const RESULT: u8 = 0;
+const LATE: u8 = 1;
+const WATERMARK: u8 = 2;
+
+/// The seeded input and what it must give.
+struct Input {
+    events: Vec<Event>,
+    /// The ids made late on purpose (far behind the watermark).
+    late_ids: BTreeSet<u64>,
+}
+
+/// Records in event-time order with jitter below the bound (large against
+/// the step, so that a source re-reading after a restore usually sees a
+/// lower maximum than before it: a watermark recomputed instead of
+/// restored would go back), and about 3%
+/// made late by far more than a window, never near the start of a split
+/// (at parallelism 1 to 3 splits start at multiples of 1000 here), so that
+/// with forward edges each of them is certainly late.
+fn input(seed: u64) -> Input {
+    let mut rng = TestRng::new(seed);
+    let mut late_ids = BTreeSet::new();
+    let events = (0..EVENTS)
+        .map(|id| {
+            let base_ms = EPOCH_MS + id * STEP_MS;
+            let user = rng.between(0, USERS - 1) as u32;
+            let late = id * STEP_MS >= 200_000 && id % 1_000 >= 50 && rng.chance(3);
+            let ts_ms = if late {
+                late_ids.insert(id);
+                base_ms - 2 * WINDOW_MS - rng.between(0, WINDOW_MS)
+            } else {
+                base_ms - rng.between(0, JITTER_MS_MAX)
+            };
+            (id, user, ts_ms)
+        })
+        .collect();
+    Input { events, late_ids }
+}
+
+fn window_end_ms(ts_ms: u64) -> u64 {
+    (ts_ms / WINDOW_MS + 1) * WINDOW_MS
+}
+
+/// The direct computation: per (user, window end), every record's count.
+fn direct(events: &[Event]) -> BTreeMap<(u32, u64), u64> {
+    let mut counts = BTreeMap::new();
+    for &(_, user, ts_ms) in events {
+        *counts.entry((user, window_end_ms(ts_ms))).or_default() += 1;
+    }
+    counts
+}
+
+/// Per-user counts in tumbling windows, fired when the watermark passes
+/// a window's end; a record whose window already fired is dropped and
+/// reported as late.
+#[derive(Snapshot, Default)]
+struct TumblingCounts {
+    /// Open windows: (window end, user) → count.
+    open: BTreeMap<(u64, u32), u64>,
+    /// The last watermark seen.
+    watermark_ms: Option<u64>,
+    #[snapshot(skip)]
+    subtask: u32,
+    #[snapshot(skip)]
+    faults: Faults,
+}
+
+impl Operator for TumblingCounts {
+    type In = Event;
+    type Out = Output;
+
+    fn on_record(&mut self, event: Event, out: &mut Collector<'_, Output>) -> Result<(), BoxError> {
+        let (id, user, ts_ms) = event;
+        self.faults.check("window", id)?;
+        let end_ms = window_end_ms(ts_ms);
+        if self
+            .watermark_ms
+            .is_some_and(|watermark| end_ms - 1 <= watermark)
+        {
+            out.emit((LATE, self.subtask, user, end_ms, id));
+            return Ok(());
+        }
+        *self.open.entry((end_ms, user)).or_default() += 1;
+        Ok(())
+    }
+
+    fn on_watermark(
+        &mut self,
+        watermark_ms: u64,
+        out: &mut Collector<'_, Output>,
+    ) -> Result<(), BoxError> {
+        self.watermark_ms = Some(watermark_ms);
+        out.emit((WATERMARK, self.subtask, 0, watermark_ms, 0));
+        while let Some((&(end_ms, user), &count)) = self.open.first_key_value() {
+            if end_ms - 1 > watermark_ms {
+                break;
+            }
+            out.emit((RESULT, self.subtask, user, end_ms, count));
+            self.open.remove(&(end_ms, user));
+        }
+        Ok(())
+    }
+
+    fn restore_from(&mut self, restored: Self) {
+        self.open = restored.open;
+        self.watermark_ms = restored.watermark_ms;
+    }
+}
+
+/// How records reach the window operator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Edge {
+    /// Each operator subtask reads one split, in order (exact lateness).
+    Forward,
+    /// Every operator subtask reads every split (its watermark is the
+    /// minimum over them).
+    Rebalance,
+}
+
+/// One run's committed output, per sink subtask (in commit order).
+fn run(input: &Input, parallelism: usize, edge: Edge, faults: &Faults) -> Vec<Vec<Output>> {
+    let store: Arc<dyn CheckpointStore> =
+        Arc::new(MemoryCheckpointStore::new("event-time").expect("a memory store opens"));
+    let config = JobConfig {
+        checkpoint_interval_ms: Some(5),
+        default_parallelism: parallelism,
+        max_parallelism: 16,
+        batch_size_max: 16,
+        arbiters: Some(2),
+        store: Some(store),
+        restart: RestartStrategy::FixedDelay {
+            attempts_max: 10,
+            delay_ms: 0,
+        },
+        ..JobConfig::default()
+    };
+    let job = Job::new("event-time", config);
+    let output = CollectHandle::new();
+    let strategy = WatermarkStrategy::bounded_out_of_orderness(BOUND_MS, |event: &Event| event.2);
+    let events = job
+        .source(
+            "events",
+            Paced::over(VecSourceFactory::new(input.events.clone()), PACING),
+        )
+        .assign_timestamps(strategy);
+    let events = match edge {
+        Edge::Forward => events.forward(),
+        Edge::Rebalance => events.rebalance(),
+    };
+    let faults = faults.clone();
+    events
+        .operator("window", move |context: &OperatorContext| TumblingCounts {
+            subtask: context.subtask as u32,
+            faults: faults.clone(),
+            ..TumblingCounts::default()
+        })
+        .forward()
+        .sink("collect", output.clone());
+    job.run()
+        .unwrap_or_else(|error| panic!("the job failed: {error}"));
+    (0..parallelism)
+        .map(|subtask| output.committed_of(subtask))
+        .collect()
+}
+
+/// Checks one run's committed output against the direct computation;
+/// returns its window results and late records, sorted, for comparison.
+fn verify(input: &Input, edge: Edge, committed: &[Vec<Output>]) -> Result<Vec<Output>, String> {
+    let mut totals: BTreeMap<(u32, u64), u64> = BTreeMap::new();
+    let mut fired = BTreeSet::new();
+    let mut late = BTreeSet::new();
+    let mut results = Vec::new();
+    for (sink_subtask, outputs) in committed.iter().enumerate() {
+        let mut last_watermark: Option<u64> = None;
+        for &record in outputs {
+            let (kind, subtask, user, a, b) = record;
+            match kind {
+                WATERMARK => {
+                    if last_watermark.is_some_and(|last| a <= last) {
+                        return Err(format!(
+                            "subtask {subtask}'s watermark went from {last_watermark:?} to {a}"
+                        ));
+                    }
+                    last_watermark = Some(a);
+                }
+                RESULT => {
+                    if !fired.insert((subtask, user, a)) {
+                        return Err(format!("subtask {subtask} fired ({user}, {a}) twice"));
+                    }
+                    *totals.entry((user, a)).or_default() += b;
+                    results.push(record);
+                }
+                LATE => {
+                    if !late.insert(b) {
+                        return Err(format!("late record {b} was reported twice"));
+                    }
+                    *totals.entry((user, a)).or_default() += 1;
+                    results.push(record);
+                }
+                other => return Err(format!("unknown output kind {other}")),
+            }
+        }
+        if last_watermark != Some(WATERMARK_MAX_MS) {
+            return Err(format!(
+                "sink subtask {sink_subtask}'s last watermark is {last_watermark:?}, not +infinity"
+            ));
+        }
+    }
+    let want = direct(&input.events);
+    if totals != want {
+        let differ: Vec<_> = want
+            .iter()
+            .filter(|(window, count)| totals.get(window) != Some(count))
+            .take(5)
+            .collect();
+        return Err(format!(
+            "window totals differ from the direct computation at {differ:?}"
+        ));
+    }
+    if !late.is_subset(&input.late_ids) {
+        return Err("a record that was not made late was dropped as late".into());
+    }
+    if edge == Edge::Forward && late != input.late_ids {
+        return Err(format!(
+            "{} of {} records made late were dropped",
+            late.len(),
+            input.late_ids.len()
+        ));
+    }
+    results.sort_unstable();
+    Ok(results)
+}
+
+/// Runs the job on seeded inputs at `parallelism`, failure-free and, when
+/// `fault_count > 0`, with that many injected failures in the window
+/// operator, whose committed results must then equal the failure-free
+/// run's exactly (with forward edges).
+fn check(parallelism: usize, edge: Edge, fault_count: u64) {
+    quiet_injected_panics();
+    for seed in seeds("SNAPFLOW_EVENT_TIME_SEEDS", 2) {
+        let input = input(seed);
+        let clean = run(&input, parallelism, edge, &Faults::none());
+        let clean = verify(&input, edge, &clean).unwrap_or_else(|error| {
+            panic!("SNAPFLOW_SEED={seed} p={parallelism} {edge:?}: {error}")
+        });
+        if fault_count == 0 {
+            continue;
+        }
+        let mut rng = TestRng::new(seed ^ 0xfa17);
+        let planned = (0..fault_count)
+            .map(|_| {
+                let kind = if rng.chance(50) {
+                    FaultKind::Panic
+                } else {
+                    FaultKind::Error
+                };
+                ("window", rng.between(100, EVENTS - 1), kind)
+            })
+            .collect();
+        let faults = Faults::new(planned);
+        let faulty = run(&input, parallelism, edge, &faults);
+        let context = format!("SNAPFLOW_SEED={seed} p={parallelism} {edge:?} with faults");
+        assert_eq!(
+            faults.fired(),
+            faults.planned(),
+            "{context}: not every fault fired"
+        );
+        let faulty =
+            verify(&input, edge, &faulty).unwrap_or_else(|error| panic!("{context}: {error}"));
+        // With rebalanced edges which records are late depends on how the
+        // splits interleave, so only the totals (checked above) must agree.
+        assert!(
+            edge == Edge::Rebalance || faulty == clean,
+            "{context}: the committed results differ from the failure-free run's"
+        );
+    }
+}
+
+#[test]
+fn tumbling_counts_at_parallelism_1() {
+    check(1, Edge::Forward, 0);
+}
+
+#[test]
+fn tumbling_counts_at_parallelism_2() {
+    check(2, Edge::Forward, 0);
+}
+
+#[test]
+fn tumbling_counts_at_parallelism_3() {
+    check(3, Edge::Forward, 0);
+}
+
+#[test]
+fn watermark_is_the_minimum_over_inputs_at_parallelism_2() {
+    check(2, Edge::Rebalance, 0);
+}
+
+#[test]
+fn watermark_is_the_minimum_over_inputs_at_parallelism_3() {
+    check(3, Edge::Rebalance, 0);
+}
+
+#[test]
+fn failures_give_exactly_the_failure_free_results_at_parallelism_1() {
+    check(1, Edge::Forward, 3);
+}
+
+#[test]
+fn failures_give_exactly_the_failure_free_results_at_parallelism_2() {
+    check(2, Edge::Forward, 3);
+}
+
+#[test]
+fn failures_keep_the_totals_and_the_rising_watermark_at_parallelism_3() {
+    check(3, Edge::Rebalance, 3);
+}
