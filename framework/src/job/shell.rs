@@ -961,3 +961,51 @@ mod alignment_tests {
         assert_eq!(Alignments::default().take(CheckpointId(7)), 0);
     }
 }
+
+#[cfg(test)]
+mod part_tests {
+    use super::*;
+
+    #[test]
+    fn parts_without_watermarks_keep_their_old_bytes_and_decode() {
+        #[derive(Serialize)]
+        struct OldPart {
+            state: Vec<u8>,
+            channels: Vec<(u32, Vec<u8>)>,
+        }
+        let old = postcard::to_allocvec(&OldPart {
+            state: vec![1, 2, 3],
+            channels: vec![(0, vec![0])],
+        })
+        .expect("encodes");
+        let part = PartBytes::decode(&old).expect("an old part decodes");
+        assert_eq!(part.state, [1, 2, 3]);
+        assert!(part.watermarks().expect("no watermarks").is_none());
+        assert_eq!(
+            part.encode().expect("encodes"),
+            old,
+            "same bytes without event time"
+        );
+    }
+
+    #[test]
+    fn watermarks_round_trip_after_the_fields() {
+        let mut marks = InputWatermarks::new(vec![false, false]);
+        let _ = marks.on_watermark(0, 7);
+        let _ = marks.on_watermark(1, 9);
+        let part = PartBytes {
+            state: vec![4],
+            channels: Vec::new(),
+            time: Some(marks.state().encode().expect("encodes")),
+        };
+        let back = PartBytes::decode(&part.encode().expect("encodes")).expect("decodes");
+        assert_eq!(back.state, [4]);
+        assert_eq!(back.watermarks().expect("decodes"), Some(marks.state()));
+        let truncated = part.encode().expect("encodes");
+        let cut = &truncated[..truncated.len() - 1];
+        assert!(
+            PartBytes::decode(cut).is_err(),
+            "a cut part is an error, not a panic"
+        );
+    }
+}
