@@ -19,7 +19,7 @@ use snapflow::runtime::BoxError;
 use snapflow::sink::CollectHandle;
 use snapflow::source::VecSourceFactory;
 use snapflow::storage::{CheckpointStore, MemoryCheckpointStore};
-use snapflow::time::{WatermarkStrategy, WATERMARK_MAX_MS};
+use snapflow::time::{Timers, WatermarkStrategy, WATERMARK_MAX_MS};
 use snapflow::Snapshot;
 use snapflow_tests::pipeline::{Paced, Pacing};
 use snapflow_tests::{quiet_injected_panics, seeds, FaultKind, Faults, TestRng};
@@ -157,14 +157,69 @@ impl Operator for TumblingCounts {
     }
 }
 
-/// How records reach the window operator.
+/// The per-user windows of the keyed pipeline: window end → count.
+#[derive(Snapshot, Default, Clone)]
+struct UserWindows {
+    open: BTreeMap<u64, u64>,
+}
+
+/// The window job's shape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Edge {
-    /// Each operator subtask reads one split, in order (exact lateness).
+    /// A user operator; each subtask reads one split, in order (exact
+    /// lateness).
     Forward,
-    /// Every operator subtask reads every split (its watermark is the
-    /// minimum over them).
+    /// A user operator; every subtask reads every split (its watermark is
+    /// the minimum over them).
     Rebalance,
+    /// Keyed by user, windows fired by event-time timers; every subtask
+    /// reads every split.
+    Timers,
+}
+
+impl Edge {
+    /// Whether which records are late is exact at `parallelism`.
+    fn exact_lateness(self, parallelism: usize) -> bool {
+        self == Edge::Forward || parallelism == 1
+    }
+}
+
+/// Counts a record into its user's window and registers the window's
+/// timer, or drops it as late once the watermark passed the window.
+fn count_into_window(
+    user: &u32,
+    windows: &mut UserWindows,
+    (id, _, ts_ms): Event,
+    timers: &mut Timers<'_>,
+    out: &mut Collector<'_, Output>,
+) -> Result<(), BoxError> {
+    let end_ms = window_end_ms(ts_ms);
+    if timers
+        .current_watermark_ms()
+        .is_some_and(|watermark| end_ms - 1 <= watermark)
+    {
+        out.emit((LATE, 0, *user, end_ms, id));
+        return Ok(());
+    }
+    *windows.open.entry(end_ms).or_default() += 1;
+    timers.register_event_time_ms(end_ms - 1);
+    Ok(())
+}
+
+/// Fires the window that ends right after `timestamp_ms`.
+fn fire_window(
+    user: &u32,
+    windows: &mut UserWindows,
+    timestamp_ms: u64,
+    _timers: &mut Timers<'_>,
+    out: &mut Collector<'_, Output>,
+) -> Result<(), BoxError> {
+    let end_ms = timestamp_ms + 1;
+    let count = windows.open.remove(&end_ms).ok_or_else(|| {
+        format!("a timer fired for user {user}'s window {end_ms}, which is not open")
+    })?;
+    out.emit((RESULT, 0, *user, end_ms, count));
+    Ok(())
 }
 
 /// One run's committed output, per sink subtask (in commit order).
@@ -193,19 +248,30 @@ fn run(input: &Input, parallelism: usize, edge: Edge, faults: &Faults) -> Vec<Ve
             Paced::over(VecSourceFactory::new(input.events.clone()), PACING),
         )
         .assign_timestamps(strategy);
-    let events = match edge {
-        Edge::Forward => events.forward(),
-        Edge::Rebalance => events.rebalance(),
-    };
     let faults = faults.clone();
-    events
-        .operator("window", move |context: &OperatorContext| TumblingCounts {
-            subtask: context.subtask as u32,
-            faults: faults.clone(),
-            ..TumblingCounts::default()
-        })
-        .forward()
-        .sink("collect", output.clone());
+    let windows = match edge {
+        Edge::Forward | Edge::Rebalance => {
+            let events = if edge == Edge::Forward {
+                events.forward()
+            } else {
+                events.rebalance()
+            };
+            events.operator("window", move |context: &OperatorContext| TumblingCounts {
+                subtask: context.subtask as u32,
+                faults: faults.clone(),
+                ..TumblingCounts::default()
+            })
+        }
+        Edge::Timers => events.key_by(|event: &Event| event.1).process_with_timers(
+            "window",
+            move |user: &u32, windows: &mut UserWindows, event: Event, timers, out| {
+                faults.check("window", event.0)?;
+                count_into_window(user, windows, event, timers, out)
+            },
+            fire_window,
+        ),
+    };
+    windows.forward().sink("collect", output.clone());
     job.run()
         .unwrap_or_else(|error| panic!("the job failed: {error}"));
     (0..parallelism)
@@ -215,7 +281,11 @@ fn run(input: &Input, parallelism: usize, edge: Edge, faults: &Faults) -> Vec<Ve
 
 /// Checks one run's committed output against the direct computation;
 /// returns its window results and late records, sorted, for comparison.
-fn verify(input: &Input, edge: Edge, committed: &[Vec<Output>]) -> Result<Vec<Output>, String> {
+fn verify(
+    input: &Input,
+    (parallelism, edge): (usize, Edge),
+    committed: &[Vec<Output>],
+) -> Result<Vec<Output>, String> {
     let mut totals: BTreeMap<(u32, u64), u64> = BTreeMap::new();
     let mut fired = BTreeSet::new();
     let mut late = BTreeSet::new();
@@ -250,7 +320,7 @@ fn verify(input: &Input, edge: Edge, committed: &[Vec<Output>]) -> Result<Vec<Ou
                 other => return Err(format!("unknown output kind {other}")),
             }
         }
-        if last_watermark != Some(WATERMARK_MAX_MS) {
+        if edge != Edge::Timers && last_watermark != Some(WATERMARK_MAX_MS) {
             return Err(format!(
                 "sink subtask {sink_subtask}'s last watermark is {last_watermark:?}, not +infinity"
             ));
@@ -270,7 +340,7 @@ fn verify(input: &Input, edge: Edge, committed: &[Vec<Output>]) -> Result<Vec<Ou
     if !late.is_subset(&input.late_ids) {
         return Err("a record that was not made late was dropped as late".into());
     }
-    if edge == Edge::Forward && late != input.late_ids {
+    if edge.exact_lateness(parallelism) && late != input.late_ids {
         return Err(format!(
             "{} of {} records made late were dropped",
             late.len(),
@@ -290,7 +360,7 @@ fn check(parallelism: usize, edge: Edge, fault_count: u64) {
     for seed in seeds("SNAPFLOW_EVENT_TIME_SEEDS", 2) {
         let input = input(seed);
         let clean = run(&input, parallelism, edge, &Faults::none());
-        let clean = verify(&input, edge, &clean).unwrap_or_else(|error| {
+        let clean = verify(&input, (parallelism, edge), &clean).unwrap_or_else(|error| {
             panic!("SNAPFLOW_SEED={seed} p={parallelism} {edge:?}: {error}")
         });
         if fault_count == 0 {
@@ -315,12 +385,12 @@ fn check(parallelism: usize, edge: Edge, fault_count: u64) {
             faults.planned(),
             "{context}: not every fault fired"
         );
-        let faulty =
-            verify(&input, edge, &faulty).unwrap_or_else(|error| panic!("{context}: {error}"));
-        // With rebalanced edges which records are late depends on how the
-        // splits interleave, so only the totals (checked above) must agree.
+        let faulty = verify(&input, (parallelism, edge), &faulty)
+            .unwrap_or_else(|error| panic!("{context}: {error}"));
+        // When which records are late depends on how the splits
+        // interleave, only the totals (checked above) must agree.
         assert!(
-            edge == Edge::Rebalance || faulty == clean,
+            !edge.exact_lateness(parallelism) || faulty == clean,
             "{context}: the committed results differ from the failure-free run's"
         );
     }
@@ -364,4 +434,29 @@ fn failures_give_exactly_the_failure_free_results_at_parallelism_2() {
 #[test]
 fn failures_keep_the_totals_and_the_rising_watermark_at_parallelism_3() {
     check(3, Edge::Rebalance, 3);
+}
+
+#[test]
+fn timer_windows_at_parallelism_1() {
+    check(1, Edge::Timers, 0);
+}
+
+#[test]
+fn timer_windows_at_parallelism_2() {
+    check(2, Edge::Timers, 0);
+}
+
+#[test]
+fn timer_windows_at_parallelism_3() {
+    check(3, Edge::Timers, 0);
+}
+
+#[test]
+fn timer_windows_with_failures_give_exactly_the_failure_free_results_at_parallelism_1() {
+    check(1, Edge::Timers, 3);
+}
+
+#[test]
+fn timer_windows_with_failures_keep_the_totals_at_parallelism_3() {
+    check(3, Edge::Timers, 3);
 }

@@ -97,6 +97,9 @@ pub use report::{
 };
 pub use route::Collector;
 pub use shell::Data;
+// For `crate::time`'s timed keyed core, which plugs into the shells.
+pub(crate) use ops::{decode_keyed_state, encode_keyed_state, merge_keyed_states};
+pub(crate) use shell::Core;
 pub use stream::{Feedback, Job, KeyedStateHandle, KeyedStream, SinkHandle, Stream};
 pub use supervisor::RunningJob;
 

@@ -41,7 +41,7 @@ use super::supervisor::{self, RunningJob};
 use super::{JobConfig, JobError, JobReport, DEFAULT_CHECKPOINT_INTERVAL_MS};
 use crate::sink::{Sink, SinkFactory};
 use crate::source::{Source, SourceFactory};
-use crate::time::WatermarkStrategy;
+use crate::time::{rescale_timed_states, TimedFn, TimedKeyedCore, Timers, WatermarkStrategy};
 
 struct OperatorSpec {
     name: String,
@@ -225,6 +225,18 @@ impl Job {
         };
         let operator = self.add_operator(name, true, Box::new(template));
         self.graph.borrow_mut().operators[operator].rescale = Rescale::No;
+        Stream {
+            job: self,
+            producers: vec![Producer {
+                operator,
+                partition: EdgeKind::Auto,
+            }],
+            _records: PhantomData,
+        }
+    }
+
+    /// The stream `operator` produces.
+    fn stream_of<T>(&self, operator: usize) -> Stream<'_, T> {
         Stream {
             job: self,
             producers: vec![Producer {
@@ -847,6 +859,61 @@ where
             },
             None,
         )
+    }
+
+    /// A keyed process function with event-time timers: `on_record` runs
+    /// for each record as in [`KeyedStream::process`], with the key's
+    /// [`Timers`]; `on_timer(key, state, timestamp_ms, timers, out)` runs
+    /// once the operator's watermark reaches a registered time, in
+    /// timestamp order, before the watermark is sent on (so its output
+    /// comes first). Never concurrently with `on_record` on a subtask.
+    /// Timers are per-key state, stored by key group, so they are
+    /// restored exactly-once and rescale with their keys. The stream must
+    /// have event time ([`Stream::assign_timestamps`]), or timers fire
+    /// only at end of input.
+    pub fn process_with_timers<S, U>(
+        self,
+        name: &str,
+        on_record: impl Fn(&K, &mut S, T, &mut Timers<'_>, &mut Collector<'_, U>) -> Result<(), BoxError>
+            + Send
+            + Sync
+            + 'static,
+        on_timer: impl Fn(&K, &mut S, u64, &mut Timers<'_>, &mut Collector<'_, U>) -> Result<(), BoxError>
+            + Send
+            + Sync
+            + 'static,
+    ) -> Stream<'j, U>
+    where
+        S: Snapshot + Default + Clone + Send + 'static,
+        U: Data,
+    {
+        let key_of = self.key_of;
+        let key_of: Arc<dyn Fn(&T) -> K + Send + Sync> = Arc::new(move |record: &T| key_of(record));
+        let key_hash: Arc<dyn Any + Send + Sync> = Arc::new(self.key_hash);
+        let on_record: Arc<TimedFn<K, S, T, U>> = Arc::new(on_record);
+        let on_timer: Arc<TimedFn<K, S, u64, U>> = Arc::new(on_timer);
+        let max_parallelism =
+            MaxParallelism::new(self.job.config.max_parallelism).unwrap_or_default();
+        let make_core = Arc::new(move |subtask: usize, parallelism: usize| {
+            Box::new(TimedKeyedCore::new(
+                (max_parallelism, parallelism, subtask),
+                Arc::clone(&key_of),
+                Arc::clone(&on_record),
+                Arc::clone(&on_timer),
+            )) as Box<dyn Core<T, U>>
+        });
+        let producers: Vec<Producer> = self
+            .producers
+            .iter()
+            .map(|&operator| Producer {
+                operator,
+                partition: EdgeKind::Hash,
+            })
+            .collect();
+        let operator = self.job.stage(name, &producers, Some(key_hash), make_core);
+        self.job.graph.borrow_mut().operators[operator].rescale =
+            Rescale::Operator(Arc::new(rescale_timed_states));
+        self.job.stream_of(operator)
     }
 
     fn process_inner<S, U>(

@@ -4,7 +4,10 @@
 //! [`WatermarkStrategy`] (how a source subtask turns event times into
 //! watermarks and idleness), [`InputWatermarks`] (an operator's watermark
 //! as the minimum over its non-idle forward inputs, and its stored form),
-//! and [`Clock`] (processing time, one trait, so tests drive it).
+//! [`Timers`] (event-time timers of keyed process functions, stored as
+//! keyed state by key group so they rescale, fired in timestamp order
+//! when the watermark passes them), and [`Clock`] (processing time, one
+//! trait, so tests drive it).
 //!
 //! It never sends, spawns or blocks, never touches a channel or an
 //! operator's state, and never decides a protocol question: the shells in
@@ -14,13 +17,16 @@
 
 mod clock;
 mod strategy;
+mod timers;
 mod watermark;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use strategy::{
     BoundedOutOfOrderness, Punctuated, TimestampFn, WatermarkGenerator, WatermarkStrategy,
 };
+pub use timers::Timers;
 pub use watermark::{Advance, InputWatermarks, WATERMARK_MAX_MS};
 
 pub(crate) use strategy::{SourceSignal, SourceWatermarks};
+pub(crate) use timers::{rescale_timed_states, TimedFn, TimedKeyedCore};
 pub(crate) use watermark::WatermarkState;
