@@ -12,7 +12,10 @@
 //! commit exactly the results of a failure-free run.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
 
 use snapflow::job::{Collector, Job, JobConfig, Operator, OperatorContext, RestartStrategy};
 use snapflow::runtime::BoxError;
@@ -222,24 +225,28 @@ fn fire_window(
     Ok(())
 }
 
-/// One run's committed output, per sink subtask (in commit order).
-fn run(input: &Input, parallelism: usize, edge: Edge, faults: &Faults) -> Vec<Vec<Output>> {
-    let store: Arc<dyn CheckpointStore> =
-        Arc::new(MemoryCheckpointStore::new("event-time").expect("a memory store opens"));
-    let config = JobConfig {
+/// Checkpoints every 5 ms into `store`, restarts on failure.
+fn config(store: &Arc<dyn CheckpointStore>, parallelism: usize) -> JobConfig {
+    JobConfig {
         checkpoint_interval_ms: Some(5),
         default_parallelism: parallelism,
         max_parallelism: 16,
         batch_size_max: 16,
         arbiters: Some(2),
-        store: Some(store),
+        store: Some(Arc::clone(store)),
         restart: RestartStrategy::FixedDelay {
             attempts_max: 10,
             delay_ms: 0,
         },
         ..JobConfig::default()
-    };
-    let job = Job::new("event-time", config);
+    }
+}
+
+/// One run's committed output, per sink subtask (in commit order).
+fn run(input: &Input, parallelism: usize, edge: Edge, faults: &Faults) -> Vec<Vec<Output>> {
+    let store: Arc<dyn CheckpointStore> =
+        Arc::new(MemoryCheckpointStore::new("event-time").expect("a memory store opens"));
+    let job = Job::new("event-time", config(&store, parallelism));
     let output = CollectHandle::new();
     let strategy = WatermarkStrategy::bounded_out_of_orderness(BOUND_MS, |event: &Event| event.2);
     let events = job
@@ -459,4 +466,98 @@ fn timer_windows_with_failures_give_exactly_the_failure_free_results_at_parallel
 #[test]
 fn timer_windows_with_failures_keep_the_totals_at_parallelism_3() {
     check(3, Edge::Timers, 3);
+}
+
+/// A job of the keyed timer windows, source and sink at parallelism 1,
+/// windows at `parallelism`, counting the records it has windowed into
+/// `progress`.
+fn declare_rescalable(
+    job: &Job,
+    input: &Input,
+    parallelism: usize,
+    progress: &Arc<AtomicU64>,
+) -> CollectHandle<Output> {
+    let output = CollectHandle::new();
+    let progress = Arc::clone(progress);
+    let strategy = WatermarkStrategy::bounded_out_of_orderness(BOUND_MS, |event: &Event| event.2);
+    job.source(
+        "events",
+        Paced::over(VecSourceFactory::new(input.events.clone()), PACING),
+    )
+    .parallelism(1)
+    .assign_timestamps(strategy)
+    .key_by(|event: &Event| event.1)
+    .process_with_timers(
+        "window",
+        move |user: &u32, windows: &mut UserWindows, event: Event, timers, out| {
+            progress.fetch_add(1, Ordering::Relaxed);
+            count_into_window(user, windows, event, timers, out)
+        },
+        fire_window,
+    )
+    .parallelism(parallelism)
+    .sink("collect", output.clone())
+    .parallelism(1);
+    output
+}
+
+/// Stops the timer windows at `from` with a savepoint while windows are
+/// open, resumes at `to`: every window fires once with the right count,
+/// and the results equal a run that never stopped.
+fn check_rescale(from: usize, to: usize) {
+    for seed in seeds("SNAPFLOW_EVENT_TIME_SEEDS", 2) {
+        let context = format!("SNAPFLOW_SEED={seed} {from} -> {to}");
+        let input = input(seed);
+        let store: Arc<dyn CheckpointStore> =
+            Arc::new(MemoryCheckpointStore::new("rescale").expect("a memory store opens"));
+        let progress = Arc::new(AtomicU64::new(0));
+        let first = Job::new("rescale", config(&store, from));
+        let first_output = declare_rescalable(&first, &input, from, &progress);
+        let running = first.start().expect("the first run starts");
+        let started = Instant::now();
+        while progress.load(Ordering::Relaxed) < EVENTS / 2
+            && started.elapsed() < Duration::from_secs(20)
+        {
+            thread::sleep(Duration::from_millis(1));
+        }
+        running.stop_with_savepoint();
+        let stopped = running
+            .wait()
+            .unwrap_or_else(|error| panic!("{context}: {error}"));
+        let savepoint = stopped
+            .savepoint
+            .unwrap_or_else(|| panic!("{context}: no savepoint"));
+        let before = first_output.committed();
+        let second = Job::new("rescale", config(&store, to));
+        let second_output = declare_rescalable(&second, &input, to, &progress);
+        let resumed = second
+            .run()
+            .unwrap_or_else(|error| panic!("{context}: {error}"));
+        assert_eq!(resumed.resumed_from, Some(savepoint), "{context}");
+        let after = second_output.committed();
+        assert!(
+            !before.is_empty() && !after.is_empty(),
+            "{context}: windows should fire before and after the savepoint"
+        );
+        let all: Vec<Output> = before.into_iter().chain(after).collect();
+        let rescaled = verify(&input, (1, Edge::Timers), &[all])
+            .unwrap_or_else(|error| panic!("{context}: {error}"));
+        let unstopped = run(&input, 1, Edge::Timers, &Faults::none());
+        let unstopped = verify(&input, (1, Edge::Timers), &unstopped)
+            .unwrap_or_else(|error| panic!("{context}, unstopped: {error}"));
+        assert!(
+            rescaled == unstopped,
+            "{context}: results differ from a run that never stopped"
+        );
+    }
+}
+
+#[test]
+fn timer_windows_rescale_from_2_to_3() {
+    check_rescale(2, 3);
+}
+
+#[test]
+fn timer_windows_rescale_from_3_to_1() {
+    check_rescale(3, 1);
 }
