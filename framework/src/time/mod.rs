@@ -7,7 +7,9 @@
 //! [`Timers`] (event-time timers of keyed process functions, stored as
 //! keyed state by key group so they rescale, fired in timestamp order
 //! when the watermark passes them), and [`Clock`] (processing time, one
-//! trait, so tests drive it).
+//! trait, so tests drive it), and [`Windows`] (tumbling and sliding
+//! event-time windows with an incremental aggregate and allowed lateness,
+//! built on the timers).
 //!
 //! It never sends, spawns or blocks, never touches a channel or an
 //! operator's state, and never decides a protocol question: the shells in
@@ -19,6 +21,7 @@ mod clock;
 mod strategy;
 mod timers;
 mod watermark;
+mod window;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use strategy::{
@@ -26,6 +29,7 @@ pub use strategy::{
 };
 pub use timers::Timers;
 pub use watermark::{Advance, InputWatermarks, WATERMARK_MAX_MS};
+pub use window::{LateRecords, WindowError, Windowed, WindowedStream, Windows};
 
 pub(crate) use strategy::{SourceSignal, SourceWatermarks};
 pub(crate) use timers::{rescale_timed_states, TimedFn, TimedKeyedCore};
