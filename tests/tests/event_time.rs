@@ -22,7 +22,7 @@ use snapflow::runtime::BoxError;
 use snapflow::sink::CollectHandle;
 use snapflow::source::VecSourceFactory;
 use snapflow::storage::{CheckpointStore, MemoryCheckpointStore};
-use snapflow::time::{Timers, WatermarkStrategy, WATERMARK_MAX_MS};
+use snapflow::time::{Timers, WatermarkStrategy, Windowed, Windows, WATERMARK_MAX_MS};
 use snapflow::Snapshot;
 use snapflow_tests::pipeline::{Paced, Pacing};
 use snapflow_tests::{quiet_injected_panics, seeds, FaultKind, Faults, TestRng};
@@ -560,4 +560,231 @@ fn timer_windows_rescale_from_2_to_3() {
 #[test]
 fn timer_windows_rescale_from_3_to_1() {
     check_rescale(3, 1);
+}
+
+/// Which built-in windows a run uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    Tumbling,
+    /// 60 s windows every 10 s.
+    Sliding,
+    /// Tumbling, with more allowed lateness than any late record needs.
+    Lenient,
+}
+
+impl Shape {
+    fn windows(self) -> Windows {
+        let windows = match self {
+            Shape::Tumbling | Shape::Lenient => Windows::tumbling(WINDOW_MS),
+            Shape::Sliding => Windows::sliding(WINDOW_MS, 10_000),
+        };
+        let windows = windows.unwrap_or_else(|error| panic!("bug in the test: {error}"));
+        if self == Shape::Lenient {
+            windows.allowed_lateness_ms(4 * WINDOW_MS)
+        } else {
+            windows
+        }
+    }
+}
+
+/// Per (user, window start): the direct count of `events` over `windows`.
+fn direct_windows(windows: &Windows, events: &[&Event]) -> BTreeMap<(u32, u64), u64> {
+    let mut counts = BTreeMap::new();
+    for &&(_, user, ts_ms) in events {
+        for start_ms in windows.starts_of(ts_ms) {
+            *counts.entry((user, start_ms)).or_default() += 1;
+        }
+    }
+    counts
+}
+
+/// One run of the built-in window count: its committed firings in commit
+/// order, and how many records it dropped as late.
+fn run_windows(
+    input: &Input,
+    parallelism: usize,
+    shape: Shape,
+    faults: &Faults,
+) -> (Vec<Windowed<u32, u64>>, u64) {
+    let store: Arc<dyn CheckpointStore> =
+        Arc::new(MemoryCheckpointStore::new("windows").expect("a memory store opens"));
+    let job = Job::new("windows", config(&store, parallelism));
+    let output = CollectHandle::new();
+    let strategy = WatermarkStrategy::bounded_out_of_orderness(BOUND_MS, |event: &Event| event.2);
+    let faults = faults.clone();
+    let (counts, late) = job
+        .source(
+            "events",
+            Paced::over(VecSourceFactory::new(input.events.clone()), PACING),
+        )
+        .assign_timestamps(strategy)
+        .map("faults", move |event: Event| {
+            faults.check_or_panic("faults", event.0);
+            event
+        })
+        .key_by(|event: &Event| event.1)
+        .window(shape.windows(), |event: &Event| event.2)
+        .count("window");
+    counts.sink("collect", output.clone()).parallelism(1);
+    job.run()
+        .unwrap_or_else(|error| panic!("the job failed: {error}"));
+    (output.committed(), late.dropped())
+}
+
+/// Checks the built-in windows against the direct computation: without
+/// lateness each window fires once, with at least the count of its
+/// on-time records and at most that of all its records (exactly the
+/// on-time count at parallelism 1); with lateness each window's last
+/// firing counts all its records. Returns the firings, sorted.
+fn verify_windows(
+    input: &Input,
+    (parallelism, shape): (usize, Shape),
+    fired: &[Windowed<u32, u64>],
+    dropped: Option<u64>,
+) -> Result<Vec<Windowed<u32, u64>>, String> {
+    let windows = shape.windows();
+    let all: Vec<&Event> = input.events.iter().collect();
+    let on_time: Vec<&Event> = all
+        .iter()
+        .copied()
+        .filter(|event| !input.late_ids.contains(&event.0))
+        .collect();
+    let (want_all, want_on_time) = (
+        direct_windows(&windows, &all),
+        direct_windows(&windows, &on_time),
+    );
+    let mut last: BTreeMap<(u32, u64), u64> = BTreeMap::new();
+    for firing in fired {
+        if firing.end_ms - firing.start_ms != WINDOW_MS {
+            return Err(format!("{firing:?} is not a {WINDOW_MS} ms window"));
+        }
+        let previous = last.insert((firing.key, firing.start_ms), firing.result);
+        if shape != Shape::Lenient && previous.is_some() {
+            return Err(format!("{firing:?} fired twice"));
+        }
+    }
+    if shape == Shape::Lenient {
+        return if last == want_all {
+            Ok(fired.to_vec())
+        } else {
+            Err("the last firings differ from the direct counts of all records".into())
+        };
+    }
+    if last.keys().ne(want_on_time.keys()) && last.keys().ne(want_all.keys()) {
+        let missing = want_on_time
+            .keys()
+            .find(|window| !last.contains_key(window));
+        return Err(format!("windows missing or extra, e.g. {missing:?}"));
+    }
+    for (window, &count) in &last {
+        let low = want_on_time.get(window).copied().unwrap_or(0);
+        let high = want_all.get(window).copied().unwrap_or(0);
+        let exact = parallelism == 1 && count != low;
+        if count < low || count > high || exact {
+            return Err(format!(
+                "window {window:?} counted {count}, want {low}..={high}"
+            ));
+        }
+    }
+    if let Some(dropped) = dropped {
+        let missing: u64 = want_all.values().sum::<u64>() - last.values().sum::<u64>();
+        let per_record = (missing + windows_per_record(shape) - 1) / windows_per_record(shape);
+        if dropped != per_record {
+            return Err(format!(
+                "{dropped} records counted as dropped, {per_record} missing"
+            ));
+        }
+    }
+    let mut sorted = fired.to_vec();
+    sorted.sort_unstable();
+    Ok(sorted)
+}
+
+/// How many windows hold each record.
+fn windows_per_record(shape: Shape) -> u64 {
+    match shape {
+        Shape::Sliding => WINDOW_MS / 10_000,
+        Shape::Tumbling | Shape::Lenient => 1,
+    }
+}
+
+/// Runs the built-in windows at `parallelism`, failure-free and with
+/// `fault_count` injected failures; at parallelism 1 both commit exactly
+/// the same firings.
+fn check_windows(parallelism: usize, shape: Shape, fault_count: u64) {
+    quiet_injected_panics();
+    for seed in seeds("SNAPFLOW_EVENT_TIME_SEEDS", 2) {
+        let context = format!("SNAPFLOW_SEED={seed} p={parallelism} {shape:?}");
+        let input = input(seed);
+        let (fired, dropped) = run_windows(&input, parallelism, shape, &Faults::none());
+        let clean = verify_windows(&input, (parallelism, shape), &fired, Some(dropped))
+            .unwrap_or_else(|error| panic!("{context}: {error}"));
+        if fault_count == 0 {
+            continue;
+        }
+        let mut rng = TestRng::new(seed ^ 0xfa17);
+        let planned = (0..fault_count)
+            .map(|_| ("faults", rng.between(100, EVENTS - 1), FaultKind::Panic))
+            .collect();
+        let faults = Faults::new(planned);
+        let (fired, _) = run_windows(&input, parallelism, shape, &faults);
+        assert_eq!(
+            faults.fired(),
+            faults.planned(),
+            "{context}: not every fault fired"
+        );
+        let faulty = verify_windows(&input, (parallelism, shape), &fired, None)
+            .unwrap_or_else(|error| panic!("{context} with faults: {error}"));
+        assert!(
+            parallelism != 1 || faulty == clean,
+            "{context}: the firings with faults differ from the failure-free run's"
+        );
+    }
+}
+
+#[test]
+fn window_assigners_are_checked_when_built() {
+    assert!(Windows::tumbling(0).is_err());
+    assert!(Windows::sliding(10, 20).is_err());
+    assert!(Windows::sliding(10, 0).is_err());
+}
+
+#[test]
+fn tumbling_window_counts_at_parallelism_1() {
+    check_windows(1, Shape::Tumbling, 0);
+}
+
+#[test]
+fn tumbling_window_counts_at_parallelism_2() {
+    check_windows(2, Shape::Tumbling, 0);
+}
+
+#[test]
+fn tumbling_window_counts_at_parallelism_3() {
+    check_windows(3, Shape::Tumbling, 0);
+}
+
+#[test]
+fn sliding_window_counts_at_parallelism_1() {
+    check_windows(1, Shape::Sliding, 0);
+}
+
+#[test]
+fn sliding_window_counts_at_parallelism_3() {
+    check_windows(3, Shape::Sliding, 0);
+}
+
+#[test]
+fn allowed_lateness_counts_every_record_at_parallelism_2() {
+    check_windows(2, Shape::Lenient, 0);
+}
+
+#[test]
+fn window_counts_with_failures_are_the_failure_free_ones_at_parallelism_1() {
+    check_windows(1, Shape::Tumbling, 3);
+}
+
+#[test]
+fn window_counts_with_failures_keep_their_bounds_at_parallelism_3() {
+    check_windows(3, Shape::Sliding, 3);
 }

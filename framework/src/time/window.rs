@@ -94,7 +94,12 @@ impl Windows {
         let first = last.saturating_sub(size_ms - 1).div_ceil(slide_ms) * slide_ms;
         (first..=last)
             .step_by(usize::try_from(slide_ms).unwrap_or(usize::MAX))
-            .filter(move |start| start.saturating_add(size_ms) > timestamp_ms)
+            // A window whose end is past u64::MAX holds everything after
+            // its start (it fires at end of input).
+            .filter(move |start| match start.checked_add(size_ms) {
+                Some(end_ms) => end_ms > timestamp_ms,
+                None => true,
+            })
     }
 
     /// The last event time inside the window starting at `start_ms` (its
