@@ -177,6 +177,32 @@ where
     /// `timestamp_of` gives (the same as the source's
     /// [`WatermarkStrategy`](super::WatermarkStrategy)'s: records do not
     /// carry their timestamps).
+    ///
+    /// ```
+    /// use snapflow::job::{Job, JobConfig};
+    /// use snapflow::sink::CollectHandle;
+    /// use snapflow::source::VecSourceFactory;
+    /// use snapflow::time::{WatermarkStrategy, Windows};
+    ///
+    /// // (user, event time in ms): per user, count events in 60 s windows,
+    /// // tolerating 5 s of disorder.
+    /// let events = vec![(1u32, 1_000u64), (2, 2_000), (1, 59_000), (1, 61_000), (2, 130_000)];
+    /// let job = Job::new("windows", JobConfig::default());
+    /// let counts = CollectHandle::new();
+    /// let (windowed, late) = job
+    ///     .source("events", VecSourceFactory::new(events))
+    ///     .assign_timestamps(WatermarkStrategy::bounded_out_of_orderness(5_000, |e: &(u32, u64)| e.1))
+    ///     .key_by(|e: &(u32, u64)| e.0)
+    ///     .window(Windows::tumbling(60_000)?, |e: &(u32, u64)| e.1)
+    ///     .count("count");
+    /// windowed.sink("out", counts.clone());
+    /// job.run()?;
+    /// let mut counts: Vec<_> = counts.committed().into_iter().map(|w| (w.key, w.end_ms, w.result)).collect();
+    /// counts.sort();
+    /// assert_eq!(counts, [(1, 60_000, 2), (1, 120_000, 1), (2, 60_000, 1), (2, 180_000, 1)]);
+    /// assert_eq!(late.dropped(), 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn window(
         self,
         windows: Windows,
