@@ -34,7 +34,9 @@ use crate::runtime::{BoxError, Generation};
 
 use super::route::{Collector, Router};
 use crate::source::{Guarantee, Source, SourceError, SourcePoll as ReadStatus, SourcePosition};
-use crate::time::{Advance, InputWatermarks, SourceSignal, SourceWatermarks, WatermarkState};
+use crate::time::{
+    Advance, InputWatermarks, SourceSignal, SourceWatermarks, WatermarkState, WATERMARK_MAX_MS,
+};
 
 /// Bound on the serde-friendly record types that flow between operators:
 /// they are cloned for fan-out and recorded channel state, and serialized
@@ -494,6 +496,10 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
                     .records_out
                     .fetch_add(emitted, Ordering::Relaxed);
                 result?;
+                if watermark_ms == WATERMARK_MAX_MS {
+                    // +infinity travels as the end of input that follows.
+                    return Ok(());
+                }
                 Control::Watermark(watermark_ms)
             }
         };

@@ -87,6 +87,10 @@ pub struct InputWatermarks {
     output_ms: Option<u64>,
     output_idle: bool,
     regressions: u64,
+    /// Whether a watermark or idleness mark ever arrived (or was
+    /// restored): without one the job has no event time here, and its
+    /// parts keep their old bytes.
+    seen: bool,
 }
 
 impl InputWatermarks {
@@ -101,6 +105,7 @@ impl InputWatermarks {
             output_ms: None,
             output_idle: false,
             regressions: 0,
+            seen: false,
         }
     }
 
@@ -115,11 +120,11 @@ impl InputWatermarks {
         self.regressions
     }
 
-    /// Whether nothing has happened that a snapshot must keep.
+    /// Whether no watermark or idleness mark ever arrived, so a snapshot
+    /// has nothing of event time to keep (end of input alone is not
+    /// event time: every job has it).
     pub(crate) fn is_pristine(&self) -> bool {
-        self.output_ms.is_none()
-            && !self.output_idle
-            && self.inputs.iter().all(|mark| *mark == InputMark::default())
+        !self.seen
     }
 
     /// A watermark arrived on `input`.
@@ -127,6 +132,7 @@ impl InputWatermarks {
         let Some(mark) = self.inputs.get_mut(input) else {
             return Advance::None;
         };
+        self.seen = true;
         mark.idle = false;
         match mark.watermark_ms {
             Some(previous) if watermark_ms < previous => self.regressions += 1,
@@ -139,6 +145,7 @@ impl InputWatermarks {
     pub fn on_idle(&mut self, input: usize) -> Advance {
         if let Some(mark) = self.inputs.get_mut(input) {
             mark.idle = true;
+            self.seen = true;
         }
         self.advance()
     }
@@ -222,6 +229,7 @@ impl InputWatermarks {
     /// number of inputs (a rescaled job) keeps only what was sent on, so
     /// the output never goes back; the inputs start afresh.
     pub(crate) fn restore(&mut self, state: WatermarkState) {
+        self.seen = true;
         if state.inputs.len() == self.inputs.len() {
             self.inputs = state.inputs;
             self.output_idle = state.output_idle;
@@ -309,6 +317,19 @@ mod tests {
         );
         check(&[false, false], &["i0", "i1"], Advance::Idle);
         check(&[false, false], &["i0", "i1", "i0"], Advance::None);
+    }
+
+    #[test]
+    fn end_of_input_alone_is_not_event_time() {
+        let mut marks = InputWatermarks::new(vec![false]);
+        assert_eq!(marks.on_end(0), Advance::To(WATERMARK_MAX_MS));
+        assert!(
+            marks.is_pristine(),
+            "a part without event time keeps its bytes"
+        );
+        let mut marks = InputWatermarks::new(vec![false]);
+        let _ = marks.on_idle(0);
+        assert!(!marks.is_pristine());
     }
 
     #[test]
