@@ -102,6 +102,7 @@ pub mod sink;
 pub mod source;
 pub mod state;
 pub mod storage;
+pub mod time;
 
 pub use snapflow_macros::Snapshot;
 pub use state::Snapshot;

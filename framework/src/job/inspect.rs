@@ -657,7 +657,11 @@ mod tests {
     }
 
     fn part(state: Vec<u8>, channels: Vec<(u32, Vec<u8>)>) -> PartBytes {
-        PartBytes { state, channels }
+        PartBytes {
+            state,
+            channels,
+            time: None,
+        }
     }
 
     #[test]

@@ -97,6 +97,9 @@ pub use report::{
 };
 pub use route::Collector;
 pub use shell::Data;
+// For `crate::time`'s timed keyed core, which plugs into the shells.
+pub(crate) use ops::{decode_keyed_state, encode_keyed_state, merge_keyed_states};
+pub(crate) use shell::Core;
 pub use stream::{Feedback, Job, KeyedStateHandle, KeyedStream, SinkHandle, Stream};
 pub use supervisor::RunningJob;
 
@@ -223,6 +226,13 @@ pub enum JobError {
     /// `.parallelism(n)` on a stream that several operators produce (a union).
     #[error("parallelism set on a union stream; set it on each input instead")]
     ParallelismOnUnion,
+    /// [`Stream::assign_timestamps`] on a stream that is not a source's
+    /// own output: watermarks are generated per split, in the source.
+    #[error("assign_timestamps must follow a source directly; `{operator}` is not one")]
+    TimestampsNotAtSource {
+        /// The operator that produces the stream.
+        operator: String,
+    },
     /// An iteration was opened with [`Stream::iterate`] and never closed.
     #[error("iteration `{name}` is never closed with close_loop")]
     LoopNotClosed {

@@ -171,6 +171,23 @@ pub trait Operator: Snapshot + Send + 'static {
         Ok(())
     }
 
+    /// The operator's event-time watermark rose to `watermark_ms` (the
+    /// minimum over its non-idle inputs, see [`crate::time`]): no record
+    /// with an event time at or below it follows, except late ones. What
+    /// this emits reaches downstream before the watermark does. Called
+    /// with [`crate::time::WATERMARK_MAX_MS`] once every input ended,
+    /// before [`Operator::on_end_of_input`]. The watermark is kept in the
+    /// checkpoint outside this instance, so a restore never calls this
+    /// again for a watermark the restored state had already seen.
+    fn on_watermark(
+        &mut self,
+        watermark_ms: u64,
+        out: &mut Collector<'_, Self::Out>,
+    ) -> Result<(), BoxError> {
+        let _ = (watermark_ms, out);
+        Ok(())
+    }
+
     /// Spreads the state of the `old` subtasks (their instances as decoded
     /// from the checkpoint, in subtask order) over `parallelism` new ones,
     /// when a job is restored at another parallelism of this operator.

@@ -383,6 +383,14 @@ impl<O: Operator> Core<O::In, O::Out> for OperatorCore<O> {
         self.ended = true;
         self.operator.on_end_of_input(out)
     }
+
+    fn on_watermark(
+        &mut self,
+        watermark_ms: u64,
+        out: &mut Collector<'_, O::Out>,
+    ) -> Result<(), BoxError> {
+        self.operator.on_watermark(watermark_ms, out)
+    }
 }
 
 /// Makes the sink of one subtask (subtask, parallelism).

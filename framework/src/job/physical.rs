@@ -32,6 +32,7 @@ use crate::runtime::source::{SourceActor, SourceConfig};
 use crate::runtime::stage::{Inject, StageActor, StageConfig};
 use crate::runtime::{ActorTag, Generation};
 use crate::storage::{KeyGroupLayout, PartId};
+use crate::time::{SourceWatermarks, WatermarkStrategy};
 
 use super::ops::merge_keyed_states;
 use super::recovery::SinkHooks;
@@ -60,6 +61,13 @@ pub(crate) enum Partition {
 pub(crate) trait Template: Send + Sync + 'static {
     /// A fresh slot for one subtask of one generation.
     fn slot(&self) -> Box<dyn SubtaskSlot>;
+
+    /// Gives a source its [`WatermarkStrategy`] (boxed, as the template
+    /// is erased). False when this is not a source of that record type.
+    fn set_watermarks(&mut self, strategy: Box<dyn Any>) -> bool {
+        let _ = strategy;
+        false
+    }
 }
 
 /// Everything a slot needs to start its actor.
@@ -273,6 +281,8 @@ impl<In: Data, Out: Data> SubtaskSlot for StageSlot<In, Out> {
 
 pub(crate) struct SourceTemplate<T> {
     pub(crate) make: SourceMaker<T>,
+    /// Set by [`Stream::assign_timestamps`](super::Stream::assign_timestamps).
+    pub(crate) watermarks: Option<WatermarkStrategy<T>>,
 }
 
 impl<T: Data> Template for SourceTemplate<T> {
@@ -281,7 +291,18 @@ impl<T: Data> Template for SourceTemplate<T> {
             slot: ActorSlot::new(),
             outputs: OutputSide::new(),
             make: Arc::clone(&self.make),
+            watermarks: self.watermarks.clone(),
         })
+    }
+
+    fn set_watermarks(&mut self, strategy: Box<dyn Any>) -> bool {
+        match strategy.downcast::<WatermarkStrategy<T>>() {
+            Ok(strategy) => {
+                self.watermarks = Some(*strategy);
+                true
+            }
+            Err(_) => false,
+        }
     }
 }
 
@@ -289,6 +310,7 @@ struct SourceSlot<T: Data> {
     slot: ActorSlot<SourceActor<SourceShell<T>>>,
     outputs: OutputSide<T>,
     make: SourceMaker<T>,
+    watermarks: Option<WatermarkStrategy<T>>,
 }
 
 impl<T: Data> SubtaskSlot for SourceSlot<T> {
@@ -332,6 +354,7 @@ impl<T: Data> SubtaskSlot for SourceSlot<T> {
             slot,
             outputs,
             make,
+            watermarks,
         } = *self;
         let machine = new_machine::<Vec<T>>(start.node_config, start.last_completed)?;
         let router = Router::new(outputs.routes);
@@ -353,6 +376,7 @@ impl<T: Data> SubtaskSlot for SourceSlot<T> {
                     (subtask, parallelism),
                     router,
                     read_batch,
+                    watermarks.map(SourceWatermarks::new),
                 );
                 SourceActor::new(actor_tag, shell, senders, SourceConfig::default(), failures)
             },
@@ -582,9 +606,12 @@ impl PhysicalPlan {
                 states.push(part.state);
             }
             let encode = |state: Vec<u8>| {
+                // A rescaled operator's inputs are other channels: its
+                // watermarks start afresh (ARCHITECTURE.md, Time).
                 let part = PartBytes {
                     state,
                     channels: Vec::new(),
+                    time: None,
                 };
                 part.encode()
                     .map_err(|error| rescale_error(&error.to_string()))

@@ -34,6 +34,9 @@ use crate::runtime::{BoxError, Generation};
 
 use super::route::{Collector, Router};
 use crate::source::{Guarantee, Source, SourceError, SourcePoll as ReadStatus, SourcePosition};
+use crate::time::{
+    Advance, InputWatermarks, SourceSignal, SourceWatermarks, WatermarkState, WATERMARK_MAX_MS,
+};
 
 /// Bound on the serde-friendly record types that flow between operators:
 /// they are cloned for fan-out and recorded channel state, and serialized
@@ -57,6 +60,12 @@ pub enum Control {
     Abort(CheckpointId),
     /// Injected into a loop head: time passed (it may end its loop).
     Tick,
+    /// In-band: no record with event time at or below this follows on
+    /// this channel (DESIGN.md §7).
+    Watermark(u64),
+    /// In-band: the channel is idle and drops out of the watermark
+    /// minimum until it carries a batch or a watermark again.
+    Idle,
 }
 
 /// What a subtask tells the supervisor.
@@ -100,6 +109,12 @@ pub(crate) struct PartBytes {
     pub(crate) state: Vec<u8>,
     /// Recorded channel states: (input channel, postcard `Vec<Vec<In>>`).
     pub(crate) channels: Vec<(u32, Vec<u8>)>,
+    /// The subtask's watermarks ([`WatermarkState`] bytes), if it ever had
+    /// one. Stored after the other two fields, and only when present, so
+    /// that parts without event time keep their old bytes and old parts
+    /// still decode.
+    #[serde(skip)]
+    pub(crate) time: Option<Vec<u8>>,
 }
 
 impl PartBytes {
@@ -108,12 +123,26 @@ impl PartBytes {
     /// the shells, rescaling in `physical.rs` and `job::inspect` all go
     /// through them.
     pub(crate) fn encode(&self) -> Result<Vec<u8>, postcard::Error> {
-        postcard::to_allocvec(self)
+        let mut bytes = postcard::to_allocvec(self)?;
+        if let Some(time) = &self.time {
+            bytes.extend_from_slice(&postcard::to_allocvec(time)?);
+        }
+        Ok(bytes)
     }
 
-    /// Reads bytes written by [`PartBytes::encode`].
+    /// Reads bytes written by [`PartBytes::encode`], with or without the
+    /// watermarks after the fields.
     pub(crate) fn decode(bytes: &[u8]) -> Result<PartBytes, postcard::Error> {
-        postcard::from_bytes(bytes)
+        let (mut part, rest): (PartBytes, &[u8]) = postcard::take_from_bytes(bytes)?;
+        if !rest.is_empty() {
+            part.time = Some(postcard::from_bytes(rest)?);
+        }
+        Ok(part)
+    }
+
+    /// The watermarks stored in this part, if any.
+    pub(crate) fn watermarks(&self) -> Result<Option<WatermarkState>, postcard::Error> {
+        self.time.as_deref().map(WatermarkState::decode).transpose()
     }
 }
 
@@ -167,6 +196,17 @@ pub(crate) trait Core<In, Out: Send + 'static>: 'static {
     /// Every input ended; the last chance to emit.
     fn on_end(&mut self, out: &mut Collector<'_, Out>) -> Result<(), BoxError> {
         let _ = out;
+        Ok(())
+    }
+    /// The operator's watermark rose to `watermark_ms`: fire what is due.
+    /// The shell sends the watermark on after this returns, so what it
+    /// emits comes before the watermark downstream.
+    fn on_watermark(
+        &mut self,
+        watermark_ms: u64,
+        out: &mut Collector<'_, Out>,
+    ) -> Result<(), BoxError> {
+        let _ = (watermark_ms, out);
         Ok(())
     }
 }
@@ -309,7 +349,10 @@ pub(crate) struct StageShell<In: Data, Out: Data> {
     core: Box<dyn Core<In, Out>>,
     router: Router<Out>,
     taken: TakenStates,
+    /// The watermarks taken with each state in `taken` (empty: none).
+    taken_time: TakenStates,
     alignments: Alignments,
+    watermarks: InputWatermarks,
     inputs_ended: bool,
     trigger_requested: bool,
 }
@@ -322,6 +365,10 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
         router: Router<Out>,
         feedback: Vec<bool>,
     ) -> Self {
+        // No flags (a graph without loops) means no back edges.
+        let back_edge = (0..machine.input_count())
+            .map(|input| feedback.get(input).copied().unwrap_or(false))
+            .collect();
         let loop_head = env.loop_idle_ms.map(|idle_ms| LoopHead {
             feedback,
             idle_ms,
@@ -335,7 +382,9 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
             core,
             router,
             taken: TakenStates::default(),
+            taken_time: TakenStates::default(),
             alignments: Alignments::default(),
+            watermarks: InputWatermarks::new(back_edge),
             inputs_ended: false,
             trigger_requested: false,
         }
@@ -367,6 +416,12 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
                     self.alignments.snapshot(checkpoint);
                     let state = self.core.snapshot(checkpoint)?;
                     self.taken.insert(checkpoint, state);
+                    let time = if self.watermarks.is_pristine() {
+                        Vec::new()
+                    } else {
+                        self.watermarks.state().encode()?
+                    };
+                    self.taken_time.insert(checkpoint, time);
                     // The state is captured as bytes: safe for the protocol.
                     self.machine.state_recorded(token);
                 }
@@ -384,7 +439,14 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
                             encode_channel(&channel_state.messages)?,
                         ));
                     }
-                    let bytes = PartBytes { state, channels }.encode()?;
+                    let time =
+                        Some(self.taken_time.take(part.checkpoint)?).filter(|t| !t.is_empty());
+                    let bytes = PartBytes {
+                        state,
+                        channels,
+                        time,
+                    }
+                    .encode()?;
                     self.env.tell(NodeEventKind::Ack {
                         checkpoint: part.checkpoint,
                         part: bytes,
@@ -392,8 +454,7 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
                     });
                 }
                 NodeAction::Decline { checkpoint, reason } => {
-                    self.taken.forget_up_to(checkpoint);
-                    self.alignments.forget_up_to(checkpoint);
+                    self.forget_up_to(checkpoint);
                     self.env.tell(NodeEventKind::Decline { checkpoint, reason });
                 }
             }
@@ -406,6 +467,46 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
             }
         }
         self.after_input(io)
+    }
+
+    /// Forgets what was taken for `checkpoint` and older ones.
+    fn forget_up_to(&mut self, checkpoint: CheckpointId) {
+        self.taken.forget_up_to(checkpoint);
+        self.taken_time.forget_up_to(checkpoint);
+        self.alignments.forget_up_to(checkpoint);
+    }
+
+    /// Carries out what a change of the input watermarks asks for: fires
+    /// what is due, then sends the watermark (or the idleness mark) on
+    /// every output, so the output comes first.
+    fn on_time(
+        &mut self,
+        advance: Advance,
+        io: &mut StageIo<'_, Out, Control>,
+    ) -> Result<(), BoxError> {
+        let control = match advance {
+            Advance::None => return Ok(()),
+            Advance::Idle => Control::Idle,
+            Advance::To(watermark_ms) => {
+                let mut collector = Collector::new(io.outputs(), &mut self.router);
+                let result = self.core.on_watermark(watermark_ms, &mut collector);
+                let emitted = collector.finish();
+                self.env
+                    .counters
+                    .records_out
+                    .fetch_add(emitted, Ordering::Relaxed);
+                result?;
+                if watermark_ms == WATERMARK_MAX_MS {
+                    // +infinity travels as the end of input that follows.
+                    return Ok(());
+                }
+                Control::Watermark(watermark_ms)
+            }
+        };
+        if !self.inputs_ended {
+            io.outputs().broadcast_control(control);
+        }
+        Ok(())
     }
 
     fn note_guarantee(&self) {
@@ -447,6 +548,10 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
         let part = PartBytes::decode(&bytes)?;
         self.core.restore(Some(&part.state))?;
         self.note_guarantee();
+        // The watermarks resume from the snapshot, never from the minimum.
+        if let Some(watermarks) = part.watermarks()? {
+            self.watermarks.restore(watermarks);
+        }
         // Recorded channel state is delivered before any new input: this
         // runs before the stage processes its first delivery.
         for (_channel, messages) in part.channels {
@@ -454,6 +559,13 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
             for batch in batches {
                 self.process(batch, io.outputs())?;
             }
+        }
+        // Sent again, after the replayed records: downstream ignores it if
+        // it has it, and a watermark that was in flight in a recorded
+        // channel (not kept there yet) is not lost.
+        if let Some(watermark_ms) = self.watermarks.output_ms() {
+            io.outputs()
+                .broadcast_control(Control::Watermark(watermark_ms));
         }
         Ok(())
     }
@@ -476,6 +588,7 @@ impl<In: Data, Out: Data> StageLogic for StageShell<In, Out> {
                 return Ok(());
             }
         }
+        self.watermarks.on_batch(input);
         if let Delivery::Process(batch) = self.machine.on_data(input, batch) {
             self.process(batch, io.outputs())?;
         }
@@ -504,7 +617,21 @@ impl<In: Data, Out: Data> StageLogic for StageShell<In, Out> {
                 self.alignments.barrier(checkpoint);
                 self.machine.on_barrier(input, checkpoint);
             }
-            Control::End => self.machine.on_end_of_input(input),
+            Control::End => {
+                // End of input is watermark +infinity on the channel: what
+                // it makes due fires before the end travels on.
+                let advance = self.watermarks.on_end(input);
+                self.on_time(advance, io)?;
+                self.machine.on_end_of_input(input);
+            }
+            Control::Watermark(watermark_ms) => {
+                let advance = self.watermarks.on_watermark(input, watermark_ms);
+                return self.on_time(advance, io);
+            }
+            Control::Idle => {
+                let advance = self.watermarks.on_idle(input);
+                return self.on_time(advance, io);
+            }
             other => return Err(format!("{other:?} arrived in-band").into()),
         }
         self.drive(io)
@@ -526,14 +653,12 @@ impl<In: Data, Out: Data> StageLogic for StageShell<In, Out> {
         match control {
             Control::Trigger(checkpoint) => self.machine.on_trigger(checkpoint),
             Control::Abort(checkpoint) => {
-                self.taken.forget_up_to(checkpoint);
-                self.alignments.forget_up_to(checkpoint);
+                self.forget_up_to(checkpoint);
                 self.machine.on_abort(checkpoint);
             }
             Control::Complete(checkpoint) => {
                 self.machine.on_complete(checkpoint);
-                self.taken.forget_up_to(checkpoint);
-                self.alignments.forget_up_to(checkpoint);
+                self.forget_up_to(checkpoint);
                 self.core.on_complete(checkpoint)?;
                 self.env.tell(NodeEventKind::Committed { checkpoint });
             }
@@ -593,6 +718,11 @@ pub(crate) struct SourceShell<T: Data> {
     read_batch: usize,
     exhausted: bool,
     taken: TakenStates,
+    /// The watermarks taken with each position in `taken` (empty: none).
+    taken_time: TakenStates,
+    /// The subtask's watermark generator, when the stream has a
+    /// [`crate::time::WatermarkStrategy`].
+    watermarks: Option<SourceWatermarks<T>>,
 }
 
 impl<T: Data> SourceShell<T> {
@@ -603,8 +733,11 @@ impl<T: Data> SourceShell<T> {
         (subtask, parallelism): (usize, usize),
         router: Router<T>,
         read_batch: usize,
+        watermarks: Option<SourceWatermarks<T>>,
     ) -> Self {
         SourceShell {
+            taken_time: TakenStates::default(),
+            watermarks,
             env,
             machine,
             make,
@@ -632,6 +765,10 @@ impl<T: Data> SourceShell<T> {
             }
             if let Some(bytes) = self.env.restore.take() {
                 let part = PartBytes::decode(&bytes)?;
+                if let (Some(watermarks), Some(state)) = (&mut self.watermarks, part.watermarks()?)
+                {
+                    watermarks.restore(&state);
+                }
                 if reader.can_seek() {
                     reader.seek(&SourcePosition::from_bytes(part.state))?;
                 }
@@ -652,6 +789,11 @@ impl<T: Data> SourceShell<T> {
                 NodeAction::TakeSnapshot(token) => {
                     let position = self.reader()?.position().as_bytes().to_vec();
                     self.taken.insert(token.checkpoint(), position);
+                    let time = match &self.watermarks {
+                        Some(watermarks) => watermarks.state().encode()?,
+                        None => Vec::new(),
+                    };
+                    self.taken_time.insert(token.checkpoint(), time);
                     self.machine.state_recorded(token);
                 }
                 NodeAction::EmitBarrier(checkpoint) => {
@@ -661,9 +803,12 @@ impl<T: Data> SourceShell<T> {
                 }
                 NodeAction::ReportPart(part) => {
                     let state = self.taken.take(part.checkpoint)?;
+                    let time =
+                        Some(self.taken_time.take(part.checkpoint)?).filter(|t| !t.is_empty());
                     let bytes = PartBytes {
                         state,
                         channels: Vec::new(),
+                        time,
                     }
                     .encode()?;
                     self.env.tell(NodeEventKind::Ack {
@@ -674,6 +819,7 @@ impl<T: Data> SourceShell<T> {
                 }
                 NodeAction::Decline { checkpoint, reason } => {
                     self.taken.forget_up_to(checkpoint);
+                    self.taken_time.forget_up_to(checkpoint);
                     self.env.tell(NodeEventKind::Decline { checkpoint, reason });
                 }
             }
@@ -695,8 +841,20 @@ impl<T: Data> SourceLogic for SourceShell<T> {
         let mut buffer = std::mem::take(&mut self.buffer);
         let status = self.reader()?.poll_batch(&mut buffer, read_batch);
         let records = buffer.len() as u64;
+        // One branch per poll without a watermark strategy.
+        let signal = match &mut self.watermarks {
+            Some(watermarks) if status.is_ok() => watermarks.on_records(&buffer),
+            _ => SourceSignal::None,
+        };
         self.router.route_batch(&mut buffer, outputs);
         self.buffer = buffer;
+        match signal {
+            SourceSignal::None => {}
+            SourceSignal::Watermark(watermark_ms) => {
+                outputs.broadcast_control(Control::Watermark(watermark_ms));
+            }
+            SourceSignal::Idle => outputs.broadcast_control(Control::Idle),
+        }
         self.env
             .counters
             .records_out
@@ -725,11 +883,13 @@ impl<T: Data> SourceLogic for SourceShell<T> {
             Control::Trigger(checkpoint) => self.machine.on_trigger(checkpoint),
             Control::Abort(checkpoint) => {
                 self.taken.forget_up_to(checkpoint);
+                self.taken_time.forget_up_to(checkpoint);
                 self.machine.on_abort(checkpoint);
             }
             Control::Complete(checkpoint) => {
                 self.machine.on_complete(checkpoint);
                 self.taken.forget_up_to(checkpoint);
+                self.taken_time.forget_up_to(checkpoint);
                 self.env.tell(NodeEventKind::Committed { checkpoint });
             }
             other => return Err(format!("{other:?} was injected into a source").into()),
@@ -805,5 +965,53 @@ mod alignment_tests {
     #[test]
     fn take_of_an_unknown_checkpoint_is_zero() {
         assert_eq!(Alignments::default().take(CheckpointId(7)), 0);
+    }
+}
+
+#[cfg(test)]
+mod part_tests {
+    use super::*;
+
+    #[test]
+    fn parts_without_watermarks_keep_their_old_bytes_and_decode() {
+        #[derive(Serialize)]
+        struct OldPart {
+            state: Vec<u8>,
+            channels: Vec<(u32, Vec<u8>)>,
+        }
+        let old = postcard::to_allocvec(&OldPart {
+            state: vec![1, 2, 3],
+            channels: vec![(0, vec![0])],
+        })
+        .expect("encodes");
+        let part = PartBytes::decode(&old).expect("an old part decodes");
+        assert_eq!(part.state, [1, 2, 3]);
+        assert!(part.watermarks().expect("no watermarks").is_none());
+        assert_eq!(
+            part.encode().expect("encodes"),
+            old,
+            "same bytes without event time"
+        );
+    }
+
+    #[test]
+    fn watermarks_round_trip_after_the_fields() {
+        let mut marks = InputWatermarks::new(vec![false, false]);
+        let _ = marks.on_watermark(0, 7);
+        let _ = marks.on_watermark(1, 9);
+        let part = PartBytes {
+            state: vec![4],
+            channels: Vec::new(),
+            time: Some(marks.state().encode().expect("encodes")),
+        };
+        let back = PartBytes::decode(&part.encode().expect("encodes")).expect("decodes");
+        assert_eq!(back.state, [4]);
+        assert_eq!(back.watermarks().expect("decodes"), Some(marks.state()));
+        let truncated = part.encode().expect("encodes");
+        let cut = &truncated[..truncated.len() - 1];
+        assert!(
+            PartBytes::decode(cut).is_err(),
+            "a cut part is an error, not a panic"
+        );
     }
 }

@@ -41,6 +41,7 @@ use super::supervisor::{self, RunningJob};
 use super::{JobConfig, JobError, JobReport, DEFAULT_CHECKPOINT_INTERVAL_MS};
 use crate::sink::{Sink, SinkFactory};
 use crate::source::{Source, SourceFactory};
+use crate::time::{rescale_timed_states, TimedFn, TimedKeyedCore, Timers, WatermarkStrategy};
 
 struct OperatorSpec {
     name: String,
@@ -218,9 +219,24 @@ impl Job {
                 let source = factory.split(subtask, parallelism)?;
                 Ok(Box::new(source) as Box<dyn Source<Item = _>>)
             });
-        let template = SourceTemplate { make };
+        let template = SourceTemplate {
+            make,
+            watermarks: None,
+        };
         let operator = self.add_operator(name, true, Box::new(template));
         self.graph.borrow_mut().operators[operator].rescale = Rescale::No;
+        Stream {
+            job: self,
+            producers: vec![Producer {
+                operator,
+                partition: EdgeKind::Auto,
+            }],
+            _records: PhantomData,
+        }
+    }
+
+    /// The stream `operator` produces.
+    fn stream_of<T>(&self, operator: usize) -> Stream<'_, T> {
         Stream {
             job: self,
             producers: vec![Producer {
@@ -437,6 +453,51 @@ impl<'j, T: Data> Stream<'j, T> {
         });
         let operator = self.job.stage(name, &self.producers, None, make_core);
         self.next(operator)
+    }
+
+    /// Gives this source's records event times and watermarks: each
+    /// source subtask (one split each for the built-in sources) runs the
+    /// strategy's generator on what it reads and sends watermarks in-band,
+    /// after the records they follow. It must follow
+    /// [`Job::source`] directly; anywhere else [`Job::run`] fails with
+    /// [`JobError::TimestampsNotAtSource`].
+    ///
+    /// ```
+    /// use snapflow::job::{Job, JobConfig};
+    /// use snapflow::sink::CollectHandle;
+    /// use snapflow::source::VecSourceFactory;
+    /// use snapflow::time::WatermarkStrategy;
+    ///
+    /// let job = Job::new("timestamps", JobConfig::default());
+    /// let events = CollectHandle::new();
+    /// job.source("events", VecSourceFactory::new(vec![(1u32, 1_000u64), (2, 900)]))
+    ///     .assign_timestamps(WatermarkStrategy::bounded_out_of_orderness(500, |event: &(u32, u64)| event.1))
+    ///     .sink("out", events.clone());
+    /// job.run()?;
+    /// assert_eq!(events.committed().len(), 2);
+    /// # Ok::<(), snapflow::job::JobError>(())
+    /// ```
+    pub fn assign_timestamps(self, strategy: WatermarkStrategy<T>) -> Self {
+        {
+            let mut graph = self.job.graph.borrow_mut();
+            let operator = match self.producers.as_slice() {
+                [producer] => Some(producer.operator),
+                _ => None,
+            };
+            let accepted = operator.is_some_and(|operator| {
+                let spec = &mut graph.operators[operator];
+                spec.is_source && spec.template.set_watermarks(Box::new(strategy))
+            });
+            if !accepted {
+                let operator = operator
+                    .map(|operator| graph.operators[operator].name.clone())
+                    .unwrap_or_else(|| "a union".to_owned());
+                graph
+                    .errors
+                    .push(JobError::TimestampsNotAtSource { operator });
+            }
+        }
+        self
     }
 
     /// Transforms every record.
@@ -798,6 +859,61 @@ where
             },
             None,
         )
+    }
+
+    /// A keyed process function with event-time timers: `on_record` runs
+    /// for each record as in [`KeyedStream::process`], with the key's
+    /// [`Timers`]; `on_timer(key, state, timestamp_ms, timers, out)` runs
+    /// once the operator's watermark reaches a registered time, in
+    /// timestamp order, before the watermark is sent on (so its output
+    /// comes first). Never concurrently with `on_record` on a subtask.
+    /// Timers are per-key state, stored by key group, so they are
+    /// restored exactly-once and rescale with their keys. The stream must
+    /// have event time ([`Stream::assign_timestamps`]), or timers fire
+    /// only at end of input.
+    pub fn process_with_timers<S, U>(
+        self,
+        name: &str,
+        on_record: impl Fn(&K, &mut S, T, &mut Timers<'_>, &mut Collector<'_, U>) -> Result<(), BoxError>
+            + Send
+            + Sync
+            + 'static,
+        on_timer: impl Fn(&K, &mut S, u64, &mut Timers<'_>, &mut Collector<'_, U>) -> Result<(), BoxError>
+            + Send
+            + Sync
+            + 'static,
+    ) -> Stream<'j, U>
+    where
+        S: Snapshot + Default + Clone + Send + 'static,
+        U: Data,
+    {
+        let key_of = self.key_of;
+        let key_of: Arc<dyn Fn(&T) -> K + Send + Sync> = Arc::new(move |record: &T| key_of(record));
+        let key_hash: Arc<dyn Any + Send + Sync> = Arc::new(self.key_hash);
+        let on_record: Arc<TimedFn<K, S, T, U>> = Arc::new(on_record);
+        let on_timer: Arc<TimedFn<K, S, u64, U>> = Arc::new(on_timer);
+        let max_parallelism =
+            MaxParallelism::new(self.job.config.max_parallelism).unwrap_or_default();
+        let make_core = Arc::new(move |subtask: usize, parallelism: usize| {
+            Box::new(TimedKeyedCore::new(
+                (max_parallelism, parallelism, subtask),
+                Arc::clone(&key_of),
+                Arc::clone(&on_record),
+                Arc::clone(&on_timer),
+            )) as Box<dyn Core<T, U>>
+        });
+        let producers: Vec<Producer> = self
+            .producers
+            .iter()
+            .map(|&operator| Producer {
+                operator,
+                partition: EdgeKind::Hash,
+            })
+            .collect();
+        let operator = self.job.stage(name, &producers, Some(key_hash), make_core);
+        self.job.graph.borrow_mut().operators[operator].rescale =
+            Rescale::Operator(Arc::new(rescale_timed_states));
+        self.job.stream_of(operator)
     }
 
     fn process_inner<S, U>(

@@ -1,0 +1,355 @@
+//! Event-time timers of keyed process functions.
+//!
+//! A timer is keyed state: per key, the sorted event times it fires at,
+//! in a [`KeyedState`] of its own, snapshotted by key group next to the
+//! user's per-key state, so timers rescale with their keys. An index by
+//! time (rebuilt on restore, never stored) lets the watermark fire every
+//! due timer in timestamp order, before the shell sends the watermark on.
+
+use std::collections::BTreeMap;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::job::{Collector, Core, Data, Key};
+use crate::keyed::{key_hash, parts_in_range, KeyedState, MaxParallelism};
+use crate::protocol::CheckpointId;
+use crate::runtime::BoxError;
+use crate::state::Snapshot;
+
+/// The timer calls a function made while it ran, applied after it returns
+/// (the function holds its key's state, not the timer tables).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TimerOp {
+    Register(u64),
+    Delete(u64),
+}
+
+/// The timer service a timed process function gets for the current key.
+#[derive(Debug)]
+pub struct Timers<'a> {
+    ops: &'a mut Vec<TimerOp>,
+    watermark_ms: Option<u64>,
+}
+
+impl Timers<'_> {
+    /// Fires `on_timer` for this key once the watermark reaches
+    /// `timestamp_ms`. Registering the same key and time twice keeps one
+    /// timer. A time at or below the current watermark fires when the
+    /// watermark next rises; at end of input (the last rise) such a
+    /// timer registered by a firing timer never fires.
+    pub fn register_event_time_ms(&mut self, timestamp_ms: u64) {
+        self.ops.push(TimerOp::Register(timestamp_ms));
+    }
+
+    /// Deletes this key's timer at `timestamp_ms`, if there is one.
+    pub fn delete_event_time_ms(&mut self, timestamp_ms: u64) {
+        self.ops.push(TimerOp::Delete(timestamp_ms));
+    }
+
+    /// The operator's current watermark, `None` before the first.
+    pub fn current_watermark_ms(&self) -> Option<u64> {
+        self.watermark_ms
+    }
+}
+
+/// One key's timers: sorted, without duplicates.
+#[derive(crate::Snapshot, Clone, Default, Debug, PartialEq, Eq)]
+#[snapshot(crate = "crate")]
+pub(crate) struct KeyTimers {
+    event_time_ms: Vec<u64>,
+}
+
+impl KeyTimers {
+    /// Adds `timestamp_ms`; true when it was not there.
+    fn insert(&mut self, timestamp_ms: u64) -> bool {
+        match self.event_time_ms.binary_search(&timestamp_ms) {
+            Ok(_) => false,
+            Err(at) => {
+                self.event_time_ms.insert(at, timestamp_ms);
+                true
+            }
+        }
+    }
+
+    /// Removes `timestamp_ms`; true when it was there.
+    fn remove(&mut self, timestamp_ms: u64) -> bool {
+        match self.event_time_ms.binary_search(&timestamp_ms) {
+            Ok(at) => {
+                self.event_time_ms.remove(at);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+}
+
+/// The stored state of a timed keyed operator: the user's key groups, the
+/// timers' key groups (both in the keyed-state envelope of
+/// [`crate::job`]), and the watermark the core last saw. This and
+/// [`decode_timed_state`] are the only places that know this layout.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub(crate) struct TimedState {
+    user: Vec<u8>,
+    timers: Vec<u8>,
+    watermark_ms: Option<u64>,
+}
+
+pub(crate) fn encode_timed_state(state: &TimedState) -> Result<Vec<u8>, postcard::Error> {
+    postcard::to_allocvec(state)
+}
+
+pub(crate) fn decode_timed_state(bytes: &[u8]) -> Result<TimedState, postcard::Error> {
+    postcard::from_bytes(bytes)
+}
+
+/// The stored states of the old subtasks of a timed operator, for
+/// `parallelism` new subtasks: each gets the union of the key groups (it
+/// keeps its own range on restore), and the lowest watermark any old
+/// subtask had seen (`None` if one had none), which no new subtask has
+/// passed.
+pub(crate) fn rescale_timed_states(
+    states: &[Vec<u8>],
+    parallelism: usize,
+) -> Result<Vec<Vec<u8>>, String> {
+    let decoded = states
+        .iter()
+        .map(|state| decode_timed_state(state).map_err(|error| error.to_string()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let users: Vec<Vec<u8>> = decoded.iter().map(|state| state.user.clone()).collect();
+    let timers: Vec<Vec<u8>> = decoded.iter().map(|state| state.timers.clone()).collect();
+    let watermark_ms = decoded
+        .iter()
+        .map(|state| state.watermark_ms)
+        .min()
+        .flatten();
+    let merged = TimedState {
+        user: crate::job::merge_keyed_states(&users)?,
+        timers: crate::job::merge_keyed_states(&timers)?,
+        watermark_ms,
+    };
+    let bytes = encode_timed_state(&merged).map_err(|error| error.to_string())?;
+    Ok(vec![bytes; parallelism])
+}
+
+/// A timed process function's per-record or per-timer call, erased.
+pub(crate) type TimedFn<K, S, I, Out> = dyn Fn(&K, &mut S, I, &mut Timers<'_>, &mut Collector<'_, Out>) -> Result<(), BoxError>
+    + Send
+    + Sync;
+
+/// The keyed process core with event-time timers.
+pub(crate) struct TimedKeyedCore<K, S, In, Out: Send + 'static> {
+    key_of: Arc<dyn Fn(&In) -> K + Send + Sync>,
+    on_record: Arc<TimedFn<K, S, In, Out>>,
+    on_timer: Arc<TimedFn<K, S, u64, Out>>,
+    states: KeyedState<K, S>,
+    timers: KeyedState<K, KeyTimers>,
+    /// Due times → keys registered at them; an entry whose key no longer
+    /// holds that time (deleted) is skipped when it comes due.
+    due: BTreeMap<u64, Vec<K>>,
+    watermark_ms: Option<u64>,
+    ops: Vec<TimerOp>,
+    _records: PhantomData<fn(In) -> Out>,
+}
+
+impl<K: Key, S: Snapshot + Default + Clone + 'static, In: 'static, Out: Send + 'static>
+    TimedKeyedCore<K, S, In, Out>
+{
+    /// Empty state for `subtask` of `parallelism`.
+    ///
+    /// # Panics
+    ///
+    /// If `subtask` or `parallelism` do not fit `max_parallelism`: the plan
+    /// checked both before anything started, so this is a bug.
+    pub(crate) fn new(
+        (max_parallelism, parallelism, subtask): (MaxParallelism, usize, usize),
+        key_of: Arc<dyn Fn(&In) -> K + Send + Sync>,
+        on_record: Arc<TimedFn<K, S, In, Out>>,
+        on_timer: Arc<TimedFn<K, S, u64, Out>>,
+    ) -> Self {
+        TimedKeyedCore {
+            key_of,
+            on_record,
+            on_timer,
+            states: subtask_state(max_parallelism, parallelism, subtask),
+            timers: subtask_state(max_parallelism, parallelism, subtask),
+            due: BTreeMap::new(),
+            watermark_ms: None,
+            ops: Vec::new(),
+            _records: PhantomData,
+        }
+    }
+
+    /// Applies the timer calls the last function call made for `key`.
+    fn apply_ops(&mut self, key: &K) {
+        for op in self.ops.drain(..) {
+            match op {
+                TimerOp::Register(timestamp_ms) => {
+                    if self.timers.get_or_default(key).insert(timestamp_ms) {
+                        self.due.entry(timestamp_ms).or_default().push(key.clone());
+                    }
+                }
+                TimerOp::Delete(timestamp_ms) => {
+                    let now_empty = self.timers.get_mut(key).is_some_and(|timers| {
+                        timers.remove(timestamp_ms) && timers.event_time_ms.is_empty()
+                    });
+                    if now_empty {
+                        self.timers.remove(key);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Removes `key`'s timer at `timestamp_ms`; false when it was deleted.
+    fn take_timer(&mut self, key: &K, timestamp_ms: u64) -> bool {
+        let Some(timers) = self.timers.get_mut(key) else {
+            return false;
+        };
+        let taken = timers.remove(timestamp_ms);
+        if timers.event_time_ms.is_empty() {
+            self.timers.remove(key);
+        }
+        taken
+    }
+}
+
+/// Empty keyed state of one subtask.
+fn subtask_state<K: Key, V: Snapshot + Default + Clone>(
+    max_parallelism: MaxParallelism,
+    parallelism: usize,
+    subtask: usize,
+) -> KeyedState<K, V> {
+    KeyedState::for_subtask(max_parallelism, parallelism as u32, subtask as u32)
+        .unwrap_or_else(|error| panic!("bug: the plan let through {error}"))
+}
+
+impl<K, S, In, Out> Core<In, Out> for TimedKeyedCore<K, S, In, Out>
+where
+    K: Key,
+    S: Snapshot + Default + Clone + 'static,
+    In: Data,
+    Out: Data,
+{
+    fn process(&mut self, batch: Vec<In>, out: &mut Collector<'_, Out>) -> Result<(), BoxError> {
+        for record in batch {
+            let key = (self.key_of)(&record);
+            let state = self.states.get_or_default_routed(&key, key_hash(&key));
+            let mut timers = Timers {
+                ops: &mut self.ops,
+                watermark_ms: self.watermark_ms,
+            };
+            let result = (self.on_record)(&key, state, record, &mut timers, out);
+            self.apply_ops(&key);
+            result?;
+        }
+        Ok(())
+    }
+
+    fn on_watermark(
+        &mut self,
+        watermark_ms: u64,
+        out: &mut Collector<'_, Out>,
+    ) -> Result<(), BoxError> {
+        self.watermark_ms = Some(watermark_ms);
+        // What is due is taken first: a timer that a firing registers at
+        // or below the watermark waits for the next rise, so a function
+        // that always registers again cannot loop forever.
+        let mut due = Vec::new();
+        while let Some(entry) = self.due.first_entry() {
+            if *entry.key() > watermark_ms {
+                break;
+            }
+            due.push(entry.remove_entry());
+        }
+        for (timestamp_ms, keys) in due {
+            for key in keys {
+                if !self.take_timer(&key, timestamp_ms) {
+                    continue;
+                }
+                let state = self.states.get_or_default(&key);
+                let mut timers = Timers {
+                    ops: &mut self.ops,
+                    watermark_ms: self.watermark_ms,
+                };
+                let result = (self.on_timer)(&key, state, timestamp_ms, &mut timers, out);
+                self.apply_ops(&key);
+                result?;
+            }
+        }
+        Ok(())
+    }
+
+    fn snapshot(&mut self, _checkpoint: CheckpointId) -> Result<Vec<u8>, BoxError> {
+        let user: Vec<(u32, Vec<u8>)> = self.states.snapshot()?.into_parts().collect();
+        let timers: Vec<(u32, Vec<u8>)> = self.timers.snapshot()?.into_parts().collect();
+        let state = TimedState {
+            user: crate::job::encode_keyed_state(&user)?,
+            timers: crate::job::encode_keyed_state(&timers)?,
+            watermark_ms: self.watermark_ms,
+        };
+        Ok(encode_timed_state(&state)?)
+    }
+
+    fn restore(&mut self, state: Option<&[u8]>) -> Result<(), BoxError> {
+        let Some(state) = state else {
+            return Ok(());
+        };
+        let state = decode_timed_state(state)?;
+        let (max_parallelism, range) = (self.states.max_parallelism(), self.states.range());
+        let user = crate::job::decode_keyed_state(&state.user)?;
+        self.states = KeyedState::restore(max_parallelism, range, parts_in_range(range, user))?;
+        let timers = crate::job::decode_keyed_state(&state.timers)?;
+        self.timers = KeyedState::restore(max_parallelism, range, parts_in_range(range, timers))?;
+        self.watermark_ms = state.watermark_ms;
+        self.due.clear();
+        for (key, timers) in self.timers.iter() {
+            for &timestamp_ms in &timers.event_time_ms {
+                self.due.entry(timestamp_ms).or_default().push(key.clone());
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_timers_are_sorted_and_deduplicated() {
+        let mut timers = KeyTimers::default();
+        assert!(timers.insert(30));
+        assert!(timers.insert(10));
+        assert!(!timers.insert(30), "one timer per (key, time)");
+        assert!(timers.insert(20));
+        assert_eq!(timers.event_time_ms, [10, 20, 30]);
+        assert!(timers.remove(20));
+        assert!(!timers.remove(20));
+        assert_eq!(timers.event_time_ms, [10, 30]);
+    }
+
+    #[test]
+    fn rescaling_keeps_the_lowest_watermark() {
+        let state = |watermark_ms| {
+            let empty = crate::job::encode_keyed_state(&[]).expect("encodes");
+            encode_timed_state(&TimedState {
+                user: empty.clone(),
+                timers: empty,
+                watermark_ms,
+            })
+            .expect("encodes")
+        };
+        let rescaled =
+            rescale_timed_states(&[state(Some(9)), state(Some(4))], 3).expect("rescales");
+        assert_eq!(rescaled.len(), 3);
+        let first = decode_timed_state(&rescaled[0]).expect("decodes");
+        assert_eq!(first.watermark_ms, Some(4));
+        let none = rescale_timed_states(&[state(Some(9)), state(None)], 1).expect("rescales");
+        assert_eq!(
+            decode_timed_state(&none[0]).expect("decodes").watermark_ms,
+            None
+        );
+    }
+}
