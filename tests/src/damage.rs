@@ -195,6 +195,25 @@ pub fn resume(
     accept_duplicates: bool,
     limit: Duration,
 ) -> Result<JobReport, JobError> {
+    resume_with(dirs, accept_duplicates, limit, line_sink)
+}
+
+/// [`resume`] with the sink declaring replays harmless.
+pub fn resume_replay_safe(dirs: &Dirs, limit: Duration) -> Result<JobReport, JobError> {
+    resume_with(dirs, false, limit, |output| ReplaySafe(line_sink(output)))
+}
+
+/// [`resume`] into the sink `make_sink` builds on the output directory.
+fn resume_with<F>(
+    dirs: &Dirs,
+    accept_duplicates: bool,
+    limit: Duration,
+    make_sink: fn(&Path) -> F,
+) -> Result<JobReport, JobError>
+where
+    F: SinkFactory + Send + Sync + 'static,
+    F::Sink: Sink<Item = (u64, u64)> + 'static,
+{
     let (sender, receiver) = mpsc::channel();
     let config = config(dirs, RestartStrategy::default(), accept_duplicates);
     let output = dirs.output.clone();
@@ -206,7 +225,7 @@ pub fn resume(
             SHAPE,
             PACING,
             &Faults::none(),
-            line_sink(&output),
+            make_sink(&output),
         );
         // The receiver may have given up on a hang already.
         let _ = sender.send(job.run());
@@ -267,22 +286,6 @@ impl Sink for ReplaySafeSink {
     fn finish(&mut self) -> Result<(), SinkError> {
         self.0.finish()
     }
-}
-
-/// [`resume`] with the sink declaring replays harmless.
-pub fn resume_replay_safe(dirs: &Dirs, limit: Duration) -> Result<JobReport, JobError> {
-    let (sender, receiver) = mpsc::channel();
-    let config = config(dirs, RestartStrategy::default(), false);
-    let output = dirs.output.clone();
-    thread::spawn(move || {
-        let job = Job::new(JOB, config);
-        let sink = ReplaySafe(line_sink(&output));
-        declare(&job, RECORDS, SHAPE, PACING, &Faults::none(), sink);
-        let _ = sender.send(job.run());
-    });
-    receiver
-        .recv_timeout(limit)
-        .unwrap_or_else(|_| panic!("the resumed job did not end within {limit:?}"))
 }
 
 /// What a damage does.

@@ -716,6 +716,18 @@ impl<'j, T: Data> Stream<'j, T> {
     }
 }
 
+/// The producing operators of a keyed stream, each feeding the keyed
+/// operator through a hash edge by its key.
+fn hash_producers(producers: &[usize]) -> Vec<Producer> {
+    producers
+        .iter()
+        .map(|&operator| Producer {
+            operator,
+            partition: EdgeKind::Hash,
+        })
+        .collect()
+}
+
 /// The recovery hooks of a sink factory: both make a fresh sink, used
 /// once and dropped, on the checkpoint writer's thread.
 fn sink_hooks<F>(factory: &Arc<F>) -> (SinkCheckFn, SinkRestoreFn)
@@ -902,14 +914,7 @@ where
                 Arc::clone(&on_timer),
             )) as Box<dyn Core<T, U>>
         });
-        let producers: Vec<Producer> = self
-            .producers
-            .iter()
-            .map(|&operator| Producer {
-                operator,
-                partition: EdgeKind::Hash,
-            })
-            .collect();
+        let producers = hash_producers(&self.producers);
         let operator = self.job.stage(name, &producers, Some(key_hash), make_core);
         self.job.graph.borrow_mut().operators[operator].rescale =
             Rescale::Operator(Arc::new(rescale_timed_states));
@@ -948,14 +953,7 @@ where
                 publish.clone(),
             )) as Box<dyn Core<T, U>>
         });
-        let producers: Vec<Producer> = self
-            .producers
-            .iter()
-            .map(|&operator| Producer {
-                operator,
-                partition: EdgeKind::Hash,
-            })
-            .collect();
+        let producers = hash_producers(&self.producers);
         let operator = self.job.stage(name, &producers, Some(key_hash), make_core);
         self.job.graph.borrow_mut().operators[operator].rescale = Rescale::Keyed;
         Stream {

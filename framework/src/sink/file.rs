@@ -282,7 +282,10 @@ impl<T, F> FileSink<T, F> {
     }
 
     /// Renames one pending file into place; done before counts as done.
-    /// With a digest, the file is checked against it first.
+    /// With a digest, the file is checked against it first: `restore`
+    /// checks again what `check_restore` checked on another sink object,
+    /// because the file may have changed in between, and a restore is rare
+    /// enough that reading it twice costs little.
     fn commit_one(&self, checkpoint_id: u64, digest: Option<Digest>) -> Result<(), SinkError> {
         let source = self.names.pending(checkpoint_id);
         let target = self.names.committed(checkpoint_id);
