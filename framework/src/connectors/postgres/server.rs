@@ -59,36 +59,56 @@ pub(crate) fn prepared_transactions(session: &mut Session) -> Result<u32, Postgr
     check_max_prepared_transactions(&found)
 }
 
-/// Creates the bookkeeping tables if they are missing. Two sinks may do
-/// this at once; the loser's "already exists" is no error.
+/// The key of the transaction-level advisory lock that serialises the
+/// creation of the bookkeeping tables. The number spells "snapflow" in
+/// ASCII, so it is unlikely to collide with a user's own advisory locks.
+const CREATE_TABLES_LOCK_KEY: i64 = 0x736e_6170_666c_6f77;
+
+/// Creates the bookkeeping tables if they are missing.
+///
+/// Every subtask of every sink does this as it starts, often at the same
+/// moment. `CREATE TABLE IF NOT EXISTS` is not safe against a concurrent
+/// creation of the same table: the loser fails on the catalog's unique
+/// index (`duplicate_object` on the row type, or `unique_violation`)
+/// instead of seeing the table. So the creation runs in one transaction
+/// that first takes an advisory lock: a second sink waits for the first
+/// to commit and then finds the tables. The codes of a lost race are
+/// still accepted, for a server reached through a pooler that drops
+/// advisory locks.
 pub(crate) fn create_tables(session: &mut Session) -> Result<(), PostgresError> {
-    let statements = [
-        format!(
-            "CREATE TABLE IF NOT EXISTS {COMMITS_TABLE} (job text NOT NULL, operator text NOT NULL, \
-             subtask integer NOT NULL, checkpoint bigint NOT NULL, \
-             PRIMARY KEY (job, operator, subtask, checkpoint))"
-        ),
-        format!(
-            "CREATE TABLE IF NOT EXISTS {PROGRESS_TABLE} (job text NOT NULL, operator text NOT NULL, \
-             subtask integer NOT NULL, checkpoint bigint NOT NULL, \
-             PRIMARY KEY (job, operator, subtask))"
-        ),
-    ];
-    for statement in statements {
-        match session.client.batch_execute(&statement) {
-            Ok(()) => {}
-            Err(error)
-                if error.code() == Some(&SqlState::UNIQUE_VIOLATION)
-                    || error.code() == Some(&SqlState::DUPLICATE_TABLE) => {}
-            Err(error) => {
-                return Err(PostgresError::Sql {
-                    operation: "creating the sink's bookkeeping tables".to_string(),
-                    source: error,
-                })
-            }
-        }
+    let statements = format!(
+        "SELECT pg_advisory_xact_lock({CREATE_TABLES_LOCK_KEY}); \
+         CREATE TABLE IF NOT EXISTS {COMMITS_TABLE} (job text NOT NULL, operator text NOT NULL, \
+         subtask integer NOT NULL, checkpoint bigint NOT NULL, \
+         PRIMARY KEY (job, operator, subtask, checkpoint)); \
+         CREATE TABLE IF NOT EXISTS {PROGRESS_TABLE} (job text NOT NULL, operator text NOT NULL, \
+         subtask integer NOT NULL, checkpoint bigint NOT NULL, \
+         PRIMARY KEY (job, operator, subtask));"
+    );
+    let created = session.client.transaction().and_then(|mut transaction| {
+        transaction.batch_execute(&statements)?;
+        transaction.commit()
+    });
+    match created {
+        Ok(()) => Ok(()),
+        Err(error) if lost_a_creation_race(&error) => Ok(()),
+        Err(error) => Err(PostgresError::Sql {
+            operation: "creating the sink's bookkeeping tables".to_string(),
+            source: error,
+        }),
     }
-    Ok(())
+}
+
+/// Whether `error` is what a concurrent `CREATE TABLE IF NOT EXISTS` of
+/// the same table reports to the one that lost.
+fn lost_a_creation_race(error: &postgres::Error) -> bool {
+    [
+        SqlState::UNIQUE_VIOLATION,
+        SqlState::DUPLICATE_TABLE,
+        SqlState::DUPLICATE_OBJECT,
+    ]
+    .iter()
+    .any(|code| error.code() == Some(code))
 }
 
 /// Who a bookkeeping row belongs to.
