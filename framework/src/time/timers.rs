@@ -183,6 +183,11 @@ impl<K: Key, S: Snapshot + Default + Clone + 'static, In: 'static, Out: Send + '
 
     /// Applies the timer calls the last function call made for `key`.
     fn apply_ops(&mut self, key: &K) {
+        // Most calls register nothing (a window's timers are registered
+        // by its first record only): skip the drain's set-up for them.
+        if self.ops.is_empty() {
+            return;
+        }
         for op in self.ops.drain(..) {
             match op {
                 TimerOp::Register(timestamp_ms) => {

@@ -91,7 +91,13 @@ impl Windows {
     pub fn starts_of(&self, timestamp_ms: u64) -> impl Iterator<Item = u64> {
         let last = timestamp_ms - timestamp_ms % self.slide_ms;
         let (size_ms, slide_ms) = (self.size_ms, self.slide_ms);
-        let first = last.saturating_sub(size_ms - 1).div_ceil(slide_ms) * slide_ms;
+        // A tumbling window holds only the record's own slot: skip the
+        // second division (a window assigner runs once per record).
+        let first = if slide_ms == size_ms {
+            last
+        } else {
+            last.saturating_sub(size_ms - 1).div_ceil(slide_ms) * slide_ms
+        };
         (first..=last)
             .step_by(usize::try_from(slide_ms).unwrap_or(usize::MAX))
             // A window whose end is past u64::MAX holds everything after
