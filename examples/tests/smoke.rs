@@ -4,7 +4,7 @@
 //! in parallel.
 
 use snapflow_examples::common::{CommonOptions, ExampleError, ExampleOptions};
-use snapflow_examples::{bank, dedup, online_model, wordcount};
+use snapflow_examples::{bank, clickstream, dedup, online_model, wordcount};
 
 fn check<O>(
     mut options: O,
@@ -109,4 +109,13 @@ fn a_missing_input_file_is_an_io_error() {
     let error = wordcount::run(&options).expect_err("the file does not exist");
     assert!(matches!(error, ExampleError::Io { .. }));
     assert!(!error.is_retryable());
+}
+
+#[test]
+fn clickstream_smoke() {
+    for parallelism in 1..=3 {
+        let mut options = clickstream::Options::smoke();
+        options.common.parallelism = parallelism;
+        check(options, |options| &mut options.common, clickstream::run);
+    }
 }
