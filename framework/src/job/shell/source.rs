@@ -14,7 +14,7 @@ use super::event::{Control, Data, NodeEventKind};
 use super::part::PartBytes;
 use super::taken::TakenStates;
 use crate::job::route::Router;
-use crate::source::{Source, SourceError, SourcePoll as ReadStatus, SourcePosition};
+use crate::source::{Source, SourceError, SourcePoll as ReadStatus, SourcePosition, SplitId};
 use crate::time::{SourceSignal, SourceWatermarks};
 
 /// Makes the source of one subtask (subtask, parallelism).
@@ -46,6 +46,8 @@ pub(crate) struct SourceShell<T: Data> {
     /// The subtask's watermark generator, when the stream has a
     /// [`crate::time::WatermarkStrategy`].
     watermarks: Option<SourceWatermarks<T>>,
+    /// The splits the source reports, reused between polls.
+    splits: Vec<SplitId>,
 }
 
 impl<T: Data> SourceShell<T> {
@@ -61,6 +63,7 @@ impl<T: Data> SourceShell<T> {
         SourceShell {
             taken_time: TakenStates::default(),
             watermarks,
+            splits: Vec::new(),
             env,
             machine,
             make,
@@ -151,6 +154,25 @@ impl<T: Data> SourceShell<T> {
     }
 }
 
+impl<T: Data> SourceShell<T> {
+    /// What the watermark machinery says after a poll that read `records`:
+    /// it asks the source which splits it reads and which one the records
+    /// came from.
+    fn watermark_signal(&mut self, records: &[T]) -> Result<SourceSignal, BoxError> {
+        let mut splits = std::mem::take(&mut self.splits);
+        splits.clear();
+        let reader = self.reader()?;
+        reader.current_splits(&mut splits);
+        let split = reader.last_split();
+        let signal = match &mut self.watermarks {
+            Some(watermarks) => watermarks.on_poll(records, split, &splits),
+            None => SourceSignal::None,
+        };
+        self.splits = splits;
+        Ok(signal)
+    }
+}
+
 impl<T: Data> SourceLogic for SourceShell<T> {
     type Out = T;
     type Control = Control;
@@ -165,9 +187,9 @@ impl<T: Data> SourceLogic for SourceShell<T> {
         let status = self.reader()?.poll_batch(&mut buffer, read_batch);
         let records = buffer.len() as u64;
         // One branch per poll without a watermark strategy.
-        let signal = match &mut self.watermarks {
-            Some(watermarks) if status.is_ok() => watermarks.on_records(&buffer),
-            _ => SourceSignal::None,
+        let signal = match status.is_ok() && self.watermarks.is_some() {
+            true => self.watermark_signal(&buffer)?,
+            false => SourceSignal::None,
         };
         self.router.route_batch(&mut buffer, outputs);
         self.buffer = buffer;
