@@ -183,11 +183,6 @@ impl<K: Key, S: Snapshot + Default + Clone + 'static, In: 'static, Out: Send + '
 
     /// Applies the timer calls the last function call made for `key`.
     fn apply_ops(&mut self, key: &K) {
-        // Most calls register nothing (a window's timers are registered
-        // by its first record only): skip the drain's set-up for them.
-        if self.ops.is_empty() {
-            return;
-        }
         for op in self.ops.drain(..) {
             match op {
                 TimerOp::Register(timestamp_ms) => {
@@ -246,7 +241,11 @@ where
                 watermark_ms: self.watermark_ms,
             };
             let result = (self.on_record)(&key, state, record, &mut timers, out);
-            self.apply_ops(&key);
+            // Most records register nothing (a window's timers come with
+            // its first record): no call for them.
+            if !self.ops.is_empty() {
+                self.apply_ops(&key);
+            }
             result?;
         }
         Ok(())

@@ -323,10 +323,16 @@ where
             continue;
         }
         added = true;
-        let at = match open
-            .windows
-            .binary_search_by_key(&start_ms, |(start, _)| *start)
-        {
+        // Records mostly fall into a key's newest window: look there
+        // before searching.
+        let newest = open.windows.len().checked_sub(1);
+        let found = match newest {
+            Some(last) if open.windows[last].0 == start_ms => Ok(last),
+            _ => open
+                .windows
+                .binary_search_by_key(&start_ms, |(start, _)| *start),
+        };
+        let at = match found {
             Ok(at) => at,
             Err(at) => {
                 open.windows
