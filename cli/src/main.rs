@@ -4,15 +4,18 @@
 //! schema of state blobs) and verifies one or all (every part present,
 //! every size and checksum right). Text by default, JSON with `--json`.
 //!
-//! It only reads: it never creates, repairs or deletes anything in the
-//! store (deleting and pruning are not built yet). Exit codes: 0 success,
-//! 1 an error or a damaged checkpoint, 2 a usage error.
+//! It deletes an entry or prunes old checkpoints only when told to, the
+//! way retention does (metadata first), and keeps the newest complete
+//! checkpoint, the job's restore point, unless `--force` says otherwise.
+//! Otherwise it only reads: it never creates or repairs anything. Exit
+//! codes: 0 success, 1 an error or a damaged checkpoint, 2 a usage error.
 //!
 //! ```sh
 //! snapflow list target/snapflow-checkpoints
 //! snapflow show target/snapflow-checkpoints wordcount 12 --json
 //! snapflow show --dir path/to/savepoint-7
 //! snapflow verify target/snapflow-checkpoints wordcount
+//! snapflow prune target/snapflow-checkpoints wordcount --keep 2
 //! ```
 
 mod report;
@@ -30,7 +33,9 @@ const USAGE: &str = "usage:
   snapflow list STORE_DIR [--json]
   snapflow show STORE_DIR JOB ID [--json]
   snapflow show --dir CHECKPOINT_DIR [--json]
-  snapflow verify STORE_DIR JOB [ID] [--json]";
+  snapflow verify STORE_DIR JOB [ID] [--json]
+  snapflow delete STORE_DIR JOB ID [--force] [--json]
+  snapflow prune STORE_DIR JOB --keep N [--json]";
 
 /// What to do, parsed from the command line.
 #[derive(Debug, PartialEq, Eq)]
@@ -51,15 +56,34 @@ enum Command {
         job: String,
         id: Option<u64>,
     },
+    Delete {
+        root: PathBuf,
+        job: String,
+        id: u64,
+        force: bool,
+    },
+    Prune {
+        root: PathBuf,
+        job: String,
+        keep: usize,
+    },
+}
+
+/// What `delete` and `prune` removed.
+#[derive(Debug, Serialize)]
+struct Deleted {
+    job: String,
+    deleted: Vec<u64>,
 }
 
 /// The command and whether to print JSON.
 fn parse(arguments: Vec<String>) -> Result<(Command, bool), CliError> {
     let json = arguments.iter().any(|argument| argument == "--json");
+    let force = arguments.iter().any(|argument| argument == "--force");
     let words: Vec<&str> = arguments
         .iter()
         .map(String::as_str)
-        .filter(|argument| *argument != "--json")
+        .filter(|argument| !matches!(*argument, "--json" | "--force"))
         .collect();
     let id = |text: &str| {
         text.parse::<u64>()
@@ -82,6 +106,24 @@ fn parse(arguments: Vec<String>) -> Result<(Command, bool), CliError> {
             root: root.into(),
             job: job.to_string(),
             id: Some(id(checkpoint)?),
+        },
+        ["delete", root, job, checkpoint] => Command::Delete {
+            root: root.into(),
+            job: job.to_string(),
+            id: id(checkpoint)?,
+            force,
+        },
+        ["prune", root, job, "--keep", keep] => Command::Prune {
+            root: root.into(),
+            job: job.to_string(),
+            keep: match keep.parse::<usize>() {
+                Ok(keep) if keep > 0 => keep,
+                _ => {
+                    return Err(CliError::Usage(format!(
+                        "--keep takes a number of checkpoints, at least 1, not {keep:?}"
+                    )))
+                }
+            },
         },
         _ => return Err(CliError::Usage(USAGE.to_string())),
     };
@@ -121,7 +163,61 @@ fn run(command: Command, json: bool) -> Result<bool, CliError> {
         }
         Command::ShowDir { dir } => show(store::load_dir(&dir)?, &dir, json),
         Command::Verify { root, job, id } => verify(&root, &job, id, json),
+        Command::Delete {
+            root,
+            job,
+            id,
+            force,
+        } => delete(&root, &job, id, force, json),
+        Command::Prune { root, job, keep } => {
+            let deleted = store::open(&root, &job)?.prune(keep)?;
+            print_deleted(Deleted { job, deleted }, json);
+            Ok(true)
+        }
     }
+}
+
+/// Deletes entry `id` of `job`; the newest complete checkpoint only with
+/// `force`, because it is what the job restores from.
+fn delete(
+    root: &std::path::Path,
+    job: &str,
+    id: u64,
+    force: bool,
+    json: bool,
+) -> Result<bool, CliError> {
+    let store = store::open(root, job)?;
+    let newest = store::entries(&store, job)?
+        .entries
+        .iter()
+        .filter(|entry| entry.kind == snapflow::storage::CheckpointKind::Checkpoint)
+        .map(|entry| entry.checkpoint)
+        .max();
+    if newest == Some(id) && !force {
+        return Err(CliError::Usage(format!(
+            "checkpoint {id} is the newest of job {job}, the one it restores from; \
+             add --force to delete it anyway"
+        )));
+    }
+    store.delete(id)?;
+    print_deleted(
+        Deleted {
+            job: job.to_string(),
+            deleted: vec![id],
+        },
+        json,
+    );
+    Ok(true)
+}
+
+fn print_deleted(deleted: Deleted, json: bool) {
+    print(&deleted, json, |deleted: &Deleted| {
+        let ids: Vec<String> = deleted.deleted.iter().map(u64::to_string).collect();
+        match ids.is_empty() {
+            true => format!("job {}: nothing to delete\n", deleted.job),
+            false => format!("job {}: deleted {}\n", deleted.job, ids.join(", ")),
+        }
+    });
 }
 
 fn show(

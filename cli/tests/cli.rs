@@ -27,6 +27,12 @@ fn run_job(root: &Path, parallelism: usize) {
     .expect("the store opens");
     let job = Job::new("tally", config);
     job.source("numbers", VecSourceFactory::new((0..2_000_u64).collect()))
+        // Slow enough (about 100 ms in all) for several periodic
+        // checkpoints before the final one.
+        .map("pace", |n: u64| {
+            std::thread::sleep(std::time::Duration::from_micros(50));
+            n
+        })
         .key_by(|n: &u64| n % 7)
         .process("count", |_key: &u64, tally: &mut Tally, _n: u64, out| {
             tally.seen += 1;
@@ -202,4 +208,61 @@ fn paths_that_are_not_a_store_and_unknown_jobs_are_clear_errors() {
         stderr(&usage)
     );
     assert_eq!(snapflow(&["frobnicate"]).status.code(), Some(2));
+}
+
+/// The ids of the checkpoints `list --json` shows for the job.
+fn ids(root: &str) -> Vec<u64> {
+    let listing = json(&snapflow(&["list", root, "--json"]));
+    listing[0]["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .map(|entry| entry["id"].as_u64().expect("an id"))
+        .collect()
+}
+
+#[test]
+fn delete_keeps_the_newest_checkpoint_unless_forced_and_prune_keeps_n() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    run_job(dir.path(), 2);
+    let root = dir.path().to_str().expect("a UTF-8 path");
+    let before = ids(root);
+    assert!(before.len() >= 2, "retention keeps several: {before:?}");
+    let newest = *before.last().expect("a newest");
+    let refused = snapflow(&["delete", root, "tally", &newest.to_string()]);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        stderr(&refused).contains("add --force"),
+        "{}",
+        stderr(&refused)
+    );
+    assert_eq!(ids(root), before, "nothing was deleted");
+
+    let oldest = before[0];
+    let deleted = snapflow(&["delete", root, "tally", &oldest.to_string(), "--json"]);
+    assert!(deleted.status.success(), "{}", stderr(&deleted));
+    assert_eq!(json(&deleted)["deleted"][0], oldest);
+    assert_eq!(ids(root), before[1..]);
+    let again = snapflow(&["delete", root, "tally", &oldest.to_string()]);
+    assert!(
+        stderr(&again).contains("does not exist"),
+        "{}",
+        stderr(&again)
+    );
+
+    let pruned = snapflow(&["prune", root, "tally", "--keep", "1"]);
+    assert!(pruned.status.success(), "{}", stderr(&pruned));
+    assert_eq!(ids(root), [newest]);
+    let verified = snapflow(&["verify", root, "tally"]);
+    assert!(verified.status.success(), "what is left verifies");
+    assert_eq!(
+        snapflow(&["prune", root, "tally", "--keep", "0"])
+            .status
+            .code(),
+        Some(2)
+    );
+
+    let forced = snapflow(&["delete", root, "tally", &newest.to_string(), "--force"]);
+    assert!(forced.status.success(), "{}", stderr(&forced));
+    assert!(ids(root).is_empty());
 }
