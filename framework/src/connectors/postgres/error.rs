@@ -55,6 +55,18 @@ pub enum PostgresError {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// A row gave another number of parameters than the multi-row
+    /// statement has per row.
+    #[error(
+        "a row gave {found} parameters, but the multi-row insert takes {expected} per row \
+         (the record-to-parameters function and `MultiRowInsert::new` disagree)"
+    )]
+    RowWidth {
+        /// Parameters per row of the statement.
+        expected: usize,
+        /// Parameters the row gave.
+        found: usize,
+    },
     /// The sink's connection thread is gone (it panicked or could not be
     /// started), or did not answer within the configured bound.
     #[error("the PostgreSQL sink's connection thread {reason}")]
@@ -76,7 +88,8 @@ impl PostgresError {
             }
             PostgresError::Worker { .. } => true,
             PostgresError::PreparedTransactionsDisabled { .. }
-            | PostgresError::InvalidName { .. } => false,
+            | PostgresError::InvalidName { .. }
+            | PostgresError::RowWidth { .. } => false,
         }
     }
 

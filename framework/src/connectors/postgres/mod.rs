@@ -1,7 +1,9 @@
 //! An exactly-once PostgreSQL sink (feature `postgres`): each record
 //! becomes one run of a user's statement (an `INSERT`, or an upsert with
-//! `INSERT ... ON CONFLICT`) with parameters, sent in batches, in one
-//! transaction per subtask and checkpoint.
+//! `INSERT ... ON CONFLICT`) with parameters, or one row of a multi-row
+//! insert ([`MultiRowInsert`], one statement per chunk of rows, several
+//! times faster), sent in batches, in one transaction per subtask and
+//! checkpoint.
 //!
 //! This module owns everything the job's sink contract
 //! ([`Sink`](crate::sink::Sink)) needs from PostgreSQL. It never runs a
@@ -95,6 +97,7 @@ mod config;
 mod error;
 pub mod server;
 mod sink;
+mod statement;
 mod worker;
 mod xid;
 
@@ -104,4 +107,5 @@ pub use config::{
 };
 pub use error::PostgresError;
 pub use sink::{Params, PostgresSink, PostgresSinkFactory};
+pub use statement::{MultiRowInsert, MAX_STATEMENT_PARAMS};
 pub use xid::TransactionIds;
