@@ -15,3 +15,4 @@ pub mod dedup;
 pub mod online_model;
 pub mod progress;
 pub mod wordcount;
+pub mod wordcount_postgres;
