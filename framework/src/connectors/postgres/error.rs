@@ -7,7 +7,7 @@
 //! server setting). It never retries anything itself; the job's restart
 //! strategy does, for retryable errors only.
 
-use crate::sink::SinkError;
+use crate::sink::{ConnectorError, SinkError};
 
 use postgres::error::SqlState;
 
@@ -93,15 +93,12 @@ impl PostgresError {
         }
     }
 
-    /// The error as a [`SinkError`] the job understands, with this
-    /// error's message and retryability.
+    /// The error as a [`SinkError`] the job understands: this error kept
+    /// whole in [`SinkError::Connector`] (reach it with
+    /// [`ConnectorError::downcast_ref`]), with its retryability.
     pub fn into_sink_error(self) -> SinkError {
-        // `SinkError` has no variant that carries a client error as its
-        // source; its message and retryability are what the job uses.
-        SinkError::Custom {
-            retryable: self.is_retryable(),
-            message: self.to_string(),
-        }
+        let retryable = self.is_retryable();
+        SinkError::Connector(ConnectorError::new(self, retryable))
     }
 }
 
@@ -181,6 +178,15 @@ mod tests {
         };
         assert!(!error.is_retryable());
         assert!(error.to_string().contains("max_prepared_transactions"));
-        assert!(!error.into_sink_error().is_retryable());
+        let sink_error = error.into_sink_error();
+        assert!(!sink_error.is_retryable());
+        let SinkError::Connector(connector) = &sink_error else {
+            panic!("not a connector error: {sink_error:?}");
+        };
+        assert!(matches!(
+            connector.downcast_ref::<PostgresError>(),
+            Some(PostgresError::PreparedTransactionsDisabled { .. })
+        ));
+        assert!(sink_error.to_string().contains("max_prepared_transactions"));
     }
 }
