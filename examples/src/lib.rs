@@ -17,3 +17,4 @@ pub mod lines;
 pub mod online_model;
 pub mod progress;
 pub mod wordcount;
+pub mod wordcount_postgres;
