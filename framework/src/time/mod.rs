@@ -7,9 +7,10 @@
 //! [`Timers`] (event-time timers of keyed process functions, stored as
 //! keyed state by key group so they rescale, fired in timestamp order
 //! when the watermark passes them), and [`Clock`] (processing time, one
-//! trait, so tests drive it), and [`Windows`] (tumbling and sliding
-//! event-time windows with an incremental aggregate and allowed lateness,
-//! built on the timers).
+//! trait, so tests drive it), and [`Windows`] (tumbling, sliding and
+//! session event-time windows with an incremental aggregate, a reduce or
+//! a full-window function, allowed lateness and late records dropped or
+//! sent to a stream of their own, built on the timers).
 //!
 //! It never sends, spawns or blocks, never touches a channel or an
 //! operator's state, and never decides a protocol question: the shells in
@@ -22,6 +23,9 @@ mod strategy;
 mod timers;
 mod watermark;
 mod window;
+mod window_fn;
+mod window_state;
+mod windowed;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use strategy::{
@@ -29,7 +33,8 @@ pub use strategy::{
 };
 pub use timers::Timers;
 pub use watermark::{Advance, InputWatermarks, WATERMARK_MAX_MS};
-pub use window::{LateRecords, WindowError, Windowed, WindowedStream, Windows};
+pub use window::{LateRecords, WindowError, Windowed, Windows};
+pub use windowed::{DropLate, LatePolicy, SideOutputLate, WindowOutput, WindowedStream};
 
 pub(crate) use strategy::{SourceSignal, SourceWatermarks};
 pub(crate) use timers::{rescale_timed_states, TimedFn, TimedKeyedCore};

@@ -150,6 +150,9 @@ pub(crate) struct TimedKeyedCore<K, S, In, Out: Send + 'static> {
     due: BTreeMap<u64, Vec<K>>,
     watermark_ms: Option<u64>,
     ops: Vec<TimerOp>,
+    /// Says when a key's state can go once its last timer fired (a key
+    /// whose windows all closed); `None`: keys stay.
+    prune: Option<fn(&S) -> bool>,
     _records: PhantomData<fn(In) -> Out>,
 }
 
@@ -167,8 +170,10 @@ impl<K: Key, S: Snapshot + Default + Clone + 'static, In: 'static, Out: Send + '
         key_of: Arc<dyn Fn(&In) -> K + Send + Sync>,
         on_record: Arc<TimedFn<K, S, In, Out>>,
         on_timer: Arc<TimedFn<K, S, u64, Out>>,
+        prune: Option<fn(&S) -> bool>,
     ) -> Self {
         TimedKeyedCore {
+            prune,
             key_of,
             on_record,
             on_timer,
@@ -199,6 +204,17 @@ impl<K: Key, S: Snapshot + Default + Clone + 'static, In: 'static, Out: Send + '
                     }
                 }
             }
+        }
+    }
+
+    /// Removes `key`'s state when it has no timer left and the prune rule
+    /// says its state holds nothing.
+    fn maybe_prune(&mut self, key: &K) {
+        let Some(prune) = self.prune else {
+            return;
+        };
+        if self.timers.get(key).is_none() && self.states.get(key).is_some_and(prune) {
+            self.states.remove(key);
         }
     }
 
@@ -276,6 +292,7 @@ where
                 let result = (self.on_timer)(&key, state, timestamp_ms, &mut timers, out);
                 self.apply_ops(&key);
                 result?;
+                self.maybe_prune(&key);
             }
         }
         Ok(())

@@ -22,6 +22,12 @@ pub(crate) struct OperatorCounters {
     /// A subtask's connector guarantees only at-least-once (a source that
     /// cannot seek, a sink that cannot roll back).
     pub(crate) at_least_once: AtomicBool,
+    /// Records a window operator dropped as later than its allowed
+    /// lateness (shared with its [`crate::time::LateRecords`]).
+    pub(crate) late_dropped: Arc<AtomicU64>,
+    /// Watermarks that arrived lower than their channel's previous one
+    /// (ignored, DESIGN.md §7).
+    pub(crate) watermark_regressions: AtomicU64,
 }
 
 /// The user-facing logic of one stage instance.

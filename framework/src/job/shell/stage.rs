@@ -367,7 +367,14 @@ impl<In: Data, Out: Data> StageLogic for StageShell<In, Out> {
                 self.machine.on_end_of_input(input);
             }
             Control::Watermark(watermark_ms) => {
+                let regressions = self.watermarks.regressions();
                 let advance = self.watermarks.on_watermark(input, watermark_ms);
+                if self.watermarks.regressions() != regressions {
+                    self.env
+                        .counters
+                        .watermark_regressions
+                        .fetch_add(1, Ordering::Relaxed);
+                }
                 return self.on_time(advance, io);
             }
             Control::Idle => {

@@ -185,11 +185,27 @@ where
         S: Snapshot + Default + Clone + Send + 'static,
         U: Data,
     {
+        self.timed(name, Arc::new(on_record), Arc::new(on_timer), None)
+    }
+
+    /// The keyed process core with event-time timers; a key's state is
+    /// removed once its last timer fired and `prune` says it holds
+    /// nothing (the windows use it: a key whose windows all closed
+    /// leaves no state behind).
+    pub(crate) fn timed<S, U>(
+        self,
+        name: &str,
+        on_record: Arc<TimedFn<K, S, T, U>>,
+        on_timer: Arc<TimedFn<K, S, u64, U>>,
+        prune: Option<fn(&S) -> bool>,
+    ) -> Stream<'j, U>
+    where
+        S: Snapshot + Default + Clone + Send + 'static,
+        U: Data,
+    {
         let key_of = self.key_of;
         let key_of: Arc<dyn Fn(&T) -> K + Send + Sync> = Arc::new(move |record: &T| key_of(record));
         let key_hash: Arc<dyn Any + Send + Sync> = Arc::new(self.key_hash);
-        let on_record: Arc<TimedFn<K, S, T, U>> = Arc::new(on_record);
-        let on_timer: Arc<TimedFn<K, S, u64, U>> = Arc::new(on_timer);
         let max_parallelism =
             MaxParallelism::new(self.job.config.max_parallelism).unwrap_or_default();
         let make_core = Arc::new(move |subtask: usize, parallelism: usize| {
@@ -198,6 +214,7 @@ where
                 Arc::clone(&key_of),
                 Arc::clone(&on_record),
                 Arc::clone(&on_timer),
+                prune,
             )) as Box<dyn Core<T, U>>
         });
         let producers = hash_producers(&self.producers);
