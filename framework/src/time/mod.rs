@@ -31,11 +31,11 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use strategy::{
     BoundedOutOfOrderness, Punctuated, TimestampFn, WatermarkGenerator, WatermarkStrategy,
 };
-pub use timers::Timers;
+pub use timers::{TimeDomain, Timers};
 pub use watermark::{Advance, InputWatermarks, WATERMARK_MAX_MS};
 pub use window::{LateRecords, WindowError, Windowed, Windows};
 pub use windowed::{DropLate, LatePolicy, SideOutputLate, WindowOutput, WindowedStream};
 
 pub(crate) use strategy::{SourceSignal, SourceWatermarks};
-pub(crate) use timers::{rescale_timed_states, TimedFn, TimedKeyedCore};
+pub(crate) use timers::{rescale_timed_states, ProcessingTime, TimedFn, TimedFns, TimedKeyedCore};
 pub(crate) use watermark::WatermarkState;

@@ -11,6 +11,8 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use super::timers::TimeDomain;
+
 /// Why a window assigner cannot be built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -43,6 +45,7 @@ pub enum WindowError {
 pub struct Windows {
     kind: WindowKind,
     allowed_lateness_ms: u64,
+    domain: TimeDomain,
 }
 
 /// The two families of assigners.
@@ -83,6 +86,7 @@ impl Windows {
         Ok(Windows {
             kind: WindowKind::Fixed { size_ms, slide_ms },
             allowed_lateness_ms: 0,
+            domain: TimeDomain::EventTime,
         })
     }
 
@@ -104,6 +108,7 @@ impl Windows {
         Ok(Windows {
             kind: WindowKind::Session { gap_ms },
             allowed_lateness_ms: 0,
+            domain: TimeDomain::EventTime,
         })
     }
 
@@ -139,6 +144,17 @@ impl Windows {
     /// Which family this is.
     pub(crate) fn kind(&self) -> WindowKind {
         self.kind
+    }
+
+    /// Which time the windows follow.
+    pub(crate) fn domain(&self) -> TimeDomain {
+        self.domain
+    }
+
+    /// The same windows on processing time.
+    pub(crate) fn on_processing_time(mut self) -> Windows {
+        self.domain = TimeDomain::ProcessingTime;
+        self
     }
 
     /// The last event time inside the window a record at `start_ms` opens

@@ -106,7 +106,7 @@ where
         out: &mut Collector<'_, O>,
     ) -> Result<Option<T>, BoxError> {
         let windows = self.windows;
-        let passed = passed_by(timers.current_watermark_ms());
+        let passed = passed_by(timers.fired_through_ms(windows.domain()));
         let mut added = false;
         for start_ms in windows.starts_of(timestamp_ms) {
             let last_ms = windows.last_ms(start_ms);
@@ -151,7 +151,7 @@ where
         out: &mut Collector<'_, O>,
     ) -> Result<Option<T>, BoxError> {
         let windows = self.windows;
-        let passed = passed_by(timers.current_watermark_ms());
+        let passed = passed_by(timers.fired_through_ms(windows.domain()));
         let (mut start_ms, mut last_ms) = (timestamp_ms, windows.last_ms(timestamp_ms));
         let touches = |window: &OpenWindow<W::Contents>, start_ms: u64, last_ms: u64| {
             window.start_ms <= last_ms.saturating_add(1)
@@ -198,12 +198,12 @@ where
         let mut window = merged
             .next()
             .unwrap_or_else(|| unreachable!("the run holds `first`"));
-        timers.delete_event_time_ms(window.last_ms);
-        timers.delete_event_time_ms(windows.cleanup_ms(window.last_ms));
+        timers.delete_ms(windows.domain(), window.last_ms);
+        timers.delete_ms(windows.domain(), windows.cleanup_ms(window.last_ms));
         for other in merged {
             window.last_ms = window.last_ms.max(other.last_ms);
-            timers.delete_event_time_ms(other.last_ms);
-            timers.delete_event_time_ms(windows.cleanup_ms(other.last_ms));
+            timers.delete_ms(windows.domain(), other.last_ms);
+            timers.delete_ms(windows.domain(), windows.cleanup_ms(other.last_ms));
             self.function.merge(&mut window.contents, other.contents)?;
         }
         start_ms = start_ms.min(window.start_ms);
@@ -267,7 +267,7 @@ fn register(
     passed: &impl Fn(u64) -> bool,
 ) {
     if !passed(last_ms) {
-        timers.register_event_time_ms(last_ms);
+        timers.register_ms(windows.domain(), last_ms);
     }
-    timers.register_event_time_ms(windows.cleanup_ms(last_ms));
+    timers.register_ms(windows.domain(), windows.cleanup_ms(last_ms));
 }

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use crate::job::{Aggregator, Collector, Data, Key, KeyedStream, Stream};
 use crate::runtime::BoxError;
 
-use super::timers::{TimedFn, Timers};
+use super::timers::{TimeDomain, TimedFn, Timers};
 use super::window::{LateRecords, Windowed, Windows};
 use super::window_fn::{Aggregating, CountRecords, Processing, Reducing, WindowFunction};
 use super::window_state::{Adding, OpenWindows};
@@ -201,6 +201,54 @@ where
     }
 }
 
+impl<'j, K, T, F> KeyedStream<'j, K, T, F>
+where
+    K: Key,
+    T: Data,
+    F: Fn(&T) -> K + Send + Sync + ?Sized + 'static,
+{
+    /// Cuts each key's records into `windows` of processing time: a
+    /// record belongs to the windows of the job's
+    /// [`JobConfig::clock`](crate::job::JobConfig::clock) reading when the
+    /// window operator takes it, and a window fires when the clock passes
+    /// its end (checked every
+    /// [`JobConfig::processing_time_tick_ms`](crate::job::JobConfig::processing_time_tick_ms)).
+    /// Windows and their timers are keyed state as on event time: a
+    /// window that came due while the job was down fires when it is
+    /// restored, and every open window fires at end of input. Results
+    /// depend on when records arrive, so a replay after a restore may cut
+    /// them differently; each record is still in the committed results
+    /// exactly once.
+    ///
+    /// ```
+    /// use snapflow::job::{Job, JobConfig};
+    /// use snapflow::sink::CollectHandle;
+    /// use snapflow::source::VecSourceFactory;
+    /// use snapflow::time::{ManualClock, Windows};
+    /// use std::sync::Arc;
+    ///
+    /// let clock = ManualClock::new(10_000);
+    /// let config = JobConfig { clock: Arc::new(clock.clone()), ..JobConfig::default() };
+    /// let job = Job::new("processing-time", config);
+    /// let counts = CollectHandle::new();
+    /// let (windowed, _late) = job
+    ///     .source("words", VecSourceFactory::new(vec!["a", "b", "a"]))
+    ///     .key_by(|word: &&str| word.to_string())
+    ///     .processing_time_window(Windows::tumbling(1_000)?)
+    ///     .count("count");
+    /// windowed.sink("out", counts.clone());
+    /// job.run()?;
+    /// let mut counts: Vec<_> = counts.committed().into_iter().map(|w| (w.key, w.start_ms, w.result)).collect();
+    /// counts.sort();
+    /// assert_eq!(counts, [("a".to_string(), 10_000, 2), ("b".to_string(), 10_000, 1)]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn processing_time_window(self, windows: Windows) -> WindowedStream<'j, K, T, F> {
+        // The event-time function is never called on processing time.
+        self.window(windows.on_processing_time(), |_: &T| 0)
+    }
+}
+
 impl<'j, K, T, F> WindowedStream<'j, K, T, F, DropLate> {
     /// Sends records later than the allowed lateness to a stream of their
     /// own instead of dropping them: each window method then returns that
@@ -317,7 +365,10 @@ where
                   record: T,
                   timers: &mut Timers<'_>,
                   out: &mut Collector<'_, _>| {
-                let timestamp_ms = timestamp_of(&record);
+                let timestamp_ms = match windows.domain() {
+                    TimeDomain::EventTime => timestamp_of(&record),
+                    TimeDomain::ProcessingTime => timers.current_processing_time_ms(),
+                };
                 let adding = Adding::new(&windows, &*function, key, &wrap);
                 let late = adding.add(open, (timestamp_ms, record), timers, out)?;
                 if let Some(record) = late {
@@ -338,9 +389,14 @@ where
                 Adding::new(&windows, &*firing, key, &wrap).fire(open, timestamp_ms, out)
             },
         );
-        let stream = self
-            .keyed
-            .timed(name, on_record, on_timer, Some(OpenWindows::is_empty));
+        let ticks = windows.domain() == TimeDomain::ProcessingTime;
+        let stream = self.keyed.timed(
+            name,
+            on_record,
+            on_timer,
+            Some(OpenWindows::is_empty),
+            ticks,
+        );
         L::split(stream, name, late)
     }
 }

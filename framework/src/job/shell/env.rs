@@ -64,6 +64,17 @@ pub(crate) trait Core<In, Out: Send + 'static>: 'static {
         let _ = (watermark_ms, out);
         Ok(())
     }
+    /// How often the shell calls [`Core::on_processing_time`]; `None`
+    /// (the default): never, and the operator has no tick at all.
+    fn processing_tick_ms(&self) -> Option<u64> {
+        None
+    }
+    /// Processing time passed: fire what the clock made due. Runs on the
+    /// operator's actor, between batches.
+    fn on_processing_time(&mut self, out: &mut Collector<'_, Out>) -> Result<(), BoxError> {
+        let _ = out;
+        Ok(())
+    }
 }
 
 /// What a shell needs besides its logic.
