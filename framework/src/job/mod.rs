@@ -97,6 +97,10 @@ pub use report::{
     OperatorReport, RestartReport,
 };
 pub use route::Collector;
+#[cfg(test)]
+pub(crate) use route::Router;
+#[cfg(test)]
+pub(crate) use shell::Control;
 pub use shell::Data;
 // For `crate::time`'s timed keyed core, which plugs into the shells.
 pub(crate) use ops::{decode_keyed_state, encode_keyed_state, merge_keyed_states};
