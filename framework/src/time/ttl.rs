@@ -6,8 +6,10 @@
 //! It is built on the timed keyed core: each key's state carries its
 //! expiry, and one timer per key (event or processing time) checks it
 //! when it comes due, moving itself on if a record refreshed the expiry
-//! meanwhile, so a record costs a comparison, not a timer. It never
-//! reads a clock itself (the timers do) and never touches other keys.
+//! meanwhile, so a record costs a comparison, not a timer. A record that
+//! finds its key's expiry passed (the moved timer has not fired yet)
+//! starts from `S::default()` too. It never reads a clock itself (the
+//! timers do) and never touches other keys.
 
 use std::sync::Arc;
 
@@ -123,9 +125,11 @@ where
     ///     events: u64,
     /// }
     ///
-    /// // (user, event time): the count starts again after 10 s of silence.
-    /// let events = vec![(1u32, 1_000u64), (1, 2_000), (2, 5_000), (2, 30_000), (1, 40_000)];
-    /// let job = Job::new("ttl", JobConfig::default());
+    /// // (user, event time): user 1's count starts again, as its state
+    /// // expired when the watermark passed 12 s (one record per batch, so
+    /// // a watermark follows each).
+    /// let events = vec![(1u32, 1_000u64), (1, 2_000), (2, 30_000), (1, 40_000)];
+    /// let job = Job::new("ttl", JobConfig { batch_size_max: 1, ..JobConfig::default() });
     /// let counts = CollectHandle::new();
     /// job.source("events", VecSourceFactory::new(events))
     ///     .assign_timestamps(WatermarkStrategy::bounded_out_of_orderness(0, |e: &(u32, u64)| e.1))
@@ -138,7 +142,7 @@ where
     ///         })
     ///     .sink("out", counts.clone());
     /// job.run()?;
-    /// assert_eq!(counts.committed(), [(1, 1), (1, 2), (2, 1), (2, 1), (1, 1)]);
+    /// assert_eq!(counts.committed(), [(1, 1), (1, 2), (2, 1), (1, 1)]);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn process_with_ttl<S, U>(
@@ -198,8 +202,15 @@ where
                 Some(timestamp_of) => timestamp_of(&record),
                 None => timers.current_processing_time_ms(),
             };
-            // A record later than its key's expiry (out of order) does
-            // not shorten it.
+            // State whose expiry time has passed is gone, even when its
+            // timer (moved on lazily) has not fired yet.
+            let passed = timers.fired_through_ms(domain);
+            if state.timer_ms.is_some() && passed.is_some_and(|at| at >= state.expires_ms) {
+                state.value = S::default();
+                state.expires_ms = 0;
+            }
+            // A record older than its key's latest (out of order) does not
+            // shorten the expiry.
             state.expires_ms = state.expires_ms.max(now_ms.saturating_add(ttl_ms));
             if state.timer_ms.is_none() {
                 timers.register_ms(domain, state.expires_ms);

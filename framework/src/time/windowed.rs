@@ -232,8 +232,8 @@ where
     /// let job = Job::new("processing-time", config);
     /// let counts = CollectHandle::new();
     /// let (windowed, _late) = job
-    ///     .source("words", VecSourceFactory::new(vec!["a", "b", "a"]))
-    ///     .key_by(|word: &&str| word.to_string())
+    ///     .source("words", VecSourceFactory::new(vec!["a".to_string(), "b".into(), "a".into()]))
+    ///     .key_by(|word: &String| word.clone())
     ///     .processing_time_window(Windows::tumbling(1_000)?)
     ///     .count("count");
     /// windowed.sink("out", counts.clone());
@@ -263,9 +263,10 @@ impl<'j, K, T, F> WindowedStream<'j, K, T, F, DropLate> {
     /// use snapflow::source::VecSourceFactory;
     /// use snapflow::time::{WatermarkStrategy, Windows};
     ///
-    /// // The record at 500 ms comes after the watermark passed 10 s.
+    /// // The record at 500 ms comes after the watermark passed 10 s (one
+    /// // record per batch, so a watermark follows each).
     /// let events = vec![(1u32, 1_000u64), (1, 12_000), (1, 500), (1, 25_000)];
-    /// let job = Job::new("late", JobConfig::default());
+    /// let job = Job::new("late", JobConfig { batch_size_max: 1, ..JobConfig::default() });
     /// let (counts, late_out) = (CollectHandle::new(), CollectHandle::new());
     /// let (windowed, late) = job
     ///     .source("events", VecSourceFactory::new(events))
