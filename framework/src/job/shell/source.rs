@@ -183,6 +183,7 @@ impl<T: Data> SourceLogic for SourceShell<T> {
             }
             SourceSignal::Idle => outputs.broadcast_control(Control::Idle),
         }
+        self.snapshots.records_out += records;
         self.env
             .counters
             .records_out

@@ -20,14 +20,14 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::storage::PartId;
 
-use super::GlobalSnapshot;
+use super::{ChannelActivity, GlobalSnapshot, SubtaskActivity};
 
 /// One thing the stuck detector found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Finding {
-    /// These subtasks each wait (see [`super::Waiting`]) only for operators
-    /// whose subtasks are in this set, and no record is in flight on any
-    /// channel between them: none can ever go on.
+    /// These subtasks wait on each other (see [`find_deadlock`] for what
+    /// each waits on) and no record is in flight on any channel between
+    /// them: none can ever go on. At least one of them declared a wait.
     Deadlock {
         /// The subtasks, sorted.
         subtasks: Vec<PartId>,
@@ -114,53 +114,95 @@ pub fn is_loop_quiescent(snapshot: &GlobalSnapshot, operators: &[&str]) -> bool 
     subtasks_idle && channels_quiet
 }
 
-/// The deadlocked subtasks of the snapshot, if any: the largest set of
-/// waiting subtasks in which each waits only for operators whose subtasks
-/// sending to it are in the set, with every such channel empty. Found by
-/// removing, until nothing changes, every subtask that is not waiting,
-/// that waits for a sender outside the set, or that has a record in flight
-/// from one of the senders it waits for.
+/// The deadlocked subtasks of the snapshot, if any.
+///
+/// What each subtask waits on: one that declared operators
+/// ([`super::Waiting::for_operators`]) waits on its channels from them;
+/// any other subtask with inputs is passive between records (snapflow
+/// operators act only on input) and waits on every input channel that has
+/// not ended. A subtask without inputs (a source) acts on its own and
+/// never waits. The closed set is found by removing, until nothing
+/// changes, every subtask that waits on a channel with a record in flight
+/// or from a subtask outside the set (a declared wait that no channel can
+/// answer is removed too: it cannot be checked). A deadlock is reported
+/// when the set holds a subtask that declared a wait; the finding names
+/// it and every subtask it waits on, transitively, inside the set (so
+/// idle subtasks downstream of the deadlock are not named).
 pub fn find_deadlock(snapshot: &GlobalSnapshot) -> Option<Finding> {
+    let waits_on = |activity: &SubtaskActivity| -> Vec<&ChannelActivity> {
+        let declared = &activity.waiting.for_operators;
+        snapshot
+            .channels
+            .iter()
+            .filter(|channel| channel.to == activity.id)
+            .filter(|channel| {
+                if declared.is_empty() {
+                    let ended = activity.inputs_ended.get(channel.input as usize);
+                    !ended.copied().unwrap_or(false)
+                } else {
+                    declared.contains(&channel.from.operator)
+                }
+            })
+            .collect()
+    };
     let mut set: BTreeSet<&PartId> = snapshot
         .subtasks
         .iter()
-        .filter(|activity| !activity.waiting.for_operators.is_empty())
+        .filter(|activity| !activity.inputs_ended.is_empty())
         .map(|activity| &activity.id)
-        .collect();
-    let waits: BTreeMap<&PartId, &[String]> = snapshot
-        .subtasks
-        .iter()
-        .map(|activity| (&activity.id, activity.waiting.for_operators.as_slice()))
         .collect();
     loop {
         let before = set.len();
-        let keep: BTreeSet<&PartId> = set
+        let keep: BTreeSet<&PartId> = snapshot
+            .subtasks
             .iter()
-            .copied()
-            .filter(|&id| {
-                let wanted = waits.get(id).copied().unwrap_or(&[]);
-                let senders: Vec<_> = snapshot
-                    .channels
-                    .iter()
-                    .filter(|channel| &channel.to == id && wanted.contains(&channel.from.operator))
-                    .collect();
-                // A wait no channel can answer cannot be checked: not a finding.
-                !senders.is_empty()
-                    && senders.iter().all(|channel| {
-                        set.contains(&channel.from) && channel.records_in_flight == 0
+            .filter(|activity| set.contains(&activity.id))
+            .filter(|activity| {
+                let channels = waits_on(activity);
+                let unanswerable =
+                    channels.is_empty() && !activity.waiting.for_operators.is_empty();
+                !unanswerable
+                    && channels.iter().all(|channel| {
+                        channel.records_in_flight == 0 && set.contains(&channel.from)
                     })
             })
+            .map(|activity| &activity.id)
             .collect();
         set = keep;
         if set.len() == before {
             break;
         }
     }
-    if set.is_empty() {
+    let by_id: BTreeMap<&PartId, &SubtaskActivity> = snapshot
+        .subtasks
+        .iter()
+        .map(|activity| (&activity.id, activity))
+        .collect();
+    let mut named: BTreeSet<&PartId> = set
+        .iter()
+        .copied()
+        .filter(|id| {
+            by_id
+                .get(id)
+                .is_some_and(|activity| activity.waiting.is_waiting())
+        })
+        .collect();
+    if named.is_empty() {
         return None;
     }
+    let mut frontier: Vec<&PartId> = named.iter().copied().collect();
+    while let Some(id) = frontier.pop() {
+        let Some(activity) = by_id.get(id) else {
+            continue;
+        };
+        for channel in waits_on(activity) {
+            if set.contains(&channel.from) && named.insert(&channel.from) {
+                frontier.push(&channel.from);
+            }
+        }
+    }
     Some(Finding::Deadlock {
-        subtasks: set.into_iter().cloned().collect(),
+        subtasks: named.into_iter().cloned().collect(),
     })
 }
 

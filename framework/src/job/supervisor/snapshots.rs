@@ -611,25 +611,30 @@ impl Supervisor {
         for finding in &findings {
             tracing::warn!(%finding, "stuck detector");
         }
-        let operators = self.regions[region].operators.clone();
+        let members: Vec<PartId> = self.regions[region]
+            .nodes
+            .iter()
+            .map(|&node| self.plan.part_id(node))
+            .collect();
         self.update_status(|status| {
             // The newest round replaces the region's earlier findings.
             status
                 .stuck
-                .retain(|finding| !finding_in(finding, &operators));
+                .retain(|finding| !finding_in(finding, &members));
             status.stuck.extend(findings);
         });
     }
 }
 
-fn finding_in(finding: &Finding, operators: &[String]) -> bool {
+/// Whether `finding` names a subtask among `members` (one region's).
+fn finding_in(finding: &Finding, members: &[PartId]) -> bool {
     let ids: Vec<&PartId> = match finding {
         Finding::Deadlock { subtasks } | Finding::Unresponsive { subtasks } => {
             subtasks.iter().collect()
         }
         Finding::Stalled { subtask, .. } => vec![subtask],
     };
-    ids.iter().any(|id| operators.contains(&id.operator))
+    ids.iter().any(|id| members.contains(id))
 }
 
 /// The receiver for a caller's snapshot and the request to send.
