@@ -27,6 +27,7 @@
 //!
 //! ```
 //! use std::time::Duration;
+//! use snapflow::job::snapshots::SnapshotError;
 //! use snapflow::job::{Job, JobConfig};
 //! use snapflow::sink::CollectHandle;
 //! use snapflow::source::VecSourceFactory;
@@ -36,11 +37,16 @@
 //!     .map("double", |n: u64| n * 2)
 //!     .sink("out", CollectHandle::new());
 //! let running = job.start()?;
-//! let snapshot = running.snapshot("double", 0).wait(Duration::from_secs(30));
-//! // The job may end before the snapshot is taken; either answer is typed.
-//! match snapshot {
+//! // Until the job has loaded its first checkpoint it is not running yet.
+//! let mut answer = running.snapshot("double", 0).wait(Duration::from_secs(30));
+//! while matches!(answer, Err(SnapshotError::NotRunning { .. })) {
+//!     std::thread::sleep(Duration::from_millis(1));
+//!     answer = running.snapshot("double", 0).wait(Duration::from_secs(30));
+//! }
+//! // The job may also end before the snapshot is taken; either answer is typed.
+//! match answer {
 //!     Ok(snapshot) => assert!(snapshot.view().operators().contains(&"double")),
-//!     Err(error) => assert!(matches!(error, snapflow::job::snapshots::SnapshotError::JobEnded)),
+//!     Err(error) => assert!(matches!(error, SnapshotError::JobEnded), "{error}"),
 //! }
 //! running.wait()?;
 //! # Ok::<(), snapflow::job::JobError>(())
