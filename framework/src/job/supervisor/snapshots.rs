@@ -50,8 +50,10 @@ pub(super) enum Purpose {
     Loop {
         head: usize,
     },
-    /// The stuck detector.
-    Detector,
+    /// The stuck detector's snapshot of this region.
+    Detector {
+        region: usize,
+    },
 }
 
 struct Collecting {
@@ -309,7 +311,7 @@ impl Supervisor {
             .map(|&node| self.plan.part_id(node))
             .collect();
         tracing::warn!(%snapshot, ?missing, timeout_ms, "snapshot timed out");
-        if let Purpose::Detector = collecting.purpose {
+        if let Purpose::Detector { .. } = collecting.purpose {
             let finding = Finding::Unresponsive {
                 subtasks: missing.clone(),
             };
@@ -428,8 +430,7 @@ impl Supervisor {
                 let _ = reply.try_send(Ok(global));
             }
             Purpose::Loop { head } => self.on_loop_snapshot(head, &global, context),
-            Purpose::Detector => {
-                let region = self.nodes[global.id.initiator].region;
+            Purpose::Detector { region } => {
                 let mut findings: Vec<Finding> = find_deadlock(&global).into_iter().collect();
                 if let Some(detector) = &mut self.snapshots.detector {
                     findings.extend(detector.tracker.observe(&global));
@@ -454,20 +455,22 @@ impl Supervisor {
                 }
                 self.schedule_loop_check(head, context);
             }
-            Purpose::Detector => {
+            Purpose::Detector { region } => {
                 // Only timeouts are findings (reported where they happen).
                 tracing::debug!(%error, "stuck detector snapshot failed");
-                self.clear_detector_flag(None);
+                self.clear_detector_flag(region);
             }
         }
     }
 
-    fn clear_detector_flag(&mut self, region: Option<usize>) {
-        if let Some(detector) = &mut self.snapshots.detector {
-            match region {
-                Some(region) => detector.in_flight[region] = false,
-                None => detector.in_flight.iter_mut().for_each(|flag| *flag = false),
-            }
+    fn clear_detector_flag(&mut self, region: usize) {
+        if let Some(flag) = self
+            .snapshots
+            .detector
+            .as_mut()
+            .and_then(|detector| detector.in_flight.get_mut(region))
+        {
+            *flag = false;
         }
     }
 
@@ -602,12 +605,12 @@ impl Supervisor {
             if let Some(detector) = &mut self.snapshots.detector {
                 detector.in_flight[region] = true;
             }
-            self.start_snapshot_at(node, Purpose::Detector, timeout_ms, context);
+            self.start_snapshot_at(node, Purpose::Detector { region }, timeout_ms, context);
         }
     }
 
     fn report_findings(&mut self, region: usize, findings: Vec<Finding>) {
-        self.clear_detector_flag(Some(region));
+        self.clear_detector_flag(region);
         for finding in &findings {
             tracing::warn!(%finding, "stuck detector");
         }
