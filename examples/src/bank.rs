@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde::{Deserialize, Serialize};
 use snapflow::job::inspect::{CheckpointView, InspectError};
-use snapflow::job::{Job, JobConfig, KeyedStateHandle};
+use snapflow::job::{Feedback, Job, JobConfig, KeyedStateHandle, Stream};
 use snapflow::protocol::SnapshotMode;
 use snapflow::sink::CollectHandle;
 use snapflow::storage::{
@@ -94,10 +94,7 @@ impl ExampleOptions for Options {
 
     fn apply_own(&mut self, flag: &str, arguments: &mut Arguments) -> Result<bool, ExampleError> {
         match flag {
-            "--accounts" => {
-                self.accounts = u32::try_from(arguments.positive(flag)?)
-                    .map_err(|_| ExampleError::Usage(format!("{flag} is too large")))?;
-            }
+            "--accounts" => self.accounts = arguments.positive_u32(flag)?,
             "--transfers" => self.transfers = arguments.positive(flag)?,
             "--unaligned" => self.unaligned = true,
             _ => return Ok(false),
@@ -141,7 +138,7 @@ pub enum Message {
 
 impl Message {
     /// The account whose state this message touches.
-    fn account(&self) -> u32 {
+    pub(crate) fn account(&self) -> u32 {
         match self {
             Message::Debit { from, .. } => *from,
             Message::Credit { to, .. } => *to,
@@ -151,7 +148,7 @@ impl Message {
     }
 
     /// Money this message carries in flight.
-    fn in_flight(&self) -> i64 {
+    pub(crate) fn in_flight(&self) -> i64 {
         match self {
             Message::Credit { amount, .. } => *amount,
             _ => 0,
@@ -269,6 +266,17 @@ fn declare(
             Ok(())
         },
     );
+    close_and_settle(moved, feedback, sink);
+    (ledger, balances)
+}
+
+/// Credits go back to the loop head (`in-flight`), settlements to the
+/// ledger (`settled` → `ledger`).
+pub(crate) fn close_and_settle<'j>(
+    moved: Stream<'j, Message>,
+    feedback: Feedback<'j, Message>,
+    ledger: CollectHandle<Message>,
+) {
     moved
         .clone()
         .filter("in-flight", |message: &Message| {
@@ -279,22 +287,26 @@ fn declare(
         .filter("settled", |message: &Message| {
             matches!(message, Message::Settled { .. })
         })
-        .sink("ledger", sink);
-    (ledger, balances)
+        .sink("ledger", ledger);
 }
 
 /// One account's step: a debit sends a credit on, a credit settles.
 fn apply(account: &mut Account, message: Message) -> Option<Message> {
     account.operations += 1;
+    apply_to(&mut account.change, message)
+}
+
+/// One step on an account's balance change alone.
+pub(crate) fn apply_to(change: &mut i64, message: Message) -> Option<Message> {
     match message {
         Message::Debit {
             order, to, amount, ..
         } => {
-            account.change -= amount;
+            *change -= amount;
             Some(Message::Credit { order, to, amount })
         }
         Message::Credit { order, amount, .. } => {
-            account.change += amount;
+            *change += amount;
             Some(Message::Settled { order })
         }
         Message::Settled { .. } => None,
@@ -302,7 +314,7 @@ fn apply(account: &mut Account, message: Message) -> Option<Message> {
 }
 
 /// Random transfers between distinct accounts.
-fn generate(accounts: u32, transfers: u64) -> Vec<Message> {
+pub(crate) fn generate(accounts: u32, transfers: u64) -> Vec<Message> {
     let mut rng = Rng::new(11);
     (0..transfers)
         .map(|order| {

@@ -140,6 +140,12 @@ impl Arguments {
             value => Ok(value),
         }
     }
+
+    /// The value after `flag` as a `u32`, at least 1.
+    pub fn positive_u32(&mut self, flag: &str) -> Result<u32, ExampleError> {
+        u32::try_from(self.positive(flag)?)
+            .map_err(|_| ExampleError::Usage(format!("{flag} is too large")))
+    }
 }
 
 /// An example's options: its two sets of defaults, its share of the

@@ -10,6 +10,7 @@
 //! `snapflow::keyed` APIs and says which layout it relies on.
 
 pub mod bank;
+pub mod bank_snapshots;
 pub mod clickstream;
 pub mod common;
 pub mod dedup;

@@ -7,7 +7,9 @@
 
 use snapflow::connectors::postgres::Mode;
 use snapflow_examples::common::{CommonOptions, ExampleError, ExampleOptions};
-use snapflow_examples::{bank, clickstream, dedup, online_model, wordcount, wordcount_postgres};
+use snapflow_examples::{
+    bank, bank_snapshots, clickstream, dedup, online_model, wordcount, wordcount_postgres,
+};
 
 fn check<O>(
     mut options: O,
@@ -125,6 +127,29 @@ fn bank_unaligned_smoke() {
         ..bank::Options::smoke()
     };
     check(options, |options| &mut options.common, bank::run);
+}
+
+/// Concurrent snapshots started by the accounts and the caller, beside the
+/// checkpoints, each holding the initial total; at parallelism 1, 2 and 3.
+fn check_bank_snapshots(parallelism: usize) {
+    let mut options = bank_snapshots::Options::smoke();
+    options.common.parallelism = parallelism;
+    check(options, |options| &mut options.common, bank_snapshots::run);
+}
+
+#[test]
+fn bank_snapshots_smoke_parallelism_1() {
+    check_bank_snapshots(1);
+}
+
+#[test]
+fn bank_snapshots_smoke_parallelism_2() {
+    check_bank_snapshots(2);
+}
+
+#[test]
+fn bank_snapshots_smoke_parallelism_3() {
+    check_bank_snapshots(3);
 }
 
 #[test]

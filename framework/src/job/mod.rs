@@ -74,6 +74,7 @@ mod region;
 mod report;
 mod route;
 mod shell;
+pub mod snapshots;
 mod stream;
 mod supervisor;
 mod writer;
@@ -106,7 +107,7 @@ pub use shell::Data;
 pub(crate) use ops::{decode_keyed_state, encode_keyed_state, merge_keyed_states};
 pub(crate) use shell::Core;
 pub use stream::{Feedback, Job, KeyedStateHandle, KeyedStream, SinkHandle, Stream};
-pub use supervisor::RunningJob;
+pub use supervisor::{RunningJob, StuckDetection};
 
 /// How a job runs: checkpoints, snapshot mode, store, restarts, parallelism
 /// and transport tuning.

@@ -12,6 +12,7 @@ use crate::state::Snapshot;
 
 use super::route::Collector;
 use super::shell::Data;
+use super::snapshots::{SnapshotStarter, Waiting};
 
 /// A custom non-keyed operator with operator-level state: the implementing
 /// struct is the state (`#[derive(Snapshot)]`), and one instance runs per
@@ -188,6 +189,15 @@ pub trait Operator: Snapshot + Send + 'static {
         Ok(())
     }
 
+    /// What this instance waits for, read at every global snapshot that is
+    /// not a checkpoint (see [`Waiting`] for what "waiting" means and how
+    /// the stuck detector uses it). The default waits for nothing; a
+    /// join waiting for its other side returns the records it holds and
+    /// that side's operator name.
+    fn waiting(&self) -> Waiting {
+        Waiting::default()
+    }
+
     /// Spreads the state of the `old` subtasks (their instances as decoded
     /// from the checkpoint, in subtask order) over `parallelism` new ones,
     /// when a job is restored at another parallelism of this operator.
@@ -241,14 +251,19 @@ pub trait Operator: Snapshot + Send + 'static {
     }
 }
 
-/// Which subtask an [`Operator`] instance is made for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Which subtask an [`Operator`] instance is made for, and what it may
+/// ask of the job.
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct OperatorContext {
     /// The subtask's index, in `0..parallelism`.
     pub subtask: usize,
     /// The operator's parallelism.
     pub parallelism: usize,
+    /// Starts global snapshots at this subtask (see
+    /// [`crate::job::snapshots`]); clone it into a `#[snapshot(skip)]`
+    /// field to use it from the hooks.
+    pub snapshots: SnapshotStarter,
 }
 
 /// An incremental per-key aggregation, as Flink's `AggregateFunction`:

@@ -29,6 +29,7 @@ use crate::state::{blob, Snapshot, StateError};
 use super::operator::Operator;
 use super::route::Collector;
 use super::shell::{Core, Data};
+use super::snapshots::{Requests, Waiting};
 use crate::sink::{Sink, SinkError, SinkState};
 use crate::source::Guarantee;
 
@@ -178,6 +179,11 @@ where
     fn snapshot(&mut self, _checkpoint: CheckpointId) -> Result<Vec<u8>, BoxError> {
         let parts: KeyGroupParts = self.states.snapshot()?.into_parts().collect();
         Ok(encode_keyed_state(&parts)?)
+    }
+
+    fn capture(&mut self) -> Result<Vec<u8>, BoxError> {
+        // Encoding keyed state has no side effect.
+        self.snapshot(CheckpointId(0))
     }
 
     fn restore(&mut self, state: Option<&[u8]>) -> Result<(), BoxError> {
@@ -338,6 +344,8 @@ pub(crate) fn rescale_operator_states<O: Operator>(
 pub(crate) struct OperatorCore<O> {
     pub(crate) operator: O,
     pub(crate) ended: bool,
+    /// The requests of the operator's [`SnapshotStarter`](crate::job::snapshots::SnapshotStarter).
+    pub(crate) requests: Option<Arc<Requests>>,
 }
 
 impl<O: Operator> Core<O::In, O::Out> for OperatorCore<O> {
@@ -374,6 +382,19 @@ impl<O: Operator> Core<O::In, O::Out> for OperatorCore<O> {
 
     fn on_complete(&mut self, checkpoint: CheckpointId) -> Result<(), BoxError> {
         self.operator.on_checkpoint_complete(checkpoint.0)
+    }
+
+    fn capture(&mut self) -> Result<Vec<u8>, BoxError> {
+        // Checkpoint id 0: no checkpoint; `on_checkpoint` does not run.
+        Ok(encode_operator_part(0, self.ended, &self.operator)?)
+    }
+
+    fn waiting(&self) -> Waiting {
+        self.operator.waiting()
+    }
+
+    fn snapshot_requests(&self) -> Option<Arc<Requests>> {
+        self.requests.clone()
     }
 
     fn on_end(&mut self, out: &mut Collector<'_, O::Out>) -> Result<(), BoxError> {
@@ -537,6 +558,7 @@ mod tests {
                 restored_from: None,
             },
             ended,
+            requests: None,
         }
     }
 

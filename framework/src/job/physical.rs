@@ -441,6 +441,11 @@ pub(crate) struct PlannedEdge {
     pub(crate) feedback: bool,
 }
 
+/// The idle timeout of the head of a loop that ends when a snapshot shows
+/// it quiescent (`Stream::iterate_until_quiescent`): never reached, so
+/// only the supervisor's `EndLoop` ends such a loop.
+pub(crate) const QUIESCENT_LOOP_IDLE_MS: u64 = u64::MAX;
+
 /// One physical channel.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct PhysicalEdge {
@@ -641,6 +646,12 @@ impl PhysicalPlan {
     /// Whether `node` is the head of an iteration.
     pub(crate) fn is_loop_head(&self, node: usize) -> Option<u64> {
         self.operators[self.nodes[node].0].loop_idle_ms
+    }
+
+    /// Whether `node` heads a loop that a snapshot ends
+    /// ([`QUIESCENT_LOOP_IDLE_MS`]).
+    pub(crate) fn is_quiescent_loop_head(&self, node: usize) -> bool {
+        self.is_loop_head(node) == Some(QUIESCENT_LOOP_IDLE_MS)
     }
 
     /// The store's part id of a node.

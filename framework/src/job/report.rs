@@ -241,6 +241,17 @@ pub struct JobStatus {
     pub fallbacks: usize,
     /// Whether the job has ended (finished, failed or cancelled).
     pub ended: bool,
+    /// Global snapshots that are not checkpoints completed so far (asked
+    /// for by callers, operators and the detectors).
+    pub snapshots_completed: u64,
+    /// Snapshots of quiescent loops (`iterate_until_quiescent`) that
+    /// showed the loop still busy.
+    pub loop_checks_busy: u64,
+    /// Loops that a snapshot proved quiescent and that were ended.
+    pub loops_ended_by_snapshot: u64,
+    /// The stuck detector's newest findings, per failover region (see
+    /// [`RunningJob::detect_stuck`](super::RunningJob::detect_stuck)).
+    pub stuck: Vec<crate::job::snapshots::detect::Finding>,
 }
 
 /// `checkpoint 1, 2, 5`, or a phrase saying they are unknown.

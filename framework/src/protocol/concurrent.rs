@@ -241,6 +241,9 @@ pub struct ConcurrentMachine<T> {
     /// How many entries take part (are not declined); at most
     /// `max_concurrent`.
     taking: usize,
+    /// Per initiator, the newest sequence this node joined through
+    /// [`ConcurrentMachine::join_snapshot`]; at most one entry per node.
+    joined: BTreeMap<usize, u64>,
     /// Actions not yet drained; the driver drains them after every input.
     /// Kept as [`Pending`] so the machine stays `Clone` and `Hash` (for
     /// exhaustive exploration) while the token it hands out is neither.
@@ -306,6 +309,7 @@ impl<T: Clone> ConcurrentMachine<T> {
             channels: vec![input; config.inputs],
             entries: Vec::new(),
             taking: 0,
+            joined: BTreeMap::new(),
             actions: VecDeque::new(),
         })
     }
@@ -445,6 +449,36 @@ impl<T: Clone> ConcurrentMachine<T> {
         snapshot
     }
 
+    /// Takes part in `snapshot`, started by another node, as if its first
+    /// marker had arrived on no channel: the local state is taken and
+    /// markers go out (or it is declined over the bound, and its markers
+    /// still go out). A snapshot may be joined this way at any number of
+    /// nodes (Chandy-Lamport allows several processes to record
+    /// spontaneously for one snapshot); the runtime joins every node that
+    /// the initiator's markers might not reach, so that every channel
+    /// carries the marker.
+    ///
+    /// Returns `false`, and does nothing, when this node already knows of
+    /// the snapshot: it is in flight here, a marker of it (or of a later
+    /// snapshot of the same initiator) arrived on some input, it was
+    /// joined before, or it is this node's own.
+    pub fn join_snapshot(&mut self, snapshot: SnapshotId) -> bool {
+        self.assert_drained();
+        let heard = self.position(snapshot).is_some()
+            || snapshot.initiator == self.node
+            || self.joined.get(&snapshot.initiator).copied() >= Some(snapshot.sequence)
+            || self.channels.iter().any(|input| {
+                input.newest_marker.get(&snapshot.initiator).copied() >= Some(snapshot.sequence)
+            });
+        if heard {
+            return false;
+        }
+        self.joined.insert(snapshot.initiator, snapshot.sequence);
+        let index = self.join(snapshot);
+        self.maybe_finish(index);
+        true
+    }
+
     /// The driver captured the state for the token's snapshot.
     ///
     /// Unlike the other inputs, this may be called while actions are still
@@ -535,6 +569,11 @@ impl<T: Clone> ConcurrentMachine<T> {
     /// The number of input channels.
     pub fn input_count(&self) -> usize {
         self.channels.len()
+    }
+
+    /// Whether input `channel` has ended (`false` for an unknown channel).
+    pub fn input_ended(&self, channel: usize) -> bool {
+        self.channels.get(channel).is_some_and(|input| input.ended)
     }
 
     /// Whether every input channel has ended (true for a node without
@@ -639,5 +678,107 @@ impl<T: Clone> ConcurrentMachine<T> {
             snapshot: entry.id,
             channel_states,
         }));
+    }
+}
+
+#[cfg(test)]
+mod join_tests {
+    use super::*;
+
+    fn id(initiator: usize, sequence: u64) -> SnapshotId {
+        SnapshotId {
+            initiator,
+            sequence,
+        }
+    }
+
+    fn drain(machine: &mut ConcurrentMachine<u32>) -> Vec<String> {
+        let mut log = Vec::new();
+        while let Some(action) = machine.poll_action() {
+            match action {
+                ConcurrentAction::TakeSnapshot(token) => {
+                    log.push(format!("take {}", token.snapshot()));
+                    machine.state_recorded(token);
+                }
+                ConcurrentAction::EmitMarker(s) => log.push(format!("marker {s}")),
+                ConcurrentAction::ReportPart(part) => {
+                    let recorded: Vec<Vec<u32>> = part
+                        .channel_states
+                        .into_iter()
+                        .map(|c| c.messages)
+                        .collect();
+                    log.push(format!("report {} {recorded:?}", part.snapshot));
+                }
+                ConcurrentAction::Decline { snapshot, .. } => {
+                    log.push(format!("decline {snapshot}"))
+                }
+            }
+        }
+        log
+    }
+
+    fn machine(inputs: usize) -> ConcurrentMachine<u32> {
+        ConcurrentMachine::new(ConcurrentConfig::new(1, inputs).with_max_concurrent(1))
+            .expect("a valid config")
+    }
+
+    #[test]
+    fn a_joined_snapshot_records_until_its_markers_arrive() {
+        let mut node = machine(2);
+        assert!(node.join_snapshot(id(0, 0)));
+        assert_eq!(
+            drain(&mut node),
+            ["take snapshot 0/0", "marker snapshot 0/0"]
+        );
+        node.on_data(0, &7);
+        node.on_marker(0, id(0, 0));
+        assert!(drain(&mut node).is_empty());
+        node.on_data(1, &8);
+        node.on_marker(1, id(0, 0));
+        assert_eq!(drain(&mut node), ["report snapshot 0/0 [[7], [8]]"]);
+    }
+
+    #[test]
+    fn a_node_without_inputs_reports_at_once() {
+        let mut node = machine(0);
+        assert!(node.join_snapshot(id(3, 5)));
+        assert_eq!(
+            drain(&mut node),
+            [
+                "take snapshot 3/5",
+                "marker snapshot 3/5",
+                "report snapshot 3/5 []"
+            ]
+        );
+        assert!(!node.join_snapshot(id(3, 5)), "joined before");
+        assert!(!node.join_snapshot(id(3, 4)), "older than one joined");
+        assert!(drain(&mut node).is_empty());
+    }
+
+    #[test]
+    fn a_known_snapshot_is_not_joined_again() {
+        let mut node = machine(1);
+        node.on_marker(0, id(0, 2));
+        let _ = drain(&mut node);
+        assert!(!node.join_snapshot(id(0, 2)), "its marker arrived");
+        assert!(
+            !node.join_snapshot(id(0, 1)),
+            "a later marker of its initiator arrived"
+        );
+        assert!(!node.join_snapshot(id(1, 0)), "this node's own");
+        assert!(drain(&mut node).is_empty());
+    }
+
+    #[test]
+    fn a_join_over_the_bound_declines_and_sends_markers_on() {
+        let mut node = machine(1);
+        assert!(node.join_snapshot(id(0, 0)));
+        let _ = drain(&mut node);
+        assert!(node.join_snapshot(id(2, 0)));
+        assert_eq!(
+            drain(&mut node),
+            ["decline snapshot 2/0", "marker snapshot 2/0"]
+        );
+        assert!(!node.input_ended(0) && !node.input_ended(9));
     }
 }

@@ -484,6 +484,11 @@ where
         Ok(encode_timed_state(&state)?)
     }
 
+    fn capture(&mut self) -> Result<Vec<u8>, BoxError> {
+        // Encoding keyed state and timers has no side effect.
+        self.snapshot(CheckpointId(0))
+    }
+
     fn restore(&mut self, state: Option<&[u8]>) -> Result<(), BoxError> {
         let Some(state) = state else {
             return Ok(());

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use actix::Recipient;
 
+use crate::job::snapshots::{Requests, Waiting};
 use crate::protocol::CheckpointId;
 use crate::runtime::{BoxError, Generation};
 
@@ -52,6 +53,21 @@ pub(crate) trait Core<In, Out: Send + 'static>: 'static {
     fn on_end(&mut self, out: &mut Collector<'_, Out>) -> Result<(), BoxError> {
         let _ = out;
         Ok(())
+    }
+    /// The state as bytes for a snapshot that is not a checkpoint (see
+    /// [`crate::job::snapshots`]): read without side effects, so no hook
+    /// runs and a sink pre-commits nothing. Empty unless overridden.
+    fn capture(&mut self) -> Result<Vec<u8>, BoxError> {
+        Ok(Vec::new())
+    }
+    /// What the operator declares it waits for (nothing unless overridden).
+    fn waiting(&self) -> Waiting {
+        Waiting::default()
+    }
+    /// Where the operator's own snapshot requests queue up (custom
+    /// operators only).
+    fn snapshot_requests(&self) -> Option<Arc<Requests>> {
+        None
     }
     /// The operator's watermark rose to `watermark_ms`: fire what is due.
     /// The shell sends the watermark on after this returns, so what it

@@ -6,7 +6,10 @@ use actix::Message;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::protocol::{CheckpointId, DeclineReason};
+use crate::job::snapshots::SnapshotReply;
+use crate::protocol::{CheckpointId, DeclineReason, SnapshotId};
+
+use super::snapshot::PartActivity;
 use crate::runtime::Generation;
 
 /// Bound on the serde-friendly record types that flow between operators:
@@ -37,6 +40,16 @@ pub enum Control {
     /// In-band: the channel is idle and drops out of the watermark
     /// minimum until it carries a batch or a watermark again.
     Idle,
+    /// In-band: the marker of a snapshot that is not a checkpoint (see
+    /// [`crate::job::snapshots`]); only the concurrent machine sees it.
+    Marker(SnapshotId),
+    /// Injected: start a snapshot here for the supervisor.
+    StartSnapshot,
+    /// Injected: take part in this snapshot as if its marker had come.
+    JoinSnapshot(SnapshotId),
+    /// Injected into a loop head: a snapshot proved the loop quiescent,
+    /// end its feedback inputs now.
+    EndLoop,
 }
 
 /// What a subtask tells the supervisor.
@@ -67,6 +80,25 @@ pub(crate) enum NodeEventKind {
     /// The node processed the completion of `checkpoint`: a sink
     /// committed its output up to it.
     Committed { checkpoint: CheckpointId },
+    /// The node started `snapshot` (`declined`: over its bound, so no
+    /// other node hears of it); `reply` is the operator's own request, or
+    /// `None` for the supervisor's oldest start injected into this node.
+    SnapshotStarted {
+        snapshot: SnapshotId,
+        reply: Option<SnapshotReply>,
+        declined: Option<usize>,
+    },
+    /// The node's part of `snapshot`, encoded as a [`PartBytes`](super::PartBytes).
+    SnapshotPart {
+        snapshot: SnapshotId,
+        part: Vec<u8>,
+        activity: Box<PartActivity>,
+    },
+    /// The node declined `snapshot`.
+    SnapshotDeclined {
+        snapshot: SnapshotId,
+        max_concurrent: usize,
+    },
 }
 
 impl Message for NodeEvent {

@@ -19,12 +19,14 @@
 //! (the supervisor's writer thread does) and never restarts anything.
 //!
 //! The files: `event` (what travels), `part` (a stored part), `env` (what
-//! a shell is given), `taken` (states awaiting their report), `stage` and
-//! `source` (the two shells).
+//! a shell is given), `taken` (states awaiting their report), `snapshot` (the
+//! concurrent snapshots that are not checkpoints), `stage` and `source`
+//! (the two shells).
 
 mod env;
 mod event;
 mod part;
+mod snapshot;
 mod source;
 mod stage;
 mod taken;
@@ -36,5 +38,6 @@ pub(crate) use event::{NodeEvent, NodeEventKind};
 #[cfg(test)]
 pub(crate) use part::encode_channel;
 pub(crate) use part::{decode_channel, is_empty_channel, PartBytes};
+pub(crate) use snapshot::PartActivity;
 pub(crate) use source::{SourceMaker, SourceShell};
 pub(crate) use stage::StageShell;

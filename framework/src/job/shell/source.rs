@@ -12,6 +12,7 @@ use crate::runtime::BoxError;
 use super::env::ShellEnv;
 use super::event::{Control, Data, NodeEventKind};
 use super::part::PartBytes;
+use super::snapshot::{SnapshotDriver, SnapshotHost};
 use super::taken::TakenStates;
 use crate::job::route::Router;
 use crate::source::{Source, SourceError, SourcePoll as ReadStatus, SourcePosition, SplitId};
@@ -48,6 +49,9 @@ pub(crate) struct SourceShell<T: Data> {
     watermarks: Option<SourceWatermarks<T>>,
     /// The splits the source reports, reused between polls.
     splits: Vec<SplitId>,
+    /// Snapshots that are not checkpoints (see `snapshot.rs`); a source
+    /// has no inputs, so it only starts and joins them.
+    snapshots: SnapshotDriver<T>,
 }
 
 impl<T: Data> SourceShell<T> {
@@ -61,6 +65,7 @@ impl<T: Data> SourceShell<T> {
         watermarks: Option<SourceWatermarks<T>>,
     ) -> Self {
         SourceShell {
+            snapshots: SnapshotDriver::new(&env, 0, None),
             taken_time: TakenStates::default(),
             watermarks,
             splits: Vec::new(),
@@ -200,6 +205,7 @@ impl<T: Data> SourceLogic for SourceShell<T> {
             }
             SourceSignal::Idle => outputs.broadcast_control(Control::Idle),
         }
+        self.snapshots.records_out += records;
         self.env
             .counters
             .records_out
@@ -237,8 +243,58 @@ impl<T: Data> SourceLogic for SourceShell<T> {
                 self.taken_time.forget_up_to(checkpoint);
                 self.env.tell(NodeEventKind::Committed { checkpoint });
             }
+            Control::StartSnapshot | Control::JoinSnapshot(_) => {
+                return self.on_snapshot_control(control, outputs);
+            }
             other => return Err(format!("{other:?} was injected into a source").into()),
         }
         self.drive(outputs)
+    }
+}
+
+/// The source as the snapshot driver sees it: its state is its position.
+struct SourceHost<'a, T: Data> {
+    reader: &'a mut dyn Source<Item = T>,
+    exhausted: bool,
+    outputs: &'a mut Outputs<T, Control>,
+}
+
+impl<T: Data> SnapshotHost for SourceHost<'_, T> {
+    fn capture(&mut self) -> Result<Vec<u8>, BoxError> {
+        Ok(self.reader.position().as_bytes().to_vec())
+    }
+
+    fn waiting(&self) -> crate::job::snapshots::Waiting {
+        crate::job::snapshots::Waiting::default()
+    }
+
+    fn emit_marker(&mut self, snapshot: crate::protocol::SnapshotId) {
+        // An exhausted source's outputs ended; the end counts as the marker.
+        if !self.exhausted {
+            self.outputs.broadcast_control(Control::Marker(snapshot));
+        }
+    }
+}
+
+impl<T: Data> SourceShell<T> {
+    fn on_snapshot_control(
+        &mut self,
+        control: Control,
+        outputs: &mut Outputs<T, Control>,
+    ) -> Result<(), BoxError> {
+        // Opened (and sought) first, so the position is the restored one.
+        self.reader()?;
+        let Some(reader) = self.reader.as_deref_mut() else {
+            return Err("the source reader was just made".into());
+        };
+        let mut host = SourceHost {
+            reader,
+            exhausted: self.exhausted,
+            outputs,
+        };
+        match control {
+            Control::JoinSnapshot(snapshot) => self.snapshots.join(snapshot, &self.env, &mut host),
+            _ => self.snapshots.start(None, &self.env, &mut host),
+        }
     }
 }

@@ -12,6 +12,7 @@ use crate::runtime::BoxError;
 use super::env::{Core, ShellEnv};
 use super::event::{Control, Data, NodeEventKind};
 use super::part::{decode_channel, encode_channel, PartBytes};
+use super::snapshot::{SnapshotDriver, SnapshotHost};
 use super::taken::TakenStates;
 use crate::job::route::{Collector, Router};
 use crate::source::Guarantee;
@@ -97,6 +98,8 @@ pub(crate) struct StageShell<In: Data, Out: Data> {
     watermarks: InputWatermarks,
     inputs_ended: bool,
     trigger_requested: bool,
+    /// Snapshots that are not checkpoints (see `snapshot.rs`).
+    snapshots: SnapshotDriver<In>,
 }
 
 impl<In: Data, Out: Data> StageShell<In, Out> {
@@ -117,7 +120,9 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
             last_feedback: Instant::now(),
             ended: false,
         });
+        let snapshots = SnapshotDriver::new(&env, machine.input_count(), core.snapshot_requests());
         StageShell {
+            snapshots,
             loop_head,
             env,
             machine,
@@ -141,6 +146,8 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
         let mut collector = Collector::new(outputs, &mut self.router);
         let result = self.core.process(batch, &mut collector);
         let emitted = collector.finish();
+        self.snapshots.records_in += records;
+        self.snapshots.records_out += emitted;
         let counters = &self.env.counters;
         counters.records_in.fetch_add(records, Ordering::Relaxed);
         counters.records_out.fetch_add(emitted, Ordering::Relaxed);
@@ -152,7 +159,10 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
     fn drive(&mut self, io: &mut StageIo<'_, Out, Control>) -> Result<(), BoxError> {
         while let Some(action) = self.machine.poll_action() {
             match action {
-                NodeAction::Process { message, .. } => self.process(message, io.outputs())?,
+                NodeAction::Process { message, channel } => {
+                    self.snapshots.on_data(channel, &message);
+                    self.process(message, io.outputs())?;
+                }
                 NodeAction::TakeSnapshot(token) => {
                     let checkpoint = token.checkpoint();
                     self.alignments.snapshot(checkpoint);
@@ -334,7 +344,11 @@ impl<In: Data, Out: Data> StageLogic for StageShell<In, Out> {
         }
         self.watermarks.on_batch(input);
         if let Delivery::Process(batch) = self.machine.on_data(input, batch) {
+            self.snapshots.on_data(input, &batch);
             self.process(batch, io.outputs())?;
+            if self.snapshots.has_requests() {
+                self.start_requested(io)?;
+            }
         }
         // No action can be queued after a plain data message (a held one
         // comes back as `Process`), but the contract says drain.
@@ -367,6 +381,14 @@ impl<In: Data, Out: Data> StageLogic for StageShell<In, Out> {
                 let advance = self.watermarks.on_end(input);
                 self.on_time(advance, io)?;
                 self.machine.on_end_of_input(input);
+                self.snapshot_end(input, io)?;
+            }
+            Control::Marker(snapshot) => {
+                // A held input delivers nothing, so the coordinated machine
+                // holds no batch of this input that came before the marker.
+                debug_assert_eq!(self.machine.held_len(input), 0);
+                let (snapshots, mut host) = self.snapshot_host(io);
+                return snapshots.on_marker(input, snapshot, host.env, &mut host);
             }
             Control::Watermark(watermark_ms) => {
                 let regressions = self.watermarks.regressions();
@@ -422,7 +444,16 @@ impl<In: Data, Out: Data> StageLogic for StageShell<In, Out> {
                 self.core.on_complete(checkpoint)?;
                 self.env.tell(NodeEventKind::Committed { checkpoint });
             }
-            Control::Tick => self.maybe_end_loop(io)?,
+            Control::Tick => self.maybe_end_loop(io, false)?,
+            Control::EndLoop => self.maybe_end_loop(io, true)?,
+            Control::StartSnapshot => {
+                let (snapshots, mut host) = self.snapshot_host(io);
+                snapshots.start(None, host.env, &mut host)?;
+            }
+            Control::JoinSnapshot(snapshot) => {
+                let (snapshots, mut host) = self.snapshot_host(io);
+                snapshots.join(snapshot, host.env, &mut host)?;
+            }
             other => return Err(format!("{other:?} was injected").into()),
         }
         self.drive(io)
@@ -447,13 +478,18 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
     }
 
     /// The loop head's rule (see [`LoopHead`]): ends the feedback inputs
-    /// once the loop has been idle long enough, driving the machine after
+    /// once the loop has been idle long enough (or at once when `proved`: a
+    /// snapshot showed the loop quiescent), driving the machine after
     /// each end as the contract says.
-    fn maybe_end_loop(&mut self, io: &mut StageIo<'_, Out, Control>) -> Result<(), BoxError> {
+    fn maybe_end_loop(
+        &mut self,
+        io: &mut StageIo<'_, Out, Control>,
+        proved: bool,
+    ) -> Result<(), BoxError> {
         let Some(head) = &mut self.loop_head else {
             return Ok(());
         };
-        let idle = head.last_feedback.elapsed() >= Duration::from_millis(head.idle_ms);
+        let idle = proved || head.last_feedback.elapsed() >= Duration::from_millis(head.idle_ms);
         if head.ended || !idle || !self.machine.needs_trigger() {
             return Ok(());
         }
@@ -464,9 +500,66 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
         tracing::debug!(node = self.env.node, "iteration idle: ending its feedback");
         for input in feedback {
             self.machine.on_end_of_input(input);
+            self.snapshot_end(input, io)?;
             self.drive(io)?;
         }
         Ok(())
+    }
+}
+
+/// The stage as the snapshot driver sees it while it carries out actions.
+struct StageHost<'a, 'io, In, Out: Data> {
+    env: &'a super::env::ShellEnv,
+    core: &'a mut Box<dyn Core<In, Out>>,
+    io: &'a mut StageIo<'io, Out, Control>,
+    inputs_ended: bool,
+}
+
+impl<In: Data, Out: Data> SnapshotHost for StageHost<'_, '_, In, Out> {
+    fn capture(&mut self) -> Result<Vec<u8>, BoxError> {
+        self.core.capture()
+    }
+
+    fn waiting(&self) -> crate::job::snapshots::Waiting {
+        self.core.waiting()
+    }
+
+    fn emit_marker(&mut self, snapshot: crate::protocol::SnapshotId) {
+        // Ended outputs carry nothing more; their end counts as the marker.
+        if !self.inputs_ended {
+            self.io
+                .outputs()
+                .broadcast_control(Control::Marker(snapshot));
+        }
+    }
+}
+
+impl<In: Data, Out: Data> StageShell<In, Out> {
+    fn snapshot_host<'a, 'io>(
+        &'a mut self,
+        io: &'a mut StageIo<'io, Out, Control>,
+    ) -> (&'a mut SnapshotDriver<In>, StageHost<'a, 'io, In, Out>) {
+        let host = StageHost {
+            env: &self.env,
+            core: &mut self.core,
+            io,
+            inputs_ended: self.inputs_ended,
+        };
+        (&mut self.snapshots, host)
+    }
+
+    fn snapshot_end(
+        &mut self,
+        input: usize,
+        io: &mut StageIo<'_, Out, Control>,
+    ) -> Result<(), BoxError> {
+        let (snapshots, mut host) = self.snapshot_host(io);
+        snapshots.on_end(input, host.env, &mut host)
+    }
+
+    fn start_requested(&mut self, io: &mut StageIo<'_, Out, Control>) -> Result<(), BoxError> {
+        let (snapshots, mut host) = self.snapshot_host(io);
+        snapshots.start_requested(host.env, &mut host)
     }
 }
 

@@ -15,6 +15,7 @@ use crate::job::physical::Rescale;
 use crate::job::recovery::{SinkCheckFn, SinkRestoreFn, SinkView};
 use crate::job::route::KeyHasher;
 use crate::job::shell::{Core, Data};
+use crate::job::snapshots::SnapshotStarter;
 use crate::job::JobError;
 use crate::sink::{Sink, SinkFactory};
 use crate::time::WatermarkStrategy;
@@ -224,10 +225,12 @@ impl<'j, T: Data> Stream<'j, T> {
             let context = OperatorContext {
                 subtask,
                 parallelism,
+                snapshots: SnapshotStarter::default(),
             };
             Box::new(OperatorCore {
                 operator: factory(&context),
                 ended: false,
+                requests: Some(context.snapshots.requests()),
             }) as Box<dyn Core<T, O::Out>>
         });
         let operator = self.job.stage(name, &self.producers, None, make_core);
@@ -300,6 +303,22 @@ impl<'j, T: Data> Stream<'j, T> {
             _records: PhantomData,
         };
         (stream, feedback)
+    }
+
+    /// Opens an iteration that ends when a consistent snapshot proves it
+    /// has terminated, with no timeout to tune: once every input of the
+    /// head but the feedback has ended, the supervisor takes global
+    /// snapshots of the loop's region (started at the head, a few
+    /// milliseconds apart), and ends the loop at the first one in which
+    /// every channel between the loop's operators is empty, every channel
+    /// into the loop from outside has ended, and no operator of the loop
+    /// holds records (see [`crate::job::snapshots::detect::is_loop_quiescent`]).
+    /// Termination is a stable property, so a snapshot that shows it
+    /// proves it; a record parked on a back edge is in the snapshot's
+    /// channel state, so the loop never ends early. Otherwise as
+    /// [`Stream::iterate`].
+    pub fn iterate_until_quiescent(self, name: &str) -> (Stream<'j, T>, Feedback<'j, T>) {
+        self.iterate(name, crate::job::physical::QUIESCENT_LOOP_IDLE_MS)
     }
 
     /// Closes an iteration: this stream's records go back to its head

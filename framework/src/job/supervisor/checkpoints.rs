@@ -205,6 +205,19 @@ impl Supervisor {
         }
     }
 
+    /// The job's key-group layout, as its checkpoints record it.
+    pub(super) fn key_group_layout(&self) -> KeyGroupLayout {
+        KeyGroupLayout {
+            max_parallelism: self.plan.config.max_parallelism,
+            operator_parallelism: self
+                .plan
+                .operators
+                .iter()
+                .map(|operator| (operator.name.clone(), operator.parallelism as u32))
+                .collect(),
+        }
+    }
+
     pub(super) fn persist(
         &mut self,
         checkpoint: CheckpointId,
@@ -218,15 +231,7 @@ impl Supervisor {
             .map(|(node, bytes)| (self.plan.part_id(node), bytes))
             .collect();
         let request = CommitRequest {
-            key_groups: KeyGroupLayout {
-                max_parallelism: self.plan.config.max_parallelism,
-                operator_parallelism: self
-                    .plan
-                    .operators
-                    .iter()
-                    .map(|operator| (operator.name.clone(), operator.parallelism as u32))
-                    .collect(),
-            },
+            key_groups: self.key_group_layout(),
             expected_parts: Some(parts.iter().map(|(part, _)| part.clone()).collect()),
             ..CommitRequest::default()
         };

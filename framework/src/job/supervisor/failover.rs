@@ -403,6 +403,7 @@ impl Supervisor {
         delay_ms: u64,
         context: &mut Context<Self>,
     ) {
+        self.abort_region_snapshots(region, context);
         self.fold_stats(region);
         let state = &mut self.regions[region];
         for ticker in state.tickers.drain(..) {

@@ -62,6 +62,7 @@ use super::physical::{start_generation, PhysicalPlan, SupervisorLinks};
 use super::recovery::{Recovery, FINAL_KEY, FINAL_VALUE};
 use super::region::failover_regions;
 use super::shell::{Control, NodeEvent, NodeEventKind};
+use super::snapshots::SnapshotReceiver;
 use super::writer::{spawn_writer, Loaded, Persisted, Restored, WriterJob};
 use super::{
     CheckpointReport, FailedCheckpoint, GuaranteeReason, JobError, JobReport, JobStatus,
@@ -72,6 +73,9 @@ use crate::source::Guarantee;
 
 mod checkpoints;
 mod failover;
+mod snapshots;
+
+pub use snapshots::StuckDetection;
 
 use failover::plan_regions;
 
@@ -111,6 +115,27 @@ impl RunningJob {
     /// savepoint is taken once every region runs again.
     pub fn stop_with_savepoint(&self) {
         self.supervisor.do_send(Stop { savepoint: true });
+    }
+
+    /// Starts a global snapshot at `operator`'s subtask `subtask` (see
+    /// [`crate::job::snapshots`]), concurrently with any other snapshot and
+    /// with the periodic checkpoints, which it never delays. The answer, a
+    /// [`GlobalSnapshot`](crate::job::snapshots::GlobalSnapshot) or a typed
+    /// error (unknown operator, region restarting, declined, aborted,
+    /// timed out after 30 s, job ended), arrives on the receiver.
+    pub fn snapshot(&self, operator: &str, subtask: usize) -> SnapshotReceiver {
+        let (request, receiver) = snapshots::take_snapshot(operator, subtask);
+        self.supervisor.do_send(request);
+        receiver
+    }
+
+    /// Starts the stuck detector: every `interval_ms` it takes a snapshot of
+    /// each failover region and reports, as WARN tracing events and in
+    /// [`JobStatus::stuck`], deadlocked sets of operators, stalled
+    /// operators and subtasks that did not answer (see
+    /// [`crate::job::snapshots::detect`]). It never stops the job.
+    pub fn detect_stuck(&self, config: StuckDetection) {
+        self.supervisor.do_send(snapshots::DetectStuck(config));
     }
 
     /// Blocks until the job finishes, fails, or is stopped.
@@ -391,6 +416,8 @@ pub(crate) struct Supervisor {
     report: JobReport,
     /// What [`RunningJob::status`] shows.
     status: Arc<Mutex<JobStatus>>,
+    /// Snapshots that are not checkpoints (see `snapshots.rs`).
+    snapshots: snapshots::Snapshots,
 }
 
 impl Supervisor {
@@ -456,6 +483,7 @@ impl Supervisor {
             savepoint_in_flight: None,
             report,
             status,
+            snapshots: snapshots::Snapshots::default(),
         }
     }
 
@@ -519,6 +547,20 @@ impl Supervisor {
                 }
             }
             NodeEventKind::InputsEnded => self.on_inputs_ended(node, now_ms, context),
+            NodeEventKind::SnapshotStarted {
+                snapshot,
+                reply,
+                declined,
+            } => return self.on_snapshot_started(node, snapshot, reply, declined, context),
+            NodeEventKind::SnapshotPart {
+                snapshot,
+                part,
+                activity,
+            } => return self.on_snapshot_part(node, snapshot, part, activity, context),
+            NodeEventKind::SnapshotDeclined {
+                snapshot,
+                max_concurrent,
+            } => return self.on_snapshot_declined(node, snapshot, max_concurrent, context),
             NodeEventKind::Committed { checkpoint } => {
                 let committed = &mut self.nodes[node].committed;
                 *committed = (*committed).max(Some(checkpoint));
@@ -537,7 +579,10 @@ impl Supervisor {
         let Some(inject) = self.nodes[node].inject.clone() else {
             return;
         };
-        if let Some(idle_ms) = self.plan.is_loop_head(node) {
+        if self.plan.is_quiescent_loop_head(node) {
+            // A snapshot, not a clock, decides when this loop ends.
+            self.watch_loop(node, context);
+        } else if let Some(idle_ms) = self.plan.is_loop_head(node) {
             // The head decides when its loop is idle; it needs a clock,
             // which the supervisor's ticks give it.
             let ticks = inject.clone();
@@ -715,6 +760,22 @@ impl Handler<PoolStopped> for Supervisor {
 
     fn handle(&mut self, stopped: PoolStopped, context: &mut Context<Self>) {
         self.on_pool_stopped(stopped, context);
+    }
+}
+
+impl Handler<snapshots::TakeSnapshot> for Supervisor {
+    type Result = ();
+
+    fn handle(&mut self, request: snapshots::TakeSnapshot, context: &mut Context<Self>) {
+        self.on_take_snapshot(request, context);
+    }
+}
+
+impl Handler<snapshots::DetectStuck> for Supervisor {
+    type Result = ();
+
+    fn handle(&mut self, detect: snapshots::DetectStuck, context: &mut Context<Self>) {
+        self.on_detect_stuck(detect.0, context);
     }
 }
 
