@@ -32,8 +32,14 @@ fn committed_and_aborted_transactions_as_each_isolation_level_reads_them() {
         .set("transactional.id", unique("probe-txn"))
         .create()
         .expect("a transactional producer");
-    producer.init_transactions(TIMEOUT).expect("init_transactions");
-    for (value, commit) in [("committed-1", true), ("aborted-1", false), ("committed-2", true)] {
+    producer
+        .init_transactions(TIMEOUT)
+        .expect("init_transactions");
+    for (value, commit) in [
+        ("committed-1", true),
+        ("aborted-1", false),
+        ("committed-2", true),
+    ] {
         producer.begin_transaction().expect("begin_transaction");
         producer
             .send(BaseRecord::<(), _>::to(&topic).partition(0).payload(value))
@@ -41,9 +47,13 @@ fn committed_and_aborted_transactions_as_each_isolation_level_reads_them() {
             .expect("send");
         producer.flush(TIMEOUT).expect("flush");
         if commit {
-            producer.commit_transaction(TIMEOUT).expect("commit_transaction");
+            producer
+                .commit_transaction(TIMEOUT)
+                .expect("commit_transaction");
         } else {
-            producer.abort_transaction(TIMEOUT).expect("abort_transaction");
+            producer
+                .abort_transaction(TIMEOUT)
+                .expect("abort_transaction");
         }
     }
     std::thread::sleep(Duration::from_millis(200));
@@ -53,4 +63,47 @@ fn committed_and_aborted_transactions_as_each_isolation_level_reads_them() {
     eprintln!("read_committed:   {committed:?}");
     assert_eq!(uncommitted, ["committed-1", "aborted-1", "committed-2"]);
     assert_eq!(committed, ["committed-1", "aborted-1", "committed-2"]);
+}
+
+/// The offsets the broker reports for a partition after 40 records written
+/// in one batch: the records get offsets 0 to 39, but tansu 0.6 answers
+/// the "latest offset" request with 1 (the last batch's base offset plus
+/// one, it seems), where Kafka answers 40. The bounded source stops at
+/// that offset, so the tests write their input one record per batch
+/// (`support::produce`), where the answer is right.
+#[test]
+fn the_high_watermark_counts_every_record() {
+    let Some(brokers) = broker() else { return };
+    let topic = unique("probe-watermark");
+    create_topic(&brokers, &topic, 1);
+    let records: Vec<_> = (0..40u32)
+        .map(|i| (0, Vec::new(), i.to_string().into_bytes()))
+        .collect();
+    kafka_support::produce_batched(&brokers, &topic, &records);
+    let consumer = kafka_support::consumer(&brokers, "read_committed");
+    use rdkafka::consumer::Consumer;
+    let (low, high) = consumer
+        .fetch_watermarks(&topic, 0, TIMEOUT)
+        .expect("watermarks");
+    eprintln!("watermarks after 40 records: low {low}, high {high}");
+    let mut list = rdkafka::TopicPartitionList::new();
+    list.add_partition_offset(&topic, 0, rdkafka::Offset::Beginning)
+        .expect("list");
+    consumer.assign(&list).expect("assign");
+    let mut offsets = Vec::new();
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_secs(2) {
+        if let Some(Ok(message)) = consumer.poll(Duration::from_millis(100)) {
+            use rdkafka::message::Message;
+            offsets.push(message.offset());
+        }
+    }
+    eprintln!("offsets read: {offsets:?}");
+    assert_eq!(offsets, (0..40).collect::<Vec<i64>>());
+    assert_eq!(
+        (low, high),
+        (0, 1),
+        "the broker's latest offset changed: if it is now 40, tansu fixed its high watermark; \
+         update this probe, ARCHITECTURE.md and support::produce"
+    );
 }

@@ -8,7 +8,6 @@
 
 #![allow(dead_code)] // Each test binary uses a different subset.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -66,8 +65,8 @@ pub fn create_topic(brokers: &str, topic: &str, partitions: i32) {
         .create()
         .expect("an admin client");
     let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
-    let results = block_on(admin.create_topics(&[new], &AdminOptions::new()))
-        .expect("create_topics answers");
+    let results =
+        block_on(admin.create_topics(&[new], &AdminOptions::new())).expect("create_topics answers");
     for result in results {
         result.expect("the topic is created");
     }
@@ -85,7 +84,10 @@ pub fn create_topic(brokers: &str, topic: &str, partitions: i32) {
         if found == partitions as usize {
             return;
         }
-        assert!(Instant::now() < deadline, "topic {topic} never showed {partitions} partitions");
+        assert!(
+            Instant::now() < deadline,
+            "topic {topic} never showed {partitions} partitions"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -121,12 +123,32 @@ pub fn producer(brokers: &str) -> BaseProducer {
         .expect("a producer")
 }
 
-/// Writes `(key, value)` records to the given partitions and waits until
-/// the broker acknowledged every one.
+/// Writes `(partition, key, value)` records, one record per batch, and
+/// waits until the broker acknowledged every one. One per batch because
+/// tansu 0.6 reports a partition's latest offset per batch, not per
+/// record (see `kafka_probe.rs`), and the bounded source stops there.
 pub fn produce(brokers: &str, topic: &str, records: &[(i32, Vec<u8>, Vec<u8>)]) {
-    let producer = producer(brokers);
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("enable.idempotence", "true")
+        .set("batch.num.messages", "1")
+        .set("linger.ms", "0")
+        .create()
+        .expect("a producer");
+    send_all(&producer, topic, records);
+}
+
+/// [`produce`] with the producer's usual batching.
+pub fn produce_batched(brokers: &str, topic: &str, records: &[(i32, Vec<u8>, Vec<u8>)]) {
+    send_all(&producer(brokers), topic, records);
+}
+
+fn send_all(producer: &BaseProducer, topic: &str, records: &[(i32, Vec<u8>, Vec<u8>)]) {
     for (partition, key, value) in records {
-        let mut record = BaseRecord::to(topic).partition(*partition).key(key).payload(value);
+        let mut record = BaseRecord::to(topic)
+            .partition(*partition)
+            .key(key)
+            .payload(value);
         loop {
             match producer.send(record) {
                 Ok(()) => break,
@@ -145,7 +167,9 @@ pub fn produce(brokers: &str, topic: &str, records: &[(i32, Vec<u8>, Vec<u8>)]) 
             }
         }
     }
-    producer.flush(TIMEOUT).expect("every record is acknowledged");
+    producer
+        .flush(TIMEOUT)
+        .expect("every record is acknowledged");
 }
 
 /// A consumer without a group (partitions are assigned by hand) at the
@@ -175,52 +199,35 @@ pub struct Read {
     pub headers: Vec<(String, Vec<u8>)>,
 }
 
-/// Every record of `topic` from the start to the end offsets the broker
-/// reports now (the high watermark for `read_uncommitted`, the last
-/// stable offset for `read_committed`), read at `isolation`.
+/// Every record of `topic` from its start, read at `isolation`: the
+/// reader stops once nothing arrived for half a second, because tansu 0.6's
+/// latest offsets are not record counts (see `kafka_probe.rs`).
 pub fn read_all(brokers: &str, topic: &str, isolation: &str) -> Vec<Read> {
     let consumer = consumer(brokers, isolation);
     let metadata = consumer
         .fetch_metadata(Some(topic), TIMEOUT)
         .expect("metadata");
-    let partitions: Vec<i32> = metadata
+    let mut assignment = TopicPartitionList::new();
+    for partition in metadata
         .topics()
         .iter()
-        .find(|t| t.name() == topic)
-        .map(|t| t.partitions().iter().map(|p| p.id()).collect())
-        .unwrap_or_default();
-    let mut ends = BTreeMap::new();
-    let mut assignment = TopicPartitionList::new();
-    for &partition in &partitions {
-        let (_, high) = consumer
-            .fetch_watermarks(topic, partition, TIMEOUT)
-            .expect("watermarks");
-        ends.insert(partition, high);
+        .filter(|t| t.name() == topic)
+        .flat_map(|t| t.partitions())
+    {
         assignment
-            .add_partition_offset(topic, partition, Offset::Beginning)
+            .add_partition_offset(topic, partition.id(), Offset::Beginning)
             .expect("an assignment");
     }
     consumer.assign(&assignment).expect("assign");
     let mut out = Vec::new();
-    // Read until every partition reached its end offset or nothing came
-    // for a while: read_committed hides aborted records and the markers,
-    // so their offsets are never delivered.
     let deadline = Instant::now() + TIMEOUT;
     let mut last_progress = Instant::now();
-    let mut reached: BTreeMap<i32, i64> = BTreeMap::new();
-    while Instant::now() < deadline {
-        let done = ends
-            .iter()
-            .all(|(p, end)| *end == 0 || reached.get(p).is_some_and(|r| r + 1 >= *end));
-        if done || last_progress.elapsed() > Duration::from_secs(2) {
-            break;
-        }
-        let Some(message) = consumer.poll(Duration::from_millis(100)) else {
+    while Instant::now() < deadline && last_progress.elapsed() < Duration::from_millis(500) {
+        let Some(message) = consumer.poll(Duration::from_millis(50)) else {
             continue;
         };
         let message = message.expect("a record");
         last_progress = Instant::now();
-        reached.insert(message.partition(), message.offset());
         let headers = message
             .headers()
             .map(|headers| {
