@@ -44,7 +44,7 @@ use support::{broker, create_topic, produce, read_all, unique};
 /// Keys of the count.
 const KEYS: u64 = 7;
 /// The checkpoint interval of every job here.
-const INTERVAL_MS: u64 = 40;
+const INTERVAL_MS: u64 = 100;
 
 /// The per-key state of `count`.
 #[derive(Snapshot, Debug, Clone, Default)]
@@ -224,12 +224,14 @@ fn check(parallelism: usize, seed: u64) {
     let replay =
         format!("parallelism {parallelism}, seed {seed} (replay with SNAPFLOW_SEED={seed})");
     let mut rng = TestRng::new(seed);
-    let records = rng.between(200, 600);
+    let records = rng.between(100, 300);
     let partitions = rng.between(1, 5) as i32;
     let (input, output, job_name) = (unique("in"), unique("out"), unique("job"));
     create_topic(&brokers, &input, partitions);
     create_topic(&brokers, &output, 3);
+    let started = Instant::now();
     fill(&brokers, &input, partitions, records);
+    let filled_ms = started.elapsed().as_millis();
     let faults = Faults::new(vec![
         ("parse", rng.between(0, records - 1), FaultKind::Panic),
         ("count", rng.between(0, records - 1), FaultKind::Error),
@@ -252,7 +254,9 @@ fn check(parallelism: usize, seed: u64) {
     let report = job
         .run()
         .unwrap_or_else(|error| panic!("{replay}: the job failed: {error}"));
+    let ran_ms = started.elapsed().as_millis() - filled_ms;
     let (got, total) = committed_output(&brokers, &output, &log);
+    let read_ms = started.elapsed().as_millis() - filled_ms - ran_ms;
     let (want, want_state) = expected(0..records);
     assert_eq!(faults.fired(), 2, "{replay}: both faults fire");
     assert!(!report.restarts.is_empty(), "{replay}: the job restarted");
@@ -265,32 +269,46 @@ fn check(parallelism: usize, seed: u64) {
     );
     eprintln!(
         "{replay}: {records} records over {partitions} partitions, {} committed results, \
-         {} records in the topic (aborted included), {} restarts",
+         {} records in the topic (aborted included), {} restarts; input written in {filled_ms} ms, \
+         job {ran_ms} ms, output read in {read_ms} ms",
         got.len(),
         total,
         report.restarts.len()
     );
 }
 
+/// Runs [`check`] for every seed at once, one thread each: a run spends
+/// most of its time waiting for the broker (a transaction's set-up and
+/// flush take about 150 ms on tansu), so running them side by side keeps
+/// the test's wall time near that of one run. A failing seed's panic
+/// names it.
+fn check_seeds(parallelism: usize) {
+    thread::scope(|scope| {
+        let runs: Vec<_> = seeds("SNAPFLOW_KAFKA_SEEDS", 4)
+            .into_iter()
+            .map(|seed| scope.spawn(move || check(parallelism, seed)))
+            .collect();
+        for run in runs {
+            if let Err(panic) = run.join() {
+                std::panic::resume_unwind(panic);
+            }
+        }
+    });
+}
+
 #[test]
 fn exactly_once_with_panics_at_parallelism_1() {
-    for seed in seeds("SNAPFLOW_KAFKA_SEEDS", 4) {
-        check(1, seed);
-    }
+    check_seeds(1);
 }
 
 #[test]
 fn exactly_once_with_panics_at_parallelism_2() {
-    for seed in seeds("SNAPFLOW_KAFKA_SEEDS", 4) {
-        check(2, seed);
-    }
+    check_seeds(2);
 }
 
 #[test]
 fn exactly_once_with_panics_at_parallelism_3() {
-    for seed in seeds("SNAPFLOW_KAFKA_SEEDS", 4) {
-        check(3, seed);
-    }
+    check_seeds(3);
 }
 
 /// Stops a job at `from` with a savepoint mid-input, resumes it at `to`:
@@ -308,19 +326,48 @@ fn check_rescale(from: usize, to: usize) {
     let sink = sink_factory(&brokers, &output, &job_name);
     let log = sink.commit_log();
     let seen = Arc::new(AtomicU64::new(0));
-    let first = Job::new(&job_name, job_config(Some(Arc::clone(&store)), 0));
+    // Small batches and windows: the paced `parse` then has few records
+    // queued before a barrier, so the savepoint comes soon after it is
+    // asked for.
+    let first = Job::new(
+        &job_name,
+        JobConfig {
+            batch_size_max: 4,
+            window_batches: 2,
+            ..job_config(Some(Arc::clone(&store)), 0)
+        },
+    );
     let source = source_factory(&brokers, &input, BadRecords::Fail);
-    declare(&first, source, sink, from, 1, &Faults::none(), 300, &seen);
+    // About 1.5 s of input whatever `from` is, so that the savepoint comes
+    // well before the end even on a loaded machine.
+    let pause_us = 1_000 * from as u64;
+    declare(
+        &first,
+        source,
+        sink,
+        from,
+        1,
+        &Faults::none(),
+        pause_us,
+        &seen,
+    );
     let running = first.start().expect("the first run starts");
     let started = Instant::now();
-    while seen.load(Ordering::Relaxed) < records / 3 && started.elapsed() < Duration::from_secs(20)
+    while seen.load(Ordering::Relaxed) < records / 10 && started.elapsed() < Duration::from_secs(20)
     {
         thread::sleep(Duration::from_millis(1));
     }
+    let asked_at_seen = seen.load(Ordering::Relaxed);
+    let asked = Instant::now();
     running.stop_with_savepoint();
     let stopped = running.wait().expect("the first run stops");
     let savepoint = stopped.savepoint.expect("a savepoint");
     let first_seen = seen.load(Ordering::Relaxed);
+    eprintln!(
+        "{from} -> {to}: savepoint asked at {asked_at_seen} records, taken at {first_seen} \
+         after {} ms",
+        asked.elapsed().as_millis()
+    );
     assert!(
         first_seen < records,
         "{from} -> {to}: the first run stopped mid-input"

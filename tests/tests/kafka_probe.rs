@@ -70,7 +70,8 @@ fn committed_and_aborted_transactions_as_each_isolation_level_reads_them() {
 /// the "latest offset" request with 1 (the last batch's base offset plus
 /// one, it seems), where Kafka answers 40. The bounded source stops at
 /// that offset, so the tests write their input one record per batch
-/// (`support::produce`), where the answer is right.
+/// (`support::produce` writes the last record of each partition in a batch
+/// of its own, which makes the answer right).
 #[test]
 fn the_high_watermark_counts_every_record() {
     let Some(brokers) = broker() else { return };
@@ -106,4 +107,39 @@ fn the_high_watermark_counts_every_record() {
         "the broker's latest offset changed: if it is now 40, tansu fixed its high watermark; \
          update this probe, ARCHITECTURE.md and support::produce"
     );
+}
+
+/// What one transaction costs on this broker (printed, not asserted: speed
+/// goals belong in benchmarks): creating a transactional producer and
+/// `init_transactions`, one record, commit, and dropping the producer.
+#[test]
+fn the_cost_of_one_transaction() {
+    let Some(brokers) = broker() else { return };
+    let topic = unique("probe-cost");
+    create_topic(&brokers, &topic, 1);
+    for round in 0..3 {
+        let started = std::time::Instant::now();
+        let producer: BaseProducer = ClientConfig::new()
+            .set("bootstrap.servers", &brokers)
+            .set("transactional.id", unique("probe-cost-txn"))
+            .set("retry.backoff.ms", "5")
+            .create()
+            .expect("a transactional producer");
+        producer
+            .init_transactions(TIMEOUT)
+            .expect("init_transactions");
+        let init_ms = started.elapsed().as_millis();
+        producer.begin_transaction().expect("begin");
+        producer
+            .send(BaseRecord::<(), _>::to(&topic).partition(0).payload("x"))
+            .map_err(|(error, _)| error)
+            .expect("send");
+        producer.flush(TIMEOUT).expect("flush");
+        let flush_ms = started.elapsed().as_millis() - init_ms;
+        producer.commit_transaction(TIMEOUT).expect("commit");
+        let commit_ms = started.elapsed().as_millis() - init_ms - flush_ms;
+        drop(producer);
+        let drop_ms = started.elapsed().as_millis() - init_ms - flush_ms - commit_ms;
+        eprintln!("round {round}: init {init_ms} ms, flush {flush_ms} ms, commit {commit_ms} ms, drop {drop_ms} ms");
+    }
 }

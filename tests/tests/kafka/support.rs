@@ -123,22 +123,35 @@ pub fn producer(brokers: &str) -> BaseProducer {
         .expect("a producer")
 }
 
-/// Writes `(partition, key, value)` records, one record per batch, and
-/// waits until the broker acknowledged every one. One per batch because
-/// tansu 0.6 reports a partition's latest offset per batch, not per
-/// record (see `kafka_probe.rs`), and the bounded source stops there.
+/// Writes `(partition, key, value)` records and waits until the broker
+/// acknowledged every one. The last record of each partition goes in a
+/// batch of its own, after the others are acknowledged: tansu 0.6
+/// answers a partition's latest offset with the last batch's first
+/// offset plus one (see `kafka_probe.rs`), which is then the true end,
+/// and the bounded source stops there.
 pub fn produce(brokers: &str, topic: &str, records: &[(i32, Vec<u8>, Vec<u8>)]) {
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("enable.idempotence", "true")
-        .set("batch.num.messages", "1")
-        .set("linger.ms", "0")
-        .create()
-        .expect("a producer");
-    send_all(&producer, topic, records);
+    let producer = producer(brokers);
+    let mut last = std::collections::BTreeMap::new();
+    for (index, (partition, _, _)) in records.iter().enumerate() {
+        last.insert(*partition, index);
+    }
+    let (tails, heads): (Vec<_>, Vec<_>) = records
+        .iter()
+        .enumerate()
+        .partition(|(index, (partition, _, _))| last.get(partition) == Some(index));
+    let heads: Vec<_> = heads
+        .into_iter()
+        .map(|(_, record)| record.clone())
+        .collect();
+    let tails: Vec<_> = tails
+        .into_iter()
+        .map(|(_, record)| record.clone())
+        .collect();
+    send_all(&producer, topic, &heads);
+    send_all(&producer, topic, &tails);
 }
 
-/// [`produce`] with the producer's usual batching.
+/// [`produce`] with the producer's usual batching throughout.
 pub fn produce_batched(brokers: &str, topic: &str, records: &[(i32, Vec<u8>, Vec<u8>)]) {
     send_all(&producer(brokers), topic, records);
 }
@@ -180,6 +193,9 @@ pub fn consumer(brokers: &str, isolation: &str) -> BaseConsumer {
         .set("group.id", unique("snapflow-test-reader"))
         .set("enable.auto.commit", "false")
         .set("isolation.level", isolation)
+        // The broker answers a fetch with nothing new only after this
+        // long; the readers here stop on quiet, so it bounds their wait.
+        .set("fetch.wait.max.ms", "100")
         .create()
         .expect("a consumer")
 }
@@ -200,7 +216,8 @@ pub struct Read {
 }
 
 /// Every record of `topic` from its start, read at `isolation`: the
-/// reader stops once nothing arrived for half a second, because tansu 0.6's
+/// reader stops once nothing arrived for 0.7 s after a record (5 s before
+/// the first), because tansu 0.6's
 /// latest offsets are not record counts (see `kafka_probe.rs`).
 pub fn read_all(brokers: &str, topic: &str, isolation: &str) -> Vec<Read> {
     let consumer = consumer(brokers, isolation);
@@ -222,12 +239,16 @@ pub fn read_all(brokers: &str, topic: &str, isolation: &str) -> Vec<Read> {
     let mut out = Vec::new();
     let deadline = Instant::now() + TIMEOUT;
     let mut last_progress = Instant::now();
-    while Instant::now() < deadline && last_progress.elapsed() < Duration::from_millis(500) {
+    // Under load tansu takes a while to answer the first fetch: the
+    // reader waits longer for the first record than between records.
+    let mut quiet = Duration::from_secs(5);
+    while Instant::now() < deadline && last_progress.elapsed() < quiet {
         let Some(message) = consumer.poll(Duration::from_millis(50)) else {
             continue;
         };
         let message = message.expect("a record");
         last_progress = Instant::now();
+        quiet = Duration::from_millis(700);
         let headers = message
             .headers()
             .map(|headers| {
