@@ -13,6 +13,9 @@
 //!   the input.
 //! - A job stopped with a savepoint and resumed at another parallelism:
 //!   partitions are spread again and the output is still exactly once.
+//! - The sink's contract call by call: a restore commits what a dropped
+//!   sink pre-committed, a second commit changes nothing, foreign state
+//!   bytes are typed errors.
 //! - Bad input: undecodable records dropped and counted, or failing the
 //!   job without retries; an empty topic; a missing topic, an unreachable
 //!   broker and a transaction time-out shorter than the checkpoint
@@ -35,6 +38,7 @@ use snapflow::connectors::kafka::{
     KafkaSinkConfig, KafkaSinkFactory, KafkaSourceConfig, KafkaSourceFactory, TXN_HEADER,
 };
 use snapflow::job::{Job, JobConfig, JobError, JobReport, KeyedStateHandle, RestartStrategy};
+use snapflow::sink::{Sink, SinkError, SinkFactory, SinkState, Visibility};
 use snapflow::storage::{CheckpointStore, MemoryCheckpointStore};
 use snapflow::Snapshot;
 use snapflow_tests::{quiet_injected_panics, seeds, FaultKind, Faults, TestRng};
@@ -526,4 +530,58 @@ fn start_checks_give_typed_errors_before_records_flow() {
         "{error}"
     );
     assert!(error.is_retryable());
+}
+
+/// The sink's contract call by call: a sink pre-commits and is dropped
+/// before its checkpoint's commit (as a failed subtask is); the next
+/// incarnation's restore commits that transaction with the producer the
+/// process kept, a second commit changes nothing, and the records carry
+/// the committed transaction's header.
+#[test]
+fn a_restore_commits_what_a_failed_sink_pre_committed() {
+    let Some(brokers) = broker() else { return };
+    let (output, job_name) = (unique("out"), unique("job"));
+    create_topic(&brokers, &output, 1);
+    let factory = sink_factory(&brokers, &output, &job_name);
+    let log = factory.commit_log();
+    let mut failed = factory.create(0, 1).expect("a sink");
+    failed.restore(None).expect("a fresh start");
+    failed.write_batch(&[(1, 1), (2, 1)]).expect("written");
+    let state = failed.pre_commit(1).expect("pre-committed");
+    failed
+        .write_batch(&[(3, 1)])
+        .expect("written after the checkpoint");
+    drop(failed);
+    assert!(
+        log.committed().is_empty(),
+        "nothing is committed before its checkpoint"
+    );
+
+    let mut restored = factory.create(0, 1).expect("a sink");
+    let visibility = restored
+        .check_restore(Some(1), Some(&state))
+        .expect("the state checks");
+    assert_eq!(visibility, Visibility::Unknown);
+    restored.restore(Some(&state)).expect("the restore commits");
+    restored.commit(1).expect("a second commit changes nothing");
+    let committed = log.committed();
+    assert_eq!(committed.len(), 1, "{committed:?}");
+    assert_eq!(log.unverified(), 0);
+    let (got, total) = committed_output(&brokers, &output, &log);
+    assert_eq!(got, [(1, 1), (2, 1)]);
+    // The record written after the checkpoint was in the open
+    // transaction, still in the producer's queue: dropping the failed
+    // sink aborted the transaction, which purged it before it reached
+    // the broker.
+    assert_eq!(total, 2);
+
+    let mut wrong = factory.create(1, 2).expect("a sink");
+    let error = wrong
+        .restore(Some(&state))
+        .expect_err("another subtask's state");
+    assert!(matches!(error, SinkError::WrongSubtask { .. }), "{error}");
+    let error = wrong
+        .restore(Some(&SinkState::from_bytes(vec![1, 2, 3])))
+        .expect_err("bytes the sink did not write");
+    assert!(matches!(error, SinkError::MalformedState { .. }), "{error}");
 }

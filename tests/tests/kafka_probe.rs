@@ -15,6 +15,15 @@ use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
 use kafka_support::{broker, create_topic, read_all, unique, TIMEOUT};
 
+/// Sends one record to partition 0 of `topic` (into the open
+/// transaction, if any).
+fn send_one(producer: &BaseProducer, topic: &str, value: &str) {
+    producer
+        .send(BaseRecord::<(), _>::to(topic).partition(0).payload(value))
+        .map_err(|(error, _)| error)
+        .expect("send");
+}
+
 fn values(reads: &[kafka_support::Read]) -> Vec<String> {
     reads
         .iter()
@@ -142,4 +151,52 @@ fn the_cost_of_one_transaction() {
         let drop_ms = started.elapsed().as_millis() - init_ms - flush_ms - commit_ms;
         eprintln!("round {round}: init {init_ms} ms, flush {flush_ms} ms, commit {commit_ms} ms, drop {drop_ms} ms");
     }
+}
+
+/// Fencing: a second producer with the same transactional id initialises
+/// while the first has a transaction open with a record flushed. On Kafka
+/// the open transaction is aborted and the first producer is fenced (its
+/// commit fails). The sink's restore relies on the first half (it fences
+/// ids a dead incarnation may have left open); this records what tansu
+/// does with both halves. What it showed with tansu 0.6: the first
+/// producer's commit does not succeed (librdkafka times out waiting for
+/// it), and the flushed record stays readable (aborted records are never
+/// hidden there).
+#[test]
+fn a_second_producer_with_the_same_id_fences_the_first() {
+    let Some(brokers) = broker() else { return };
+    let topic = unique("probe-fence");
+    create_topic(&brokers, &topic, 1);
+    let id = unique("probe-fence-txn");
+    let make = || -> BaseProducer {
+        ClientConfig::new()
+            .set("bootstrap.servers", &brokers)
+            .set("transactional.id", &id)
+            .create()
+            .expect("a transactional producer")
+    };
+    let first = make();
+    first.init_transactions(TIMEOUT).expect("init_transactions");
+    first.begin_transaction().expect("begin");
+    send_one(&first, &topic, "lingering");
+    first.flush(TIMEOUT).expect("flush");
+    let second = make();
+    second
+        .init_transactions(TIMEOUT)
+        .expect("the second producer initialises");
+    let fenced = first.commit_transaction(Duration::from_secs(2));
+    eprintln!("the first producer's commit after the second initialised: {fenced:?}");
+    assert!(
+        fenced.is_err(),
+        "the broker let a fenced producer commit: the sink's fencing on restore does not hold"
+    );
+    second.begin_transaction().expect("begin");
+    send_one(&second, &topic, "after");
+    second
+        .commit_transaction(TIMEOUT)
+        .expect("the second commits");
+    let values = values(&read_all(&brokers, &topic, "read_committed"));
+    eprintln!("read_committed after fencing: {values:?}");
+    // tansu shows the aborted record too (see the first probe).
+    assert_eq!(values, ["lingering", "after"]);
 }
