@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Starts the test broker (tansu, through .ci/kafka.sh), creates the two
-# topics of the example, runs it, prints the counts it committed, and
-# stops the broker again.
+# topics of the example, runs it (it prints how many transactions it
+# committed), and stops the broker again.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 eval "$(bash .ci/kafka.sh start)"

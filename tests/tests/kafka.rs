@@ -16,6 +16,7 @@
 //! - The sink's contract call by call: a restore commits what a dropped
 //!   sink pre-committed, a second commit changes nothing, foreign state
 //!   bytes are typed errors.
+//! - A source starts at the earliest offsets, the latest, or a timestamp.
 //! - Bad input: undecodable records dropped and counted, or failing the
 //!   job without retries; an empty topic; a missing topic, an unreachable
 //!   broker and a transaction time-out shorter than the checkpoint
@@ -35,7 +36,8 @@ use std::time::{Duration, Instant};
 
 use snapflow::connectors::kafka::{
     BadRecords, CommitLog, Delivery, DroppedRecords, KafkaError, KafkaOut, KafkaRecord,
-    KafkaSinkConfig, KafkaSinkFactory, KafkaSourceConfig, KafkaSourceFactory, TXN_HEADER,
+    KafkaSinkConfig, KafkaSinkFactory, KafkaSourceConfig, KafkaSourceFactory, StartFrom,
+    TXN_HEADER,
 };
 use snapflow::job::{Job, JobConfig, JobError, JobReport, KeyedStateHandle, RestartStrategy};
 use snapflow::sink::{Sink, SinkError, SinkFactory, SinkState, Visibility};
@@ -584,4 +586,49 @@ fn a_restore_commits_what_a_failed_sink_pre_committed() {
         .restore(Some(&SinkState::from_bytes(vec![1, 2, 3])))
         .expect_err("bytes the sink did not write");
     assert!(matches!(error, SinkError::MalformedState { .. }), "{error}");
+}
+
+/// Reads `topic` from `start` with a bounded source at parallelism 2.
+fn read_from(brokers: &str, topic: &str, start: StartFrom) -> Vec<u64> {
+    let mut config = KafkaSourceConfig::new(brokers, &[topic]);
+    config.bounded = true;
+    config.start = start;
+    let source = KafkaSourceFactory::new(config, decode_input as Decode).expect("a source");
+    let output = snapflow::sink::CollectHandle::new();
+    let job = Job::new(&unique("read"), job_config(None, 0));
+    job.source("in", source)
+        .parallelism(2)
+        .sink("collect", output.clone())
+        .parallelism(1);
+    job.run().expect("the job ends");
+    let mut got = output.committed();
+    got.sort_unstable();
+    got
+}
+
+#[test]
+fn a_source_starts_at_the_earliest_the_latest_or_a_timestamp() {
+    let Some(brokers) = broker() else { return };
+    let topic = unique("start");
+    create_topic(&brokers, &topic, 1);
+    let rows = |ids: std::ops::Range<u64>| -> Vec<_> {
+        ids.map(|id| (0, Vec::new(), encode_input(id))).collect()
+    };
+    produce(&brokers, &topic, &rows(0..5));
+    thread::sleep(Duration::from_millis(50));
+    let between_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("a clock after 1970")
+        .as_millis() as i64;
+    thread::sleep(Duration::from_millis(50));
+    produce(&brokers, &topic, &rows(5..10));
+    assert_eq!(
+        read_from(&brokers, &topic, StartFrom::Earliest),
+        (0..10).collect::<Vec<_>>()
+    );
+    assert!(read_from(&brokers, &topic, StartFrom::Latest).is_empty());
+    assert_eq!(
+        read_from(&brokers, &topic, StartFrom::TimestampMs(between_ms)),
+        (5..10).collect::<Vec<_>>()
+    );
 }
