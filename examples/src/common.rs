@@ -41,6 +41,15 @@ pub enum ExampleError {
     /// A checkpoint's bytes could not be decoded.
     #[error("decoding a checkpoint: {0}")]
     Decode(String),
+    /// The database an example writes to failed or refused.
+    #[error("database: {message}")]
+    Database {
+        /// What failed, with the server's message.
+        message: String,
+        /// Whether running again could succeed (a server still starting,
+        /// a lost connection).
+        retryable: bool,
+    },
     /// The job ran but its result differs from a direct computation.
     #[error("MISMATCH: {0}")]
     Mismatch(String),
@@ -59,6 +68,7 @@ impl ExampleError {
             ),
             ExampleError::Job(error) => error.is_retryable(),
             ExampleError::Store(error) => error.is_retryable(),
+            ExampleError::Database { retryable, .. } => *retryable,
             ExampleError::Usage(_) | ExampleError::Decode(_) | ExampleError::Mismatch(_) => false,
         }
     }

@@ -10,8 +10,11 @@
 //! `snapflow::keyed` APIs and says which layout it relies on.
 
 pub mod bank;
+pub mod clickstream;
 pub mod common;
 pub mod dedup;
+pub mod lines;
 pub mod online_model;
 pub mod progress;
 pub mod wordcount;
+pub mod wordcount_postgres;

@@ -18,22 +18,20 @@
 //! update was lost or committed twice across the restarts).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
 use snapflow::job::{Job, KeyedStateHandle};
-use snapflow::sink::CollectHandle;
-use snapflow::source::{
-    FileLinesSource, FileLinesSourceFactory, Source, SourceError, SourceFactory, SourcePoll,
-    SourcePosition,
-};
+use snapflow::sink::{CollectHandle, Sink, SinkFactory};
+use snapflow::source::{Source, SourceFactory};
 use snapflow::Snapshot;
 
 use crate::common::{
     check_crashes, fresh_store, parse_options, print_report, Arguments, CommonOptions, CrashPlan,
-    ExampleError, ExampleOptions, PacedSource, Pacer, Pacing, Rng,
+    ExampleError, ExampleOptions, PacedSource, Rng,
 };
+use crate::lines::FileWithOffsets;
 
 /// The options of the wordcount example.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -187,10 +185,15 @@ pub fn run(options: &Options) -> Result<(), ExampleError> {
         common.job_config(Arc::new(store), crashes.planned()),
     );
     let (updates, state) = match &options.input {
-        Some(path) => declare(&job, FileWithOffsets::new(path, common.pacing()), &crashes),
+        Some(path) => {
+            let updates = CollectHandle::new();
+            let source = FileWithOffsets::new(path, common.pacing());
+            (updates.clone(), declare(&job, source, &crashes, updates))
+        }
         None => {
-            let numbered: Vec<(u64, String)> = (0_u64..).zip(input.lines.clone()).collect();
-            declare(&job, PacedSource::new(numbered, common.pacing()), &crashes)
+            let updates = CollectHandle::new();
+            let source = PacedSource::new(numbered_lines(&input.lines), common.pacing());
+            (updates.clone(), declare(&job, source, &crashes, updates))
         }
     };
     let started = Instant::now();
@@ -220,23 +223,27 @@ pub fn run(options: &Options) -> Result<(), ExampleError> {
     Ok(())
 }
 
-/// lines → split → key_by word → count → updates. The source yields
-/// `(record number, line)`: the line number of generated text, or the
-/// line's byte offset in a file; planned crashes name that number.
-fn declare<F>(
+/// Generated lines numbered from 0, as the paced source yields them.
+pub(crate) fn numbered_lines(lines: &[String]) -> Vec<(u64, String)> {
+    (0_u64..).zip(lines.iter().cloned()).collect()
+}
+
+/// lines → split → key_by word → count → `sink` (named `updates`). The
+/// source yields `(record number, line)`: the line number of generated
+/// text, or the line's byte offset in a file; planned crashes name that
+/// number. Returns the handle to the per-word state.
+pub(crate) fn declare<F, S>(
     job: &Job,
     source: F,
     crashes: &CrashPlan,
-) -> (
-    CollectHandle<(String, u64)>,
-    KeyedStateHandle<String, WordCount>,
-)
+    sink: S,
+) -> KeyedStateHandle<String, WordCount>
 where
     F: SourceFactory + Send + Sync + 'static,
     F::Source: Source<Item = (u64, String)> + 'static,
+    S: SinkFactory + Send + Sync + 'static,
+    S::Sink: Sink<Item = (String, u64)> + 'static,
 {
-    let updates = CollectHandle::new();
-    let sink = updates.clone();
     let crashes = crashes.clone();
     let (counted, state) = job
         .source("lines", source)
@@ -256,92 +263,11 @@ where
             },
         );
     counted.sink("updates", sink);
-    (updates, state)
-}
-
-/// The lines of a file through snapflow's file source
-/// ([`FileLinesSourceFactory`]: splits by byte range, positions are byte
-/// offsets, so a restart resumes at the exact line), each tagged with the
-/// byte offset it starts at, read at the example's pace.
-pub struct FileWithOffsets {
-    inner: FileLinesSourceFactory,
-    pacing: Pacing,
-}
-
-impl FileWithOffsets {
-    /// The lines of `path`, read at `pacing`.
-    pub fn new(path: &Path, pacing: Pacing) -> FileWithOffsets {
-        FileWithOffsets {
-            inner: FileLinesSourceFactory::new(path),
-            pacing,
-        }
-    }
-}
-
-impl SourceFactory for FileWithOffsets {
-    type Source = FileWithOffsetsReader;
-
-    fn split(&self, subtask: usize, parallelism: usize) -> Result<Self::Source, SourceError> {
-        Ok(FileWithOffsetsReader {
-            inner: self.inner.split(subtask, parallelism)?,
-            pacer: Pacer::new(self.pacing),
-            line: Vec::with_capacity(1),
-        })
-    }
-}
-
-/// One subtask's lines with their offsets. Its position and seek are the
-/// file source's own.
-pub struct FileWithOffsetsReader {
-    inner: FileLinesSource,
-    pacer: Pacer,
-    /// Reused for one line at a time.
-    line: Vec<String>,
-}
-
-impl Source for FileWithOffsetsReader {
-    type Item = (u64, String);
-
-    fn poll_batch(
-        &mut self,
-        out: &mut Vec<(u64, String)>,
-        max_records: usize,
-    ) -> Result<SourcePoll, SourceError> {
-        let Some(budget) = self.pacer.budget(max_records) else {
-            return Ok(SourcePoll::Idle);
-        };
-        let mut produced = 0;
-        // One line per inner poll, so that each line's offset is the inner
-        // position just before it.
-        while produced < budget {
-            let offset = self.inner.position().to_index()?;
-            let status = match self.inner.poll_batch(&mut self.line, 1) {
-                // Hand out the good lines first: the same bad line fails
-                // again on the next poll.
-                Err(_) if produced > 0 => break,
-                status => status?,
-            };
-            match (status, self.line.pop()) {
-                (SourcePoll::Produced(_), Some(line)) => out.push((offset, line)),
-                (SourcePoll::Ended, _) if produced == 0 => return Ok(SourcePoll::Ended),
-                _ => break,
-            }
-            produced += 1;
-        }
-        Ok(SourcePoll::Produced(produced))
-    }
-
-    fn position(&self) -> SourcePosition {
-        self.inner.position()
-    }
-
-    fn seek(&mut self, position: &SourcePosition) -> Result<(), SourceError> {
-        self.inner.seek(position)
-    }
+    state
 }
 
 /// Words are lowercased and stripped of surrounding punctuation.
-fn words_of(line: &str) -> impl Iterator<Item = String> + '_ {
+pub(crate) fn words_of(line: &str) -> impl Iterator<Item = String> + '_ {
     line.split_whitespace()
         .map(|word| {
             word.trim_matches(|c: char| !c.is_alphanumeric())
@@ -351,7 +277,7 @@ fn words_of(line: &str) -> impl Iterator<Item = String> + '_ {
 }
 
 /// `words` words of text over a skewed vocabulary, twelve words a line.
-fn generated_text(words: u64) -> Vec<String> {
+pub(crate) fn generated_text(words: u64) -> Vec<String> {
     const SYLLABLES: [&str; 16] = [
         "ka", "lo", "mi", "ne", "su", "ta", "ri", "po", "da", "ve", "zu", "ho", "gi", "be", "fa",
         "yo",
@@ -385,7 +311,7 @@ fn generated_text(words: u64) -> Vec<String> {
     lines
 }
 
-fn direct_count(lines: &[String]) -> BTreeMap<String, u64> {
+pub(crate) fn direct_count(lines: &[String]) -> BTreeMap<String, u64> {
     let mut counts = BTreeMap::new();
     for line in lines {
         for word in words_of(line) {
@@ -395,7 +321,8 @@ fn direct_count(lines: &[String]) -> BTreeMap<String, u64> {
     counts
 }
 
-fn print_top(counts: &BTreeMap<String, u64>) {
+/// Prints the five most common words.
+pub(crate) fn print_top(counts: &BTreeMap<String, u64>) {
     let mut top: Vec<(&String, &u64)> = counts.iter().collect();
     top.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
     let shown: Vec<String> = top
@@ -406,7 +333,7 @@ fn print_top(counts: &BTreeMap<String, u64>) {
     println!("most common: {}", shown.join(", "));
 }
 
-fn check_counts(
+pub(crate) fn check_counts(
     counts: &BTreeMap<String, u64>,
     expected: &BTreeMap<String, u64>,
 ) -> Result<(), ExampleError> {
@@ -426,7 +353,7 @@ fn check_counts(
 }
 
 /// Every word's committed updates must be exactly `1..=count`.
-fn check_updates(
+pub(crate) fn check_updates(
     updates: &[(String, u64)],
     expected: &BTreeMap<String, u64>,
 ) -> Result<(), ExampleError> {

@@ -1,10 +1,13 @@
 //! Every example in smoke mode (tiny input, one injected crash), through
 //! the same `run` function its `main` calls: each must pass its own check.
 //! Each test uses its own temporary checkpoint directory, so they can run
-//! in parallel.
+//! in parallel. wordcount_postgres needs the server `.ci/run` starts
+//! (`SNAPFLOW_POSTGRES_URL`); without it that test says how to start one
+//! and passes, except in CI (`CI=true`), where it fails.
 
+use snapflow::connectors::postgres::Mode;
 use snapflow_examples::common::{CommonOptions, ExampleError, ExampleOptions};
-use snapflow_examples::{bank, dedup, online_model, wordcount};
+use snapflow_examples::{bank, clickstream, dedup, online_model, wordcount, wordcount_postgres};
 
 fn check<O>(
     mut options: O,
@@ -48,6 +51,62 @@ fn wordcount_input_file_smoke() {
     // seeks the file source to a byte offset in the middle.
     options.common.records_per_second = 5_000;
     check(options, |options| &mut options.common, wordcount::run);
+}
+
+/// The server's connection string, or `None` (with a message) outside CI.
+fn postgres_server() -> Option<String> {
+    if let Some(url) = std::env::var(wordcount_postgres::URL_VAR)
+        .ok()
+        .filter(|url| !url.is_empty())
+    {
+        return Some(url);
+    }
+    assert!(
+        std::env::var("CI").map_or(true, |value| value != "true"),
+        "{} is not set, and CI must not skip the PostgreSQL example: .ci/run starts the server",
+        wordcount_postgres::URL_VAR
+    );
+    eprintln!(
+        "skipped: {} is not set; start a server with `eval \"$(.ci/postgres.sh start)\"`, \
+         or run examples/wordcount_postgres.sh",
+        wordcount_postgres::URL_VAR
+    );
+    None
+}
+
+fn check_wordcount_postgres(mode: Mode) {
+    let Some(url) = postgres_server() else { return };
+    let mut options = wordcount_postgres::Options::smoke();
+    options.url = Some(url);
+    options.mode = mode;
+    // Slow enough that the crash comes after a checkpoint, so the restore
+    // commits or rolls back transactions the crashed generation left.
+    options.common.records_per_second = 2_000;
+    // A table of its own: the database outlives a test run.
+    options.table = Some(format!(
+        "smoke_{}_{}",
+        std::process::id(),
+        if mode == Mode::ExactlyOnce {
+            "updates"
+        } else {
+            "counts"
+        }
+    ));
+    check(
+        options,
+        |options| &mut options.common,
+        wordcount_postgres::run,
+    );
+}
+
+#[test]
+fn wordcount_postgres_exactly_once_smoke() {
+    check_wordcount_postgres(Mode::ExactlyOnce);
+}
+
+#[test]
+fn wordcount_postgres_idempotent_smoke() {
+    check_wordcount_postgres(Mode::Idempotent);
 }
 
 #[test]
@@ -109,4 +168,13 @@ fn a_missing_input_file_is_an_io_error() {
     let error = wordcount::run(&options).expect_err("the file does not exist");
     assert!(matches!(error, ExampleError::Io { .. }));
     assert!(!error.is_retryable());
+}
+
+#[test]
+fn clickstream_smoke() {
+    for parallelism in 1..=3 {
+        let mut options = clickstream::Options::smoke();
+        options.common.parallelism = parallelism;
+        check(options, |options| &mut options.common, clickstream::run);
+    }
 }

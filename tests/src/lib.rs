@@ -3,9 +3,13 @@
 //! library holds the helpers those tests share and nothing else: a small
 //! seeded random generator, seed selection from the environment, and fault
 //! injection that fires each planned fault exactly once (with a panic hook
-//! that keeps injected panics quiet).
+//! that keeps injected panics quiet), the keyed test pipeline, and the
+//! sinks the process-crash tests run in a child process.
 
+pub mod crash;
 pub mod damage;
+pub mod postgres;
+pub mod slow_commit;
 
 use std::panic;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -536,98 +540,39 @@ pub mod pipeline {
         output.sort_unstable();
         (output, state)
     }
+
+    /// Every key's final count, sorted by key: what a table of upserts
+    /// that keep the larger count holds after the failure-free run.
+    pub fn final_counts(records: u64) -> Vec<(u64, u64)> {
+        let mut finals: Vec<(u64, u64)> = expected(records)
+            .1
+            .iter()
+            .map(|(key, totals)| (*key, totals.count))
+            .collect();
+        finals.sort_unstable();
+        finals
+    }
 }
 
 /// The exactly-once file sink of [`snapflow::sink`] for the process-crash
-/// test, with commits slowed down: the delay widens the window in which a
-/// crash finds a durable checkpoint whose output is not committed yet
-/// (recovery must then commit it). Files are not fsynced: the page cache
-/// outlives a SIGKILL.
+/// test, and a reader of what it committed. Files are not fsynced: the page
+/// cache outlives a SIGKILL.
 pub mod file_sink {
     use std::fs;
     use std::path::Path;
-    use std::thread;
-    use std::time::Duration;
 
-    use snapflow::sink::{
-        committed_files, FileSink, FileSinkFactory, Sink, SinkError, SinkFactory, SinkState,
-        Visibility, DEFAULT_PREFIX,
-    };
+    use snapflow::sink::{committed_files, FileSinkFactory, SinkError, DEFAULT_PREFIX};
 
-    type Encode = fn(&(u64, u64), &mut Vec<u8>);
+    /// How a `(key, count)` record becomes a line.
+    pub type Encode = fn(&(u64, u64), &mut Vec<u8>);
 
     fn encode(record: &(u64, u64), out: &mut Vec<u8>) {
         out.extend_from_slice(format!("{} {}\n", record.0, record.1).as_bytes());
     }
 
-    /// The sink factory.
-    pub struct SlowCommitFileSink {
-        inner: FileSinkFactory<(u64, u64), Encode>,
-        commit_delay_ms: u64,
-    }
-
-    impl SlowCommitFileSink {
-        /// Writes into `dir`, waiting `commit_delay_ms` before each commit.
-        pub fn new(dir: &Path, commit_delay_ms: u64) -> Result<Self, SinkError> {
-            Ok(SlowCommitFileSink {
-                inner: FileSinkFactory::new(dir, encode as Encode)?.fsync(false),
-                commit_delay_ms,
-            })
-        }
-    }
-
-    impl SinkFactory for SlowCommitFileSink {
-        type Sink = SlowCommit;
-
-        fn create(&self, subtask: usize, parallelism: usize) -> Result<SlowCommit, SinkError> {
-            Ok(SlowCommit {
-                inner: self.inner.create(subtask, parallelism)?,
-                commit_delay_ms: self.commit_delay_ms,
-            })
-        }
-    }
-
-    /// One subtask's sink.
-    pub struct SlowCommit {
-        inner: FileSink<(u64, u64), Encode>,
-        commit_delay_ms: u64,
-    }
-
-    impl Sink for SlowCommit {
-        type Item = (u64, u64);
-
-        fn write_batch(&mut self, batch: &[(u64, u64)]) -> Result<(), SinkError> {
-            self.inner.write_batch(batch)
-        }
-
-        fn pre_commit(&mut self, checkpoint_id: u64) -> Result<SinkState, SinkError> {
-            self.inner.pre_commit(checkpoint_id)
-        }
-
-        fn commit(&mut self, checkpoint_id: u64) -> Result<(), SinkError> {
-            thread::sleep(Duration::from_millis(self.commit_delay_ms));
-            self.inner.commit(checkpoint_id)
-        }
-
-        fn abort(&mut self) -> Result<(), SinkError> {
-            self.inner.abort()
-        }
-
-        fn restore(&mut self, state: Option<&SinkState>) -> Result<(), SinkError> {
-            self.inner.restore(state)
-        }
-
-        fn check_restore(
-            &mut self,
-            restored: Option<u64>,
-            state: Option<&SinkState>,
-        ) -> Result<Visibility, SinkError> {
-            self.inner.check_restore(restored, state)
-        }
-
-        fn finish(&mut self) -> Result<(), SinkError> {
-            self.inner.finish()
-        }
+    /// A file sink writing `key count` lines into `dir`, without fsync.
+    pub fn factory(dir: &Path) -> Result<FileSinkFactory<(u64, u64), Encode>, SinkError> {
+        Ok(FileSinkFactory::new(dir, encode as Encode)?.fsync(false))
     }
 
     /// Every committed record in `dir`, sorted.

@@ -8,60 +8,30 @@
 //! Seeds: `SNAPFLOW_CRASH_SEEDS` (default 5) seeds from 1 on;
 //! `SNAPFLOW_SEED=n` replays seed n.
 
-use std::process::{Command, Stdio};
-use std::thread;
-use std::time::{Duration, Instant};
+use std::process::Command;
 
+use snapflow_tests::crash::kill_then_finish;
 use snapflow_tests::file_sink::committed;
 use snapflow_tests::pipeline::expected;
 use snapflow_tests::{seeds, TestRng};
 
 const RECORDS: u64 = 3_000;
 
-fn child(store: &std::path::Path, output: &std::path::Path) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_job_runner"));
-    command
-        .arg(store)
-        .arg(output)
-        .arg(RECORDS.to_string())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    command
-}
-
 fn check(seed: u64) {
     let replay = format!("seed {seed} (replay with SNAPFLOW_SEED={seed})");
     let mut rng = TestRng::new(seed);
     let dir = tempfile::tempdir().expect("a temporary directory");
     let (store, output) = (dir.path().join("store"), dir.path().join("output"));
-    for _ in 0..rng.between(1, 3) {
-        let mut running = child(&store, &output).spawn().expect("the child starts");
-        thread::sleep(Duration::from_millis(rng.between(20, 200)));
-        // SIGKILL on Unix. The child may have finished already; then the
-        // kill fails and the next run resumes from its final checkpoint.
-        let _ = running.kill();
-        let _ = running.wait();
-    }
-    let mut last = child(&store, &output).spawn().expect("the child starts");
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = last.try_wait().expect("the child can be waited for") {
-            break status;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "{replay}: the last run did not finish in 60 s"
-        );
-        thread::sleep(Duration::from_millis(5));
-    };
-    let result = last.wait_with_output().expect("the child's output");
-    assert!(
-        status.success(),
-        "{replay}: the last run failed: {}",
-        String::from_utf8_lossy(&result.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&result.stdout);
-    assert!(stdout.contains("done"), "{replay}: {stdout}");
+    let stdout = kill_then_finish(&mut rng, &replay, (20, 200), || {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_job_runner"));
+        command
+            .arg(&store)
+            .arg(RECORDS.to_string())
+            .arg("2")
+            .arg("file")
+            .arg(&output);
+        command
+    });
     eprintln!("{replay}: last run: {}", stdout.replace('\n', " "));
     let (expected_output, _) = expected(RECORDS);
     let output = committed(&output).expect("the committed output reads");

@@ -21,6 +21,9 @@
 //!   recovers exactly-once; so does a restart of the server (a third
 //!   cluster that only this test uses) while the job runs.
 //! - Sixteen sinks starting at once on a fresh database all start.
+//! - The multi-row insert: exactly-once through the same failing job;
+//!   a row of the wrong width and an upsert that meets one key twice in
+//!   a statement are typed, non-retryable errors.
 //! - Bad input: `max_prepared_transactions = 0` (a second server), wrong
 //!   SQL, a constraint violation, a wrong password.
 //!
@@ -36,17 +39,18 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use snapflow::connectors::postgres::{
-    server::check_max_prepared_transactions, Mode, PostgresConfig, PostgresError,
+    server::check_max_prepared_transactions, Mode, MultiRowInsert, PostgresConfig, PostgresError,
     PostgresSinkFactory,
 };
 use snapflow::job::{Job, JobConfig, JobError, JobReport, RestartStrategy};
 use snapflow::sink::{Sink, SinkError, SinkFactory, Visibility};
-use snapflow_tests::pipeline::{declare, expected, kept, Pacing};
+use snapflow_tests::pipeline::{declare, expected, final_counts, kept, Pacing};
+use snapflow_tests::postgres::{key_count, multi_row_factory};
 use snapflow_tests::{quiet_injected_panics, seeds, FaultKind, Faults, TestRng};
 
 use support::{
-    client, create_table, factory, key_count, prepared_of, rows, server, unique, Chaos, ChaosPlan,
-    KeyCount, NO_PREPARED_VAR, SPARE_VAR, URL_VAR,
+    client, create_table, factory, prepared_of, rows, server, unique, Chaos, ChaosPlan, KeyCount,
+    NO_PREPARED_VAR, SPARE_VAR, URL_VAR,
 };
 
 /// Runs the keyed pipeline over `records` at `parallelism` into `sink`,
@@ -112,10 +116,16 @@ fn kept_id(rng: &mut TestRng, records: u64) -> u64 {
 /// One seeded run through a job with two operator panics and a failed
 /// commit; the table must equal the failure-free result.
 fn check_job(mode: Mode, parallelism: usize, seed: u64) {
+    check_job_with(mode, false, parallelism, seed);
+}
+
+/// [`check_job`], with the multi-row insert when `multi_row`.
+fn check_job_with(mode: Mode, multi_row: bool, parallelism: usize, seed: u64) {
     let Some(url) = server(URL_VAR) else { return };
     quiet_injected_panics();
     let replay = format!(
-        "{mode:?} at parallelism {parallelism}, seed {seed} (replay with SNAPFLOW_SEED={seed})"
+        "{mode:?} at parallelism {parallelism}, multi-row {multi_row}, seed {seed} \
+         (replay with SNAPFLOW_SEED={seed})"
     );
     let mut rng = TestRng::new(seed);
     let records = rng.between(300, 900);
@@ -127,25 +137,22 @@ fn check_job(mode: Mode, parallelism: usize, seed: u64) {
     let (job, table) = (unique("job"), unique("rows"));
     create_table(&url, &table, mode == Mode::Idempotent);
     let plan = ChaosPlan::new(Some(rng.between(0, parallelism as u64 - 1)), None);
+    let inner = if multi_row {
+        multi_row_factory(&url, mode, &job, &table).expect("the sink's start checks pass")
+    } else {
+        factory(&url, mode, &job, &table)
+    };
     let sink = Chaos {
-        inner: factory(&url, mode, &job, &table),
+        inner,
         plan: Arc::new(plan),
     };
     let started = std::time::Instant::now();
     let report = run_job(&job, records, parallelism, &faults, sink)
         .unwrap_or_else(|error| panic!("{replay}: the job failed: {error}"));
     let got = rows(&url, &table);
-    let (want_rows, want_state) = expected(records);
     let want = match mode {
-        Mode::ExactlyOnce => want_rows,
-        _ => {
-            let mut finals: Vec<(u64, u64)> = want_state
-                .iter()
-                .map(|(key, totals)| (*key, totals.count))
-                .collect();
-            finals.sort_unstable();
-            finals
-        }
+        Mode::ExactlyOnce => expected(records).0,
+        _ => final_counts(records),
     };
     assert_eq!(got.len(), want.len(), "{replay}: row count differs");
     assert!(
@@ -167,6 +174,13 @@ fn exactly_once_through_a_failing_job_at_parallelism_1_2_3() {
     check_job(Mode::ExactlyOnce, 1, 101);
     check_job(Mode::ExactlyOnce, 2, 102);
     check_job(Mode::ExactlyOnce, 3, 103);
+}
+
+#[test]
+fn exactly_once_multi_row_through_a_failing_job_at_parallelism_1_2_3() {
+    check_job_with(Mode::ExactlyOnce, true, 1, 111);
+    check_job_with(Mode::ExactlyOnce, true, 2, 112);
+    check_job_with(Mode::ExactlyOnce, true, 3, 113);
 }
 
 #[test]
@@ -542,6 +556,59 @@ fn a_wrong_number_of_parameters_is_not_retryable() {
     sink.write_batch(&[(1, 1)]).expect("buffered");
     let error = sink.pre_commit(1).expect_err("the row cannot be sent");
     assert!(!error.is_retryable(), "{error}");
+}
+
+#[test]
+fn a_multi_row_row_of_the_wrong_width_is_not_retryable() {
+    let Some(url) = server(URL_VAR) else { return };
+    let table = unique("rows");
+    create_table(&url, &table, false);
+    let config = PostgresConfig::new(&url, Mode::ExactlyOnce, &unique("width"), "sink");
+    let insert = MultiRowInsert::new(&format!("{table} (key, count)"), 2);
+    let sinks = PostgresSinkFactory::multi_row(config, insert, too_few as KeyCount)
+        .expect("the statement itself prepares");
+    let mut sink = sinks.create(0, 1).expect("the sink connects");
+    sink.restore(None).expect("restored");
+    sink.write_batch(&[(1, 1)]).expect("buffered");
+    let error = sink.pre_commit(1).expect_err("the row cannot be sent");
+    assert!(!error.is_retryable(), "{error}");
+    assert!(error.to_string().contains("takes 2 per row"), "{error}");
+    let config = PostgresConfig::new(&url, Mode::ExactlyOnce, &unique("width"), "sink");
+    let error =
+        PostgresSinkFactory::multi_row(config, MultiRowInsert::new(&table, 0), too_few as KeyCount)
+            .err()
+            .expect("zero parameters per row is refused");
+    assert!(
+        matches!(error, PostgresError::InvalidName { .. }),
+        "{error}"
+    );
+}
+
+/// Rows in the per-row form may touch one key twice; a multi-row upsert
+/// may not, and says so.
+#[test]
+fn a_multi_row_upsert_that_meets_a_key_twice_is_not_retryable_and_says_why() {
+    let Some(url) = server(URL_VAR) else { return };
+    let (job, table) = (unique("twice"), unique("rows"));
+    create_table(&url, &table, true);
+    let sinks = multi_row_factory(&url, Mode::Idempotent, &job, &table).expect("it starts");
+    let mut sink = sinks.create(0, 1).expect("the sink connects");
+    sink.restore(None).expect("restored");
+    sink.write_batch(&[(1, 1), (2, 1)]).expect("buffered");
+    sink.pre_commit(1).expect("distinct keys are one statement");
+    assert_eq!(rows(&url, &table), [(1, 1), (2, 1)]);
+    sink.write_batch(&[(1, 2), (1, 3)]).expect("buffered");
+    let error = sink
+        .pre_commit(2)
+        .expect_err("one key twice in a statement");
+    assert!(!error.is_retryable(), "{error}");
+    assert!(error.to_string().contains("same conflict key"), "{error}");
+    let per_row = factory(&url, Mode::Idempotent, &job, &table);
+    let mut sink = per_row.create(0, 1).expect("the sink connects");
+    sink.restore(None).expect("restored");
+    sink.write_batch(&[(1, 2), (1, 3)]).expect("buffered");
+    sink.pre_commit(3).expect("the per-row form applies both");
+    assert_eq!(rows(&url, &table), [(1, 3), (2, 1)]);
 }
 
 /// A constraint violation ends the job with a non-retryable error.

@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::hint::black_box;
+use std::marker::PhantomData;
 use std::process::ExitCode;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -43,21 +44,39 @@ impl Discarded {
     }
 }
 
-/// A sink that drops records and counts them with two-phase commit: the
-/// count of a transaction is committed when its checkpoint completes.
-#[derive(Clone, Default)]
-pub struct DiscardSink {
+/// A sink that drops records of type `T` and counts them with two-phase
+/// commit: the count of a transaction is committed when its checkpoint
+/// completes.
+pub struct DiscardSink<T = (u64, u64)> {
     shared: Arc<Discarded>,
     /// A pause per written batch, to make the sink the bottleneck.
     pause_per_batch: Duration,
+    records: PhantomData<fn(T)>,
 }
 
-impl DiscardSink {
+impl<T> Clone for DiscardSink<T> {
+    fn clone(&self) -> Self {
+        DiscardSink {
+            shared: Arc::clone(&self.shared),
+            pause_per_batch: self.pause_per_batch,
+            records: PhantomData,
+        }
+    }
+}
+
+impl<T> Default for DiscardSink<T> {
+    fn default() -> Self {
+        DiscardSink::slow(Duration::ZERO)
+    }
+}
+
+impl<T> DiscardSink<T> {
     /// A sink that sleeps `pause_per_batch` on every batch it writes.
-    pub fn slow(pause_per_batch: Duration) -> DiscardSink {
+    pub fn slow(pause_per_batch: Duration) -> DiscardSink<T> {
         DiscardSink {
             shared: Arc::default(),
             pause_per_batch,
+            records: PhantomData,
         }
     }
 
@@ -67,22 +86,23 @@ impl DiscardSink {
     }
 }
 
-impl SinkFactory for DiscardSink {
-    type Sink = DiscardWriter;
+impl<T: Send + 'static> SinkFactory for DiscardSink<T> {
+    type Sink = DiscardWriter<T>;
 
-    fn create(&self, subtask: usize, _parallelism: usize) -> Result<DiscardWriter, SinkError> {
+    fn create(&self, subtask: usize, _parallelism: usize) -> Result<DiscardWriter<T>, SinkError> {
         Ok(DiscardWriter {
             shared: Arc::clone(&self.shared),
             subtask,
             pause_per_batch: self.pause_per_batch,
             open: 0,
             pending: BTreeMap::new(),
+            records: PhantomData,
         })
     }
 }
 
 /// One subtask's [`DiscardSink`]: record counts per transaction.
-pub struct DiscardWriter {
+pub struct DiscardWriter<T = (u64, u64)> {
     shared: Arc<Discarded>,
     subtask: usize,
     pause_per_batch: Duration,
@@ -90,9 +110,10 @@ pub struct DiscardWriter {
     /// Pre-committed record counts per checkpoint; bounded by the
     /// checkpoints in flight, as every completion drains all older ones.
     pending: BTreeMap<u64, u64>,
+    records: PhantomData<fn(T)>,
 }
 
-impl DiscardWriter {
+impl<T> DiscardWriter<T> {
     fn commit_up_to(&mut self, checkpoint: u64) {
         let later = self.pending.split_off(&(checkpoint + 1));
         for (id, records) in std::mem::replace(&mut self.pending, later) {
@@ -101,10 +122,10 @@ impl DiscardWriter {
     }
 }
 
-impl Sink for DiscardWriter {
-    type Item = (u64, u64);
+impl<T: Send + 'static> Sink for DiscardWriter<T> {
+    type Item = T;
 
-    fn write_batch(&mut self, batch: &[(u64, u64)]) -> Result<(), SinkError> {
+    fn write_batch(&mut self, batch: &[T]) -> Result<(), SinkError> {
         if !self.pause_per_batch.is_zero() {
             std::thread::sleep(self.pause_per_batch);
         }

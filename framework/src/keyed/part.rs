@@ -220,6 +220,47 @@ pub(crate) fn decode_header(bytes: &[u8]) -> Result<PartHeader, String> {
     Ok(header)
 }
 
+/// What a part holds, read without knowing its key or state type: its
+/// key group, entry count and the stored schema of its states. For tools
+/// that show a checkpoint (the `snapflow` command-line tool).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartDescription {
+    /// The job's max parallelism the part was written with.
+    pub max_parallelism: u32,
+    /// The key group.
+    pub key_group: u32,
+    /// The number of (key, state) entries.
+    pub entries: u64,
+    /// The schema every state of the part was written with.
+    pub schema: StoredSchema,
+}
+
+/// Describes the part `bytes` after checking its header and body CRCs.
+///
+/// # Errors
+///
+/// Why the bytes are not a valid part.
+pub fn describe(bytes: &[u8]) -> Result<PartDescription, String> {
+    let header = decode_header(bytes)?;
+    let body = &bytes[PART_HEADER_LEN..];
+    if crc32fast::hash(body) != header.body_crc {
+        return Err("body checksum mismatch".to_string());
+    }
+    // `decode_header` proved `schema_len <= body.len()`.
+    let schema_bytes = &body[..header.schema_len as usize];
+    let schema = match postcard::take_from_bytes::<StoredSchema>(schema_bytes) {
+        Ok((schema, [])) => schema,
+        Ok((_, rest)) => return Err(format!("{} bytes after the schema", rest.len())),
+        Err(error) => return Err(format!("the schema does not decode: {error}")),
+    };
+    Ok(PartDescription {
+        max_parallelism: header.max_parallelism,
+        key_group: header.key_group,
+        entries: header.entry_count,
+        schema,
+    })
+}
+
 /// Decodes a part of `key_group` and inserts its entries into `table`,
 /// which may hold other key groups' entries. On error `table` may hold some
 /// of the part's entries; callers discard it.

@@ -134,10 +134,12 @@
 //! ```
 
 mod collect;
+mod connector;
 mod file;
 mod print;
 
 pub use collect::{CollectHandle, CollectSink};
+pub use connector::ConnectorError;
 pub use file::{committed_files, FileSink, FileSinkFactory, DEFAULT_PREFIX};
 pub use print::PrintSink;
 
@@ -507,6 +509,11 @@ pub enum SinkError {
         /// What the caller did wrong.
         reason: String,
     },
+    /// An error of a connector to an external system (the PostgreSQL
+    /// sink's `PostgresError`), kept whole: reach it with
+    /// [`ConnectorError::downcast_ref`].
+    #[error(transparent)]
+    Connector(ConnectorError),
     /// An error of a user-written sink.
     #[error("{message}")]
     Custom {
@@ -526,6 +533,7 @@ impl SinkError {
                 crate::source::is_transient(source)
             }
             SinkError::Custom { retryable, .. } => *retryable,
+            SinkError::Connector(error) => error.is_retryable(),
             SinkError::InvalidName { .. }
             | SinkError::MalformedState { .. }
             | SinkError::WrongSubtask { .. }

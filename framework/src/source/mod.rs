@@ -172,6 +172,10 @@ impl SourcePosition {
     }
 }
 
+/// Names one split of a source subtask's input (a Kafka partition, a
+/// file), unique within the subtask.
+pub type SplitId = u32;
+
 /// A replayable source of records for one subtask.
 ///
 /// See the [module documentation](self) for the contract with the runtime.
@@ -216,6 +220,28 @@ pub trait Source {
     /// source that says false.
     fn can_seek(&self) -> bool {
         true
+    }
+
+    /// Appends the splits this subtask reads now to `out`: the partitions
+    /// of a Kafka subtask, the one share of a built-in source (the
+    /// default, split 0). With event time on, each split gets its own
+    /// watermark generator and the subtask's watermark is the minimum over
+    /// its active splits. An empty list says the subtask has no split (it
+    /// has more subtasks than its input has splits): it marks itself idle
+    /// at once, so it never holds the job's watermark back.
+    ///
+    /// The runtime asks after every poll, and only when the stream has a
+    /// watermark strategy; a list that changes (a partition added or
+    /// taken away) is followed.
+    fn current_splits(&self, out: &mut Vec<SplitId>) {
+        out.push(0);
+    }
+
+    /// The split whose records the last [`Source::poll_batch`] appended. A
+    /// source that reads several splits appends one split's records per
+    /// call, so that each split's generator sees only its own. Default 0.
+    fn last_split(&self) -> SplitId {
+        0
     }
 
     /// What this source can guarantee after a restore.

@@ -40,6 +40,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 mod aside;
+mod delete;
 
 use super::io::Io;
 use super::metadata::{CheckpointMetadata, PartInfo, MAX_METADATA_BYTES};

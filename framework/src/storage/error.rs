@@ -59,6 +59,10 @@ pub enum StoreError {
     /// `begin` was called for an id that is in progress or complete.
     #[error("checkpoint {0} already exists")]
     AlreadyExists(CheckpointId),
+    /// A checkpoint to delete is pinned: a restore in this process is
+    /// reading it.
+    #[error("checkpoint {0} is being restored from and cannot be deleted now")]
+    Pinned(CheckpointId),
     /// `discard` was called for a complete checkpoint.
     #[error("checkpoint {0} is already committed and cannot be discarded")]
     AlreadyCommitted(CheckpointId),

@@ -53,6 +53,31 @@ impl FsCheckpointStore {
         })
     }
 
+    /// Deletes complete checkpoint or savepoint `checkpoint` (its
+    /// metadata first, so a crash never leaves a listed entry without its
+    /// parts) and says which kind it was. Retention does this on its own;
+    /// this is for tools.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::NotFound`] when there is no such complete entry,
+    /// [`StoreError::Pinned`] while a restore in this process reads it,
+    /// [`StoreError::Io`].
+    pub fn delete(&self, checkpoint: u64) -> Result<CheckpointKind, StoreError> {
+        self.engine.delete(checkpoint)
+    }
+
+    /// Deletes every complete checkpoint but the newest `keep`; savepoints
+    /// stay. Returns the deleted ids, oldest first.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::InvalidOptions`] for `keep == 0`, and those of
+    /// [`FsCheckpointStore::delete`].
+    pub fn prune(&self, keep: usize) -> Result<Vec<u64>, StoreError> {
+        self.engine.prune(keep)
+    }
+
     /// Where the job's checkpoints are, for [`CheckpointStore::location`](super::CheckpointStore::location).
     fn directory(&self) -> Option<&Path> {
         Some(self.engine.job_dir())

@@ -18,6 +18,7 @@
 //! store what it hands them in the operator's part of a checkpoint.
 
 mod clock;
+mod source;
 mod strategy;
 mod timers;
 mod watermark;
@@ -31,6 +32,6 @@ pub use timers::Timers;
 pub use watermark::{Advance, InputWatermarks, WATERMARK_MAX_MS};
 pub use window::{LateRecords, WindowError, Windowed, WindowedStream, Windows};
 
-pub(crate) use strategy::{SourceSignal, SourceWatermarks};
+pub(crate) use source::{SourceSignal, SourceWatermarks};
 pub(crate) use timers::{rescale_timed_states, TimedFn, TimedKeyedCore};
 pub(crate) use watermark::WatermarkState;

@@ -5,20 +5,20 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::clock::{Clock, SystemClock};
-use super::watermark::WatermarkState;
 
 /// A record's event time in milliseconds since the epoch.
 pub type TimestampFn<T> = Arc<dyn Fn(&T) -> u64 + Send + Sync>;
 
-/// Makes one subtask's generator.
-type GeneratorFactory<T> = Arc<dyn Fn() -> Box<dyn WatermarkGenerator<T>> + Send + Sync>;
+/// Makes one split's generator.
+pub(super) type GeneratorFactory<T> = Arc<dyn Fn() -> Box<dyn WatermarkGenerator<T>> + Send + Sync>;
 
-/// Turns the records a source subtask reads into watermarks. One instance
-/// runs per source subtask (one split each for the built-in sources), on
-/// the source's actor, after every batch it reads.
+/// Turns the records a source split reads into watermarks. One instance
+/// runs per split of each source subtask (the built-in sources read one
+/// split per subtask; a Kafka subtask one per partition), on the source's
+/// actor, after every batch read from that split.
 ///
 /// A watermark `W` promises that no record with event time `<= W` follows
-/// on this subtask. Records that break the promise are late downstream.
+/// from this split. Records that break the promise are late downstream.
 pub trait WatermarkGenerator<T>: Send {
     /// A record with event time `timestamp_ms` was read.
     fn on_event(&mut self, record: &T, timestamp_ms: u64);
@@ -92,7 +92,7 @@ where
 }
 
 /// How a stream's records get event times and watermarks: a timestamp
-/// function, a [`WatermarkGenerator`] per source subtask, and optionally
+/// function, a [`WatermarkGenerator`] per source split, and optionally
 /// idleness.
 ///
 /// ```
@@ -106,10 +106,10 @@ where
 /// ```
 pub struct WatermarkStrategy<T> {
     timestamp_of: TimestampFn<T>,
-    make_generator: GeneratorFactory<T>,
-    idleness_ms: Option<u64>,
-    emit_interval_ms: u64,
-    clock: Arc<dyn Clock>,
+    pub(super) make_generator: GeneratorFactory<T>,
+    pub(super) idleness_ms: Option<u64>,
+    pub(super) emit_interval_ms: u64,
+    pub(super) clock: Arc<dyn Clock>,
 }
 
 impl<T> Clone for WatermarkStrategy<T> {
@@ -160,8 +160,8 @@ impl<T: 'static> WatermarkStrategy<T> {
         })
     }
 
-    /// A generator of the user's own, made fresh for every source subtask
-    /// (and again after a restore: what it had seen is not state, but the
+    /// A generator of the user's own, made fresh for every split of every
+    /// source subtask (and again after a restore: what it had seen is not state, but the
     /// subtask's watermark never goes below what it had sent).
     pub fn custom<G>(
         timestamp_of: impl Fn(&T) -> u64 + Send + Sync + 'static,
@@ -179,9 +179,11 @@ impl<T: 'static> WatermarkStrategy<T> {
         }
     }
 
-    /// A source subtask that reads nothing for `idleness_ms` of processing
-    /// time marks itself idle, so it no longer holds back the watermark
-    /// downstream, until it reads again.
+    /// A split that reads nothing for `idleness_ms` of processing time no
+    /// longer holds back its subtask's watermark, until it reads again;
+    /// a source subtask whose splits are all idle marks itself idle, so
+    /// it no longer holds back the watermark downstream. (A subtask with
+    /// no split at all is idle at once, with or without this setting.)
     pub fn with_idleness(mut self, idleness_ms: u64) -> Self {
         self.idleness_ms = Some(idleness_ms);
         self
@@ -211,198 +213,5 @@ impl<T: 'static> WatermarkStrategy<T> {
     /// The event time of `record`.
     pub fn timestamp_of(&self, record: &T) -> u64 {
         (self.timestamp_of)(record)
-    }
-}
-
-/// What a source subtask must send after it read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum SourceSignal {
-    /// Nothing.
-    None,
-    /// This watermark, after the records just read.
-    Watermark(u64),
-    /// An idleness mark.
-    Idle,
-}
-
-/// The watermark machinery of one source subtask: its generator, what it
-/// has sent, and its idleness.
-pub(crate) struct SourceWatermarks<T> {
-    strategy: WatermarkStrategy<T>,
-    generator: Box<dyn WatermarkGenerator<T>>,
-    sent_ms: Option<u64>,
-    last_emit_at_ms: Option<u64>,
-    quiet_since_ms: Option<u64>,
-    idle_sent: bool,
-}
-
-impl<T: 'static> SourceWatermarks<T> {
-    pub(crate) fn new(strategy: WatermarkStrategy<T>) -> Self {
-        let generator = (strategy.make_generator)();
-        SourceWatermarks {
-            strategy,
-            generator,
-            sent_ms: None,
-            last_emit_at_ms: None,
-            quiet_since_ms: None,
-            idle_sent: false,
-        }
-    }
-
-    /// The subtask read `records` (possibly none).
-    pub(crate) fn on_records(&mut self, records: &[T]) -> SourceSignal {
-        if records.is_empty() {
-            return self.on_quiet();
-        }
-        self.quiet_since_ms = None;
-        self.idle_sent = false;
-        for record in records {
-            let timestamp_ms = self.strategy.timestamp_of(record);
-            self.generator.on_event(record, timestamp_ms);
-        }
-        let Some(watermark_ms) = self.generator.current_watermark_ms() else {
-            return SourceSignal::None;
-        };
-        if self.sent_ms.is_some_and(|sent| watermark_ms <= sent) {
-            return SourceSignal::None;
-        }
-        let now_ms = self.strategy.clock.now_ms();
-        let interval_ms = self.strategy.emit_interval_ms;
-        if self
-            .last_emit_at_ms
-            .is_some_and(|at| now_ms.saturating_sub(at) < interval_ms)
-        {
-            return SourceSignal::None;
-        }
-        self.last_emit_at_ms = Some(now_ms);
-        self.sent_ms = Some(watermark_ms);
-        SourceSignal::Watermark(watermark_ms)
-    }
-
-    /// A read found nothing: idle once the idleness timeout has passed.
-    fn on_quiet(&mut self) -> SourceSignal {
-        let Some(idleness_ms) = self.strategy.idleness_ms else {
-            return SourceSignal::None;
-        };
-        let now_ms = self.strategy.clock.now_ms();
-        let since_ms = *self.quiet_since_ms.get_or_insert(now_ms);
-        if self.idle_sent || now_ms.saturating_sub(since_ms) < idleness_ms {
-            return SourceSignal::None;
-        }
-        self.idle_sent = true;
-        SourceSignal::Idle
-    }
-
-    /// What a snapshot keeps: the watermark sent on.
-    pub(crate) fn state(&self) -> WatermarkState {
-        WatermarkState::sent(self.sent_ms)
-    }
-
-    /// Resumes from a snapshot: never sends below what was sent.
-    pub(crate) fn restore(&mut self, state: &WatermarkState) {
-        self.sent_ms = state.output_ms();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::super::clock::ManualClock;
-    use super::*;
-
-    fn run(strategy: WatermarkStrategy<u64>, batches: &[&[u64]]) -> Vec<SourceSignal> {
-        let mut marks = SourceWatermarks::new(strategy);
-        batches
-            .iter()
-            .map(|batch| marks.on_records(batch))
-            .collect()
-    }
-
-    #[test]
-    fn bounded_out_of_orderness_is_max_minus_bound_minus_one() {
-        let strategy = WatermarkStrategy::bounded_out_of_orderness(5, |ts: &u64| *ts);
-        assert_eq!(
-            run(strategy, &[&[3], &[6], &[10, 7], &[8], &[12]]),
-            [
-                SourceSignal::None,
-                SourceSignal::Watermark(0),
-                SourceSignal::Watermark(4),
-                SourceSignal::None,
-                SourceSignal::Watermark(6),
-            ]
-        );
-    }
-
-    #[test]
-    fn arithmetic_saturates() {
-        let huge = WatermarkStrategy::bounded_out_of_orderness(u64::MAX, |ts: &u64| *ts);
-        assert_eq!(run(huge, &[&[u64::MAX]]), [SourceSignal::None]);
-        let zero = WatermarkStrategy::monotonous(|ts: &u64| *ts);
-        assert_eq!(
-            run(zero, &[&[0], &[u64::MAX]]),
-            [SourceSignal::None, SourceSignal::Watermark(u64::MAX - 1)]
-        );
-    }
-
-    #[test]
-    fn punctuated_marks_come_from_records() {
-        let strategy = WatermarkStrategy::punctuated(
-            |ts: &u64| *ts,
-            |_: &u64, ts| (ts % 10 == 0).then_some(ts),
-        );
-        assert_eq!(
-            run(strategy, &[&[3], &[10], &[12], &[20]]),
-            [
-                SourceSignal::None,
-                SourceSignal::Watermark(10),
-                SourceSignal::None,
-                SourceSignal::Watermark(20),
-            ]
-        );
-    }
-
-    #[test]
-    fn idleness_after_its_timeout_and_once() {
-        let clock = ManualClock::new(100);
-        let strategy = WatermarkStrategy::monotonous(|ts: &u64| *ts)
-            .with_idleness(50)
-            .with_clock(clock.clone());
-        let mut marks = SourceWatermarks::new(strategy);
-        assert_eq!(marks.on_records(&[]), SourceSignal::None);
-        clock.advance_ms(49);
-        assert_eq!(marks.on_records(&[]), SourceSignal::None);
-        clock.advance_ms(1);
-        assert_eq!(marks.on_records(&[]), SourceSignal::Idle);
-        assert_eq!(marks.on_records(&[]), SourceSignal::None);
-        assert_eq!(marks.on_records(&[5]), SourceSignal::Watermark(4));
-        clock.advance_ms(60);
-        assert_eq!(
-            marks.on_records(&[]),
-            SourceSignal::None,
-            "the quiet time starts again"
-        );
-    }
-
-    #[test]
-    fn emit_interval_holds_rises_back() {
-        let clock = ManualClock::new(0);
-        let strategy = WatermarkStrategy::monotonous(|ts: &u64| *ts)
-            .with_emit_interval_ms(10)
-            .with_clock(clock.clone());
-        let mut marks = SourceWatermarks::new(strategy);
-        assert_eq!(marks.on_records(&[5]), SourceSignal::Watermark(4));
-        assert_eq!(marks.on_records(&[6]), SourceSignal::None);
-        clock.advance_ms(10);
-        assert_eq!(marks.on_records(&[7]), SourceSignal::Watermark(6));
-    }
-
-    #[test]
-    fn a_restored_subtask_never_sends_below_what_it_sent() {
-        let strategy = WatermarkStrategy::monotonous(|ts: &u64| *ts);
-        let mut before = SourceWatermarks::new(strategy.clone());
-        assert_eq!(before.on_records(&[10]), SourceSignal::Watermark(9));
-        let mut after = SourceWatermarks::new(strategy);
-        after.restore(&before.state());
-        assert_eq!(after.on_records(&[8]), SourceSignal::None);
-        assert_eq!(after.on_records(&[11]), SourceSignal::Watermark(10));
     }
 }

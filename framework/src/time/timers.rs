@@ -241,7 +241,11 @@ where
                 watermark_ms: self.watermark_ms,
             };
             let result = (self.on_record)(&key, state, record, &mut timers, out);
-            self.apply_ops(&key);
+            // Most records register nothing (a window's timers come with
+            // its first record): no call for them.
+            if !self.ops.is_empty() {
+                self.apply_ops(&key);
+            }
             result?;
         }
         Ok(())

@@ -91,7 +91,13 @@ impl Windows {
     pub fn starts_of(&self, timestamp_ms: u64) -> impl Iterator<Item = u64> {
         let last = timestamp_ms - timestamp_ms % self.slide_ms;
         let (size_ms, slide_ms) = (self.size_ms, self.slide_ms);
-        let first = last.saturating_sub(size_ms - 1).div_ceil(slide_ms) * slide_ms;
+        // A tumbling window holds only the record's own slot: skip the
+        // second division (a window assigner runs once per record).
+        let first = if slide_ms == size_ms {
+            last
+        } else {
+            last.saturating_sub(size_ms - 1).div_ceil(slide_ms) * slide_ms
+        };
         (first..=last)
             .step_by(usize::try_from(slide_ms).unwrap_or(usize::MAX))
             // A window whose end is past u64::MAX holds everything after
@@ -317,10 +323,16 @@ where
             continue;
         }
         added = true;
-        let at = match open
-            .windows
-            .binary_search_by_key(&start_ms, |(start, _)| *start)
-        {
+        // Records mostly fall into a key's newest window: look there
+        // before searching.
+        let newest = open.windows.len().checked_sub(1);
+        let found = match newest {
+            Some(last) if open.windows[last].0 == start_ms => Ok(last),
+            _ => open
+                .windows
+                .binary_search_by_key(&start_ms, |(start, _)| *start),
+        };
+        let at = match found {
             Ok(at) => at,
             Err(at) => {
                 open.windows

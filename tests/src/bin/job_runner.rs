@@ -1,40 +1,134 @@
-//! A child process for the process-crash test: runs the test pipeline on a
-//! file checkpoint store and an exactly-once file sink, resuming from the
-//! store's latest checkpoint if there is one. The parent kills it with
-//! SIGKILL at random moments and starts it again on the same directories.
+//! A child process for the process-crash tests: runs the keyed test
+//! pipeline on a file checkpoint store into an exactly-once sink (files,
+//! or a PostgreSQL table), resuming from the store's latest checkpoint if
+//! there is one. The parent kills it with SIGKILL at random moments (or
+//! while a commit is held) and starts it again on the same store.
 //!
-//! Usage: `job_runner <store dir> <output dir> <records>`. Prints
-//! `resumed <checkpoint>` when it resumed, and `done` when the job finished.
+//! Usage:
+//!
+//! ```text
+//! job_runner <store dir> <records> <parallelism> file <output dir>
+//! job_runner <store dir> <records> <parallelism> postgres <url> <exactly-once|idempotent> <job> <table> [--multi-row] [--hold-first-commit]
+//! ```
+//!
+//! Every commit is delayed by 20 ms, which widens the window in which a
+//! kill finds a durable checkpoint whose output is not committed yet.
+//! `--multi-row` sends the rows as multi-row inserts instead of one
+//! statement per row; `--hold-first-commit` prints `holding commit <id>` and waits before
+//! the first commit of a checkpoint the sink staged rows for (see
+//! `snapflow_tests::slow_commit`). Prints `resumed <checkpoint>` when it
+//! resumed, and `done` when the job finished.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use snapflow::connectors::postgres::Mode;
 use snapflow::job::{Job, JobConfig, RestartStrategy};
-use snapflow_tests::file_sink::SlowCommitFileSink;
+use snapflow::sink::{Sink, SinkFactory};
 use snapflow_tests::pipeline::{declare, Pacing};
+use snapflow_tests::slow_commit::SlowCommits;
 use snapflow_tests::Faults;
 
-fn run(store: PathBuf, output: PathBuf, records: u64) -> Result<(), Box<dyn std::error::Error>> {
+/// The delay before every commit.
+const COMMIT_DELAY_MS: u64 = 20;
+
+const USAGE: &str = "usage: job_runner <store dir> <records> <parallelism> file <output dir>\n       \
+     job_runner <store dir> <records> <parallelism> postgres <url> <exactly-once|idempotent> <job> <table> [--multi-row] [--hold-first-commit]";
+
+/// What the command line asked for.
+struct Run {
+    store: PathBuf,
+    records: u64,
+    parallelism: usize,
+    sink: SinkChoice,
+}
+
+enum SinkChoice {
+    File {
+        output: PathBuf,
+    },
+    Postgres {
+        url: String,
+        mode: Mode,
+        job: String,
+        table: String,
+        multi_row: bool,
+        hold_first_commit: bool,
+    },
+}
+
+fn parse(args: &[String]) -> Result<Run, String> {
+    let number = |text: &String, what: &str| -> Result<u64, String> {
+        text.parse()
+            .map_err(|_| format!("{what} must be a number, got {text:?}"))
+    };
+    let (store, records, parallelism, sink) = match args {
+        [store, records, parallelism, rest @ ..] => (store, records, parallelism, rest),
+        _ => return Err(USAGE.to_string()),
+    };
+    let parallelism = number(parallelism, "parallelism")?;
+    if parallelism == 0 {
+        return Err("parallelism must be at least 1".to_string());
+    }
+    let sink = match sink {
+        [kind, output] if kind == "file" => SinkChoice::File {
+            output: output.into(),
+        },
+        [kind, url, mode, job, table, flags @ ..] if kind == "postgres" => {
+            if let Some(flag) = flags
+                .iter()
+                .find(|flag| !["--multi-row", "--hold-first-commit"].contains(&flag.as_str()))
+            {
+                return Err(format!("unknown flag {flag:?}\n{USAGE}"));
+            }
+            SinkChoice::Postgres {
+                url: url.clone(),
+                mode: match mode.as_str() {
+                    "exactly-once" => Mode::ExactlyOnce,
+                    "idempotent" => Mode::Idempotent,
+                    other => return Err(format!("unknown mode {other:?}\n{USAGE}")),
+                },
+                job: job.clone(),
+                table: table.clone(),
+                multi_row: flags.iter().any(|flag| flag == "--multi-row"),
+                hold_first_commit: flags.iter().any(|flag| flag == "--hold-first-commit"),
+            }
+        }
+        _ => return Err(USAGE.to_string()),
+    };
+    Ok(Run {
+        store: store.into(),
+        records: number(records, "records")?,
+        parallelism: parallelism as usize,
+        sink,
+    })
+}
+
+fn run_with<F>(run: &Run, sink: F) -> Result<(), Box<dyn std::error::Error>>
+where
+    F: SinkFactory + Send + Sync + 'static,
+    F::Sink: Sink<Item = (u64, u64)> + 'static,
+{
     let config = JobConfig {
         checkpoint_interval_ms: Some(10),
-        default_parallelism: 2,
+        default_parallelism: run.parallelism,
         batch_size_max: 16,
         arbiters: Some(2),
         restart: RestartStrategy::None,
         ..JobConfig::default()
     }
-    .with_store_dir(store, "crash")?;
+    .with_store_dir(run.store.clone(), "crash")?;
     let job = Job::new("crash", config);
     let pacing = Pacing {
         records_per_read: 16,
     };
     let _state = declare(
         &job,
-        records,
-        [2; 6],
+        run.records,
+        [run.parallelism; 6],
         pacing,
         &Faults::none(),
-        SlowCommitFileSink::new(&output, 20)?,
+        sink,
     );
     let report = job.run()?;
     if let Some(checkpoint) = report.resumed_from {
@@ -44,17 +138,43 @@ fn run(store: PathBuf, output: PathBuf, records: u64) -> Result<(), Box<dyn std:
     Ok(())
 }
 
+fn run(run: &Run) -> Result<(), Box<dyn std::error::Error>> {
+    match &run.sink {
+        SinkChoice::File { output } => {
+            let sink = snapflow_tests::file_sink::factory(output)?;
+            run_with(run, SlowCommits::new(sink, COMMIT_DELAY_MS, false))
+        }
+        SinkChoice::Postgres {
+            url,
+            mode,
+            job,
+            table,
+            multi_row,
+            hold_first_commit,
+        } => {
+            let sink = if *multi_row {
+                snapflow_tests::postgres::multi_row_factory(url, *mode, job, table)?
+            } else {
+                snapflow_tests::postgres::factory(url, *mode, job, table)?
+            };
+            run_with(
+                run,
+                SlowCommits::new(sink, COMMIT_DELAY_MS, *hold_first_commit),
+            )
+        }
+    }
+}
+
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().collect();
-    let [_, store, output, records] = args.as_slice() else {
-        eprintln!("usage: job_runner <store dir> <output dir> <records>");
-        return ExitCode::from(2);
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let parsed = match parse(&args) {
+        Ok(parsed) => parsed,
+        Err(message) => {
+            eprintln!("{message}");
+            return ExitCode::from(2);
+        }
     };
-    let Ok(records) = records.parse() else {
-        eprintln!("records must be a number, got {records}");
-        return ExitCode::from(2);
-    };
-    match run(store.into(), output.into(), records) {
+    match run(&parsed) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("job failed: {error}");

@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use postgres::{Client, NoTls};
-use snapflow::connectors::postgres::{Mode, Params, PostgresConfig, PostgresSinkFactory};
+use snapflow::connectors::postgres::{Mode, PostgresSinkFactory};
 use snapflow::sink::{Sink, SinkError, SinkFactory, SinkState, Visibility};
+pub use snapflow_tests::postgres::KeyCount;
 
 /// The variable that names the main server (prepared transactions on).
 pub const URL_VAR: &str = "SNAPFLOW_POSTGRES_URL";
@@ -90,34 +91,15 @@ pub fn prepared_of(url: &str, job: &str) -> Vec<String> {
         .collect()
 }
 
-/// The parameters of a `(key, count)` record.
-pub fn key_count(&(key, count): &(u64, u64)) -> Params {
-    vec![Box::new(key as i64), Box::new(count as i64)]
-}
-
-/// The function type of [`key_count`].
-pub type KeyCount = fn(&(u64, u64)) -> Params;
-
-/// A sink factory writing `(key, count)` rows into `table`: plain
-/// inserts in exactly-once mode, upserts keeping the larger count in
-/// idempotent mode.
+/// The tests' sink factory (see [`snapflow_tests::postgres::factory`]),
+/// whose start checks must pass.
 pub fn factory(
     url: &str,
     mode: Mode,
     job: &str,
     table: &str,
 ) -> PostgresSinkFactory<(u64, u64), KeyCount> {
-    let statement = match mode {
-        Mode::ExactlyOnce => format!("INSERT INTO {table} (key, count) VALUES ($1, $2)"),
-        Mode::Idempotent => format!(
-            "INSERT INTO {table} (key, count) VALUES ($1, $2) ON CONFLICT (key) \
-             DO UPDATE SET count = GREATEST({table}.count, EXCLUDED.count)"
-        ),
-    };
-    let mut config = PostgresConfig::new(url, mode, job, "sink");
-    config.batch_rows = 64;
-    PostgresSinkFactory::new(config, &statement, key_count as KeyCount)
-        .expect("the sink's start checks pass")
+    snapflow_tests::postgres::factory(url, mode, job, table).expect("the sink's start checks pass")
 }
 
 /// Where a [`Chaos`] sink fails, each at most once across every subtask

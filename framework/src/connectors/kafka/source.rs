@@ -28,13 +28,14 @@
 //! **Idleness and event time.** The source has no watermark logic of its
 //! own: give the stream a [`WatermarkStrategy`](crate::time::WatermarkStrategy)
 //! whose timestamp function reads the record's timestamp (the
-//! deserialiser gets [`KafkaRecord::timestamp_ms`]); with
-//! `with_idleness(ms)` a subtask that has no partition or no new records
-//! is marked idle after `ms` of quiet polls. Not done: watermarks per
-//! partition merged in the subtask (one slow partition holds the
-//! subtask's watermark only through the generator's bound), and
-//! idleness *at once* for a subtask with no partition (the source
-//! contract has no way to say "idle" before the strategy's time-out).
+//! deserialiser gets [`KafkaRecord::timestamp_ms`]). A subtask with no
+//! partition left to read reports no split
+//! ([`Source::current_splits`]) and is idle at once; with
+//! `with_idleness(ms)` one whose partitions bring nothing new is marked
+//! idle after `ms` of quiet polls. Not done: a watermark per partition
+//! merged in the subtask: all of a subtask's partitions share one
+//! generator (split 0), so one slow partition holds the subtask's
+//! watermark back only through the generator's bound.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -50,7 +51,9 @@ use rdkafka::{Offset, TopicPartitionList};
 use super::error::{code_is_retryable, KafkaError};
 use super::position::{self, Offsets, PartitionOffsets};
 use super::{client_config, partition_counts};
-use crate::source::{check_split, Source, SourceError, SourceFactory, SourcePoll, SourcePosition};
+use crate::source::{
+    check_split, Source, SourceError, SourceFactory, SourcePoll, SourcePosition, SplitId,
+};
 
 /// Where a partition without a stored offset starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -566,6 +569,23 @@ where
 
     fn position(&self) -> SourcePosition {
         position::encode(&self.offsets())
+    }
+
+    /// One split (0) while the subtask has a partition left to read, none
+    /// otherwise, so that a subtask without partitions is idle at once.
+    /// All its partitions share that split's watermark generator: per
+    /// partition generators would need one partition's records per poll,
+    /// which this source does not do yet.
+    fn current_splits(&self, out: &mut Vec<SplitId>) {
+        let reading = self.readers.iter().any(|reader| {
+            reader
+                .partitions
+                .values()
+                .any(|place| !TopicReader::done(place))
+        });
+        if reading {
+            out.push(0);
+        }
     }
 
     fn seek(&mut self, position: &SourcePosition) -> Result<(), SourceError> {

@@ -7,7 +7,7 @@
 //! server setting). It never retries anything itself; the job's restart
 //! strategy does, for retryable errors only.
 
-use crate::sink::SinkError;
+use crate::sink::{ConnectorError, SinkError};
 
 use postgres::error::SqlState;
 
@@ -55,6 +55,18 @@ pub enum PostgresError {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// A row gave another number of parameters than the multi-row
+    /// statement has per row.
+    #[error(
+        "a row gave {found} parameters, but the multi-row insert takes {expected} per row \
+         (the record-to-parameters function and `MultiRowInsert::new` disagree)"
+    )]
+    RowWidth {
+        /// Parameters per row of the statement.
+        expected: usize,
+        /// Parameters the row gave.
+        found: usize,
+    },
     /// The sink's connection thread is gone (it panicked or could not be
     /// started), or did not answer within the configured bound.
     #[error("the PostgreSQL sink's connection thread {reason}")]
@@ -76,19 +88,17 @@ impl PostgresError {
             }
             PostgresError::Worker { .. } => true,
             PostgresError::PreparedTransactionsDisabled { .. }
-            | PostgresError::InvalidName { .. } => false,
+            | PostgresError::InvalidName { .. }
+            | PostgresError::RowWidth { .. } => false,
         }
     }
 
-    /// The error as a [`SinkError`] the job understands, with this
-    /// error's message and retryability.
+    /// The error as a [`SinkError`] the job understands: this error kept
+    /// whole in [`SinkError::Connector`] (reach it with
+    /// [`ConnectorError::downcast_ref`]), with its retryability.
     pub fn into_sink_error(self) -> SinkError {
-        // `SinkError` has no variant that carries a client error as its
-        // source; its message and retryability are what the job uses.
-        SinkError::Custom {
-            retryable: self.is_retryable(),
-            message: self.to_string(),
-        }
+        let retryable = self.is_retryable();
+        SinkError::Connector(ConnectorError::new(self, retryable))
     }
 }
 
@@ -168,6 +178,15 @@ mod tests {
         };
         assert!(!error.is_retryable());
         assert!(error.to_string().contains("max_prepared_transactions"));
-        assert!(!error.into_sink_error().is_retryable());
+        let sink_error = error.into_sink_error();
+        assert!(!sink_error.is_retryable());
+        let SinkError::Connector(connector) = &sink_error else {
+            panic!("not a connector error: {sink_error:?}");
+        };
+        assert!(matches!(
+            connector.downcast_ref::<PostgresError>(),
+            Some(PostgresError::PreparedTransactionsDisabled { .. })
+        ));
+        assert!(sink_error.to_string().contains("max_prepared_transactions"));
     }
 }

@@ -1,7 +1,9 @@
 //! An exactly-once PostgreSQL sink (feature `postgres`): each record
 //! becomes one run of a user's statement (an `INSERT`, or an upsert with
-//! `INSERT ... ON CONFLICT`) with parameters, sent in batches, in one
-//! transaction per subtask and checkpoint.
+//! `INSERT ... ON CONFLICT`) with parameters, or one row of a multi-row
+//! insert ([`MultiRowInsert`], one statement per chunk of rows, several
+//! times faster), sent in batches, in one transaction per subtask and
+//! checkpoint.
 //!
 //! This module owns everything the job's sink contract
 //! ([`Sink`](crate::sink::Sink)) needs from PostgreSQL. It never runs a
@@ -79,22 +81,36 @@
 //! A lost connection, a server shutting down, a lock wait past
 //! [`PostgresConfig::lock_timeout`] are retryable: the job restarts and
 //! the new sink's restore commits or rolls back what the old one left.
-//! Wrong SQL, a constraint violation or a wrong password are not: the
-//! job ends with the error.
+//! Wrong SQL, a constraint violation, a wrong password or a row of the
+//! wrong width for a [`MultiRowInsert`] are not: the job ends with the
+//! error. A [`PostgresError`] reaches the job as
+//! [`SinkError::Connector`](crate::sink::SinkError::Connector), from
+//! which `downcast_ref::<PostgresError>()` gets it back whole.
 //!
 //! # Known limits
 //!
 //! In exactly-once mode a statement that touches a row written by an
-//! earlier, still prepared transaction waits for its commit; if that
-//! commit cannot come first (a checkpoint declined while its
-//! transaction stays pending), the wait ends after `lock_timeout` with a
-//! retryable error and the job restarts. Restoring at another
-//! parallelism is not supported (as for every sink).
+//! earlier, still prepared transaction waits for that transaction's
+//! `COMMIT PREPARED`. The commit comes from this same sink, and only
+//! after the statement returns, so the wait always ends after
+//! `lock_timeout` with a retryable error and the job restarts. This is
+//! what upserts of recurring keys do (a running count per key: each
+//! interval updates the rows the previous one wrote; measured: 3,000
+//! records at parallelism 2 took 6 s and two restarts with a 2 s
+//! `lock_timeout`). So in exactly-once mode write inserts of new rows
+//! (one row per update, as the `wordcount_postgres` example does), and
+//! keep upserts for idempotent mode. Restoring at another parallelism is
+//! not supported (as for every sink).
+//!
+//! A multi-row upsert ([`MultiRowInsert::on_conflict`]) must not meet
+//! one conflict key twice in a chunk: PostgreSQL refuses that statement
+//! (not retryable); the per-row statement allows it.
 
 mod config;
 mod error;
 pub mod server;
 mod sink;
+mod statement;
 mod worker;
 mod xid;
 
@@ -104,4 +120,5 @@ pub use config::{
 };
 pub use error::PostgresError;
 pub use sink::{Params, PostgresSink, PostgresSinkFactory};
+pub use statement::{MultiRowInsert, MAX_STATEMENT_PARAMS};
 pub use xid::TransactionIds;

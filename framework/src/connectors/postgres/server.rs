@@ -4,7 +4,7 @@
 //! subtask in `pg_prepared_xacts`.
 //!
 //! This module owns these statements. Every function runs on the sink's
-//! connection thread (it takes the [`Session`]); none of them decides
+//! connection thread (it takes the `Session`); none of them decides
 //! what to commit or roll back, the sink does. Statements that belong in
 //! the checkpoint's transaction run on the session's data connection;
 //! `COMMIT PREPARED`, `ROLLBACK PREPARED` and the reads of the

@@ -11,6 +11,7 @@ use std::collections::BTreeSet;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
+use postgres::error::SqlState;
 use postgres::types::ToSql;
 
 use crate::sink::{
@@ -21,13 +22,16 @@ use crate::sink::{
 use super::config::{Mode, PostgresConfig};
 use super::error::PostgresError;
 use super::server::{self, Owner};
-use super::worker::{sql_error, Session, Worker};
+use super::statement::{MultiRowInsert, RowStatement};
+use super::worker::{abbreviated, sql_error, Session, Worker};
 use super::xid::TransactionIds;
 
 /// The parameters of one row: one boxed value per `$n` of the statement.
 pub type Params = Vec<Box<dyn ToSql + Send + Sync>>;
 
-/// Builds [`PostgresSink`]s that run one statement per record.
+/// Builds [`PostgresSink`]s that run one statement per record
+/// ([`new`](Self::new)) or one multi-row insert per chunk of rows
+/// ([`multi_row`](Self::multi_row)).
 ///
 /// ```no_run
 /// use snapflow::connectors::postgres::{Mode, Params, PostgresConfig, PostgresSinkFactory};
@@ -45,7 +49,7 @@ pub type Params = Vec<Box<dyn ToSql + Send + Sync>>;
 /// ```
 pub struct PostgresSinkFactory<T, F> {
     config: Arc<PostgresConfig>,
-    statement: Arc<str>,
+    statement: Arc<RowStatement>,
     params: F,
     _records: PhantomData<fn(&T)>,
 }
@@ -67,10 +71,59 @@ impl<T, F: Fn(&T) -> Params + Clone> PostgresSinkFactory<T, F> {
     /// [`PostgresError::PreparedTransactionsDisabled`] with how to fix the
     /// server, [`PostgresError::Sql`] when the statement does not prepare.
     pub fn new(config: PostgresConfig, statement: &str, params: F) -> Result<Self, PostgresError> {
+        Self::start(config, RowStatement::PerRow(statement.to_string()), params)
+    }
+
+    /// A factory whose sinks send their rows as multi-row inserts,
+    /// `INSERT INTO <into> VALUES (..), (..) [ON CONFLICT ..]`, one per
+    /// chunk of at most `batch_rows` rows (and at most 65,535 parameters),
+    /// instead of one statement per row: one round trip per chunk, so
+    /// several times the rows per second (see `BENCHMARKS.md`). The
+    /// transactions, modes and guarantees are those of [`new`](Self::new).
+    ///
+    /// An upsert must not meet one conflict key twice in a chunk:
+    /// PostgreSQL refuses that statement (not retryable), where the
+    /// per-row form applies both rows in order. Use [`new`](Self::new)
+    /// when a batch can hold one key twice, as a stream of running counts
+    /// does.
+    ///
+    /// ```no_run
+    /// use snapflow::connectors::postgres::{Mode, MultiRowInsert, Params, PostgresConfig, PostgresSinkFactory};
+    ///
+    /// let config = PostgresConfig::new("host=/tmp/pg user=postgres", Mode::ExactlyOnce, "events", "store");
+    /// let sink = PostgresSinkFactory::multi_row(
+    ///     config,
+    ///     MultiRowInsert::new("events (id, payload)", 2),
+    ///     |(id, payload): &(i64, String)| -> Params { vec![Box::new(*id), Box::new(payload.clone())] },
+    /// )?;
+    /// # let _ = sink;
+    /// # Ok::<(), snapflow::connectors::postgres::PostgresError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`new`](Self::new) (the start check prepares the one-row form),
+    /// and [`PostgresError::InvalidName`] for a row width of 0 or more
+    /// than 65,535 parameters.
+    pub fn multi_row(
+        config: PostgresConfig,
+        insert: MultiRowInsert,
+        params: F,
+    ) -> Result<Self, PostgresError> {
+        insert.validate()?;
+        Self::start(config, RowStatement::MultiRow(insert), params)
+    }
+
+    /// Checks the configuration and the server, then builds the factory.
+    fn start(
+        config: PostgresConfig,
+        statement: RowStatement,
+        params: F,
+    ) -> Result<Self, PostgresError> {
         config.validate()?;
         let worker = Worker::connect(&config, format!("snapflow-pg-check-{}", config.operator))?;
         let mode = config.mode;
-        let sql = statement.to_string();
+        let sql = statement.check_sql();
         worker.call(move |session| {
             if mode == Mode::ExactlyOnce {
                 server::prepared_transactions(session)?;
@@ -80,7 +133,7 @@ impl<T, F: Fn(&T) -> Params + Clone> PostgresSinkFactory<T, F> {
         })?;
         Ok(PostgresSinkFactory {
             config: Arc::new(config),
-            statement: Arc::from(statement),
+            statement: Arc::new(statement),
             params,
             _records: PhantomData,
         })
@@ -125,7 +178,7 @@ pub struct PostgresSink<T, F> {
     worker: Worker,
     owner: Arc<Owner>,
     config: Arc<PostgresConfig>,
-    statement: Arc<str>,
+    statement: Arc<RowStatement>,
     params: F,
     subtask: usize,
     /// Rows not yet sent; at most `batch_rows`.
@@ -148,12 +201,12 @@ impl<T, F> PostgresSink<T, F> {
             return Ok(());
         }
         let rows = std::mem::replace(&mut self.buffer, Vec::with_capacity(self.config.batch_rows));
-        let (open, sql) = (self.open, Arc::clone(&self.statement));
+        let (open, statement) = (self.open, Arc::clone(&self.statement));
         // Counted as open before the call: after a failure the server
         // may hold the transaction, and `abort` must roll it back.
         self.open = true;
         self.worker
-            .call(move |session| send_rows(session, open, &sql, rows))?;
+            .call(move |session| send_rows(session, open, &statement, rows))?;
         Ok(())
     }
 
@@ -185,11 +238,12 @@ impl<T, F> PostgresSink<T, F> {
     }
 }
 
-/// Runs the rows on the connection thread.
+/// Runs the rows on the connection thread, opening the transaction
+/// first if `open` says none is.
 fn send_rows(
     session: &mut Session,
     open: bool,
-    sql: &str,
+    statement: &RowStatement,
     rows: Vec<Params>,
 ) -> Result<(), PostgresError> {
     if !open {
@@ -198,18 +252,58 @@ fn send_rows(
             .batch_execute("BEGIN")
             .map_err(sql_error("opening a transaction".to_string()))?;
     }
-    let statement = session.statement(sql)?;
-    for row in &rows {
-        let params: Vec<&(dyn ToSql + Sync)> = row
-            .iter()
-            .map(|value| value.as_ref() as &(dyn ToSql + Sync))
-            .collect();
-        session
-            .client
-            .execute(&statement, &params)
-            .map_err(sql_error(format!("running `{sql}`")))?;
+    match statement {
+        RowStatement::PerRow(sql) => {
+            let prepared = session.statement(sql)?;
+            for row in &rows {
+                session
+                    .client
+                    .execute(&prepared, &params_of(row))
+                    .map_err(sql_error(format!("running `{sql}`")))?;
+            }
+        }
+        RowStatement::MultiRow(insert) => {
+            let chunk_rows = rows.len().min(insert.rows_per_statement_max()).max(1);
+            for chunk in rows.chunks(chunk_rows) {
+                let mut params = Vec::with_capacity(chunk.len() * insert.params_per_row());
+                for row in chunk {
+                    insert.check_row(row.len())?;
+                    params.extend(params_of(row));
+                }
+                let sql = insert.sql(chunk.len());
+                let prepared = session.statement(&sql)?;
+                session
+                    .client
+                    .execute(&prepared, &params)
+                    .map_err(|source| {
+                        // The one failure the per-row form does not have:
+                        // an upsert whose chunk holds a key twice.
+                        let hint = if source.code() == Some(&SqlState::CARDINALITY_VIOLATION) {
+                            " (two rows of one chunk have the same conflict key; \
+                             PostgresSinkFactory::new runs one statement per row and allows that)"
+                        } else {
+                            ""
+                        };
+                        PostgresError::Sql {
+                            operation: format!(
+                                "running a {}-row insert `{}`{hint}",
+                                chunk.len(),
+                                abbreviated(&sql)
+                            ),
+                            source,
+                        }
+                    })?;
+            }
+        }
     }
     Ok(())
+}
+
+/// A row's values as the client takes them.
+fn params_of(row: &Params) -> Vec<&(dyn ToSql + Sync)> {
+    row.iter()
+        .map(|value| value.as_ref() as &(dyn ToSql + Sync))
+        .collect()
 }
 
 impl<T, F: Fn(&T) -> Params> Sink for PostgresSink<T, F> {

@@ -8,8 +8,8 @@
 //! command, and the caller waits for its answer: one command in flight
 //! per sink, so nothing queues up.
 //!
-//! This module owns the thread, the connection and the prepared
-//! statement. It never decides what to send; the sink does.
+//! This module owns the thread, the connections and the prepared
+//! statements. It never decides what to send; the sink does.
 
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender};
 use std::thread;
@@ -37,24 +37,41 @@ pub(crate) struct Session {
     /// The control connection, never inside a transaction block:
     /// `COMMIT PREPARED`, `ROLLBACK PREPARED` and bookkeeping reads.
     pub(crate) control: Client,
-    /// The user's statement, prepared once per connection.
-    prepared: Option<(String, Statement)>,
+    /// The user's statements prepared on the data connection, newest
+    /// last; at most [`PREPARED_KEPT`].
+    prepared: Vec<(String, Statement)>,
 }
+
+/// Prepared statements kept per connection: the per-row statement, or a
+/// multi-row insert's full chunk and a few sizes of the last chunk of a
+/// batch. Older ones are dropped (the client closes them on the server).
+const PREPARED_KEPT: usize = 4;
 
 impl Session {
     /// The prepared form of `sql`, preparing it at the first use.
     pub(crate) fn statement(&mut self, sql: &str) -> Result<Statement, PostgresError> {
-        if let Some((text, statement)) = &self.prepared {
-            if text == sql {
-                return Ok(statement.clone());
-            }
+        if let Some((_, statement)) = self.prepared.iter().find(|(text, _)| text == sql) {
+            return Ok(statement.clone());
         }
         let statement = self
             .client
             .prepare(sql)
-            .map_err(sql_error(format!("preparing `{sql}`")))?;
-        self.prepared = Some((sql.to_string(), statement.clone()));
+            .map_err(sql_error(format!("preparing `{}`", abbreviated(sql))))?;
+        if self.prepared.len() == PREPARED_KEPT {
+            self.prepared.remove(0);
+        }
+        self.prepared.push((sql.to_string(), statement.clone()));
         Ok(statement)
+    }
+}
+
+/// `sql` cut to its first 200 characters, for error messages: a
+/// multi-row insert's text runs to many kilobytes.
+pub(crate) fn abbreviated(sql: &str) -> String {
+    const SHOWN_CHARS: usize = 200;
+    match sql.char_indices().nth(SHOWN_CHARS) {
+        Some((end, _)) => format!("{} ...", &sql[..end]),
+        None => sql.to_string(),
     }
 }
 
@@ -155,7 +172,7 @@ fn try_open_session(config: &PostgresConfig) -> Result<Session, PostgresError> {
     Ok(Session {
         client: open_connection(config)?,
         control: open_connection(config)?,
-        prepared: None,
+        prepared: Vec::with_capacity(PREPARED_KEPT),
     })
 }
 

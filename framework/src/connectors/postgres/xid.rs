@@ -14,7 +14,7 @@ const PREFIX: &str = "snapflow";
 
 /// The ids of one sink subtask: `snapflow:<job>:<operator>:<subtask>:<checkpoint>`.
 ///
-/// Names are checked ([`validate_name`]) to hold no `:` and no quote, so
+/// Names are checked (`validate_name`) to hold no `:` and no quote, so
 /// an id is safe inside a SQL string literal, and one subtask's prefix is
 /// never the prefix of another's (the subtask number ends with `:`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,7 +27,7 @@ impl TransactionIds {
     ///
     /// # Errors
     ///
-    /// [`PostgresError::InvalidName`] for a name [`validate_name`] refuses.
+    /// [`PostgresError::InvalidName`] for a name `validate_name` refuses.
     pub fn new(job: &str, operator: &str, subtask: usize) -> Result<Self, PostgresError> {
         validate_name(job)?;
         validate_name(operator)?;

@@ -81,6 +81,10 @@ use crate::storage::{
     LoadedCheckpoint, PartId, StoreError,
 };
 
+mod layout;
+
+pub use layout::{describe_state, StoredState};
+
 use super::operator::Operator;
 use super::ops::{decode_keyed_state, decode_operator_part, OperatorPart};
 use super::shell::{decode_channel, PartBytes};
@@ -291,6 +295,12 @@ impl PartView {
             part: self.id.clone(),
             reason: error.to_string(),
         })
+    }
+
+    /// What the state bytes hold, described without their types (see
+    /// [`StoredState`]): for tools that show a checkpoint.
+    pub fn stored_state(&self) -> StoredState {
+        describe_state(&self.state)
     }
 
     /// The position a source subtask stored: the position of the next

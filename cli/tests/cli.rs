@@ -1,0 +1,268 @@
+//! The `snapflow` tool on a real store: a keyed job writes checkpoints,
+//! then the binary lists, shows and verifies them, as text and as JSON,
+//! and finds a checkpoint damaged by a flipped byte. Paths that are not a
+//! store, unknown jobs and bad arguments give clear errors.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use snapflow::job::{Job, JobConfig};
+use snapflow::sink::CollectHandle;
+use snapflow::source::VecSourceFactory;
+use snapflow::Snapshot;
+
+#[derive(Snapshot, Default, Clone, Debug)]
+struct Tally {
+    seen: u64,
+}
+
+/// Runs a keyed job at `parallelism` with checkpoints into `root`.
+fn run_job(root: &Path, parallelism: usize) {
+    let config = JobConfig {
+        checkpoint_interval_ms: Some(5),
+        default_parallelism: parallelism,
+        ..JobConfig::default()
+    }
+    .with_store_dir(root, "tally")
+    .expect("the store opens");
+    let job = Job::new("tally", config);
+    job.source("numbers", VecSourceFactory::new((0..2_000_u64).collect()))
+        // Slow enough (about 100 ms in all) for several periodic
+        // checkpoints before the final one.
+        .map("pace", |n: u64| {
+            std::thread::sleep(std::time::Duration::from_micros(50));
+            n
+        })
+        .key_by(|n: &u64| n % 7)
+        .process("count", |_key: &u64, tally: &mut Tally, _n: u64, out| {
+            tally.seen += 1;
+            out.emit(tally.seen);
+            Ok(())
+        })
+        .sink("out", CollectHandle::new());
+    job.run().expect("the job runs");
+}
+
+fn snapflow(arguments: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_snapflow"))
+        .args(arguments)
+        .output()
+        .expect("the binary runs")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn json(output: &Output) -> serde_json::Value {
+    serde_json::from_slice(&output.stdout).expect("the output is JSON")
+}
+
+/// The newest checkpoint's id, from `list --json`.
+fn newest_id(root: &str) -> u64 {
+    let listing = json(&snapflow(&["list", root, "--json"]));
+    listing[0]["entries"]
+        .as_array()
+        .and_then(|entries| entries.last())
+        .and_then(|entry| entry["id"].as_u64())
+        .expect("the job has a checkpoint")
+}
+
+fn check(parallelism: usize) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    run_job(dir.path(), parallelism);
+    let root = dir.path().to_str().expect("a UTF-8 path");
+
+    let listed = snapflow(&["list", root]);
+    assert!(listed.status.success(), "{}", stderr(&listed));
+    assert!(stdout(&listed).contains("job tally"), "{}", stdout(&listed));
+    let id = newest_id(root);
+
+    let shown = snapflow(&["show", root, "tally", &id.to_string(), "--json"]);
+    assert!(shown.status.success(), "{}", stderr(&shown));
+    let shown = json(&shown);
+    assert_eq!(shown["job"], "tally");
+    assert_eq!(shown["operators"]["count"], parallelism as u64);
+    let parts = shown["parts"].as_array().expect("parts");
+    let counts: Vec<_> = parts
+        .iter()
+        .filter(|part| part["operator"] == "count")
+        .collect();
+    assert_eq!(counts.len(), parallelism);
+    let entries: u64 = counts
+        .iter()
+        .map(|part| {
+            assert_eq!(part["state"]["layout"], "keyed", "{part}");
+            assert_eq!(part["state"]["schemas"][0]["fields"][0], "seen: u64");
+            part["state"]["entries"].as_u64().expect("entries")
+        })
+        .sum();
+    assert_eq!(entries, 7, "one entry per key over the subtasks");
+    let text = stdout(&snapflow(&["show", root, "tally", &id.to_string()]));
+    assert!(text.contains("part count[0]"), "{text}");
+    assert!(text.contains("keyed:"), "{text}");
+
+    let verified = snapflow(&["verify", root, "tally"]);
+    assert!(verified.status.success(), "{}", stdout(&verified));
+    assert!(stdout(&verified).contains(&format!("checkpoint {id}: OK")));
+
+    let directory = shown["directory"].as_str().expect("the directory");
+    damage_a_part(Path::new(directory));
+    let alone = snapflow(&["show", "--dir", directory]);
+    assert_eq!(
+        alone.status.code(),
+        Some(1),
+        "a damaged checkpoint does not show"
+    );
+    let verified = snapflow(&["verify", root, "tally", &id.to_string(), "--json"]);
+    assert_eq!(
+        verified.status.code(),
+        Some(1),
+        "a damaged checkpoint fails"
+    );
+    let verdicts = json(&verified);
+    assert_eq!(verdicts[0]["ok"], false);
+    let problem = verdicts[0]["problem"].as_str().expect("a reason");
+    assert!(
+        problem.contains("count"),
+        "the reason names the part: {problem}"
+    );
+}
+
+/// Flips one byte of a part file of `count` in the checkpoint directory
+/// `checkpoint`.
+fn damage_a_part(checkpoint: &Path) {
+    let part = walk(checkpoint)
+        .into_iter()
+        .find(|path| path.to_string_lossy().contains("op-count"))
+        .expect("a part of `count`");
+    let mut bytes = std::fs::read(&part).expect("the part reads");
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x40;
+    std::fs::write(&part, bytes).expect("the part writes");
+}
+
+/// Every file under `dir`.
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("reads") {
+        let path = entry.expect("an entry").path();
+        if path.is_dir() {
+            files.extend(walk(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}
+
+#[test]
+fn list_show_and_verify_a_real_store_at_parallelism_1() {
+    check(1);
+}
+
+#[test]
+fn list_show_and_verify_a_real_store_at_parallelism_2() {
+    check(2);
+}
+
+#[test]
+fn list_show_and_verify_a_real_store_at_parallelism_3() {
+    check(3);
+}
+
+#[test]
+fn paths_that_are_not_a_store_and_unknown_jobs_are_clear_errors() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let root = dir.path().to_str().expect("a UTF-8 path");
+    let empty = snapflow(&["list", root]);
+    assert_eq!(empty.status.code(), Some(1));
+    assert!(
+        stderr(&empty).contains("is not a snapflow store"),
+        "{}",
+        stderr(&empty)
+    );
+    let missing = snapflow(&["list", &format!("{root}/nowhere")]);
+    assert!(
+        stderr(&missing).contains("no such directory"),
+        "{}",
+        stderr(&missing)
+    );
+    run_job(dir.path(), 1);
+    let unknown = snapflow(&["verify", root, "other"]);
+    assert_eq!(unknown.status.code(), Some(1));
+    assert!(
+        stderr(&unknown).contains("has no job \"other\" (it has: tally)"),
+        "{}",
+        stderr(&unknown)
+    );
+    let usage = snapflow(&["show", root, "tally", "twelve"]);
+    assert_eq!(usage.status.code(), Some(2));
+    assert!(
+        stderr(&usage).contains("a checkpoint id is a number"),
+        "{}",
+        stderr(&usage)
+    );
+    assert_eq!(snapflow(&["frobnicate"]).status.code(), Some(2));
+}
+
+/// The ids of the checkpoints `list --json` shows for the job.
+fn ids(root: &str) -> Vec<u64> {
+    let listing = json(&snapflow(&["list", root, "--json"]));
+    listing[0]["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .map(|entry| entry["id"].as_u64().expect("an id"))
+        .collect()
+}
+
+#[test]
+fn delete_keeps_the_newest_checkpoint_unless_forced_and_prune_keeps_n() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    run_job(dir.path(), 2);
+    let root = dir.path().to_str().expect("a UTF-8 path");
+    let before = ids(root);
+    assert!(before.len() >= 2, "retention keeps several: {before:?}");
+    let newest = *before.last().expect("a newest");
+    let refused = snapflow(&["delete", root, "tally", &newest.to_string()]);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        stderr(&refused).contains("add --force"),
+        "{}",
+        stderr(&refused)
+    );
+    assert_eq!(ids(root), before, "nothing was deleted");
+
+    let oldest = before[0];
+    let deleted = snapflow(&["delete", root, "tally", &oldest.to_string(), "--json"]);
+    assert!(deleted.status.success(), "{}", stderr(&deleted));
+    assert_eq!(json(&deleted)["deleted"][0], oldest);
+    assert_eq!(ids(root), before[1..]);
+    let again = snapflow(&["delete", root, "tally", &oldest.to_string()]);
+    assert!(
+        stderr(&again).contains("does not exist"),
+        "{}",
+        stderr(&again)
+    );
+
+    let pruned = snapflow(&["prune", root, "tally", "--keep", "1"]);
+    assert!(pruned.status.success(), "{}", stderr(&pruned));
+    assert_eq!(ids(root), [newest]);
+    let verified = snapflow(&["verify", root, "tally"]);
+    assert!(verified.status.success(), "what is left verifies");
+    assert_eq!(
+        snapflow(&["prune", root, "tally", "--keep", "0"])
+            .status
+            .code(),
+        Some(2)
+    );
+
+    let forced = snapflow(&["delete", root, "tally", &newest.to_string(), "--force"]);
+    assert!(forced.status.success(), "{}", stderr(&forced));
+    assert!(ids(root).is_empty());
+}

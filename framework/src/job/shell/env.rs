@@ -1,0 +1,94 @@
+//! What every shell is given: the user's logic as a [`Core`], the
+//! operator's counters and the [`ShellEnv`] through which it reports to
+//! the supervisor. It drives nothing itself.
+
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::Arc;
+
+use actix::Recipient;
+
+use crate::protocol::CheckpointId;
+use crate::runtime::{BoxError, Generation};
+
+use super::event::{NodeEvent, NodeEventKind};
+use crate::job::route::Collector;
+use crate::source::Guarantee;
+
+/// Counters of one logical operator, summed over subtasks and generations.
+#[derive(Debug, Default)]
+pub(crate) struct OperatorCounters {
+    pub(crate) records_in: AtomicU64,
+    pub(crate) records_out: AtomicU64,
+    /// A subtask's connector guarantees only at-least-once (a source that
+    /// cannot seek, a sink that cannot roll back).
+    pub(crate) at_least_once: AtomicBool,
+}
+
+/// The user-facing logic of one stage instance.
+pub(crate) trait Core<In, Out: Send + 'static>: 'static {
+    /// Processes one batch.
+    fn process(&mut self, batch: Vec<In>, out: &mut Collector<'_, Out>) -> Result<(), BoxError>;
+    /// The synchronous part of a checkpoint: the state as bytes.
+    fn snapshot(&mut self, checkpoint: CheckpointId) -> Result<Vec<u8>, BoxError>;
+    /// Starts the core: from bytes [`Core::snapshot`] returned, or fresh
+    /// (`None`). Called once, before any batch.
+    fn restore(&mut self, state: Option<&[u8]>) -> Result<(), BoxError>;
+    /// What this core guarantees after a restore.
+    fn guarantee(&self) -> Guarantee {
+        Guarantee::ExactlyOnce
+    }
+    /// A checkpoint is complete (sinks commit).
+    fn on_complete(&mut self, checkpoint: CheckpointId) -> Result<(), BoxError> {
+        let _ = checkpoint;
+        Ok(())
+    }
+    /// Every input ended; the last chance to emit.
+    fn on_end(&mut self, out: &mut Collector<'_, Out>) -> Result<(), BoxError> {
+        let _ = out;
+        Ok(())
+    }
+    /// The operator's watermark rose to `watermark_ms`: fire what is due.
+    /// The shell sends the watermark on after this returns, so what it
+    /// emits comes before the watermark downstream.
+    fn on_watermark(
+        &mut self,
+        watermark_ms: u64,
+        out: &mut Collector<'_, Out>,
+    ) -> Result<(), BoxError> {
+        let _ = (watermark_ms, out);
+        Ok(())
+    }
+}
+
+/// What a shell needs besides its logic.
+pub(crate) struct ShellEnv {
+    pub(crate) node: usize,
+    pub(crate) generation: Generation,
+    pub(crate) supervisor: Recipient<NodeEvent>,
+    pub(crate) counters: Arc<OperatorCounters>,
+    /// The part of the restored checkpoint, if any.
+    pub(crate) restore: Option<Vec<u8>>,
+    pub(crate) span: tracing::Span,
+    /// For the head of an iteration: how long its feedback must be idle,
+    /// after its other inputs ended, before it ends the loop.
+    pub(crate) loop_idle_ms: Option<u64>,
+}
+
+impl ShellEnv {
+    /// Enters this operator instance's span for the rest of a handler, so
+    /// that every event of the shell and of user code (process functions,
+    /// sources, sinks, snapshots) is recorded inside it. Done once per
+    /// delivered message, not per record; the clone is a reference count
+    /// (nothing at all when no subscriber wants the span).
+    pub(super) fn enter(&self) -> tracing::span::EnteredSpan {
+        self.span.clone().entered()
+    }
+
+    pub(super) fn tell(&self, kind: NodeEventKind) {
+        self.supervisor.do_send(NodeEvent {
+            generation: self.generation,
+            node: self.node,
+            kind,
+        });
+    }
+}

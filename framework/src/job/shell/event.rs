@@ -1,0 +1,74 @@
+//! What travels between shells and the supervisor: the bound on record
+//! types, the in-band and injected control items, and the events a shell
+//! reports. Types only; no shell logic lives here.
+
+use actix::Message;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::protocol::{CheckpointId, DeclineReason};
+use crate::runtime::Generation;
+
+/// Bound on the serde-friendly record types that flow between operators:
+/// they are cloned for fan-out and recorded channel state, and serialized
+/// into checkpoints (recorded channel state of unaligned checkpoints).
+pub trait Data: Clone + Send + Unpin + Serialize + DeserializeOwned + 'static {}
+
+impl<T: Clone + Send + Unpin + Serialize + DeserializeOwned + 'static> Data for T {}
+
+/// The in-band and injected control items of the job layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Control {
+    /// In-band: barrier of a checkpoint.
+    Barrier(CheckpointId),
+    /// In-band: no more items on this channel.
+    End,
+    /// Injected: the coordinator triggers this node.
+    Trigger(CheckpointId),
+    /// Injected: the checkpoint is complete and durable.
+    Complete(CheckpointId),
+    /// Injected: the checkpoint was aborted.
+    Abort(CheckpointId),
+    /// Injected into a loop head: time passed (it may end its loop).
+    Tick,
+    /// In-band: no record with event time at or below this follows on
+    /// this channel (DESIGN.md §7).
+    Watermark(u64),
+    /// In-band: the channel is idle and drops out of the watermark
+    /// minimum until it carries a batch or a watermark again.
+    Idle,
+}
+
+/// What a subtask tells the supervisor.
+#[derive(Debug)]
+pub(crate) struct NodeEvent {
+    pub(crate) generation: Generation,
+    pub(crate) node: usize,
+    pub(crate) kind: NodeEventKind,
+}
+
+#[derive(Debug)]
+pub(crate) enum NodeEventKind {
+    /// The node's part of a checkpoint, encoded as a [`PartBytes`].
+    Ack {
+        checkpoint: CheckpointId,
+        part: Vec<u8>,
+        /// Barrier alignment at this node: from its first barrier of the
+        /// checkpoint to its snapshot (0 without a barrier, e.g. a source).
+        alignment_us: u64,
+    },
+    Decline {
+        checkpoint: CheckpointId,
+        reason: DeclineReason,
+    },
+    /// Every input ended (a source: it is exhausted); no barrier can reach
+    /// the node any more, so it must be triggered directly.
+    InputsEnded,
+    /// The node processed the completion of `checkpoint`: a sink
+    /// committed its output up to it.
+    Committed { checkpoint: CheckpointId },
+}
+
+impl Message for NodeEvent {
+    type Result = ();
+}

@@ -1,0 +1,40 @@
+//! Operator shells: the logic plugged into the runtime's stage and source
+//! actors that drives one [`NodeMachine`] per subtask around the user's
+//! code.
+//!
+//! A shell owns the translation between transport and protocol: data
+//! batches go through [`NodeMachine::on_data`] (one batch is one protocol
+//! message), barriers and end of input are in-band [`Control`] items, held
+//! channels are held in the stage (`hold_input`) so their batches keep their
+//! credits and the upstream stalls; `TakeSnapshot` serializes the operator
+//! state on the actor (the synchronous part) and the part goes to the
+//! supervisor with the node's report. Triggers, completions and aborts come
+//! from the supervisor as injected controls.
+//!
+//! The head of an iteration also ends its loop: once its other inputs
+//! ended and its feedback stayed idle long enough, it ends the feedback
+//! inputs itself (see `LoopHead`).
+//!
+//! It never decides a protocol question (the machine does), never does I/O
+//! (the supervisor's writer thread does) and never restarts anything.
+//!
+//! The files: `event` (what travels), `part` (a stored part), `env` (what
+//! a shell is given), `taken` (states awaiting their report), `stage` and
+//! `source` (the two shells).
+
+mod env;
+mod event;
+mod part;
+mod source;
+mod stage;
+mod taken;
+
+pub(crate) use env::{Core, OperatorCounters, ShellEnv};
+pub use event::{Control, Data};
+pub(crate) use event::{NodeEvent, NodeEventKind};
+/// The inspect tests write recorded channel state as a shell would.
+#[cfg(test)]
+pub(crate) use part::encode_channel;
+pub(crate) use part::{decode_channel, is_empty_channel, PartBytes};
+pub(crate) use source::{SourceMaker, SourceShell};
+pub(crate) use stage::StageShell;

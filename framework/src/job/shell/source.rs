@@ -1,0 +1,244 @@
+//! The source shell: one source instance, an initiator of checkpoints,
+//! which reads, assigns watermarks and reports its position.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use crate::protocol::{NodeAction, NodeMachine};
+use crate::runtime::channel::Outputs;
+use crate::runtime::source::{SourceLogic, SourcePoll};
+use crate::runtime::BoxError;
+
+use super::env::ShellEnv;
+use super::event::{Control, Data, NodeEventKind};
+use super::part::PartBytes;
+use super::taken::TakenStates;
+use crate::job::route::Router;
+use crate::source::{Source, SourceError, SourcePoll as ReadStatus, SourcePosition, SplitId};
+use crate::time::{SourceSignal, SourceWatermarks};
+
+/// Makes the source of one subtask (subtask, parallelism).
+pub(crate) type SourceMaker<T> =
+    Arc<dyn Fn(usize, usize) -> Result<Box<dyn Source<Item = T>>, SourceError> + Send + Sync>;
+
+/// How long a source that said [`ReadStatus::Idle`] waits before the next
+/// poll.
+const IDLE_RETRY_MS: u64 = 1;
+
+/// The source shell: one source instance, an initiator.
+pub(crate) struct SourceShell<T: Data> {
+    env: ShellEnv,
+    machine: NodeMachine<Vec<T>>,
+    make: SourceMaker<T>,
+    subtask: usize,
+    parallelism: usize,
+    /// Made (and sought to the restored position) on first use, on the
+    /// actor's thread, so that a failure to open it is a typed failure
+    /// report, not a panic in the actor's constructor.
+    reader: Option<Box<dyn Source<Item = T>>>,
+    router: Router<T>,
+    buffer: Vec<T>,
+    read_batch: usize,
+    exhausted: bool,
+    taken: TakenStates,
+    /// The watermarks taken with each position in `taken` (empty: none).
+    taken_time: TakenStates,
+    /// The subtask's watermark generator, when the stream has a
+    /// [`crate::time::WatermarkStrategy`].
+    watermarks: Option<SourceWatermarks<T>>,
+    /// The splits the source reports, reused between polls.
+    splits: Vec<SplitId>,
+}
+
+impl<T: Data> SourceShell<T> {
+    pub(crate) fn new(
+        env: ShellEnv,
+        machine: NodeMachine<Vec<T>>,
+        make: SourceMaker<T>,
+        (subtask, parallelism): (usize, usize),
+        router: Router<T>,
+        read_batch: usize,
+        watermarks: Option<SourceWatermarks<T>>,
+    ) -> Self {
+        SourceShell {
+            taken_time: TakenStates::default(),
+            watermarks,
+            splits: Vec::new(),
+            env,
+            machine,
+            make,
+            subtask,
+            parallelism,
+            reader: None,
+            router,
+            buffer: Vec::with_capacity(read_batch),
+            read_batch: read_batch.max(1),
+            exhausted: false,
+            taken: TakenStates::default(),
+        }
+    }
+
+    /// The reader, opened and sought to the restored position on first use.
+    fn reader(&mut self) -> Result<&mut Box<dyn Source<Item = T>>, BoxError> {
+        if self.reader.is_none() {
+            let mut reader = (self.make)(self.subtask, self.parallelism)?;
+            if !reader.can_seek() {
+                // Documented: such a source is at-least-once at best.
+                self.env
+                    .counters
+                    .at_least_once
+                    .store(true, Ordering::Relaxed);
+            }
+            if let Some(bytes) = self.env.restore.take() {
+                let part = PartBytes::decode(&bytes)?;
+                if let (Some(watermarks), Some(state)) = (&mut self.watermarks, part.watermarks()?)
+                {
+                    watermarks.restore(&state);
+                }
+                if reader.can_seek() {
+                    reader.seek(&SourcePosition::from_bytes(part.state))?;
+                }
+            }
+            self.reader = Some(reader);
+        }
+        self.reader
+            .as_mut()
+            .ok_or_else(|| "the source reader was just made".into())
+    }
+
+    fn drive(&mut self, outputs: &mut Outputs<T, Control>) -> Result<(), BoxError> {
+        while let Some(action) = self.machine.poll_action() {
+            match action {
+                NodeAction::Process { .. } => {
+                    return Err("a source has no inputs to process".into());
+                }
+                NodeAction::TakeSnapshot(token) => {
+                    let position = self.reader()?.position().as_bytes().to_vec();
+                    self.taken.insert(token.checkpoint(), position);
+                    let time = match &self.watermarks {
+                        Some(watermarks) => watermarks.state().encode()?,
+                        None => Vec::new(),
+                    };
+                    self.taken_time.insert(token.checkpoint(), time);
+                    self.machine.state_recorded(token);
+                }
+                NodeAction::EmitBarrier(checkpoint) => {
+                    if !self.exhausted {
+                        outputs.broadcast_control(Control::Barrier(checkpoint));
+                    }
+                }
+                NodeAction::ReportPart(part) => {
+                    let state = self.taken.take(part.checkpoint)?;
+                    let time =
+                        Some(self.taken_time.take(part.checkpoint)?).filter(|t| !t.is_empty());
+                    let bytes = PartBytes {
+                        state,
+                        channels: Vec::new(),
+                        time,
+                    }
+                    .encode()?;
+                    self.env.tell(NodeEventKind::Ack {
+                        checkpoint: part.checkpoint,
+                        part: bytes,
+                        alignment_us: 0,
+                    });
+                }
+                NodeAction::Decline { checkpoint, reason } => {
+                    self.taken.forget_up_to(checkpoint);
+                    self.taken_time.forget_up_to(checkpoint);
+                    self.env.tell(NodeEventKind::Decline { checkpoint, reason });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<T: Data> SourceShell<T> {
+    /// What the watermark machinery says after a poll that read `records`:
+    /// it asks the source which splits it reads and which one the records
+    /// came from.
+    fn watermark_signal(&mut self, records: &[T]) -> Result<SourceSignal, BoxError> {
+        let mut splits = std::mem::take(&mut self.splits);
+        splits.clear();
+        let reader = self.reader()?;
+        reader.current_splits(&mut splits);
+        let split = reader.last_split();
+        let signal = match &mut self.watermarks {
+            Some(watermarks) => watermarks.on_poll(records, split, &splits),
+            None => SourceSignal::None,
+        };
+        self.splits = splits;
+        Ok(signal)
+    }
+}
+
+impl<T: Data> SourceLogic for SourceShell<T> {
+    type Out = T;
+    type Control = Control;
+
+    fn poll(&mut self, outputs: &mut Outputs<T, Control>) -> Result<SourcePoll, BoxError> {
+        if self.exhausted {
+            return Ok(SourcePoll::Exhausted);
+        }
+        let _entered = self.env.enter();
+        let read_batch = self.read_batch;
+        let mut buffer = std::mem::take(&mut self.buffer);
+        let status = self.reader()?.poll_batch(&mut buffer, read_batch);
+        let records = buffer.len() as u64;
+        // One branch per poll without a watermark strategy.
+        let signal = match status.is_ok() && self.watermarks.is_some() {
+            true => self.watermark_signal(&buffer)?,
+            false => SourceSignal::None,
+        };
+        self.router.route_batch(&mut buffer, outputs);
+        self.buffer = buffer;
+        match signal {
+            SourceSignal::None => {}
+            SourceSignal::Watermark(watermark_ms) => {
+                outputs.broadcast_control(Control::Watermark(watermark_ms));
+            }
+            SourceSignal::Idle => outputs.broadcast_control(Control::Idle),
+        }
+        self.env
+            .counters
+            .records_out
+            .fetch_add(records, Ordering::Relaxed);
+        Ok(match status? {
+            ReadStatus::Produced(_) => SourcePoll::Ready,
+            ReadStatus::Idle => SourcePoll::Idle {
+                retry_after_ms: IDLE_RETRY_MS,
+            },
+            ReadStatus::Ended => {
+                self.exhausted = true;
+                outputs.broadcast_control(Control::End);
+                self.env.tell(NodeEventKind::InputsEnded);
+                SourcePoll::Exhausted
+            }
+        })
+    }
+
+    fn on_injected(
+        &mut self,
+        control: Control,
+        outputs: &mut Outputs<T, Control>,
+    ) -> Result<(), BoxError> {
+        let _entered = self.env.enter();
+        match control {
+            Control::Trigger(checkpoint) => self.machine.on_trigger(checkpoint),
+            Control::Abort(checkpoint) => {
+                self.taken.forget_up_to(checkpoint);
+                self.taken_time.forget_up_to(checkpoint);
+                self.machine.on_abort(checkpoint);
+            }
+            Control::Complete(checkpoint) => {
+                self.machine.on_complete(checkpoint);
+                self.taken.forget_up_to(checkpoint);
+                self.taken_time.forget_up_to(checkpoint);
+                self.env.tell(NodeEventKind::Committed { checkpoint });
+            }
+            other => return Err(format!("{other:?} was injected into a source").into()),
+        }
+        self.drive(outputs)
+    }
+}

@@ -1,0 +1,507 @@
+//! The stage shell: one operator instance with inputs, its barrier
+//! alignments and, at the head of an iteration, the loop-ending rule.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use crate::protocol::{CheckpointId, Delivery, NodeAction, NodeMachine};
+use crate::runtime::channel::Outputs;
+use crate::runtime::stage::{StageIo, StageLogic};
+use crate::runtime::BoxError;
+
+use super::env::{Core, ShellEnv};
+use super::event::{Control, Data, NodeEventKind};
+use super::part::{decode_channel, encode_channel, PartBytes};
+use super::taken::TakenStates;
+use crate::job::route::{Collector, Router};
+use crate::source::Guarantee;
+use crate::time::{Advance, InputWatermarks, WATERMARK_MAX_MS};
+
+/// Barrier alignment per checkpoint in flight: when the first barrier
+/// arrived, then how long it took until the snapshot. Bounded like
+/// [`TakenStates`]: entries go when reported, aborted or subsumed.
+#[derive(Default)]
+struct Alignments {
+    entries: Vec<(CheckpointId, Instant, Option<u64>)>,
+}
+
+impl Alignments {
+    fn barrier(&mut self, checkpoint: CheckpointId) {
+        if !self.entries.iter().any(|(id, ..)| *id == checkpoint) {
+            self.entries.push((checkpoint, Instant::now(), None));
+        }
+    }
+
+    fn snapshot(&mut self, checkpoint: CheckpointId) {
+        if let Some((_, first, aligned)) =
+            self.entries.iter_mut().find(|(id, ..)| *id == checkpoint)
+        {
+            let micros = first.elapsed().as_micros();
+            *aligned = Some(u64::try_from(micros).unwrap_or(u64::MAX));
+        }
+    }
+
+    fn take(&mut self, checkpoint: CheckpointId) -> u64 {
+        let index = self.entries.iter().position(|(id, ..)| *id == checkpoint);
+        index
+            .and_then(|index| self.entries.remove(index).2)
+            .unwrap_or(0)
+    }
+
+    fn forget_up_to(&mut self, checkpoint: CheckpointId) {
+        self.entries.retain(|(id, ..)| *id > checkpoint);
+    }
+}
+
+/// The loop-ending rule of an iteration head (as Flink's bounded
+/// iterations): once every input that is not a feedback edge has ended,
+/// and no feedback batch arrived for `idle_ms`, the feedback inputs are
+/// ended by the head itself (the machine sees an end of input on them), so
+/// the end of input can flow around the loop. Whatever still arrives on a
+/// feedback input afterwards is dropped: choose `idle_ms` above the loop's
+/// latency.
+struct LoopHead {
+    /// Per input channel: whether it is a feedback edge.
+    feedback: Vec<bool>,
+    idle_ms: u64,
+    last_feedback: Instant,
+    ended: bool,
+}
+
+impl LoopHead {
+    /// Whether an item on `input` is dropped because the loop has ended;
+    /// a record batch on a feedback input also counts as loop activity
+    /// (barriers do not: they circulate as long as checkpoints run).
+    fn is_dropped(&mut self, input: usize, records: bool) -> bool {
+        if !self.feedback.get(input).copied().unwrap_or(false) {
+            return false;
+        }
+        if records {
+            self.last_feedback = Instant::now();
+        }
+        self.ended
+    }
+}
+
+/// The stage shell: one operator instance with inputs.
+pub(crate) struct StageShell<In: Data, Out: Data> {
+    loop_head: Option<LoopHead>,
+    env: ShellEnv,
+    machine: NodeMachine<Vec<In>>,
+    core: Box<dyn Core<In, Out>>,
+    router: Router<Out>,
+    taken: TakenStates,
+    /// The watermarks taken with each state in `taken` (empty: none).
+    taken_time: TakenStates,
+    alignments: Alignments,
+    watermarks: InputWatermarks,
+    inputs_ended: bool,
+    trigger_requested: bool,
+}
+
+impl<In: Data, Out: Data> StageShell<In, Out> {
+    pub(crate) fn new(
+        env: ShellEnv,
+        machine: NodeMachine<Vec<In>>,
+        core: Box<dyn Core<In, Out>>,
+        router: Router<Out>,
+        feedback: Vec<bool>,
+    ) -> Self {
+        // No flags (a graph without loops) means no back edges.
+        let back_edge = (0..machine.input_count())
+            .map(|input| feedback.get(input).copied().unwrap_or(false))
+            .collect();
+        let loop_head = env.loop_idle_ms.map(|idle_ms| LoopHead {
+            feedback,
+            idle_ms,
+            last_feedback: Instant::now(),
+            ended: false,
+        });
+        StageShell {
+            loop_head,
+            env,
+            machine,
+            core,
+            router,
+            taken: TakenStates::default(),
+            taken_time: TakenStates::default(),
+            alignments: Alignments::default(),
+            watermarks: InputWatermarks::new(back_edge),
+            inputs_ended: false,
+            trigger_requested: false,
+        }
+    }
+
+    fn process(
+        &mut self,
+        batch: Vec<In>,
+        outputs: &mut Outputs<Out, Control>,
+    ) -> Result<(), BoxError> {
+        let records = batch.len() as u64;
+        let mut collector = Collector::new(outputs, &mut self.router);
+        let result = self.core.process(batch, &mut collector);
+        let emitted = collector.finish();
+        let counters = &self.env.counters;
+        counters.records_in.fetch_add(records, Ordering::Relaxed);
+        counters.records_out.fetch_add(emitted, Ordering::Relaxed);
+        result
+    }
+
+    /// Carries out the machine's actions in order, then mirrors its holds
+    /// onto the stage's inputs and reports what changed.
+    fn drive(&mut self, io: &mut StageIo<'_, Out, Control>) -> Result<(), BoxError> {
+        while let Some(action) = self.machine.poll_action() {
+            match action {
+                NodeAction::Process { message, .. } => self.process(message, io.outputs())?,
+                NodeAction::TakeSnapshot(token) => {
+                    let checkpoint = token.checkpoint();
+                    self.alignments.snapshot(checkpoint);
+                    let state = self.core.snapshot(checkpoint)?;
+                    self.taken.insert(checkpoint, state);
+                    let time = if self.watermarks.is_pristine() {
+                        Vec::new()
+                    } else {
+                        self.watermarks.state().encode()?
+                    };
+                    self.taken_time.insert(checkpoint, time);
+                    // The state is captured as bytes: safe for the protocol.
+                    self.machine.state_recorded(token);
+                }
+                NodeAction::EmitBarrier(checkpoint) => {
+                    if !self.inputs_ended {
+                        io.outputs().broadcast_control(Control::Barrier(checkpoint));
+                    }
+                }
+                NodeAction::ReportPart(part) => {
+                    let state = self.taken.take(part.checkpoint)?;
+                    let mut channels = Vec::with_capacity(part.channel_states.len());
+                    for channel_state in part.channel_states {
+                        channels.push((
+                            channel_state.channel as u32,
+                            encode_channel(&channel_state.messages)?,
+                        ));
+                    }
+                    let time =
+                        Some(self.taken_time.take(part.checkpoint)?).filter(|t| !t.is_empty());
+                    let bytes = PartBytes {
+                        state,
+                        channels,
+                        time,
+                    }
+                    .encode()?;
+                    self.env.tell(NodeEventKind::Ack {
+                        checkpoint: part.checkpoint,
+                        part: bytes,
+                        alignment_us: self.alignments.take(part.checkpoint),
+                    });
+                }
+                NodeAction::Decline { checkpoint, reason } => {
+                    self.forget_up_to(checkpoint);
+                    self.env.tell(NodeEventKind::Decline { checkpoint, reason });
+                }
+            }
+        }
+        for input in 0..self.machine.input_count() {
+            if self.machine.is_held(input) {
+                io.hold_input(input);
+            } else {
+                io.release_input(input);
+            }
+        }
+        self.after_input(io)
+    }
+
+    /// Forgets what was taken for `checkpoint` and older ones.
+    fn forget_up_to(&mut self, checkpoint: CheckpointId) {
+        self.taken.forget_up_to(checkpoint);
+        self.taken_time.forget_up_to(checkpoint);
+        self.alignments.forget_up_to(checkpoint);
+    }
+
+    /// Carries out what a change of the input watermarks asks for: fires
+    /// what is due, then sends the watermark (or the idleness mark) on
+    /// every output, so the output comes first.
+    fn on_time(
+        &mut self,
+        advance: Advance,
+        io: &mut StageIo<'_, Out, Control>,
+    ) -> Result<(), BoxError> {
+        let control = match advance {
+            Advance::None => return Ok(()),
+            Advance::Idle => Control::Idle,
+            Advance::To(watermark_ms) => {
+                let mut collector = Collector::new(io.outputs(), &mut self.router);
+                let result = self.core.on_watermark(watermark_ms, &mut collector);
+                let emitted = collector.finish();
+                self.env
+                    .counters
+                    .records_out
+                    .fetch_add(emitted, Ordering::Relaxed);
+                result?;
+                if watermark_ms == WATERMARK_MAX_MS {
+                    // +infinity travels as the end of input that follows.
+                    return Ok(());
+                }
+                Control::Watermark(watermark_ms)
+            }
+        };
+        if !self.inputs_ended {
+            io.outputs().broadcast_control(control);
+        }
+        Ok(())
+    }
+
+    fn note_guarantee(&self) {
+        if self.core.guarantee() == Guarantee::AtLeastOnce {
+            self.env
+                .counters
+                .at_least_once
+                .store(true, Ordering::Relaxed);
+        }
+    }
+
+    fn after_input(&mut self, io: &mut StageIo<'_, Out, Control>) -> Result<(), BoxError> {
+        if !self.inputs_ended && self.machine.all_inputs_ended() {
+            self.inputs_ended = true;
+            let mut collector = Collector::new(io.outputs(), &mut self.router);
+            self.core.on_end(&mut collector)?;
+            let emitted = collector.finish();
+            drop(collector);
+            self.env
+                .counters
+                .records_out
+                .fetch_add(emitted, Ordering::Relaxed);
+            io.outputs().broadcast_control(Control::End);
+            io.outputs().flush_all();
+        }
+        if !self.trigger_requested && self.machine.needs_trigger() {
+            self.trigger_requested = true;
+            self.env.tell(NodeEventKind::InputsEnded);
+        }
+        Ok(())
+    }
+
+    fn restore(&mut self, io: &mut StageIo<'_, Out, Control>) -> Result<(), BoxError> {
+        let Some(bytes) = self.env.restore.take() else {
+            self.core.restore(None)?;
+            self.note_guarantee();
+            return Ok(());
+        };
+        let part = PartBytes::decode(&bytes)?;
+        self.core.restore(Some(&part.state))?;
+        self.note_guarantee();
+        // The watermarks resume from the snapshot, never from the minimum.
+        if let Some(watermarks) = part.watermarks()? {
+            self.watermarks.restore(watermarks);
+        }
+        // Recorded channel state is delivered before any new input: this
+        // runs before the stage processes its first delivery.
+        for (_channel, messages) in part.channels {
+            let batches: Vec<Vec<In>> = decode_channel(&messages)?;
+            for batch in batches {
+                self.process(batch, io.outputs())?;
+            }
+        }
+        // Sent again, after the replayed records: downstream ignores it if
+        // it has it, and a watermark that was in flight in a recorded
+        // channel (not kept there yet) is not lost.
+        if let Some(watermark_ms) = self.watermarks.output_ms() {
+            io.outputs()
+                .broadcast_control(Control::Watermark(watermark_ms));
+        }
+        Ok(())
+    }
+}
+
+impl<In: Data, Out: Data> StageLogic for StageShell<In, Out> {
+    type In = In;
+    type Out = Out;
+    type Control = Control;
+
+    fn on_batch(
+        &mut self,
+        input: usize,
+        batch: Vec<In>,
+        io: &mut StageIo<'_, Out, Control>,
+    ) -> Result<(), BoxError> {
+        let _entered = self.env.enter();
+        if let Some(head) = &mut self.loop_head {
+            if head.is_dropped(input, true) {
+                return Ok(());
+            }
+        }
+        self.watermarks.on_batch(input);
+        if let Delivery::Process(batch) = self.machine.on_data(input, batch) {
+            self.process(batch, io.outputs())?;
+        }
+        // No action can be queued after a plain data message (a held one
+        // comes back as `Process`), but the contract says drain.
+        if self.machine.has_checkpoint_in_flight() {
+            self.drive(io)?;
+        }
+        Ok(())
+    }
+
+    fn on_control(
+        &mut self,
+        input: usize,
+        control: Control,
+        io: &mut StageIo<'_, Out, Control>,
+    ) -> Result<(), BoxError> {
+        let _entered = self.env.enter();
+        if let Some(head) = &mut self.loop_head {
+            if head.is_dropped(input, false) {
+                return Ok(());
+            }
+        }
+        match control {
+            Control::Barrier(checkpoint) => {
+                self.alignments.barrier(checkpoint);
+                self.machine.on_barrier(input, checkpoint);
+            }
+            Control::End => {
+                // End of input is watermark +infinity on the channel: what
+                // it makes due fires before the end travels on.
+                let advance = self.watermarks.on_end(input);
+                self.on_time(advance, io)?;
+                self.machine.on_end_of_input(input);
+            }
+            Control::Watermark(watermark_ms) => {
+                let advance = self.watermarks.on_watermark(input, watermark_ms);
+                return self.on_time(advance, io);
+            }
+            Control::Idle => {
+                let advance = self.watermarks.on_idle(input);
+                return self.on_time(advance, io);
+            }
+            other => return Err(format!("{other:?} arrived in-band").into()),
+        }
+        self.drive(io)
+    }
+
+    fn on_started(&mut self, io: &mut StageIo<'_, Out, Control>) -> Result<(), BoxError> {
+        let _entered = self.env.enter();
+        self.restore(io)?;
+        // A stage without inputs has ended at once.
+        self.after_input(io)
+    }
+
+    fn on_injected(
+        &mut self,
+        control: Control,
+        io: &mut StageIo<'_, Out, Control>,
+    ) -> Result<(), BoxError> {
+        let _entered = self.env.enter();
+        match control {
+            Control::Trigger(checkpoint) => self.machine.on_trigger(checkpoint),
+            Control::Abort(checkpoint) => {
+                self.forget_up_to(checkpoint);
+                self.machine.on_abort(checkpoint);
+            }
+            Control::Complete(checkpoint) => {
+                self.machine.on_complete(checkpoint);
+                self.forget_up_to(checkpoint);
+                self.core.on_complete(checkpoint)?;
+                self.env.tell(NodeEventKind::Committed { checkpoint });
+            }
+            Control::Tick => self.maybe_end_loop(io)?,
+            other => return Err(format!("{other:?} was injected").into()),
+        }
+        self.drive(io)
+    }
+}
+
+impl<In: Data, Out: Data> StageShell<In, Out> {
+    /// The loop head's rule (see [`LoopHead`]): ends the feedback inputs
+    /// once the loop has been idle long enough, driving the machine after
+    /// each end as the contract says.
+    fn maybe_end_loop(&mut self, io: &mut StageIo<'_, Out, Control>) -> Result<(), BoxError> {
+        let Some(head) = &mut self.loop_head else {
+            return Ok(());
+        };
+        let idle = head.last_feedback.elapsed() >= Duration::from_millis(head.idle_ms);
+        if head.ended || !idle || !self.machine.needs_trigger() {
+            return Ok(());
+        }
+        head.ended = true;
+        let feedback: Vec<usize> = (0..head.feedback.len())
+            .filter(|&input| head.feedback[input])
+            .collect();
+        tracing::debug!(node = self.env.node, "iteration idle: ending its feedback");
+        for input in feedback {
+            self.machine.on_end_of_input(input);
+            self.drive(io)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod alignment_tests {
+    use super::*;
+
+    fn check(steps: &[(&str, u64)], take: u64, want_some: bool) {
+        let mut alignments = Alignments::default();
+        for &(step, checkpoint) in steps {
+            match step {
+                "barrier" => alignments.barrier(CheckpointId(checkpoint)),
+                "snapshot" => alignments.snapshot(CheckpointId(checkpoint)),
+                "forget" => alignments.forget_up_to(CheckpointId(checkpoint)),
+                other => panic!("bug in the test: step {other}"),
+            }
+        }
+        let recorded = alignments
+            .entries
+            .iter()
+            .any(|(id, _, aligned)| *id == CheckpointId(take) && aligned.is_some());
+        assert_eq!(recorded, want_some, "steps {steps:?}");
+        let _ = alignments.take(CheckpointId(take));
+        assert!(
+            alignments
+                .entries
+                .iter()
+                .all(|(id, ..)| *id != CheckpointId(take)),
+            "take removes the entry"
+        );
+    }
+
+    #[test]
+    fn barrier_then_snapshot_is_measured() {
+        check(&[("barrier", 1), ("snapshot", 1)], 1, true);
+    }
+
+    #[test]
+    fn a_second_barrier_keeps_the_first_arrival() {
+        check(&[("barrier", 1), ("barrier", 1), ("snapshot", 1)], 1, true);
+        let mut alignments = Alignments::default();
+        alignments.barrier(CheckpointId(1));
+        let first = alignments.entries[0].1;
+        alignments.barrier(CheckpointId(1));
+        assert_eq!(alignments.entries.len(), 1);
+        assert_eq!(alignments.entries[0].1, first);
+    }
+
+    #[test]
+    fn snapshot_without_barrier_is_not_measured() {
+        check(&[("snapshot", 2)], 2, false);
+    }
+
+    #[test]
+    fn forgotten_checkpoints_are_not_measured() {
+        check(
+            &[
+                ("barrier", 1),
+                ("barrier", 2),
+                ("forget", 1),
+                ("snapshot", 1),
+            ],
+            1,
+            false,
+        );
+    }
+
+    #[test]
+    fn take_of_an_unknown_checkpoint_is_zero() {
+        assert_eq!(Alignments::default().take(CheckpointId(7)), 0);
+    }
+}

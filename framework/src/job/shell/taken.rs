@@ -1,0 +1,36 @@
+//! Snapshot states taken but not yet reported, shared by the stage and
+//! source shells. Bounded by the checkpoints in flight at a node.
+
+use crate::protocol::CheckpointId;
+use crate::runtime::BoxError;
+
+/// Snapshot states taken but not yet reported, per checkpoint. Bounded by
+/// the checkpoints in flight at the node (`max_concurrent`): every entry is
+/// removed when its part is reported or its checkpoint aborted or
+/// subsumed.
+#[derive(Default)]
+pub(super) struct TakenStates {
+    entries: Vec<(CheckpointId, Vec<u8>)>,
+}
+
+impl TakenStates {
+    pub(super) fn insert(&mut self, checkpoint: CheckpointId, state: Vec<u8>) {
+        self.entries.push((checkpoint, state));
+    }
+
+    /// The state taken for `checkpoint`. The machine reports a part only
+    /// after its snapshot, so a missing state is a bug in this shell; it
+    /// fails the subtask (and restarts the job) rather than acking an
+    /// empty state.
+    pub(super) fn take(&mut self, checkpoint: CheckpointId) -> Result<Vec<u8>, BoxError> {
+        match self.entries.iter().position(|(id, _)| *id == checkpoint) {
+            Some(index) => Ok(self.entries.remove(index).1),
+            None => Err(format!("no state was taken for {checkpoint}").into()),
+        }
+    }
+
+    /// Forgets `checkpoint` and everything older (aborted or subsumed).
+    pub(super) fn forget_up_to(&mut self, checkpoint: CheckpointId) {
+        self.entries.retain(|(id, _)| *id > checkpoint);
+    }
+}

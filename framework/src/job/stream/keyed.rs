@@ -1,0 +1,254 @@
+//! [`KeyedStream`]: per-key state, reduce, aggregate and timers over a
+//! keyed stream, and the handle that reads final keyed state.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex};
+
+use crate::keyed::MaxParallelism;
+use crate::runtime::BoxError;
+use crate::state::Snapshot;
+
+use super::builder::Job;
+use super::graph::{EdgeKind, Producer};
+use super::typed::Stream;
+use crate::job::operator::Aggregator;
+use crate::job::ops::{FinalStates, Key, KeyedCore, Reduced};
+use crate::job::physical::Rescale;
+use crate::job::route::{Collector, KeyHash};
+use crate::job::shell::{Core, Data};
+use crate::time::{rescale_timed_states, TimedFn, TimedKeyedCore, Timers};
+
+/// A stream partitioned by key: every record with the same key goes to the
+/// same subtask of the next operator (by key group).
+///
+/// `F` is the key function's type. [`Stream::key_by`] keeps it concrete,
+/// so that the keyed operator's loop over a batch inlines the key function
+/// together with the state lookup and the process function (one loop, no
+/// indirect call per record); the default names the erased form.
+#[must_use = "a keyed stream does nothing until it is processed"]
+pub struct KeyedStream<'j, K, T, F: ?Sized = dyn Fn(&T) -> K + Send + Sync> {
+    pub(super) job: &'j Job,
+    pub(super) producers: Vec<usize>,
+    pub(super) key_of: Arc<F>,
+    /// `key_of` followed by the stable hash, as the partitioner uses it.
+    pub(super) key_hash: KeyHash<T>,
+    pub(super) _keys: PhantomData<fn() -> K>,
+}
+
+/// Reads the final per-key state of a keyed operator after its job ran:
+/// each subtask publishes its whole state when its input ends.
+pub struct KeyedStateHandle<K, S> {
+    states: FinalStates<K, S>,
+}
+
+impl<K: Key, S: Clone> KeyedStateHandle<K, S> {
+    /// Every key's final state (all subtasks merged).
+    pub fn snapshot(&self) -> HashMap<K, S> {
+        let states = self
+            .states
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        states
+            .values()
+            .flat_map(|map| map.iter().map(|(key, state)| (key.clone(), state.clone())))
+            .collect()
+    }
+}
+
+/// The producing operators of a keyed stream, each feeding the keyed
+/// operator through a hash edge by its key.
+fn hash_producers(producers: &[usize]) -> Vec<Producer> {
+    producers
+        .iter()
+        .map(|&operator| Producer {
+            operator,
+            partition: EdgeKind::Hash,
+        })
+        .collect()
+}
+
+impl<'j, K, T, F> KeyedStream<'j, K, T, F>
+where
+    K: Key,
+    T: Data,
+    F: Fn(&T) -> K + Send + Sync + ?Sized + 'static,
+{
+    /// A keyed process function: for each record, `function` gets its key,
+    /// the key's state (`S::default()` for a new key) and a collector.
+    /// An `Err` fails the job (which restarts per its strategy).
+    pub fn process<S, U>(
+        self,
+        name: &str,
+        function: impl Fn(&K, &mut S, T, &mut Collector<'_, U>) -> Result<(), BoxError>
+            + Send
+            + Sync
+            + 'static,
+    ) -> Stream<'j, U>
+    where
+        S: Snapshot + Default + Clone + Send + 'static,
+        U: Data,
+    {
+        self.process_inner(name, function, None)
+    }
+
+    /// As [`KeyedStream::process`], and returns a handle that shows every
+    /// key's final state once the job has run.
+    pub fn process_with_state<S, U>(
+        self,
+        name: &str,
+        function: impl Fn(&K, &mut S, T, &mut Collector<'_, U>) -> Result<(), BoxError>
+            + Send
+            + Sync
+            + 'static,
+    ) -> (Stream<'j, U>, KeyedStateHandle<K, S>)
+    where
+        S: Snapshot + Default + Clone + Send + 'static,
+        U: Data,
+    {
+        let states: FinalStates<K, S> = Arc::new(Mutex::new(HashMap::new()));
+        let stream = self.process_inner(name, function, Some(Arc::clone(&states)));
+        (stream, KeyedStateHandle { states })
+    }
+
+    /// A rolling reduce per key, as Flink's `KeyedStream::reduce`: the
+    /// first record of a key is its reduced value; every next record
+    /// `value` makes it `function(&reduced, value)`. Emits the key's
+    /// reduced value after every record. The reduced value is per-key
+    /// state, checkpointed and restored exactly-once (and rescaled by key
+    /// group like any keyed state).
+    pub fn reduce(
+        self,
+        name: &str,
+        function: impl Fn(&T, T) -> T + Send + Sync + 'static,
+    ) -> Stream<'j, T> {
+        self.process_inner(
+            name,
+            move |_key: &K, state: &mut Reduced<T>, record: T, out| {
+                let reduced = match state.value.take() {
+                    Some(previous) => function(&previous, record),
+                    None => record,
+                };
+                out.emit(reduced.clone());
+                state.value = Some(reduced);
+                Ok(())
+            },
+            None,
+        )
+    }
+
+    /// An incremental aggregation per key (see [`Aggregator`]): each
+    /// record is added to its key's accumulator (per-key state, starting
+    /// at `Default::default()`), then `(key, result)` is emitted. The key
+    /// is part of the output because, unlike a reduce, the result need not
+    /// contain it.
+    pub fn aggregate<A>(self, name: &str, aggregator: A) -> Stream<'j, (K, A::Output)>
+    where
+        A: Aggregator<T>,
+        K: Data,
+    {
+        self.process_inner(
+            name,
+            move |key: &K, accumulator: &mut A::Accumulator, record: T, out| {
+                aggregator.add(accumulator, record)?;
+                out.emit((key.clone(), aggregator.result(accumulator)));
+                Ok(())
+            },
+            None,
+        )
+    }
+
+    /// A keyed process function with event-time timers: `on_record` runs
+    /// for each record as in [`KeyedStream::process`], with the key's
+    /// [`Timers`]; `on_timer(key, state, timestamp_ms, timers, out)` runs
+    /// once the operator's watermark reaches a registered time, in
+    /// timestamp order, before the watermark is sent on (so its output
+    /// comes first). Never concurrently with `on_record` on a subtask.
+    /// Timers are per-key state, stored by key group, so they are
+    /// restored exactly-once and rescale with their keys. The stream must
+    /// have event time ([`Stream::assign_timestamps`]), or timers fire
+    /// only at end of input.
+    pub fn process_with_timers<S, U>(
+        self,
+        name: &str,
+        on_record: impl Fn(&K, &mut S, T, &mut Timers<'_>, &mut Collector<'_, U>) -> Result<(), BoxError>
+            + Send
+            + Sync
+            + 'static,
+        on_timer: impl Fn(&K, &mut S, u64, &mut Timers<'_>, &mut Collector<'_, U>) -> Result<(), BoxError>
+            + Send
+            + Sync
+            + 'static,
+    ) -> Stream<'j, U>
+    where
+        S: Snapshot + Default + Clone + Send + 'static,
+        U: Data,
+    {
+        let key_of = self.key_of;
+        let key_of: Arc<dyn Fn(&T) -> K + Send + Sync> = Arc::new(move |record: &T| key_of(record));
+        let key_hash: Arc<dyn Any + Send + Sync> = Arc::new(self.key_hash);
+        let on_record: Arc<TimedFn<K, S, T, U>> = Arc::new(on_record);
+        let on_timer: Arc<TimedFn<K, S, u64, U>> = Arc::new(on_timer);
+        let max_parallelism =
+            MaxParallelism::new(self.job.config.max_parallelism).unwrap_or_default();
+        let make_core = Arc::new(move |subtask: usize, parallelism: usize| {
+            Box::new(TimedKeyedCore::new(
+                (max_parallelism, parallelism, subtask),
+                Arc::clone(&key_of),
+                Arc::clone(&on_record),
+                Arc::clone(&on_timer),
+            )) as Box<dyn Core<T, U>>
+        });
+        let producers = hash_producers(&self.producers);
+        let operator = self.job.stage(name, &producers, Some(key_hash), make_core);
+        self.job.graph.borrow_mut().operators[operator].rescale =
+            Rescale::Operator(Arc::new(rescale_timed_states));
+        self.job.stream_of(operator)
+    }
+
+    fn process_inner<S, U>(
+        self,
+        name: &str,
+        function: impl Fn(&K, &mut S, T, &mut Collector<'_, U>) -> Result<(), BoxError>
+            + Send
+            + Sync
+            + 'static,
+        publish: Option<FinalStates<K, S>>,
+    ) -> Stream<'j, U>
+    where
+        S: Snapshot + Default + Clone + Send + 'static,
+        U: Data,
+    {
+        let key_of = self.key_of;
+        let key_hash: Arc<dyn Any + Send + Sync> = Arc::new(self.key_hash);
+        // Kept as its concrete type, as the key function: the core runs a
+        // batch without an indirect call per record.
+        let function = Arc::new(function);
+        // Checked again by the plan; an invalid value makes `run` fail with
+        // a typed error before this factory is ever called.
+        let max_parallelism =
+            MaxParallelism::new(self.job.config.max_parallelism).unwrap_or_default();
+        let make_core = Arc::new(move |subtask: usize, parallelism: usize| {
+            Box::new(KeyedCore::new(
+                max_parallelism,
+                parallelism,
+                subtask,
+                Arc::clone(&key_of),
+                Arc::clone(&function),
+                publish.clone(),
+            )) as Box<dyn Core<T, U>>
+        });
+        let producers = hash_producers(&self.producers);
+        let operator = self.job.stage(name, &producers, Some(key_hash), make_core);
+        self.job.graph.borrow_mut().operators[operator].rescale = Rescale::Keyed;
+        Stream {
+            job: self.job,
+            producers: vec![Producer {
+                operator,
+                partition: EdgeKind::Auto,
+            }],
+            _records: PhantomData,
+        }
+    }
+}
