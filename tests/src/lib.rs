@@ -11,6 +11,28 @@ pub mod damage;
 pub mod postgres;
 pub mod slow_commit;
 
+/// The configuration of the event-time tests: checkpoints every 5 ms into
+/// `store`, small batches, two arbiters, and up to 10 restarts without
+/// delay.
+pub fn event_time_config(
+    store: &Arc<dyn snapflow::storage::CheckpointStore>,
+    parallelism: usize,
+) -> snapflow::job::JobConfig {
+    snapflow::job::JobConfig {
+        checkpoint_interval_ms: Some(5),
+        default_parallelism: parallelism,
+        max_parallelism: 16,
+        batch_size_max: 16,
+        arbiters: Some(2),
+        store: Some(Arc::clone(store)),
+        restart: snapflow::job::RestartStrategy::FixedDelay {
+            attempts_max: 10,
+            delay_ms: 0,
+        },
+        ..snapflow::job::JobConfig::default()
+    }
+}
+
 use std::panic;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Once};

@@ -160,11 +160,9 @@ fn run(seed: u64, guarantee: Guarantee) -> Result<Summary, String> {
             {
                 return Err(format!("output {lost:?} was lost; {plan:?}"));
             }
-            let undercounted = expected_state.iter().find(|(key, totals)| {
-                state
-                    .get(key)
-                    .map_or(true, |seen| seen.count < totals.count)
-            });
+            let undercounted = expected_state
+                .iter()
+                .find(|(key, totals)| state.get(key).is_none_or(|seen| seen.count < totals.count));
             if let Some((key, _)) = undercounted {
                 return Err(format!("key {key} lost records; {plan:?}"));
             }

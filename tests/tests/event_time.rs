@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use snapflow::job::{Collector, Job, JobConfig, Operator, OperatorContext, RestartStrategy};
+use snapflow::job::{Collector, Job, Operator, OperatorContext};
 use snapflow::runtime::BoxError;
 use snapflow::sink::CollectHandle;
 use snapflow::source::VecSourceFactory;
@@ -25,7 +25,7 @@ use snapflow::storage::{CheckpointStore, MemoryCheckpointStore};
 use snapflow::time::{Timers, WatermarkStrategy, Windowed, Windows, WATERMARK_MAX_MS};
 use snapflow::Snapshot;
 use snapflow_tests::pipeline::{Paced, Pacing};
-use snapflow_tests::{quiet_injected_panics, seeds, FaultKind, Faults, TestRng};
+use snapflow_tests::{event_time_config, quiet_injected_panics, seeds, FaultKind, Faults, TestRng};
 
 /// The window size.
 const WINDOW_MS: u64 = 60_000;
@@ -225,28 +225,11 @@ fn fire_window(
     Ok(())
 }
 
-/// Checkpoints every 5 ms into `store`, restarts on failure.
-fn config(store: &Arc<dyn CheckpointStore>, parallelism: usize) -> JobConfig {
-    JobConfig {
-        checkpoint_interval_ms: Some(5),
-        default_parallelism: parallelism,
-        max_parallelism: 16,
-        batch_size_max: 16,
-        arbiters: Some(2),
-        store: Some(Arc::clone(store)),
-        restart: RestartStrategy::FixedDelay {
-            attempts_max: 10,
-            delay_ms: 0,
-        },
-        ..JobConfig::default()
-    }
-}
-
 /// One run's committed output, per sink subtask (in commit order).
 fn run(input: &Input, parallelism: usize, edge: Edge, faults: &Faults) -> Vec<Vec<Output>> {
     let store: Arc<dyn CheckpointStore> =
         Arc::new(MemoryCheckpointStore::new("event-time").expect("a memory store opens"));
-    let job = Job::new("event-time", config(&store, parallelism));
+    let job = Job::new("event-time", event_time_config(&store, parallelism));
     let output = CollectHandle::new();
     let strategy = WatermarkStrategy::bounded_out_of_orderness(BOUND_MS, |event: &Event| event.2);
     let events = job
@@ -511,7 +494,7 @@ fn check_rescale(from: usize, to: usize) {
         let store: Arc<dyn CheckpointStore> =
             Arc::new(MemoryCheckpointStore::new("rescale").expect("a memory store opens"));
         let progress = Arc::new(AtomicU64::new(0));
-        let first = Job::new("rescale", config(&store, from));
+        let first = Job::new("rescale", event_time_config(&store, from));
         let first_output = declare_rescalable(&first, &input, from, &progress);
         let running = first.start().expect("the first run starts");
         let started = Instant::now();
@@ -528,7 +511,7 @@ fn check_rescale(from: usize, to: usize) {
             .savepoint
             .unwrap_or_else(|| panic!("{context}: no savepoint"));
         let before = first_output.committed();
-        let second = Job::new("rescale", config(&store, to));
+        let second = Job::new("rescale", event_time_config(&store, to));
         let second_output = declare_rescalable(&second, &input, to, &progress);
         let resumed = second
             .run()
@@ -608,7 +591,7 @@ fn run_windows(
 ) -> (Vec<Windowed<u32, u64>>, u64) {
     let store: Arc<dyn CheckpointStore> =
         Arc::new(MemoryCheckpointStore::new("windows").expect("a memory store opens"));
-    let job = Job::new("windows", config(&store, parallelism));
+    let job = Job::new("windows", event_time_config(&store, parallelism));
     let output = CollectHandle::new();
     let strategy = WatermarkStrategy::bounded_out_of_orderness(BOUND_MS, |event: &Event| event.2);
     let faults = faults.clone();

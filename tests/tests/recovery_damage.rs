@@ -145,7 +145,7 @@ fn check(seed: u64, crash_kind: fn(u64) -> Crash) {
             assert!(
                 committed
                     .iter()
-                    .all(|id| restored.map_or(true, |restored| *id > restored)),
+                    .all(|id| restored.is_none_or(|restored| *id > restored)),
                 "{replay}: refused for output before the restored checkpoint"
             );
             eprintln!("{replay}: refused, committed {committed:?} after {restored:?}");

@@ -78,6 +78,7 @@ mod stream;
 mod supervisor;
 mod writer;
 
+use crate::time::{Clock, SystemClock};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -96,6 +97,10 @@ pub use report::{
     OperatorReport, RestartReport,
 };
 pub use route::Collector;
+#[cfg(test)]
+pub(crate) use route::Router;
+#[cfg(test)]
+pub(crate) use shell::Control;
 pub use shell::Data;
 // For `crate::time`'s timed keyed core, which plugs into the shells.
 pub(crate) use ops::{decode_keyed_state, encode_keyed_state, merge_keyed_states};
@@ -157,6 +162,14 @@ pub struct JobConfig {
     /// the report's guarantee is at-least-once with
     /// [`GuaranteeReason::FallbackReplaysCommittedOutput`].
     pub accept_duplicates_after_fallback: bool,
+    /// The job's processing time: what processing-time timers and
+    /// windows read. The system clock by default; tests give a
+    /// [`ManualClock`](crate::time::ManualClock) and move it.
+    pub clock: Arc<dyn Clock>,
+    /// How often an operator with processing-time timers checks its
+    /// clock (positive; 0 counts as 1). Operators without them have no
+    /// tick at all. Default 10 ms.
+    pub processing_time_tick_ms: u64,
 }
 
 /// The checkpoint interval of a job that has a [`JobConfig::store`] but no
@@ -183,6 +196,8 @@ impl Default for JobConfig {
             window_batches: 8,
             arbiters: None,
             accept_duplicates_after_fallback: false,
+            clock: Arc::new(SystemClock),
+            processing_time_tick_ms: 10,
         }
     }
 }

@@ -299,4 +299,18 @@ pub trait Aggregator<In>: Send + Sync + 'static {
 
     /// The current result of an accumulator.
     fn result(&self, accumulator: &Self::Accumulator) -> Self::Output;
+
+    /// Merges `from` into `into`: session windows
+    /// ([`Windows::session`](crate::time::Windows::session)) call it when
+    /// two windows of a key become one. Nothing else does, so only an
+    /// aggregator used in session windows needs it. The default fails
+    /// the job with a [`NotRetryable`](crate::runtime::NotRetryable)
+    /// error that says so (retrying cannot add the method).
+    fn merge(&self, into: &mut Self::Accumulator, from: Self::Accumulator) -> Result<(), BoxError> {
+        let _ = (into, from);
+        Err(Box::new(crate::runtime::NotRetryable::new(format!(
+            "the aggregator {} does not implement Aggregator::merge, which session windows need",
+            std::any::type_name::<Self>()
+        ))))
+    }
 }

@@ -146,6 +146,15 @@ pub struct OperatorReport {
     pub in_flight_batches_peak: u64,
     /// How often one of its output channels ran out of credit.
     pub credit_stalls: u64,
+    /// Records a window operator dropped because they came later than
+    /// its allowed lateness (0 for other operators, and for windows that
+    /// send late records to a stream of their own). Replayed records are
+    /// counted again after a restart.
+    pub late_records_dropped: u64,
+    /// Watermarks that arrived on one of its inputs lower than that
+    /// input's previous one: ignored, as watermarks only rise, and
+    /// counted here.
+    pub watermark_regressions: u64,
 }
 
 /// One completed checkpoint.

@@ -24,7 +24,7 @@ use std::collections::{HashMap, VecDeque};
 use std::num::NonZeroUsize;
 use std::time::Instant;
 
-use actix::{Actor, ActorContext, Context, Handler, Message};
+use actix::{Actor, ActorContext, AsyncContext, Context, Handler, Message};
 
 use super::channel::{ChannelId, ChannelReceiver, ChannelSender, Credit, Delivery, Item, Outputs};
 use super::failure::{guard, FailureSink};
@@ -78,6 +78,20 @@ pub trait StageLogic: Unpin + 'static {
         io: &mut StageIo<'_, Self::Out, Self::Control>,
     ) -> Result<(), BoxError> {
         let _ = (control, io);
+        Ok(())
+    }
+
+    /// How often the stage calls [`StageLogic::on_tick`], asked once at
+    /// start. `None` (the default): never, and the stage has no timer at
+    /// all, so a logic without ticks pays nothing for them.
+    fn tick_interval_ms(&self) -> Option<u64> {
+        None
+    }
+
+    /// Time passed (see [`StageLogic::tick_interval_ms`]). Runs on the
+    /// actor between deliveries, never during another callback.
+    fn on_tick(&mut self, io: &mut StageIo<'_, Self::Out, Self::Control>) -> Result<(), BoxError> {
+        let _ = io;
         Ok(())
     }
 }
@@ -315,7 +329,43 @@ impl<L: StageLogic> Actor for StageActor<L> {
             return;
         }
         self.linger.arm(&self.outputs, context, Self::linger_fired);
+        if let Some(interval_ms) = self.logic.tick_interval_ms() {
+            let period = std::time::Duration::from_millis(interval_ms.max(1));
+            context.run_interval(period, |stage, context| {
+                stage.run_outside(context, |logic, io| logic.on_tick(io));
+            });
+        }
         self.stop_if_done(context);
+    }
+}
+
+impl<L: StageLogic> StageActor<L> {
+    /// Runs a callback that did not come with input (an injected control
+    /// item, a tick) under the failure guard, then carries on as after
+    /// any callback.
+    fn run_outside(
+        &mut self,
+        context: &mut Context<Self>,
+        call: impl FnOnce(&mut L, &mut StageIo<'_, L::Out, L::Control>) -> Result<(), BoxError>,
+    ) {
+        if self.failed {
+            return;
+        }
+        let mut io = StageIo {
+            outputs: &mut self.outputs,
+            held: &mut self.held,
+        };
+        let logic = &mut self.logic;
+        let done = guard(&self.tag, &self.failures, || call(logic, &mut io));
+        if done.is_none() {
+            self.failed = true;
+            context.stop();
+            return;
+        }
+        self.linger.arm(&self.outputs, context, Self::linger_fired);
+        self.stop_if_done(context);
+        // The logic may have released a held input.
+        self.schedule_drain(context, Turn::Now);
     }
 }
 
@@ -357,25 +407,6 @@ impl<L: StageLogic> Handler<Inject<L::Control>> for StageActor<L> {
     type Result = ();
 
     fn handle(&mut self, inject: Inject<L::Control>, context: &mut Context<Self>) {
-        if self.failed {
-            return;
-        }
-        let mut io = StageIo {
-            outputs: &mut self.outputs,
-            held: &mut self.held,
-        };
-        let logic = &mut self.logic;
-        let done = guard(&self.tag, &self.failures, || {
-            logic.on_injected(inject.0, &mut io)
-        });
-        if done.is_none() {
-            self.failed = true;
-            context.stop();
-            return;
-        }
-        self.linger.arm(&self.outputs, context, Self::linger_fired);
-        self.stop_if_done(context);
-        // The logic may have released a held input.
-        self.schedule_drain(context, Turn::Now);
+        self.run_outside(context, |logic, io| logic.on_injected(inject.0, io));
     }
 }

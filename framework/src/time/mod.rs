@@ -4,12 +4,15 @@
 //! [`WatermarkStrategy`] (how a source subtask turns event times into
 //! watermarks and idleness), [`InputWatermarks`] (an operator's watermark
 //! as the minimum over its non-idle forward inputs, and its stored form),
-//! [`Timers`] (event-time timers of keyed process functions, stored as
-//! keyed state by key group so they rescale, fired in timestamp order
-//! when the watermark passes them), and [`Clock`] (processing time, one
-//! trait, so tests drive it), and [`Windows`] (tumbling and sliding
-//! event-time windows with an incremental aggregate and allowed lateness,
-//! built on the timers).
+//! [`Timers`] (event-time and processing-time timers of keyed process
+//! functions, stored as keyed state by key group so they rescale, fired
+//! in timestamp order when the watermark or the clock passes them),
+//! [`Clock`] (processing time, one trait, so tests drive it), [`Windows`]
+//! (tumbling, sliding and session windows on event or processing time
+//! with an incremental aggregate, a reduce or a full-window function,
+//! allowed lateness and late records dropped or sent to a stream of
+//! their own, built on the timers) and [`StateTtl`] (per-key
+//! time-to-live of keyed state, also built on the timers).
 //!
 //! It never sends, spawns or blocks, never touches a channel or an
 //! operator's state, and never decides a protocol question: the shells in
@@ -21,17 +24,23 @@ mod clock;
 mod source;
 mod strategy;
 mod timers;
+mod ttl;
 mod watermark;
 mod window;
+mod window_fn;
+mod window_state;
+mod windowed;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use strategy::{
     BoundedOutOfOrderness, Punctuated, TimestampFn, WatermarkGenerator, WatermarkStrategy,
 };
-pub use timers::Timers;
+pub use timers::{TimeDomain, Timers};
+pub use ttl::{StateTtl, TtlError};
 pub use watermark::{Advance, InputWatermarks, WATERMARK_MAX_MS};
-pub use window::{LateRecords, WindowError, Windowed, WindowedStream, Windows};
+pub use window::{LateRecords, WindowError, Windowed, Windows};
+pub use windowed::{DropLate, LatePolicy, SideOutputLate, WindowOutput, WindowedStream};
 
 pub(crate) use source::{SourceSignal, SourceWatermarks};
-pub(crate) use timers::{rescale_timed_states, TimedFn, TimedKeyedCore};
+pub(crate) use timers::{rescale_timed_states, ProcessingTime, TimedFn, TimedFns, TimedKeyedCore};
 pub(crate) use watermark::WatermarkState;

@@ -1,10 +1,14 @@
-//! Event-time timers of keyed process functions.
+//! Event-time and processing-time timers of keyed process functions.
 //!
-//! A timer is keyed state: per key, the sorted event times it fires at,
-//! in a [`KeyedState`] of its own, snapshotted by key group next to the
-//! user's per-key state, so timers rescale with their keys. An index by
-//! time (rebuilt on restore, never stored) lets the watermark fire every
-//! due timer in timestamp order, before the shell sends the watermark on.
+//! A timer is keyed state: per key, the sorted times it fires at (one
+//! list per [`TimeDomain`]), in a [`KeyedState`] of its own, snapshotted
+//! by key group next to the user's per-key state, so timers rescale with
+//! their keys. An index by time per domain (rebuilt on restore, never
+//! stored) lets the watermark fire every due event-time timer in
+//! timestamp order, before the shell sends the watermark on, and the
+//! shell's periodic tick fire every processing-time timer the [`Clock`]
+//! has passed. Both run on the operator's actor, between batches, never
+//! concurrently with a record.
 
 use std::collections::BTreeMap;
 use std::marker::PhantomData;
@@ -18,34 +22,112 @@ use crate::protocol::CheckpointId;
 use crate::runtime::BoxError;
 use crate::state::Snapshot;
 
+use super::clock::Clock;
+
 /// The timer calls a function made while it ran, applied after it returns
 /// (the function holds its key's state, not the timer tables).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum TimerOp {
-    Register(u64),
-    Delete(u64),
+    Register(TimeDomain, u64),
+    Delete(TimeDomain, u64),
+}
+
+/// Which clock a timer follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TimeDomain {
+    /// Fires when the operator's watermark reaches the timer's time.
+    EventTime,
+    /// Fires when the job's [`Clock`] reaches the timer's time.
+    ProcessingTime,
 }
 
 /// The timer service a timed process function gets for the current key.
-#[derive(Debug)]
 pub struct Timers<'a> {
     ops: &'a mut Vec<TimerOp>,
     watermark_ms: Option<u64>,
+    clock: &'a dyn Clock,
+    /// The processing time through which timers have fired.
+    fired_processing_ms: Option<u64>,
+    firing: Option<TimeDomain>,
+}
+
+impl std::fmt::Debug for Timers<'_> {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("Timers")
+            .field("watermark_ms", &self.watermark_ms)
+            .field("fired_processing_ms", &self.fired_processing_ms)
+            .field("firing", &self.firing)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Timers<'_> {
+    /// Fires `on_timer` for this key once the job's [`Clock`] reaches
+    /// `timestamp_ms` (checked every
+    /// [`JobConfig::processing_time_tick_ms`](crate::job::JobConfig::processing_time_tick_ms)).
+    /// Registering the same key and time twice keeps one timer. A timer
+    /// that came due while the job was down fires when it is restored,
+    /// before any record; at end of input every pending processing-time
+    /// timer fires (a bounded job's last processing-time window is not
+    /// lost).
+    pub fn register_processing_time_ms(&mut self, timestamp_ms: u64) {
+        self.ops
+            .push(TimerOp::Register(TimeDomain::ProcessingTime, timestamp_ms));
+    }
+
+    /// Deletes this key's processing-time timer at `timestamp_ms`, if
+    /// there is one.
+    pub fn delete_processing_time_ms(&mut self, timestamp_ms: u64) {
+        self.ops
+            .push(TimerOp::Delete(TimeDomain::ProcessingTime, timestamp_ms));
+    }
+
+    /// The job's processing time now, read from its [`Clock`].
+    pub fn current_processing_time_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    /// Which kind of timer is firing, in `on_timer`; `None` in
+    /// `on_record`.
+    pub fn firing(&self) -> Option<TimeDomain> {
+        self.firing
+    }
+
+    /// The time through which timers of `domain` have fired: the
+    /// watermark for event time, the clock's reading at the last firing
+    /// for processing time (`None` before the first).
+    pub(crate) fn fired_through_ms(&self, domain: TimeDomain) -> Option<u64> {
+        match domain {
+            TimeDomain::EventTime => self.watermark_ms,
+            TimeDomain::ProcessingTime => self.fired_processing_ms,
+        }
+    }
+
+    /// Registers a timer of `domain`.
+    pub(crate) fn register_ms(&mut self, domain: TimeDomain, timestamp_ms: u64) {
+        self.ops.push(TimerOp::Register(domain, timestamp_ms));
+    }
+
+    /// Deletes a timer of `domain`.
+    pub(crate) fn delete_ms(&mut self, domain: TimeDomain, timestamp_ms: u64) {
+        self.ops.push(TimerOp::Delete(domain, timestamp_ms));
+    }
+
     /// Fires `on_timer` for this key once the watermark reaches
     /// `timestamp_ms`. Registering the same key and time twice keeps one
     /// timer. A time at or below the current watermark fires when the
     /// watermark next rises; at end of input (the last rise) such a
     /// timer registered by a firing timer never fires.
     pub fn register_event_time_ms(&mut self, timestamp_ms: u64) {
-        self.ops.push(TimerOp::Register(timestamp_ms));
+        self.ops
+            .push(TimerOp::Register(TimeDomain::EventTime, timestamp_ms));
     }
 
     /// Deletes this key's timer at `timestamp_ms`, if there is one.
     pub fn delete_event_time_ms(&mut self, timestamp_ms: u64) {
-        self.ops.push(TimerOp::Delete(timestamp_ms));
+        self.ops
+            .push(TimerOp::Delete(TimeDomain::EventTime, timestamp_ms));
     }
 
     /// The operator's current watermark, `None` before the first.
@@ -54,34 +136,48 @@ impl Timers<'_> {
     }
 }
 
-/// One key's timers: sorted, without duplicates.
+/// One key's timers per domain: sorted, without duplicates.
 #[derive(crate::Snapshot, Clone, Default, Debug, PartialEq, Eq)]
 #[snapshot(crate = "crate")]
 pub(crate) struct KeyTimers {
     event_time_ms: Vec<u64>,
+    processing_time_ms: Vec<u64>,
 }
 
 impl KeyTimers {
+    fn times_mut(&mut self, domain: TimeDomain) -> &mut Vec<u64> {
+        match domain {
+            TimeDomain::EventTime => &mut self.event_time_ms,
+            TimeDomain::ProcessingTime => &mut self.processing_time_ms,
+        }
+    }
+
     /// Adds `timestamp_ms`; true when it was not there.
-    fn insert(&mut self, timestamp_ms: u64) -> bool {
-        match self.event_time_ms.binary_search(&timestamp_ms) {
+    fn insert(&mut self, domain: TimeDomain, timestamp_ms: u64) -> bool {
+        let times = self.times_mut(domain);
+        match times.binary_search(&timestamp_ms) {
             Ok(_) => false,
             Err(at) => {
-                self.event_time_ms.insert(at, timestamp_ms);
+                times.insert(at, timestamp_ms);
                 true
             }
         }
     }
 
     /// Removes `timestamp_ms`; true when it was there.
-    fn remove(&mut self, timestamp_ms: u64) -> bool {
-        match self.event_time_ms.binary_search(&timestamp_ms) {
+    fn remove(&mut self, domain: TimeDomain, timestamp_ms: u64) -> bool {
+        let times = self.times_mut(domain);
+        match times.binary_search(&timestamp_ms) {
             Ok(at) => {
-                self.event_time_ms.remove(at);
+                times.remove(at);
                 true
             }
             Err(_) => false,
         }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.event_time_ms.is_empty() && self.processing_time_ms.is_empty()
     }
 }
 
@@ -138,17 +234,57 @@ pub(crate) type TimedFn<K, S, I, Out> = dyn Fn(&K, &mut S, I, &mut Timers<'_>, &
     + Send
     + Sync;
 
-/// The keyed process core with event-time timers.
+/// The functions of a timed keyed operator, erased.
+pub(crate) struct TimedFns<K, S, In, Out: Send + 'static> {
+    pub(crate) key_of: Arc<dyn Fn(&In) -> K + Send + Sync>,
+    pub(crate) on_record: Arc<TimedFn<K, S, In, Out>>,
+    pub(crate) on_timer: Arc<TimedFn<K, S, u64, Out>>,
+    /// Says when a key's state can go once its last timer fired (a key
+    /// whose windows all closed); `None`: keys stay.
+    pub(crate) prune: Option<fn(&S) -> bool>,
+}
+
+impl<K, S, In, Out: Send + 'static> Clone for TimedFns<K, S, In, Out> {
+    fn clone(&self) -> Self {
+        TimedFns {
+            key_of: Arc::clone(&self.key_of),
+            on_record: Arc::clone(&self.on_record),
+            on_timer: Arc::clone(&self.on_timer),
+            prune: self.prune,
+        }
+    }
+}
+
+/// How a timed operator meets processing time: the job's clock, and how
+/// often the shell ticks it (`None`: never; event-time windows register
+/// no processing-time timers and cost nothing per tick).
+#[derive(Clone)]
+pub(crate) struct ProcessingTime {
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) tick_ms: Option<u64>,
+}
+
+/// The index of a domain's due map.
+fn slot(domain: TimeDomain) -> usize {
+    match domain {
+        TimeDomain::EventTime => 0,
+        TimeDomain::ProcessingTime => 1,
+    }
+}
+
+/// The keyed process core with event-time and processing-time timers.
 pub(crate) struct TimedKeyedCore<K, S, In, Out: Send + 'static> {
-    key_of: Arc<dyn Fn(&In) -> K + Send + Sync>,
-    on_record: Arc<TimedFn<K, S, In, Out>>,
-    on_timer: Arc<TimedFn<K, S, u64, Out>>,
+    fns: TimedFns<K, S, In, Out>,
     states: KeyedState<K, S>,
     timers: KeyedState<K, KeyTimers>,
-    /// Due times → keys registered at them; an entry whose key no longer
-    /// holds that time (deleted) is skipped when it comes due.
-    due: BTreeMap<u64, Vec<K>>,
+    /// Per domain, due times → keys registered at them; an entry whose
+    /// key no longer holds that time (deleted) is skipped when it comes
+    /// due.
+    due: [BTreeMap<u64, Vec<K>>; 2],
     watermark_ms: Option<u64>,
+    /// The clock's reading at the last processing-time firing.
+    fired_processing_ms: Option<u64>,
+    time: ProcessingTime,
     ops: Vec<TimerOp>,
     _records: PhantomData<fn(In) -> Out>,
 }
@@ -164,18 +300,17 @@ impl<K: Key, S: Snapshot + Default + Clone + 'static, In: 'static, Out: Send + '
     /// checked both before anything started, so this is a bug.
     pub(crate) fn new(
         (max_parallelism, parallelism, subtask): (MaxParallelism, usize, usize),
-        key_of: Arc<dyn Fn(&In) -> K + Send + Sync>,
-        on_record: Arc<TimedFn<K, S, In, Out>>,
-        on_timer: Arc<TimedFn<K, S, u64, Out>>,
+        fns: TimedFns<K, S, In, Out>,
+        time: ProcessingTime,
     ) -> Self {
         TimedKeyedCore {
-            key_of,
-            on_record,
-            on_timer,
+            fns,
             states: subtask_state(max_parallelism, parallelism, subtask),
             timers: subtask_state(max_parallelism, parallelism, subtask),
-            due: BTreeMap::new(),
+            due: [BTreeMap::new(), BTreeMap::new()],
             watermark_ms: None,
+            fired_processing_ms: None,
+            time,
             ops: Vec::new(),
             _records: PhantomData,
         }
@@ -185,14 +320,17 @@ impl<K: Key, S: Snapshot + Default + Clone + 'static, In: 'static, Out: Send + '
     fn apply_ops(&mut self, key: &K) {
         for op in self.ops.drain(..) {
             match op {
-                TimerOp::Register(timestamp_ms) => {
-                    if self.timers.get_or_default(key).insert(timestamp_ms) {
-                        self.due.entry(timestamp_ms).or_default().push(key.clone());
+                TimerOp::Register(domain, timestamp_ms) => {
+                    if self.timers.get_or_default(key).insert(domain, timestamp_ms) {
+                        self.due[slot(domain)]
+                            .entry(timestamp_ms)
+                            .or_default()
+                            .push(key.clone());
                     }
                 }
-                TimerOp::Delete(timestamp_ms) => {
+                TimerOp::Delete(domain, timestamp_ms) => {
                     let now_empty = self.timers.get_mut(key).is_some_and(|timers| {
-                        timers.remove(timestamp_ms) && timers.event_time_ms.is_empty()
+                        timers.remove(domain, timestamp_ms) && timers.is_empty()
                     });
                     if now_empty {
                         self.timers.remove(key);
@@ -202,16 +340,67 @@ impl<K: Key, S: Snapshot + Default + Clone + 'static, In: 'static, Out: Send + '
         }
     }
 
+    /// Removes `key`'s state when it has no timer left and the prune rule
+    /// says its state holds nothing.
+    fn maybe_prune(&mut self, key: &K) {
+        let Some(prune) = self.fns.prune else {
+            return;
+        };
+        if self.timers.get(key).is_none() && self.states.get(key).is_some_and(prune) {
+            self.states.remove(key);
+        }
+    }
+
     /// Removes `key`'s timer at `timestamp_ms`; false when it was deleted.
-    fn take_timer(&mut self, key: &K, timestamp_ms: u64) -> bool {
+    fn take_timer(&mut self, key: &K, domain: TimeDomain, timestamp_ms: u64) -> bool {
         let Some(timers) = self.timers.get_mut(key) else {
             return false;
         };
-        let taken = timers.remove(timestamp_ms);
-        if timers.event_time_ms.is_empty() {
+        let taken = timers.remove(domain, timestamp_ms);
+        if timers.is_empty() {
             self.timers.remove(key);
         }
         taken
+    }
+
+    /// Fires every timer of `domain` at or below `through_ms`, in
+    /// timestamp order. What is due is taken first: a timer that a firing
+    /// registers at or below `through_ms` waits for the next rise, so a
+    /// function that always registers again cannot loop forever.
+    fn fire_due(
+        &mut self,
+        domain: TimeDomain,
+        through_ms: u64,
+        out: &mut Collector<'_, Out>,
+    ) -> Result<(), BoxError> {
+        let due_map = &mut self.due[slot(domain)];
+        let mut due = Vec::new();
+        while let Some(entry) = due_map.first_entry() {
+            if *entry.key() > through_ms {
+                break;
+            }
+            due.push(entry.remove_entry());
+        }
+        for (timestamp_ms, keys) in due {
+            for key in keys {
+                if !self.take_timer(&key, domain, timestamp_ms) {
+                    continue;
+                }
+                let state = self.states.get_or_default(&key);
+                let mut timers = Timers {
+                    ops: &mut self.ops,
+                    watermark_ms: self.watermark_ms,
+                    clock: &*self.time.clock,
+                    fired_processing_ms: self.fired_processing_ms,
+                    firing: Some(domain),
+                };
+                let result = (self.fns.on_timer)(&key, state, timestamp_ms, &mut timers, out);
+                self.apply_ops(&key);
+                result?;
+                self.maybe_prune(&key);
+            }
+        }
+        Ok(())
     }
 }
 
@@ -234,13 +423,16 @@ where
 {
     fn process(&mut self, batch: Vec<In>, out: &mut Collector<'_, Out>) -> Result<(), BoxError> {
         for record in batch {
-            let key = (self.key_of)(&record);
+            let key = (self.fns.key_of)(&record);
             let state = self.states.get_or_default_routed(&key, key_hash(&key));
             let mut timers = Timers {
                 ops: &mut self.ops,
                 watermark_ms: self.watermark_ms,
+                clock: &*self.time.clock,
+                fired_processing_ms: self.fired_processing_ms,
+                firing: None,
             };
-            let result = (self.on_record)(&key, state, record, &mut timers, out);
+            let result = (self.fns.on_record)(&key, state, record, &mut timers, out);
             // Most records register nothing (a window's timers come with
             // its first record): no call for them.
             if !self.ops.is_empty() {
@@ -257,32 +449,28 @@ where
         out: &mut Collector<'_, Out>,
     ) -> Result<(), BoxError> {
         self.watermark_ms = Some(watermark_ms);
-        // What is due is taken first: a timer that a firing registers at
-        // or below the watermark waits for the next rise, so a function
-        // that always registers again cannot loop forever.
-        let mut due = Vec::new();
-        while let Some(entry) = self.due.first_entry() {
-            if *entry.key() > watermark_ms {
-                break;
-            }
-            due.push(entry.remove_entry());
-        }
-        for (timestamp_ms, keys) in due {
-            for key in keys {
-                if !self.take_timer(&key, timestamp_ms) {
-                    continue;
-                }
-                let state = self.states.get_or_default(&key);
-                let mut timers = Timers {
-                    ops: &mut self.ops,
-                    watermark_ms: self.watermark_ms,
-                };
-                let result = (self.on_timer)(&key, state, timestamp_ms, &mut timers, out);
-                self.apply_ops(&key);
-                result?;
-            }
-        }
-        Ok(())
+        self.fire_due(TimeDomain::EventTime, watermark_ms, out)
+    }
+
+    fn processing_tick_ms(&self) -> Option<u64> {
+        self.time.tick_ms
+    }
+
+    fn on_processing_time(&mut self, out: &mut Collector<'_, Out>) -> Result<(), BoxError> {
+        // A clock that went back (a system clock stepped) fires nothing
+        // new: what fired stays fired.
+        let now_ms = self
+            .time
+            .clock
+            .now_ms()
+            .max(self.fired_processing_ms.unwrap_or(0));
+        self.fired_processing_ms = Some(now_ms);
+        self.fire_due(TimeDomain::ProcessingTime, now_ms, out)
+    }
+
+    fn on_end(&mut self, out: &mut Collector<'_, Out>) -> Result<(), BoxError> {
+        // Every pending processing-time timer fires: no later tick comes.
+        self.fire_due(TimeDomain::ProcessingTime, u64::MAX, out)
     }
 
     fn snapshot(&mut self, _checkpoint: CheckpointId) -> Result<Vec<u8>, BoxError> {
@@ -307,10 +495,18 @@ where
         let timers = crate::job::decode_keyed_state(&state.timers)?;
         self.timers = KeyedState::restore(max_parallelism, range, parts_in_range(range, timers))?;
         self.watermark_ms = state.watermark_ms;
-        self.due.clear();
+        self.due = [BTreeMap::new(), BTreeMap::new()];
         for (key, timers) in self.timers.iter() {
-            for &timestamp_ms in &timers.event_time_ms {
-                self.due.entry(timestamp_ms).or_default().push(key.clone());
+            for (domain, times) in [
+                (TimeDomain::EventTime, &timers.event_time_ms),
+                (TimeDomain::ProcessingTime, &timers.processing_time_ms),
+            ] {
+                for &timestamp_ms in times {
+                    self.due[slot(domain)]
+                        .entry(timestamp_ms)
+                        .or_default()
+                        .push(key.clone());
+                }
             }
         }
         Ok(())
@@ -324,14 +520,21 @@ mod tests {
     #[test]
     fn key_timers_are_sorted_and_deduplicated() {
         let mut timers = KeyTimers::default();
-        assert!(timers.insert(30));
-        assert!(timers.insert(10));
-        assert!(!timers.insert(30), "one timer per (key, time)");
-        assert!(timers.insert(20));
+        let event = TimeDomain::EventTime;
+        assert!(timers.insert(event, 30));
+        assert!(timers.insert(event, 10));
+        assert!(!timers.insert(event, 30), "one timer per (key, time)");
+        assert!(timers.insert(event, 20));
         assert_eq!(timers.event_time_ms, [10, 20, 30]);
-        assert!(timers.remove(20));
-        assert!(!timers.remove(20));
+        assert!(timers.remove(event, 20));
+        assert!(!timers.remove(event, 20));
         assert_eq!(timers.event_time_ms, [10, 30]);
+        let processing = TimeDomain::ProcessingTime;
+        assert!(timers.insert(processing, 30), "the domains are apart");
+        assert!(timers.remove(event, 10) && timers.remove(event, 30));
+        assert!(!timers.is_empty());
+        assert!(timers.remove(processing, 30));
+        assert!(timers.is_empty());
     }
 
     #[test]

@@ -1,21 +1,17 @@
-//! Tumbling and sliding event-time windows on a keyed stream, with an
-//! incremental aggregate, allowed lateness and dropped late records,
-//! built on [`KeyedStream::process_with_timers`]: a window's accumulator
-//! is per-key state and its firing and clean-up are event-time timers, so
-//! both are in the snapshot, restored exactly-once and rescaled by key
-//! group, and a window's state is gone once the watermark passes its end
-//! plus the allowed lateness.
+//! The window assigners ([`Windows`]: tumbling, sliding and session
+//! windows of event time), their typed build errors, the result type
+//! [`Windowed`] and the late-record counter [`LateRecords`].
+//!
+//! This file only says which windows a record belongs to and when a
+//! window fires and is cleaned up; it never holds window contents
+//! (`window_state`) and never declares an operator (`windowed`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::job::{Aggregator, Collector, Data, Key, KeyedStream, Stream};
-use crate::runtime::BoxError;
-
-use super::timers::Timers;
+use super::timers::TimeDomain;
 
 /// Why a window assigner cannot be built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -27,6 +23,9 @@ pub enum WindowError {
     /// A sliding window that never moves.
     #[error("a sliding window's slide must be above 0 ms")]
     ZeroSlide,
+    /// A session window whose gap is 0 would never hold two records.
+    #[error("a session window's gap must be above 0 ms")]
+    ZeroGap,
     /// A slide larger than the window would leave gaps no window covers.
     #[error("a sliding window's slide ({slide_ms} ms) is larger than its size ({size_ms} ms)")]
     SlideLargerThanSize {
@@ -37,14 +36,26 @@ pub enum WindowError {
     },
 }
 
-/// Which event-time windows a record belongs to: windows of `size_ms`
-/// starting every `slide_ms` (tumbling: slide = size), aligned to the
-/// epoch, and how long after its end a window still takes late records.
+/// Which event-time windows a record belongs to, and how long after its
+/// end a window still takes late records: windows of `size_ms` starting
+/// every `slide_ms` (tumbling: slide = size), aligned to the epoch; or
+/// session windows, which merge every two records of a key closer than
+/// a gap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Windows {
-    size_ms: u64,
-    slide_ms: u64,
+    kind: WindowKind,
     allowed_lateness_ms: u64,
+    domain: TimeDomain,
+}
+
+/// The two families of assigners.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WindowKind {
+    /// Tumbling and sliding windows: fixed, aligned to the epoch.
+    Fixed { size_ms: u64, slide_ms: u64 },
+    /// Session windows: a record opens `[ts, ts + gap_ms)`, and windows of
+    /// one key that overlap or touch merge into one.
+    Session { gap_ms: u64 },
 }
 
 impl Windows {
@@ -73,9 +84,31 @@ impl Windows {
             return Err(WindowError::SlideLargerThanSize { size_ms, slide_ms });
         }
         Ok(Windows {
-            size_ms,
-            slide_ms,
+            kind: WindowKind::Fixed { size_ms, slide_ms },
             allowed_lateness_ms: 0,
+            domain: TimeDomain::EventTime,
+        })
+    }
+
+    /// Session windows: per key, records closer than `gap_ms` (or exactly
+    /// `gap_ms` apart) are in one window, from the first record's time to
+    /// the last one's plus `gap_ms`. Windows merge as records arrive, in
+    /// any order; a session fires once the watermark passes its end.
+    ///
+    /// ```
+    /// use snapflow::time::{WindowError, Windows};
+    ///
+    /// assert!(Windows::session(30_000).is_ok());
+    /// assert_eq!(Windows::session(0), Err(WindowError::ZeroGap));
+    /// ```
+    pub fn session(gap_ms: u64) -> Result<Windows, WindowError> {
+        if gap_ms == 0 {
+            return Err(WindowError::ZeroGap);
+        }
+        Ok(Windows {
+            kind: WindowKind::Session { gap_ms },
+            allowed_lateness_ms: 0,
+            domain: TimeDomain::EventTime,
         })
     }
 
@@ -88,11 +121,18 @@ impl Windows {
     }
 
     /// The starts of the windows that hold `timestamp_ms`, oldest first.
+    /// For session windows this is the record's own window before any
+    /// merge: it starts at `timestamp_ms`.
     pub fn starts_of(&self, timestamp_ms: u64) -> impl Iterator<Item = u64> {
-        let last = timestamp_ms - timestamp_ms % self.slide_ms;
-        let (size_ms, slide_ms) = (self.size_ms, self.slide_ms);
-        // A tumbling window holds only the record's own slot: skip the
-        // second division (a window assigner runs once per record).
+        let (size_ms, slide_ms) = match self.kind {
+            WindowKind::Fixed { size_ms, slide_ms } => (size_ms, slide_ms),
+            // One window of one slide: exactly the record's own start.
+            WindowKind::Session { .. } => (1, 1),
+        };
+        let last = timestamp_ms - timestamp_ms % slide_ms;
+        // A tumbling window (and a session's own) holds only the record's
+        // own slot: skip the second division (an assigner runs once per
+        // record).
         let first = if slide_ms == size_ms {
             last
         } else {
@@ -108,16 +148,35 @@ impl Windows {
             })
     }
 
-    /// The last event time inside the window starting at `start_ms` (its
-    /// timer fires there).
-    fn last_ms(&self, start_ms: u64) -> u64 {
-        start_ms.saturating_add(self.size_ms - 1)
+    /// Which family this is.
+    pub(crate) fn kind(&self) -> WindowKind {
+        self.kind
     }
 
-    /// When the window starting at `start_ms` is cleaned up.
-    fn cleanup_ms(&self, start_ms: u64) -> u64 {
-        self.last_ms(start_ms)
-            .saturating_add(self.allowed_lateness_ms)
+    /// Which time the windows follow.
+    pub(crate) fn domain(&self) -> TimeDomain {
+        self.domain
+    }
+
+    /// The same windows on processing time.
+    pub(crate) fn on_processing_time(mut self) -> Windows {
+        self.domain = TimeDomain::ProcessingTime;
+        self
+    }
+
+    /// The last event time inside the window a record at `start_ms` opens
+    /// (its timer fires there).
+    pub(crate) fn last_ms(&self, start_ms: u64) -> u64 {
+        let length_ms = match self.kind {
+            WindowKind::Fixed { size_ms, .. } => size_ms,
+            WindowKind::Session { gap_ms } => gap_ms,
+        };
+        start_ms.saturating_add(length_ms - 1)
+    }
+
+    /// When a window whose last event time is `last_ms` is cleaned up.
+    pub(crate) fn cleanup_ms(&self, last_ms: u64) -> u64 {
+        last_ms.saturating_add(self.allowed_lateness_ms)
     }
 }
 
@@ -137,6 +196,8 @@ pub struct Windowed<K, R> {
 
 /// Counts the records a window operator dropped as late (across restarts:
 /// a record replayed after a restore is counted again). Cloning shares it.
+/// The same count is the operator's
+/// [`OperatorReport::late_records_dropped`](crate::job::OperatorReport::late_records_dropped).
 #[derive(Debug, Clone, Default)]
 pub struct LateRecords {
     dropped: Arc<AtomicU64>,
@@ -148,248 +209,15 @@ impl LateRecords {
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
     }
-}
 
-/// One key's open windows: (start, accumulator), oldest first.
-#[derive(crate::Snapshot, Clone)]
-#[snapshot(crate = "crate")]
-pub(crate) struct OpenWindows<A> {
-    windows: Vec<(u64, A)>,
-}
-
-impl<A> Default for OpenWindows<A> {
-    fn default() -> Self {
-        OpenWindows {
-            windows: Vec::new(),
-        }
-    }
-}
-
-/// A keyed stream cut into event-time windows; see
-/// [`KeyedStream::window`].
-pub struct WindowedStream<'j, K, T, F: ?Sized> {
-    keyed: KeyedStream<'j, K, T, F>,
-    windows: Windows,
-    timestamp_of: Arc<dyn Fn(&T) -> u64 + Send + Sync>,
-}
-
-impl<'j, K, T, F> KeyedStream<'j, K, T, F>
-where
-    K: Key,
-    T: Data,
-    F: Fn(&T) -> K + Send + Sync + ?Sized + 'static,
-{
-    /// Cuts each key's records into `windows` by the event time
-    /// `timestamp_of` gives (the same as the source's
-    /// [`WatermarkStrategy`](super::WatermarkStrategy)'s: records do not
-    /// carry their timestamps).
-    ///
-    /// ```
-    /// use snapflow::job::{Job, JobConfig};
-    /// use snapflow::sink::CollectHandle;
-    /// use snapflow::source::VecSourceFactory;
-    /// use snapflow::time::{WatermarkStrategy, Windows};
-    ///
-    /// // (user, event time in ms): per user, count events in 60 s windows,
-    /// // tolerating 5 s of disorder.
-    /// let events = vec![(1u32, 1_000u64), (2, 2_000), (1, 59_000), (1, 61_000), (2, 130_000)];
-    /// let job = Job::new("windows", JobConfig::default());
-    /// let counts = CollectHandle::new();
-    /// let (windowed, late) = job
-    ///     .source("events", VecSourceFactory::new(events))
-    ///     .assign_timestamps(WatermarkStrategy::bounded_out_of_orderness(5_000, |e: &(u32, u64)| e.1))
-    ///     .key_by(|e: &(u32, u64)| e.0)
-    ///     .window(Windows::tumbling(60_000)?, |e: &(u32, u64)| e.1)
-    ///     .count("count");
-    /// windowed.sink("out", counts.clone());
-    /// job.run()?;
-    /// let mut counts: Vec<_> = counts.committed().into_iter().map(|w| (w.key, w.end_ms, w.result)).collect();
-    /// counts.sort();
-    /// assert_eq!(counts, [(1, 60_000, 2), (1, 120_000, 1), (2, 60_000, 1), (2, 180_000, 1)]);
-    /// assert_eq!(late.dropped(), 0);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn window(
-        self,
-        windows: Windows,
-        timestamp_of: impl Fn(&T) -> u64 + Send + Sync + 'static,
-    ) -> WindowedStream<'j, K, T, F> {
-        WindowedStream {
-            keyed: self,
-            windows,
-            timestamp_of: Arc::new(timestamp_of),
-        }
-    }
-}
-
-impl<'j, K, T, F> WindowedStream<'j, K, T, F>
-where
-    K: Key + Data,
-    T: Data,
-    F: Fn(&T) -> K + Send + Sync + ?Sized + 'static,
-{
-    /// Aggregates each window incrementally with `aggregator` and emits
-    /// its result when the watermark passes the window's end (and again,
-    /// updated, for each late record within the allowed lateness).
-    /// Records later than that are dropped and counted in the returned
-    /// [`LateRecords`].
-    pub fn aggregate<A>(
-        self,
-        name: &str,
-        aggregator: A,
-    ) -> (Stream<'j, Windowed<K, A::Output>>, LateRecords)
-    where
-        A: Aggregator<T>,
-        A::Accumulator: Serialize + DeserializeOwned,
-    {
-        let late = LateRecords::default();
-        let dropped = Arc::clone(&late.dropped);
-        let (windows, timestamp_of) = (self.windows, self.timestamp_of);
-        let aggregator = Arc::new(aggregator);
-        let adder = Arc::clone(&aggregator);
-        let stream = self.keyed.process_with_timers(
-            name,
-            move |key: &K, open: &mut OpenWindows<A::Accumulator>, record: T, timers, out| {
-                let timestamp_ms = timestamp_of(&record);
-                let added = add(
-                    &windows,
-                    &*adder,
-                    (key, open),
-                    (timestamp_ms, record),
-                    timers,
-                    out,
-                )?;
-                if !added {
-                    dropped.fetch_add(1, Ordering::Relaxed);
-                }
-                Ok(())
-            },
-            move |key: &K, open: &mut OpenWindows<A::Accumulator>, timestamp_ms, _timers, out| {
-                fire(&windows, &*aggregator, (key, open), timestamp_ms, out);
-                Ok(())
-            },
-        );
-        (stream, late)
+    /// Counts one more dropped record.
+    pub(crate) fn count_one(&self) {
+        self.dropped.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Counts each window's records (see [`WindowedStream::aggregate`]).
-    pub fn count(self, name: &str) -> (Stream<'j, Windowed<K, u64>>, LateRecords) {
-        self.aggregate(name, CountRecords)
-    }
-}
-
-/// The aggregator of [`WindowedStream::count`].
-struct CountRecords;
-
-/// The accumulator of [`CountRecords`].
-#[derive(crate::Snapshot, Clone, Default, Serialize, Deserialize)]
-#[snapshot(crate = "crate")]
-struct RecordCount {
-    records: u64,
-}
-
-impl<T> Aggregator<T> for CountRecords {
-    type Accumulator = RecordCount;
-    type Output = u64;
-
-    fn add(&self, accumulator: &mut RecordCount, _value: T) -> Result<(), BoxError> {
-        accumulator.records += 1;
-        Ok(())
-    }
-
-    fn result(&self, accumulator: &RecordCount) -> u64 {
-        accumulator.records
-    }
-}
-
-/// Adds `record` to each of its windows that is not past its lateness;
-/// false when there was none (the record is dropped).
-fn add<K: Data, T, A: Aggregator<T>>(
-    windows: &Windows,
-    aggregator: &A,
-    (key, open): (&K, &mut OpenWindows<A::Accumulator>),
-    (timestamp_ms, record): (u64, T),
-    timers: &mut Timers<'_>,
-    out: &mut Collector<'_, Windowed<K, A::Output>>,
-) -> Result<bool, BoxError>
-where
-    T: Clone,
-{
-    let watermark_ms = timers.current_watermark_ms();
-    let passed = |at_ms: u64| watermark_ms.is_some_and(|watermark| at_ms <= watermark);
-    let mut added = false;
-    for start_ms in windows.starts_of(timestamp_ms) {
-        if passed(windows.cleanup_ms(start_ms)) {
-            continue;
-        }
-        added = true;
-        // Records mostly fall into a key's newest window: look there
-        // before searching.
-        let newest = open.windows.len().checked_sub(1);
-        let found = match newest {
-            Some(last) if open.windows[last].0 == start_ms => Ok(last),
-            _ => open
-                .windows
-                .binary_search_by_key(&start_ms, |(start, _)| *start),
-        };
-        let at = match found {
-            Ok(at) => at,
-            Err(at) => {
-                open.windows
-                    .insert(at, (start_ms, A::Accumulator::default()));
-                // A window first opened within its lateness fires below
-                // (late), not again by a timer.
-                if !passed(windows.last_ms(start_ms)) {
-                    timers.register_event_time_ms(windows.last_ms(start_ms));
-                }
-                timers.register_event_time_ms(windows.cleanup_ms(start_ms));
-                at
-            }
-        };
-        let accumulator = &mut open.windows[at].1;
-        aggregator.add(accumulator, record.clone())?;
-        if passed(windows.last_ms(start_ms)) {
-            // A late firing: the window already fired, within its lateness.
-            out.emit(result(
-                windows,
-                key,
-                start_ms,
-                aggregator.result(accumulator),
-            ));
-        }
-    }
-    Ok(added)
-}
-
-/// Fires the windows whose end the timer at `timestamp_ms` marks, and
-/// drops those whose lateness it ends.
-fn fire<K: Data, T, A: Aggregator<T>>(
-    windows: &Windows,
-    aggregator: &A,
-    (key, open): (&K, &mut OpenWindows<A::Accumulator>),
-    timestamp_ms: u64,
-    out: &mut Collector<'_, Windowed<K, A::Output>>,
-) {
-    for (start_ms, accumulator) in &open.windows {
-        if windows.last_ms(*start_ms) == timestamp_ms {
-            out.emit(result(
-                windows,
-                key,
-                *start_ms,
-                aggregator.result(accumulator),
-            ));
-        }
-    }
-    open.windows
-        .retain(|(start_ms, _)| windows.cleanup_ms(*start_ms) != timestamp_ms);
-}
-
-fn result<K: Clone, R>(windows: &Windows, key: &K, start_ms: u64, result: R) -> Windowed<K, R> {
-    Windowed {
-        key: key.clone(),
-        start_ms,
-        end_ms: start_ms.saturating_add(windows.size_ms),
-        result,
+    /// The shared counter, for the job report.
+    pub(crate) fn counter(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.dropped)
     }
 }
 
@@ -440,10 +268,18 @@ mod tests {
             .expect("valid")
             .allowed_lateness_ms(15);
         assert_eq!(windows.last_ms(60), 119);
-        assert_eq!(windows.cleanup_ms(60), 134);
+        assert_eq!(windows.cleanup_ms(119), 134);
         let edge = Windows::tumbling(60)
             .expect("valid")
             .allowed_lateness_ms(u64::MAX);
-        assert_eq!(edge.cleanup_ms(60), u64::MAX, "saturates");
+        assert_eq!(edge.cleanup_ms(119), u64::MAX, "saturates");
+    }
+
+    #[test]
+    fn a_session_window_starts_at_its_record() {
+        let sessions = Windows::session(30).expect("valid");
+        assert_eq!(starts(sessions, 1_234), [1_234]);
+        assert_eq!(sessions.last_ms(1_234), 1_263);
+        assert_eq!(sessions.last_ms(u64::MAX), u64::MAX, "saturates");
     }
 }

@@ -22,6 +22,12 @@ pub(crate) struct OperatorCounters {
     /// A subtask's connector guarantees only at-least-once (a source that
     /// cannot seek, a sink that cannot roll back).
     pub(crate) at_least_once: AtomicBool,
+    /// Records a window operator dropped as later than its allowed
+    /// lateness (shared with its [`crate::time::LateRecords`]).
+    pub(crate) late_dropped: Arc<AtomicU64>,
+    /// Watermarks that arrived lower than their channel's previous one
+    /// (ignored, DESIGN.md §7).
+    pub(crate) watermark_regressions: AtomicU64,
 }
 
 /// The user-facing logic of one stage instance.
@@ -56,6 +62,17 @@ pub(crate) trait Core<In, Out: Send + 'static>: 'static {
         out: &mut Collector<'_, Out>,
     ) -> Result<(), BoxError> {
         let _ = (watermark_ms, out);
+        Ok(())
+    }
+    /// How often the shell calls [`Core::on_processing_time`]; `None`
+    /// (the default): never, and the operator has no tick at all.
+    fn processing_tick_ms(&self) -> Option<u64> {
+        None
+    }
+    /// Processing time passed: fire what the clock made due. Runs on the
+    /// operator's actor, between batches.
+    fn on_processing_time(&mut self, out: &mut Collector<'_, Out>) -> Result<(), BoxError> {
+        let _ = out;
         Ok(())
     }
 }

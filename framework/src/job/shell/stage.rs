@@ -309,7 +309,9 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
             io.outputs()
                 .broadcast_control(Control::Watermark(watermark_ms));
         }
-        Ok(())
+        // Processing-time timers that came due while the job was down
+        // fire now, before any new input.
+        self.on_processing_time(io)
     }
 }
 
@@ -367,7 +369,14 @@ impl<In: Data, Out: Data> StageLogic for StageShell<In, Out> {
                 self.machine.on_end_of_input(input);
             }
             Control::Watermark(watermark_ms) => {
+                let regressions = self.watermarks.regressions();
                 let advance = self.watermarks.on_watermark(input, watermark_ms);
+                if self.watermarks.regressions() != regressions {
+                    self.env
+                        .counters
+                        .watermark_regressions
+                        .fetch_add(1, Ordering::Relaxed);
+                }
                 return self.on_time(advance, io);
             }
             Control::Idle => {
@@ -377,6 +386,15 @@ impl<In: Data, Out: Data> StageLogic for StageShell<In, Out> {
             other => return Err(format!("{other:?} arrived in-band").into()),
         }
         self.drive(io)
+    }
+
+    fn tick_interval_ms(&self) -> Option<u64> {
+        self.core.processing_tick_ms()
+    }
+
+    fn on_tick(&mut self, io: &mut StageIo<'_, Out, Control>) -> Result<(), BoxError> {
+        let _entered = self.env.enter();
+        self.on_processing_time(io)
     }
 
     fn on_started(&mut self, io: &mut StageIo<'_, Out, Control>) -> Result<(), BoxError> {
@@ -412,6 +430,22 @@ impl<In: Data, Out: Data> StageLogic for StageShell<In, Out> {
 }
 
 impl<In: Data, Out: Data> StageShell<In, Out> {
+    /// Fires the processing-time timers the clock made due. Nothing after
+    /// end of input: the core fired every pending one then.
+    fn on_processing_time(&mut self, io: &mut StageIo<'_, Out, Control>) -> Result<(), BoxError> {
+        if self.inputs_ended || self.core.processing_tick_ms().is_none() {
+            return Ok(());
+        }
+        let mut collector = Collector::new(io.outputs(), &mut self.router);
+        let result = self.core.on_processing_time(&mut collector);
+        let emitted = collector.finish();
+        self.env
+            .counters
+            .records_out
+            .fetch_add(emitted, Ordering::Relaxed);
+        result
+    }
+
     /// The loop head's rule (see [`LoopHead`]): ends the feedback inputs
     /// once the loop has been idle long enough, driving the machine after
     /// each end as the contract says.

@@ -131,6 +131,7 @@ impl Job {
             loop_idle_ms: None,
             rescale: Rescale::Stateless,
             sink: None,
+            late_dropped: None,
         });
         graph.operators.len() - 1
     }
@@ -250,7 +251,10 @@ impl Job {
                 parallelism,
                 first_node,
                 template: operator.template,
-                counters: Arc::new(OperatorCounters::default()),
+                counters: Arc::new(OperatorCounters {
+                    late_dropped: operator.late_dropped.unwrap_or_default(),
+                    ..OperatorCounters::default()
+                }),
                 loop_idle_ms: operator.loop_idle_ms,
                 rescale: operator.rescale,
                 sink,

@@ -3,6 +3,7 @@
 //! builder fills it and `plan` reads it.
 
 use std::any::Any;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use crate::job::physical::{Rescale, Template};
@@ -18,6 +19,9 @@ pub(super) struct OperatorSpec {
     pub(super) rescale: Rescale,
     /// A sink's recovery hooks (checked before any restore).
     pub(super) sink: Option<(SinkCheckFn, SinkRestoreFn)>,
+    /// A window operator's count of dropped late records, shown in the
+    /// job report.
+    pub(super) late_dropped: Option<Arc<AtomicU64>>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]

@@ -18,7 +18,9 @@ use crate::job::ops::{FinalStates, Key, KeyedCore, Reduced};
 use crate::job::physical::Rescale;
 use crate::job::route::{Collector, KeyHash};
 use crate::job::shell::{Core, Data};
-use crate::time::{rescale_timed_states, TimedFn, TimedKeyedCore, Timers};
+use crate::time::{
+    rescale_timed_states, ProcessingTime, TimedFn, TimedFns, TimedKeyedCore, Timers,
+};
 
 /// A stream partitioned by key: every record with the same key goes to the
 /// same subtask of the next operator (by key group).
@@ -185,19 +187,45 @@ where
         S: Snapshot + Default + Clone + Send + 'static,
         U: Data,
     {
+        self.timed(name, Arc::new(on_record), Arc::new(on_timer), None, true)
+    }
+
+    /// The keyed process core with timers; a key's state is removed once
+    /// its last timer fired and `prune` says it holds nothing (the windows
+    /// use it: a key whose windows all closed leaves no state behind).
+    /// Only with `ticks` does the operator check processing time (an
+    /// event-time window never registers processing-time timers).
+    pub(crate) fn timed<S, U>(
+        self,
+        name: &str,
+        on_record: Arc<TimedFn<K, S, T, U>>,
+        on_timer: Arc<TimedFn<K, S, u64, U>>,
+        prune: Option<fn(&S) -> bool>,
+        ticks: bool,
+    ) -> Stream<'j, U>
+    where
+        S: Snapshot + Default + Clone + Send + 'static,
+        U: Data,
+    {
         let key_of = self.key_of;
-        let key_of: Arc<dyn Fn(&T) -> K + Send + Sync> = Arc::new(move |record: &T| key_of(record));
+        let fns = TimedFns {
+            key_of: Arc::new(move |record: &T| key_of(record)),
+            on_record,
+            on_timer,
+            prune,
+        };
         let key_hash: Arc<dyn Any + Send + Sync> = Arc::new(self.key_hash);
-        let on_record: Arc<TimedFn<K, S, T, U>> = Arc::new(on_record);
-        let on_timer: Arc<TimedFn<K, S, u64, U>> = Arc::new(on_timer);
-        let max_parallelism =
-            MaxParallelism::new(self.job.config.max_parallelism).unwrap_or_default();
+        let config = &self.job.config;
+        let max_parallelism = MaxParallelism::new(config.max_parallelism).unwrap_or_default();
+        let time = ProcessingTime {
+            clock: Arc::clone(&config.clock),
+            tick_ms: ticks.then_some(config.processing_time_tick_ms.max(1)),
+        };
         let make_core = Arc::new(move |subtask: usize, parallelism: usize| {
             Box::new(TimedKeyedCore::new(
                 (max_parallelism, parallelism, subtask),
-                Arc::clone(&key_of),
-                Arc::clone(&on_record),
-                Arc::clone(&on_timer),
+                fns.clone(),
+                time.clone(),
             )) as Box<dyn Core<T, U>>
         });
         let producers = hash_producers(&self.producers);

@@ -82,6 +82,25 @@ impl<'j, T: Data> Stream<'j, T> {
         }
     }
 
+    /// The same stream once more: both consumers get every record (the
+    /// producer clones it for fan-out).
+    pub(crate) fn also(&self) -> Stream<'j, T> {
+        Stream {
+            job: self.job,
+            producers: self.producers.clone(),
+            _records: PhantomData,
+        }
+    }
+
+    /// Shows `counter` as the producing operators' dropped late records
+    /// in the job report.
+    pub(crate) fn report_late_drops(&self, counter: Arc<std::sync::atomic::AtomicU64>) {
+        let mut graph = self.job.graph.borrow_mut();
+        for producer in &self.producers {
+            graph.operators[producer.operator].late_dropped = Some(Arc::clone(&counter));
+        }
+    }
+
     pub(super) fn partitioned(mut self, partition: EdgeKind) -> Self {
         for producer in &mut self.producers {
             producer.partition = partition;

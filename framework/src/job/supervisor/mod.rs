@@ -611,6 +611,12 @@ impl Supervisor {
             operator.records_out = counters
                 .records_out
                 .load(std::sync::atomic::Ordering::Relaxed);
+            operator.late_records_dropped = counters
+                .late_dropped
+                .load(std::sync::atomic::Ordering::Relaxed);
+            operator.watermark_regressions = counters
+                .watermark_regressions
+                .load(std::sync::atomic::Ordering::Relaxed);
             if counters
                 .at_least_once
                 .load(std::sync::atomic::Ordering::Relaxed)
