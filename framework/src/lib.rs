@@ -122,7 +122,7 @@
 //!
 //! This crate never spawns a process, and talks to a network only through
 //! the connectors a cargo feature turns on (`postgres`: the PostgreSQL
-//! sink in [`connectors`]).
+//! sink; `kafka`: the Kafka source and sink; both in [`connectors`]).
 
 pub mod connectors;
 pub mod job;

@@ -2,10 +2,14 @@
 //! so that a user who does not enable it builds none of its dependencies.
 //!
 //! This module owns the code that talks to servers outside the process
-//! (today: PostgreSQL, feature `postgres`). It never decides when a
-//! checkpoint happens and never drives actors: a connector implements the
-//! [`Sink`](crate::sink::Sink) (or source) contract and the job calls it.
+//! (today: PostgreSQL, feature `postgres`; Kafka, feature `kafka`). It
+//! never decides when a checkpoint happens and never drives actors: a
+//! connector implements the [`Sink`](crate::sink::Sink) (or source)
+//! contract and the job calls it.
 //! Without any connector feature this module is empty.
 
 #[cfg(feature = "postgres")]
 pub mod postgres;
+
+#[cfg(feature = "kafka")]
+pub mod kafka;

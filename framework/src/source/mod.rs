@@ -76,7 +76,10 @@
 //! Positions are per subtask. Restoring a checkpoint at a different
 //! parallelism is not supported by these sources: a split's position only
 //! makes sense for the same split (a known gap; it gives a typed error when
-//! the position falls outside the new split, not a silent misread).
+//! the position falls outside the new split, not a silent misread). A
+//! source whose splits can move between subtasks (the Kafka source's
+//! partitions) says so with [`SourceFactory::rescales`] and spreads its
+//! positions in [`SourceFactory::rescale_positions`].
 
 mod file;
 mod generator;
@@ -267,6 +270,35 @@ pub trait SourceFactory {
     /// [`SourceError::InvalidSplit`] when `parallelism` is 0 or `subtask` is
     /// not below it; I/O errors from sources that open files.
     fn split(&self, subtask: usize, parallelism: usize) -> Result<Self::Source, SourceError>;
+
+    /// Whether [`SourceFactory::rescale_positions`] can spread this
+    /// source's positions over another parallelism. The default is false:
+    /// a restore at another parallelism is then refused with
+    /// [`JobError::RescaleUnsupported`](crate::job::JobError::RescaleUnsupported).
+    fn rescales(&self) -> bool {
+        false
+    }
+
+    /// The positions of `parallelism` new subtasks made from `positions`,
+    /// the stored positions of every old subtask in subtask order, for a
+    /// restore at another parallelism. Only called when
+    /// [`SourceFactory::rescales`] says true; a source whose splits are
+    /// units it can reassign (Kafka partitions) implements it.
+    ///
+    /// # Errors
+    ///
+    /// A message saying why these positions cannot be spread (for
+    /// example bytes this source did not write); the job then refuses to
+    /// start with
+    /// [`JobError::RescaleUnsupported`](crate::job::JobError::RescaleUnsupported).
+    fn rescale_positions(
+        &self,
+        positions: &[SourcePosition],
+        parallelism: usize,
+    ) -> Result<Vec<SourcePosition>, String> {
+        let _ = (positions, parallelism);
+        Err("this source's positions belong to one split each".to_owned())
+    }
 }
 
 /// The contiguous share of `range` that subtask `subtask` of `parallelism`

@@ -19,7 +19,7 @@ use crate::job::recovery::SinkHooks;
 use crate::job::shell::{Data, OperatorCounters, SourceMaker};
 use crate::job::supervisor::{self, RunningJob};
 use crate::job::{JobConfig, JobError, JobReport, DEFAULT_CHECKPOINT_INTERVAL_MS};
-use crate::source::{Source, SourceFactory};
+use crate::source::{Source, SourceFactory, SourcePosition};
 
 /// A streaming job under construction. Declare sources, operators and
 /// sinks through the streams it returns, then [`Job::run`] it.
@@ -55,6 +55,23 @@ impl Job {
         F::Source: 'static,
         <F::Source as Source>::Item: Data,
     {
+        let factory = Arc::new(factory);
+        let rescale = if factory.rescales() {
+            let factory = Arc::clone(&factory);
+            Rescale::Operator(Arc::new(move |states: &[Vec<u8>], parallelism| {
+                let positions: Vec<SourcePosition> = states
+                    .iter()
+                    .map(|state| SourcePosition::from_bytes(state.clone()))
+                    .collect();
+                let spread = factory.rescale_positions(&positions, parallelism)?;
+                Ok(spread
+                    .into_iter()
+                    .map(|position| position.as_bytes().to_vec())
+                    .collect())
+            }))
+        } else {
+            Rescale::No
+        };
         let make: SourceMaker<<F::Source as Source>::Item> =
             Arc::new(move |subtask, parallelism| {
                 let source = factory.split(subtask, parallelism)?;
@@ -65,7 +82,7 @@ impl Job {
             watermarks: None,
         };
         let operator = self.add_operator(name, true, Box::new(template));
-        self.graph.borrow_mut().operators[operator].rescale = Rescale::No;
+        self.graph.borrow_mut().operators[operator].rescale = rescale;
         Stream {
             job: self,
             producers: vec![Producer {

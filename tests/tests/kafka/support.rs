@@ -1,0 +1,270 @@
+//! What the Kafka tests share: finding the broker (skip outside CI, fail
+//! in CI), unique topic names, creating topics, and plain librdkafka
+//! clients to write input and to read everything the sink wrote.
+//!
+//! The helpers talk to the broker directly with rdkafka, never through
+//! snapflow, so a test checks the connector against what a third-party
+//! reader sees.
+
+#![allow(dead_code)] // Each test binary uses a different subset.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{Offset, TopicPartitionList};
+
+/// The variable that names the broker (`host:port`).
+pub const BROKER_VAR: &str = "SNAPFLOW_KAFKA_BROKERS";
+
+/// How long a helper waits for the broker before the test fails.
+pub const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The broker address in [`BROKER_VAR`], or `None` (with a message) when
+/// it is not set outside CI. In CI (`CI=true`) a missing broker fails the
+/// test: CI must run every one of them.
+pub fn broker() -> Option<String> {
+    if let Ok(brokers) = std::env::var(BROKER_VAR) {
+        if !brokers.is_empty() {
+            return Some(brokers);
+        }
+    }
+    let ci = std::env::var("CI").is_ok_and(|value| value == "true");
+    assert!(
+        !ci,
+        "{BROKER_VAR} is not set, and CI must not skip the Kafka tests: .ci/run starts the broker"
+    );
+    eprintln!(
+        "skipped: {BROKER_VAR} is not set; start a broker with `eval \"$(.ci/kafka.sh start)\"` \
+         (stop it with `.ci/kafka.sh stop`)"
+    );
+    None
+}
+
+/// A name no other test or run uses: the broker outlives a test run when
+/// a developer keeps it.
+pub fn unique(what: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.subsec_nanos());
+    let count = NEXT.fetch_add(1, Ordering::SeqCst);
+    format!("{what}-{}-{nanos}-{count}", std::process::id())
+}
+
+/// Creates `topic` with `partitions` partitions and waits until its
+/// metadata shows all of them.
+pub fn create_topic(brokers: &str, topic: &str, partitions: i32) {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .expect("an admin client");
+    let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+    let results =
+        block_on(admin.create_topics(&[new], &AdminOptions::new())).expect("create_topics answers");
+    for result in results {
+        result.expect("the topic is created");
+    }
+    let consumer = consumer(brokers, "read_uncommitted");
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let metadata = consumer
+            .fetch_metadata(Some(topic), Duration::from_secs(5))
+            .expect("metadata");
+        let found = metadata
+            .topics()
+            .iter()
+            .find(|t| t.name() == topic)
+            .map_or(0, |t| t.partitions().len());
+        if found == partitions as usize {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "topic {topic} never showed {partitions} partitions"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Runs a future of the admin API to completion on this thread: the
+/// admin client needs no runtime, only a poll loop, which rdkafka drives
+/// on its own thread.
+pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    use std::task::{Context, Poll, Wake, Waker};
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(std::sync::Arc::new(Unpark(std::thread::current())));
+    let mut context = Context::from_waker(&waker);
+    let mut future = Box::pin(future);
+    loop {
+        if let Poll::Ready(output) = future.as_mut().poll(&mut context) {
+            return output;
+        }
+        std::thread::park_timeout(Duration::from_millis(100));
+    }
+}
+
+/// A plain (non-transactional, idempotent) producer.
+pub fn producer(brokers: &str) -> BaseProducer {
+    ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("enable.idempotence", "true")
+        .create()
+        .expect("a producer")
+}
+
+/// Writes `(partition, key, value)` records and waits until the broker
+/// acknowledged every one. The last record of each partition goes in a
+/// batch of its own, after the others are acknowledged: tansu 0.6
+/// answers a partition's latest offset with the last batch's first
+/// offset plus one (see `kafka_probe.rs`), which is then the true end,
+/// and the bounded source stops there.
+pub fn produce(brokers: &str, topic: &str, records: &[(i32, Vec<u8>, Vec<u8>)]) {
+    let producer = producer(brokers);
+    let mut last = std::collections::BTreeMap::new();
+    for (index, (partition, _, _)) in records.iter().enumerate() {
+        last.insert(*partition, index);
+    }
+    let (tails, heads): (Vec<_>, Vec<_>) = records
+        .iter()
+        .enumerate()
+        .partition(|(index, (partition, _, _))| last.get(partition) == Some(index));
+    let heads: Vec<_> = heads
+        .into_iter()
+        .map(|(_, record)| record.clone())
+        .collect();
+    let tails: Vec<_> = tails
+        .into_iter()
+        .map(|(_, record)| record.clone())
+        .collect();
+    send_all(&producer, topic, &heads);
+    send_all(&producer, topic, &tails);
+}
+
+/// [`produce`] with the producer's usual batching throughout.
+pub fn produce_batched(brokers: &str, topic: &str, records: &[(i32, Vec<u8>, Vec<u8>)]) {
+    send_all(&producer(brokers), topic, records);
+}
+
+fn send_all(producer: &BaseProducer, topic: &str, records: &[(i32, Vec<u8>, Vec<u8>)]) {
+    for (partition, key, value) in records {
+        let mut record = BaseRecord::to(topic)
+            .partition(*partition)
+            .key(key)
+            .payload(value);
+        loop {
+            match producer.send(record) {
+                Ok(()) => break,
+                Err((error, back)) => {
+                    // The local queue is full: serve delivery reports.
+                    assert!(
+                        matches!(
+                            error.rdkafka_error_code(),
+                            Some(rdkafka::types::RDKafkaErrorCode::QueueFull)
+                        ),
+                        "produce failed: {error}"
+                    );
+                    record = back;
+                    producer.poll(Duration::from_millis(10));
+                }
+            }
+        }
+    }
+    producer
+        .flush(TIMEOUT)
+        .expect("every record is acknowledged");
+}
+
+/// A consumer without a group (partitions are assigned by hand) at the
+/// given isolation level.
+pub fn consumer(brokers: &str, isolation: &str) -> BaseConsumer {
+    ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", unique("snapflow-test-reader"))
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", isolation)
+        // The broker answers a fetch with nothing new only after this
+        // long; the readers here stop on quiet, so it bounds their wait.
+        .set("fetch.wait.max.ms", "100")
+        .create()
+        .expect("a consumer")
+}
+
+/// One record as a reader sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Read {
+    /// The partition it was read from.
+    pub partition: i32,
+    /// Its offset.
+    pub offset: i64,
+    /// Its key.
+    pub key: Vec<u8>,
+    /// Its value.
+    pub value: Vec<u8>,
+    /// Its headers, as (name, value).
+    pub headers: Vec<(String, Vec<u8>)>,
+}
+
+/// Every record of `topic` from its start, read at `isolation`: the
+/// reader stops once nothing arrived for 0.7 s after a record (5 s before
+/// the first), because tansu 0.6's
+/// latest offsets are not record counts (see `kafka_probe.rs`).
+pub fn read_all(brokers: &str, topic: &str, isolation: &str) -> Vec<Read> {
+    let consumer = consumer(brokers, isolation);
+    let metadata = consumer
+        .fetch_metadata(Some(topic), TIMEOUT)
+        .expect("metadata");
+    let mut assignment = TopicPartitionList::new();
+    for partition in metadata
+        .topics()
+        .iter()
+        .filter(|t| t.name() == topic)
+        .flat_map(|t| t.partitions())
+    {
+        assignment
+            .add_partition_offset(topic, partition.id(), Offset::Beginning)
+            .expect("an assignment");
+    }
+    consumer.assign(&assignment).expect("assign");
+    let mut out = Vec::new();
+    let deadline = Instant::now() + TIMEOUT;
+    let mut last_progress = Instant::now();
+    // Under load tansu takes a while to answer the first fetch: the
+    // reader waits longer for the first record than between records.
+    let mut quiet = Duration::from_secs(5);
+    while Instant::now() < deadline && last_progress.elapsed() < quiet {
+        let Some(message) = consumer.poll(Duration::from_millis(50)) else {
+            continue;
+        };
+        let message = message.expect("a record");
+        last_progress = Instant::now();
+        quiet = Duration::from_millis(700);
+        let headers = message
+            .headers()
+            .map(|headers| {
+                headers
+                    .iter()
+                    .map(|h| (h.key.to_owned(), h.value.unwrap_or_default().to_vec()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.push(Read {
+            partition: message.partition(),
+            offset: message.offset(),
+            key: message.key().unwrap_or_default().to_vec(),
+            value: message.payload().unwrap_or_default().to_vec(),
+            headers,
+        });
+    }
+    out
+}
