@@ -161,16 +161,20 @@ where
         )
     }
 
-    /// A keyed process function with event-time timers: `on_record` runs
-    /// for each record as in [`KeyedStream::process`], with the key's
-    /// [`Timers`]; `on_timer(key, state, timestamp_ms, timers, out)` runs
-    /// once the operator's watermark reaches a registered time, in
+    /// A keyed process function with timers: `on_record` runs for each
+    /// record as in [`KeyedStream::process`], with the key's [`Timers`];
+    /// `on_timer(key, state, timestamp_ms, timers, out)` runs once the
+    /// operator's watermark reaches a registered event time, in
     /// timestamp order, before the watermark is sent on (so its output
-    /// comes first). Never concurrently with `on_record` on a subtask.
+    /// comes first), or once the job's
+    /// [`JobConfig::clock`](crate::job::JobConfig::clock) reaches a
+    /// registered processing time ([`Timers::firing`] says which). Never
+    /// concurrently with `on_record` on a subtask: both run on its actor.
     /// Timers are per-key state, stored by key group, so they are
-    /// restored exactly-once and rescale with their keys. The stream must
-    /// have event time ([`Stream::assign_timestamps`]), or timers fire
-    /// only at end of input.
+    /// restored exactly-once and rescale with their keys. Event-time
+    /// timers need event time ([`Stream::assign_timestamps`]), or they
+    /// fire only at end of input. The operator checks its clock every
+    /// [`JobConfig::processing_time_tick_ms`](crate::job::JobConfig::processing_time_tick_ms).
     pub fn process_with_timers<S, U>(
         self,
         name: &str,
