@@ -19,6 +19,7 @@
 
 pub mod concurrent;
 pub mod coordinator;
+pub mod global;
 pub mod graph;
 pub mod node;
 pub mod oracle;
@@ -35,10 +36,8 @@ pub use coordinator::{
     AbortReason, AckOutcome, CheckpointKind, CompletedCheckpoint, Coordinator, CoordinatorAction,
     CoordinatorConfig, CoordinatorConfigError,
 };
-pub use graph::{
-    AssembleError, GlobalSnapshot, GraphBuilder, GraphError, LogicalGraph, SnapshotMode,
-    SnapshotPlan,
-};
+pub use global::{AssembleError, GlobalSnapshot};
+pub use graph::{GraphBuilder, GraphError, LogicalGraph, SnapshotMode, SnapshotPlan};
 pub use node::{
     ChannelState, DeclineReason, Delivery, NodeAction, NodeConfig, NodeConfigError, NodeMachine,
     NodePart, SnapshotToken,
