@@ -32,8 +32,9 @@ use snapflow::keyed::BuildStableHasher;
 use snapflow::protocol::SnapshotMode;
 
 use support::{
-    bench_main, cross_core_round_trip_ns, expected_count, median, parse_mode, parse_number,
-    peak_rss_kb, quantile, reset_peak_rss, sequence, ArbiterPinner, Count, DiscardSink,
+    bench_main, cross_core_round_trip_ns, describe, expected_count, median, mega_per_second,
+    parse_mode, parse_number, peak_rss_kb, periodic_figures, print_optional, quantile,
+    reset_peak_rss, sequence, summary, ArbiterPinner, Count, DiscardSink,
 };
 
 /// Round trips of the probe taken right before and after each job run
@@ -311,43 +312,6 @@ fn hand_written_loop(records: u64, keys: u64) -> (Duration, HashMap<u64, u64, Bu
     (started.elapsed(), counts)
 }
 
-fn mega_per_second(records: u64, elapsed: Duration) -> f64 {
-    records as f64 / elapsed.as_secs_f64() / 1e6
-}
-
-fn summary(label: &str, values: &[f64], unit: &str) -> String {
-    let mut sorted = values.to_vec();
-    let middle = median(&mut sorted);
-    format!(
-        "{label}: median {middle:.2} {unit} (min {:.2}, max {:.2}, {} runs)",
-        sorted[0],
-        sorted[sorted.len() - 1],
-        sorted.len()
-    )
-}
-
-fn print_optional(label: &str, value: Option<u64>, unit: &str) {
-    match value {
-        Some(value) => println!("  {label}: {value} {unit}"),
-        None => println!("  {label}: none (no periodic checkpoint)"),
-    }
-}
-
-/// One figure of every periodic checkpoint of every run, sorted: all
-/// checkpoints but the last of each run, which is the final checkpoint
-/// triggered after every input ended (no barriers, nothing to align).
-fn periodic_figures(runs: &[JobRun], figure: fn(&CheckpointReport) -> u64) -> Vec<u64> {
-    let mut figures: Vec<u64> = runs
-        .iter()
-        .flat_map(|run| {
-            let periodic = run.report.checkpoints.len().saturating_sub(1);
-            run.report.checkpoints[..periodic].iter().map(figure)
-        })
-        .collect();
-    figures.sort_unstable();
-    figures
-}
-
 /// The records/s of the runs judged to have run in `placement`.
 fn rates_in_placement(options: &Options, runs: &[JobRun], placement: &str) -> Vec<f64> {
     runs.iter()
@@ -418,7 +382,9 @@ fn print_job_runs(title: &str, options: &Options, runs: &[JobRun]) -> f64 {
             ""
         )
     );
-    let periodic = |figure: fn(&CheckpointReport) -> u64| periodic_figures(runs, figure);
+    let periodic = |figure: fn(&CheckpointReport) -> u64| {
+        periodic_figures(runs.iter().map(|run| &run.report), figure)
+    };
     let durations = periodic(|c| c.duration_ms);
     print_optional("checkpoint duration p50", quantile(&durations, 0.5), "ms");
     print_optional("checkpoint duration p99", quantile(&durations, 0.99), "ms");
@@ -491,13 +457,6 @@ fn run_loop(options: &Options) -> Result<f64, String> {
     println!("hand-written loop (1 thread, same stable hasher)");
     println!("  {}", summary("records/s", &rates, "M"));
     Ok(median(&mut rates))
-}
-
-fn describe(interval_ms: Option<u64>) -> String {
-    match interval_ms {
-        Some(ms) => format!("checkpoint every {ms} ms"),
-        None => "periodic checkpoints off".to_string(),
-    }
 }
 
 fn run(options: &Options) -> Result<(), String> {

@@ -37,13 +37,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use snapflow::job::{CheckpointReport, Job, JobConfig, JobReport};
+use snapflow::job::{Job, JobConfig, JobReport};
 use snapflow::keyed::BuildStableHasher;
 use snapflow::source::GeneratorSourceFactory;
 use snapflow::time::{WatermarkStrategy, Windowed, Windows};
 
 use support::{
-    bench_main, median, parse_number, peak_rss_kb, quantile, reset_peak_rss, DiscardSink,
+    bench_main, describe, median, mega_per_second, parse_number, peak_rss_kb, periodic_figures,
+    print_optional, quantile, reset_peak_rss, summary, DiscardSink,
 };
 
 /// Records per millisecond of event time.
@@ -317,42 +318,6 @@ fn hand_written_loop(records: u64, keys: u64) -> (Duration, u64, u64) {
     (started.elapsed(), results, counted)
 }
 
-fn mega_per_second(records: u64, elapsed: Duration) -> f64 {
-    records as f64 / elapsed.as_secs_f64() / 1e6
-}
-
-fn summary(label: &str, values: &[f64], unit: &str) -> String {
-    let mut sorted = values.to_vec();
-    let middle = median(&mut sorted);
-    format!(
-        "{label}: median {middle:.2} {unit} (min {:.2}, max {:.2}, {} runs)",
-        sorted[0],
-        sorted[sorted.len() - 1],
-        sorted.len()
-    )
-}
-
-fn print_optional(label: &str, value: Option<u64>, unit: &str) {
-    match value {
-        Some(value) => println!("  {label}: {value} {unit}"),
-        None => println!("  {label}: none (no periodic checkpoint)"),
-    }
-}
-
-/// One figure of every periodic checkpoint of every run (all but the
-/// last of each run, the final checkpoint after every input ended).
-fn periodic_figures(runs: &[JobRun], figure: fn(&CheckpointReport) -> u64) -> Vec<u64> {
-    let mut figures: Vec<u64> = runs
-        .iter()
-        .flat_map(|run| {
-            let periodic = run.report.checkpoints.len().saturating_sub(1);
-            run.report.checkpoints[..periodic].iter().map(figure)
-        })
-        .collect();
-    figures.sort_unstable();
-    figures
-}
-
 /// Prints the job's figures; returns its median records/s in millions.
 fn print_job_runs(options: &Options, runs: &[JobRun]) -> f64 {
     let mut rates: Vec<f64> = runs
@@ -367,10 +332,10 @@ fn print_job_runs(options: &Options, runs: &[JobRun]) -> f64 {
         .collect();
     let label = "checkpoints completed (incl. the final one)";
     println!("  {}", summary(label, &completed, ""));
-    let durations = periodic_figures(runs, |c| c.duration_ms);
+    let durations = periodic_figures(runs.iter().map(|run| &run.report), |c| c.duration_ms);
     print_optional("checkpoint duration p50", quantile(&durations, 0.5), "ms");
     print_optional("checkpoint duration p99", quantile(&durations, 0.99), "ms");
-    let sizes = periodic_figures(runs, |c| c.size_bytes);
+    let sizes = periodic_figures(runs.iter().map(|run| &run.report), |c| c.size_bytes);
     print_optional("bytes per checkpoint p50", quantile(&sizes, 0.5), "B");
     print_optional("bytes per checkpoint max", sizes.last().copied(), "B");
     let failed: usize = runs.iter().map(|r| r.report.failed_checkpoints.len()).sum();
@@ -402,13 +367,6 @@ fn run_loop(options: &Options) -> Result<f64, String> {
     println!("hand-written loop (1 thread, same stable hasher)");
     println!("  {}", summary("records/s", &rates, "M"));
     Ok(median(&mut rates))
-}
-
-fn describe(interval_ms: Option<u64>) -> String {
-    match interval_ms {
-        Some(ms) => format!("checkpoint every {ms} ms"),
-        None => "periodic checkpoints off".to_string(),
-    }
 }
 
 fn run(options: &Options) -> Result<(), String> {

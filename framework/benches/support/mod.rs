@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use snapflow::job::{CheckpointReport, JobReport};
 use snapflow::protocol::SnapshotMode;
 use snapflow::sink::{Sink, SinkError, SinkFactory, SinkState};
 use snapflow::source::GeneratorSourceFactory;
@@ -407,4 +408,56 @@ pub fn cross_core_round_trip_ns(round_trips: u64) -> f64 {
         .join()
         .expect("the round-trip helper thread panicked");
     median(&mut chunk_ns)
+}
+
+/// Records per second in millions.
+pub fn mega_per_second(records: u64, elapsed: Duration) -> f64 {
+    records as f64 / elapsed.as_secs_f64() / 1e6
+}
+
+/// `label: median … (min …, max …, n runs)` over `values` (at least one).
+pub fn summary(label: &str, values: &[f64], unit: &str) -> String {
+    let mut sorted = values.to_vec();
+    let middle = median(&mut sorted);
+    format!(
+        "{label}: median {middle:.2} {unit} (min {:.2}, max {:.2}, {} runs)",
+        sorted[0],
+        sorted[sorted.len() - 1],
+        sorted.len()
+    )
+}
+
+/// Prints a figure, or that there was no periodic checkpoint to take it
+/// from.
+pub fn print_optional(label: &str, value: Option<u64>, unit: &str) {
+    match value {
+        Some(value) => println!("  {label}: {value} {unit}"),
+        None => println!("  {label}: none (no periodic checkpoint)"),
+    }
+}
+
+/// One figure of every periodic checkpoint of every run's report, sorted:
+/// all checkpoints but the last of each run, which is the final checkpoint
+/// triggered after every input ended (no barriers, nothing to align).
+pub fn periodic_figures<'a>(
+    reports: impl IntoIterator<Item = &'a JobReport>,
+    figure: fn(&CheckpointReport) -> u64,
+) -> Vec<u64> {
+    let mut figures: Vec<u64> = reports
+        .into_iter()
+        .flat_map(|report| {
+            let periodic = report.checkpoints.len().saturating_sub(1);
+            report.checkpoints[..periodic].iter().map(figure)
+        })
+        .collect();
+    figures.sort_unstable();
+    figures
+}
+
+/// The checkpoint setting in words.
+pub fn describe(interval_ms: Option<u64>) -> String {
+    match interval_ms {
+        Some(ms) => format!("checkpoint every {ms} ms"),
+        None => "periodic checkpoints off".to_string(),
+    }
 }
