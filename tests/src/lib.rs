@@ -9,6 +9,7 @@
 pub mod crash;
 pub mod damage;
 pub mod postgres;
+pub mod servers;
 pub mod slow_commit;
 
 /// The configuration of the event-time tests: checkpoints every 5 ms into

@@ -8,8 +8,7 @@
 
 #![allow(dead_code)] // Each test binary uses a different subset.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -18,6 +17,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
+use snapflow_tests::servers::{server_from_env, unique_name};
 
 /// The variable that names the broker (`host:port`).
 pub const BROKER_VAR: &str = "SNAPFLOW_KAFKA_BROKERS";
@@ -25,36 +25,15 @@ pub const BROKER_VAR: &str = "SNAPFLOW_KAFKA_BROKERS";
 /// How long a helper waits for the broker before the test fails.
 pub const TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The broker address in [`BROKER_VAR`], or `None` (with a message) when
-/// it is not set outside CI. In CI (`CI=true`) a missing broker fails the
-/// test: CI must run every one of them.
+/// The broker address in [`BROKER_VAR`]; see
+/// [`snapflow_tests::servers::server_from_env`].
 pub fn broker() -> Option<String> {
-    if let Ok(brokers) = std::env::var(BROKER_VAR) {
-        if !brokers.is_empty() {
-            return Some(brokers);
-        }
-    }
-    let ci = std::env::var("CI").is_ok_and(|value| value == "true");
-    assert!(
-        !ci,
-        "{BROKER_VAR} is not set, and CI must not skip the Kafka tests: .ci/run starts the broker"
-    );
-    eprintln!(
-        "skipped: {BROKER_VAR} is not set; start a broker with `eval \"$(.ci/kafka.sh start)\"` \
-         (stop it with `.ci/kafka.sh stop`)"
-    );
-    None
+    server_from_env(BROKER_VAR, "Kafka", ".ci/kafka.sh")
 }
 
-/// A name no other test or run uses: the broker outlives a test run when
-/// a developer keeps it.
+/// A topic or job name no other test or run uses.
 pub fn unique(what: &str) -> String {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |elapsed| elapsed.subsec_nanos());
-    let count = NEXT.fetch_add(1, Ordering::SeqCst);
-    format!("{what}-{}-{nanos}-{count}", std::process::id())
+    unique_name(what, '-')
 }
 
 /// Creates `topic` with `partitions` partitions and waits until its

@@ -4,12 +4,12 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use postgres::{Client, NoTls};
 use snapflow::connectors::postgres::{Mode, PostgresSinkFactory};
 use snapflow::sink::{Sink, SinkError, SinkFactory, SinkState, Visibility};
 pub use snapflow_tests::postgres::KeyCount;
+use snapflow_tests::servers::{server_from_env, unique_name};
 
 /// The variable that names the main server (prepared transactions on).
 pub const URL_VAR: &str = "SNAPFLOW_POSTGRES_URL";
@@ -18,36 +18,15 @@ pub const SPARE_VAR: &str = "SNAPFLOW_POSTGRES_SPARE_URL";
 /// The variable that names the server with prepared transactions off.
 pub const NO_PREPARED_VAR: &str = "SNAPFLOW_POSTGRES_NO_PREPARED_URL";
 
-/// The connection string in `var`, or `None` (with a message) when it is
-/// not set outside CI. In CI (`CI=true`) a missing server fails the test:
-/// CI must run every one of them.
+/// The connection string in `var`; see
+/// [`snapflow_tests::servers::server_from_env`].
 pub fn server(var: &str) -> Option<String> {
-    if let Ok(url) = std::env::var(var) {
-        if !url.is_empty() {
-            return Some(url);
-        }
-    }
-    let ci = std::env::var("CI").is_ok_and(|value| value == "true");
-    assert!(
-        !ci,
-        "{var} is not set, and CI must not skip the PostgreSQL tests: .ci/run starts the server"
-    );
-    eprintln!(
-        "skipped: {var} is not set; start a server with `eval \"$(.ci/postgres.sh start)\"` \
-         (stop it with `.ci/postgres.sh stop`)"
-    );
-    None
+    server_from_env(var, "PostgreSQL", ".ci/postgres.sh")
 }
 
-/// A name no other test or run uses: tables and jobs of one database
-/// outlive a test run when a developer keeps the server.
+/// A table or job name no other test or run uses.
 pub fn unique(what: &str) -> String {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |elapsed| elapsed.subsec_nanos());
-    let count = NEXT.fetch_add(1, Ordering::SeqCst);
-    format!("{what}_{}_{nanos}_{count}", std::process::id())
+    unique_name(what, '_')
 }
 
 /// A plain client for the test thread (no runtime runs there).
