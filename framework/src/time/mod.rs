@@ -33,13 +33,16 @@ mod windowed;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use strategy::{
-    BoundedOutOfOrderness, Punctuated, TimestampFn, WatermarkGenerator, WatermarkStrategy,
+    BoundedOutOfOrderness, Monotonous, Punctuated, TimestampFn, WatermarkGenerator,
+    WatermarkStrategy,
 };
 pub use timers::{TimeDomain, Timers};
 pub use ttl::{StateTtl, TtlError};
 pub use watermark::{Advance, InputWatermarks, WATERMARK_MAX_MS};
 pub use window::{LateRecords, WindowError, Windowed, Windows};
-pub use windowed::{DropLate, LatePolicy, SideOutputLate, WindowOutput, WindowedStream};
+pub use windowed::{
+    DropLate, LatePolicy, NoEventTime, SideOutputLate, WindowOutput, WindowedStream,
+};
 
 pub(crate) use source::{SourceSignal, SourceWatermarks};
 pub(crate) use timers::{rescale_timed_states, ProcessingTime, TimedFn, TimedFns, TimedKeyedCore};

@@ -128,10 +128,9 @@ impl<T: 'static> SourceWatermarks<T> {
     fn read(&mut self, index: usize, records: &[T]) {
         let state = &mut self.splits[index];
         state.idle = false;
-        for record in records {
-            let timestamp_ms = self.strategy.timestamp_of(record);
-            state.generator.on_event(record, timestamp_ms);
-        }
+        state
+            .generator
+            .on_events(records, self.strategy.timestamp_fn());
     }
 
     /// The split just read (if any) was active now; every other split has

@@ -23,6 +23,17 @@ pub trait WatermarkGenerator<T>: Send {
     /// A record with event time `timestamp_ms` was read.
     fn on_event(&mut self, record: &T, timestamp_ms: u64);
 
+    /// The split read `records`, in order, whose event times
+    /// `timestamp_of` gives. The source calls this once per batch; the
+    /// default feeds each record to [`WatermarkGenerator::on_event`]. A
+    /// generator that needs fewer timestamps overrides it (as
+    /// [`Monotonous`] does: only the batch's last record).
+    fn on_events(&mut self, records: &[T], timestamp_of: &dyn Fn(&T) -> u64) {
+        for record in records {
+            self.on_event(record, timestamp_of(record));
+        }
+    }
+
     /// The watermark now, or `None` while there is none yet. A value
     /// lower than one returned before is ignored (watermarks only rise).
     fn current_watermark_ms(&self) -> Option<u64>;
@@ -53,10 +64,60 @@ impl<T> WatermarkGenerator<T> for BoundedOutOfOrderness {
         *max = (*max).max(timestamp_ms);
     }
 
+    fn on_events(&mut self, records: &[T], timestamp_of: &dyn Fn(&T) -> u64) {
+        // One pass for the batch's maximum, with no call per record into
+        // the generator.
+        let batch_max = records.iter().map(timestamp_of).max();
+        if let Some(batch_max) = batch_max {
+            let max = self.max_timestamp_ms.get_or_insert(batch_max);
+            *max = (*max).max(batch_max);
+        }
+    }
+
     fn current_watermark_ms(&self) -> Option<u64> {
         self.max_timestamp_ms?
             .checked_sub(self.bound_ms)?
             .checked_sub(1)
+    }
+}
+
+/// Timestamps that never decrease within a split: the watermark is
+/// `newest_ts - 1`. Per batch it reads only the last record's timestamp,
+/// so a source pays for one timestamp call per batch, not per record. If
+/// the promise is broken, the watermark follows the last record of each
+/// batch (or the highest one seen, whichever is higher): it never runs
+/// ahead of the records read, and records older than it are late
+/// downstream, as with any watermark.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Monotonous {
+    newest_timestamp_ms: Option<u64>,
+}
+
+impl Monotonous {
+    /// No record seen yet.
+    pub fn new() -> Self {
+        Monotonous::default()
+    }
+
+    fn saw(&mut self, timestamp_ms: u64) {
+        let newest = self.newest_timestamp_ms.get_or_insert(timestamp_ms);
+        *newest = (*newest).max(timestamp_ms);
+    }
+}
+
+impl<T> WatermarkGenerator<T> for Monotonous {
+    fn on_event(&mut self, _record: &T, timestamp_ms: u64) {
+        self.saw(timestamp_ms);
+    }
+
+    fn on_events(&mut self, records: &[T], timestamp_of: &dyn Fn(&T) -> u64) {
+        if let Some(last) = records.last() {
+            self.saw(timestamp_of(last));
+        }
+    }
+
+    fn current_watermark_ms(&self) -> Option<u64> {
+        self.newest_timestamp_ms?.checked_sub(1)
     }
 }
 
@@ -144,9 +205,10 @@ impl<T: 'static> WatermarkStrategy<T> {
     }
 
     /// Timestamps that never decrease within a split: the watermark is
-    /// `max_ts - 1`.
+    /// `newest_ts - 1` (see [`Monotonous`], which reads one timestamp per
+    /// batch).
     pub fn monotonous(timestamp_of: impl Fn(&T) -> u64 + Send + Sync + 'static) -> Self {
-        Self::bounded_out_of_orderness(0, timestamp_of)
+        Self::custom(timestamp_of, Monotonous::new)
     }
 
     /// Watermarks carried by marker records (see [`Punctuated`]).
@@ -213,5 +275,58 @@ impl<T: 'static> WatermarkStrategy<T> {
     /// The event time of `record`.
     pub fn timestamp_of(&self, record: &T) -> u64 {
         (self.timestamp_of)(record)
+    }
+
+    /// The event-time function itself, for a whole batch.
+    pub(super) fn timestamp_fn(&self) -> &(dyn Fn(&T) -> u64 + Send + Sync) {
+        &*self.timestamp_of
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn watermark_after<G: WatermarkGenerator<u64>>(
+        mut generator: G,
+        batches: &[&[u64]],
+    ) -> Option<u64> {
+        for batch in batches {
+            generator.on_events(batch, &|record: &u64| *record);
+        }
+        generator.current_watermark_ms()
+    }
+
+    #[test]
+    fn a_batch_gives_the_watermark_its_records_give_one_by_one() {
+        let batches: &[&[u64]] = &[&[5, 9, 7], &[], &[12, 3]];
+        let mut one_by_one = BoundedOutOfOrderness::new(2);
+        for record in batches.iter().flat_map(|batch| batch.iter()) {
+            one_by_one.on_event(record, *record);
+        }
+        let batched = watermark_after(BoundedOutOfOrderness::new(2), batches);
+        assert_eq!(batched, Some(9));
+        assert_eq!(
+            batched,
+            WatermarkGenerator::<u64>::current_watermark_ms(&one_by_one)
+        );
+    }
+
+    #[test]
+    fn monotonous_reads_the_last_record_of_a_batch_and_never_goes_back() {
+        assert_eq!(watermark_after(Monotonous::new(), &[]), None);
+        assert_eq!(
+            watermark_after(Monotonous::new(), &[&[0]]),
+            None,
+            "no underflow"
+        );
+        assert_eq!(watermark_after(Monotonous::new(), &[&[1, 2, 10]]), Some(9));
+        // A broken promise: the last record is older than one before it;
+        // the watermark neither runs ahead of the records nor goes back.
+        assert_eq!(
+            watermark_after(Monotonous::new(), &[&[10], &[20, 15]]),
+            Some(14)
+        );
+        assert_eq!(watermark_after(Monotonous::new(), &[&[10], &[4]]), Some(9));
     }
 }

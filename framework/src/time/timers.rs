@@ -234,23 +234,50 @@ pub(crate) type TimedFn<K, S, I, Out> = dyn Fn(&K, &mut S, I, &mut Timers<'_>, &
     + Send
     + Sync;
 
-/// The functions of a timed keyed operator, erased.
-pub(crate) struct TimedFns<K, S, In, Out: Send + 'static> {
-    pub(crate) key_of: Arc<dyn Fn(&In) -> K + Send + Sync>,
-    pub(crate) on_record: Arc<TimedFn<K, S, In, Out>>,
+/// Gives `function` back: it only pins a closure's signature to a timed
+/// per-record or per-timer call, so that the closure keeps its concrete
+/// type (no `dyn`) and its parameters still get their higher-ranked
+/// lifetimes.
+pub(crate) fn timed_fn<K, S, I, Out, F>(function: F) -> F
+where
+    F: Fn(&K, &mut S, I, &mut Timers<'_>, &mut Collector<'_, Out>) -> Result<(), BoxError>,
+{
+    function
+}
+
+/// The functions of a timed keyed operator. `KF` (the key function) and
+/// `R` (the per-record call) are concrete closure types on the job
+/// builder's path, so that a batch runs as one loop without an indirect
+/// call per record (as [`KeyedCore`](crate::job::KeyedCore) does), or
+/// `dyn` (the defaults) where they are erased. The per-timer call stays
+/// erased: it runs once per window or timer, not per record.
+pub(crate) struct TimedFns<
+    K,
+    S,
+    In,
+    Out: Send + 'static,
+    KF: ?Sized = dyn Fn(&In) -> K + Send + Sync,
+    R: ?Sized = TimedFn<K, S, In, Out>,
+> {
+    pub(crate) key_of: Arc<KF>,
+    pub(crate) on_record: Arc<R>,
     pub(crate) on_timer: Arc<TimedFn<K, S, u64, Out>>,
     /// Says when a key's state can go once its last timer fired (a key
     /// whose windows all closed); `None`: keys stay.
     pub(crate) prune: Option<fn(&S) -> bool>,
+    pub(crate) _records: PhantomData<fn(&In)>,
 }
 
-impl<K, S, In, Out: Send + 'static> Clone for TimedFns<K, S, In, Out> {
+impl<K, S, In, Out: Send + 'static, KF: ?Sized, R: ?Sized> Clone
+    for TimedFns<K, S, In, Out, KF, R>
+{
     fn clone(&self) -> Self {
         TimedFns {
             key_of: Arc::clone(&self.key_of),
             on_record: Arc::clone(&self.on_record),
             on_timer: Arc::clone(&self.on_timer),
             prune: self.prune,
+            _records: PhantomData,
         }
     }
 }
@@ -272,9 +299,17 @@ fn slot(domain: TimeDomain) -> usize {
     }
 }
 
-/// The keyed process core with event-time and processing-time timers.
-pub(crate) struct TimedKeyedCore<K, S, In, Out: Send + 'static> {
-    fns: TimedFns<K, S, In, Out>,
+/// The keyed process core with event-time and processing-time timers;
+/// `KF` and `R` as in [`TimedFns`].
+pub(crate) struct TimedKeyedCore<
+    K,
+    S,
+    In,
+    Out: Send + 'static,
+    KF: ?Sized = dyn Fn(&In) -> K + Send + Sync,
+    R: ?Sized = TimedFn<K, S, In, Out>,
+> {
+    fns: TimedFns<K, S, In, Out, KF, R>,
     states: KeyedState<K, S>,
     timers: KeyedState<K, KeyTimers>,
     /// Per domain, due times → keys registered at them; an entry whose
@@ -289,8 +324,14 @@ pub(crate) struct TimedKeyedCore<K, S, In, Out: Send + 'static> {
     _records: PhantomData<fn(In) -> Out>,
 }
 
-impl<K: Key, S: Snapshot + Default + Clone + 'static, In: 'static, Out: Send + 'static>
-    TimedKeyedCore<K, S, In, Out>
+impl<
+        K: Key,
+        S: Snapshot + Default + Clone + 'static,
+        In: 'static,
+        Out: Send + 'static,
+        KF: ?Sized,
+        R: ?Sized,
+    > TimedKeyedCore<K, S, In, Out, KF, R>
 {
     /// Empty state for `subtask` of `parallelism`.
     ///
@@ -300,7 +341,7 @@ impl<K: Key, S: Snapshot + Default + Clone + 'static, In: 'static, Out: Send + '
     /// checked both before anything started, so this is a bug.
     pub(crate) fn new(
         (max_parallelism, parallelism, subtask): (MaxParallelism, usize, usize),
-        fns: TimedFns<K, S, In, Out>,
+        fns: TimedFns<K, S, In, Out, KF, R>,
         time: ProcessingTime,
     ) -> Self {
         TimedKeyedCore {
@@ -414,12 +455,16 @@ fn subtask_state<K: Key, V: Snapshot + Default + Clone>(
         .unwrap_or_else(|error| panic!("bug: the plan let through {error}"))
 }
 
-impl<K, S, In, Out> Core<In, Out> for TimedKeyedCore<K, S, In, Out>
+impl<K, S, In, Out, KF, R> Core<In, Out> for TimedKeyedCore<K, S, In, Out, KF, R>
 where
     K: Key,
     S: Snapshot + Default + Clone + 'static,
     In: Data,
     Out: Data,
+    KF: Fn(&In) -> K + ?Sized + 'static,
+    R: Fn(&K, &mut S, In, &mut Timers<'_>, &mut Collector<'_, Out>) -> Result<(), BoxError>
+        + ?Sized
+        + 'static,
 {
     fn process(&mut self, batch: Vec<In>, out: &mut Collector<'_, Out>) -> Result<(), BoxError> {
         for record in batch {

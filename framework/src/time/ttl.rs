@@ -265,10 +265,11 @@ mod tests {
                 Ok(())
             });
         let fns = TimedFns {
-            key_of: Arc::new(|event: &Event| event.0),
+            key_of: Arc::new(|event: &Event| event.0) as Arc<dyn Fn(&Event) -> u32 + Send + Sync>,
             on_record,
             on_timer,
             prune: Some(Expiring::is_expired),
+            _records: std::marker::PhantomData,
         };
         let time = ProcessingTime {
             clock: Arc::new(ManualClock::new(0)),

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use crate::job::{Aggregator, Collector, Data, Key, KeyedStream, Stream};
 use crate::runtime::BoxError;
 
-use super::timers::{TimeDomain, TimedFn, Timers};
+use super::timers::{timed_fn, TimeDomain, TimedFn, Timers};
 use super::window::{LateRecords, Windowed, Windows};
 use super::window_fn::{Aggregating, CountRecords, Processing, Reducing, WindowFunction};
 use super::window_state::{Adding, OpenWindows};
@@ -133,6 +133,9 @@ impl<T: Data> LatePolicy<T> for SideOutputLate {
     }
 }
 
+/// The event-time function of a processing-time window, never called.
+pub type NoEventTime<T> = fn(&T) -> u64;
+
 /// The window operator's per-record (`I` = `T`) or per-timer (`I` =
 /// `u64`) call.
 type WindowFn<K, T, W, I, L> = TimedFn<
@@ -143,11 +146,20 @@ type WindowFn<K, T, W, I, L> = TimedFn<
 >;
 
 /// A keyed stream cut into event-time windows; see
-/// [`KeyedStream::window`]. `L` says what happens to late records.
-pub struct WindowedStream<'j, K, T, F: ?Sized, L = DropLate> {
+/// [`KeyedStream::window`]. `L` says what happens to late records; `TS`
+/// is the event-time function, kept as its concrete type so that the
+/// window operator calls it without an indirect call per record.
+pub struct WindowedStream<
+    'j,
+    K,
+    T,
+    F: ?Sized,
+    L = DropLate,
+    TS: ?Sized = dyn Fn(&T) -> u64 + Send + Sync,
+> {
     keyed: KeyedStream<'j, K, T, F>,
     windows: Windows,
-    timestamp_of: Arc<dyn Fn(&T) -> u64 + Send + Sync>,
+    timestamp_of: Arc<TS>,
     _late: PhantomData<fn() -> L>,
 }
 
@@ -187,11 +199,14 @@ where
     /// assert_eq!(late.dropped(), 0);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn window(
+    pub fn window<TS>(
         self,
         windows: Windows,
-        timestamp_of: impl Fn(&T) -> u64 + Send + Sync + 'static,
-    ) -> WindowedStream<'j, K, T, F> {
+        timestamp_of: TS,
+    ) -> WindowedStream<'j, K, T, F, DropLate, TS>
+    where
+        TS: Fn(&T) -> u64 + Send + Sync + 'static,
+    {
         WindowedStream {
             keyed: self,
             windows,
@@ -243,13 +258,16 @@ where
     /// assert_eq!(counts, [("a".to_string(), 10_000, 2), ("b".to_string(), 10_000, 1)]);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn processing_time_window(self, windows: Windows) -> WindowedStream<'j, K, T, F> {
+    pub fn processing_time_window(
+        self,
+        windows: Windows,
+    ) -> WindowedStream<'j, K, T, F, DropLate, NoEventTime<T>> {
         // The event-time function is never called on processing time.
         self.window(windows.on_processing_time(), |_: &T| 0)
     }
 }
 
-impl<'j, K, T, F> WindowedStream<'j, K, T, F, DropLate> {
+impl<'j, K, T, F: ?Sized, TS: ?Sized> WindowedStream<'j, K, T, F, DropLate, TS> {
     /// Sends records later than the allowed lateness to a stream of their
     /// own instead of dropping them: each window method then returns that
     /// stream beside the results. The window operator's output is split
@@ -284,7 +302,7 @@ impl<'j, K, T, F> WindowedStream<'j, K, T, F, DropLate> {
     /// assert_eq!(sessions, [(1_000, 6_000, 1), (12_000, 17_000, 1), (25_000, 30_000, 1)]);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn side_output_late(self) -> WindowedStream<'j, K, T, F, SideOutputLate> {
+    pub fn side_output_late(self) -> WindowedStream<'j, K, T, F, SideOutputLate, TS> {
         WindowedStream {
             keyed: self.keyed,
             windows: self.windows,
@@ -294,12 +312,13 @@ impl<'j, K, T, F> WindowedStream<'j, K, T, F, DropLate> {
     }
 }
 
-impl<'j, K, T, F, L> WindowedStream<'j, K, T, F, L>
+impl<'j, K, T, F, L, TS> WindowedStream<'j, K, T, F, L, TS>
 where
     K: Key + Data,
     T: Data,
     F: Fn(&T) -> K + Send + Sync + ?Sized + 'static,
     L: LatePolicy<T>,
+    TS: Fn(&T) -> u64 + Send + Sync + ?Sized + 'static,
 {
     /// Aggregates each window incrementally with `aggregator` and emits
     /// its result when the watermark passes the window's end (and again,
@@ -360,7 +379,9 @@ where
         let function = Arc::new(function);
         let firing = Arc::clone(&function);
         let wrap = L::result::<Windowed<K, W::Output>>;
-        let on_record: Arc<WindowFn<K, T, W, T, L>> = Arc::new(
+        // Kept as its concrete type: the timed core calls it without an
+        // indirect call per record.
+        let on_record = Arc::new(timed_fn::<K, _, T, L::Out<Windowed<K, W::Output>>, _>(
             move |key: &K,
                   open: &mut OpenWindows<W::Contents>,
                   record: T,
@@ -380,7 +401,7 @@ where
                 }
                 Ok(())
             },
-        );
+        ));
         let on_timer: Arc<WindowFn<K, T, W, u64, L>> = Arc::new(
             move |key: &K,
                   open: &mut OpenWindows<W::Contents>,

@@ -199,10 +199,10 @@ where
     /// use it: a key whose windows all closed leaves no state behind).
     /// Only with `ticks` does the operator check processing time (an
     /// event-time window never registers processing-time timers).
-    pub(crate) fn timed<S, U>(
+    pub(crate) fn timed<S, U, R>(
         self,
         name: &str,
-        on_record: Arc<TimedFn<K, S, T, U>>,
+        on_record: Arc<R>,
         on_timer: Arc<TimedFn<K, S, u64, U>>,
         prune: Option<fn(&S) -> bool>,
         ticks: bool,
@@ -210,13 +210,20 @@ where
     where
         S: Snapshot + Default + Clone + Send + 'static,
         U: Data,
+        R: Fn(&K, &mut S, T, &mut Timers<'_>, &mut Collector<'_, U>) -> Result<(), BoxError>
+            + Send
+            + Sync
+            + ?Sized
+            + 'static,
     {
-        let key_of = self.key_of;
+        // Both kept as their concrete types: the core runs a batch without
+        // an indirect call per record.
         let fns = TimedFns {
-            key_of: Arc::new(move |record: &T| key_of(record)),
+            key_of: self.key_of,
             on_record,
             on_timer,
             prune,
+            _records: PhantomData,
         };
         let key_hash: Arc<dyn Any + Send + Sync> = Arc::new(self.key_hash);
         let config = &self.job.config;
