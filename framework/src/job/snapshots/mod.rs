@@ -156,7 +156,7 @@ impl GlobalSnapshot {
         self.id
     }
 
-    /// The generation of the region when it was taken.
+    /// The generation of the starting subtask's region when it was taken.
     pub fn generation(&self) -> u64 {
         self.generation
     }
@@ -170,7 +170,10 @@ impl GlobalSnapshot {
         &self.view
     }
 
-    /// Every subtask of the region, in node order.
+    /// Every subtask the snapshot covers, in node order: the whole running
+    /// graph for a snapshot the caller or an operator started (every
+    /// failover region; regions share no channel, so the union of their
+    /// cuts is consistent), the region alone for the detectors' own.
     pub fn subtasks(&self) -> &[SubtaskActivity] {
         &self.subtasks
     }

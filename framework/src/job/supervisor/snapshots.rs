@@ -58,8 +58,14 @@ pub(super) enum Purpose {
 
 struct Collecting {
     purpose: Purpose,
+    /// The initiator's region.
     region: usize,
     generation: Generation,
+    /// Every node the snapshot covers: the initiator's region for the
+    /// detectors, every running region for a caller's or an operator's.
+    nodes: Vec<usize>,
+    /// The regions of `nodes`; a restart of any of them aborts it.
+    regions: Vec<usize>,
     parts: BTreeMap<usize, (Vec<u8>, Box<PartActivity>)>,
 }
 
@@ -190,8 +196,12 @@ impl Supervisor {
     }
 
     /// A snapshot was started at `node`: collect it, and have every other
-    /// subtask of the region take part at once (markers may reach them
-    /// later, or never, as in a DAG upstream of the initiator).
+    /// subtask it covers take part at once (markers may reach them later,
+    /// or never, as in a DAG upstream of the initiator). A caller's or an
+    /// operator's snapshot covers the whole running graph: failover
+    /// regions share no channel (a region is a connected part of the
+    /// subtask graph), so the union of each region's consistent cut is a
+    /// consistent cut of the job. The detectors' cover their own region.
     pub(super) fn on_snapshot_started(
         &mut self,
         node: usize,
@@ -227,7 +237,12 @@ impl Supervisor {
             return self.snapshot_failed(purpose, SnapshotError::TooMany { max }, context);
         }
         let region = self.nodes[node].region;
-        for &other in &self.regions[region].nodes {
+        let regions = self.regions_covered(region, &purpose);
+        let nodes: Vec<usize> = regions
+            .iter()
+            .flat_map(|&covered| self.regions[covered].nodes.iter().copied())
+            .collect();
+        for &other in &nodes {
             if other != node {
                 if let Some(inject) = &self.nodes[other].inject {
                     inject.do_send(Inject(Control::JoinSnapshot(snapshot)));
@@ -241,6 +256,8 @@ impl Supervisor {
                 purpose,
                 region,
                 generation,
+                nodes,
+                regions,
                 parts: BTreeMap::new(),
             },
         );
@@ -264,7 +281,7 @@ impl Supervisor {
             return;
         };
         collecting.parts.insert(node, (part, activity));
-        if collecting.parts.len() < self.regions[collecting.region].nodes.len() {
+        if collecting.parts.len() < collecting.nodes.len() {
             return;
         }
         let Some(collecting) = self.snapshots.collecting.remove(&snapshot) else {
@@ -304,7 +321,7 @@ impl Supervisor {
         let Some(collecting) = self.snapshots.collecting.remove(&snapshot) else {
             return;
         };
-        let missing: Vec<PartId> = self.regions[collecting.region]
+        let missing: Vec<PartId> = collecting
             .nodes
             .iter()
             .filter(|node| !collecting.parts.contains_key(node))
@@ -330,7 +347,7 @@ impl Supervisor {
             .snapshots
             .collecting
             .iter()
-            .filter(|(_, collecting)| collecting.region == region)
+            .filter(|(_, collecting)| collecting.regions.contains(&region))
             .map(|(&id, _)| id)
             .collect();
         let reason = format!(
@@ -354,6 +371,18 @@ impl Supervisor {
                 reason: reason.clone(),
             };
             self.snapshot_failed(purpose, error, context);
+        }
+    }
+
+    /// The regions a snapshot started in `region` covers.
+    fn regions_covered(&self, region: usize, purpose: &Purpose) -> Vec<usize> {
+        match purpose {
+            Purpose::Caller(_) => (0..self.regions.len())
+                .filter(|&other| {
+                    other == region || self.regions[other].phase == RegionPhase::Running
+                })
+                .collect(),
+            Purpose::Loop { .. } | Purpose::Detector { .. } => vec![region],
         }
     }
 
