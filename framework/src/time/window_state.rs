@@ -32,15 +32,16 @@ pub(crate) struct OpenWindow<C> {
 
 /// One key's open windows, by start, never overlapping for sessions.
 ///
-/// The first window is kept inline, in the keyed state's table entry: a
-/// tumbling window's key mostly has one open window, and the window
-/// benchmark measured the read of a separate heap buffer as half of the
-/// per-record window add. Its snapshot is written by hand, with exactly
+/// The first window is kept inline, in the keyed state's table entry
+/// (moved back there when a firing leaves one window): a tumbling
+/// window's key mostly has one open window, and the window benchmark
+/// measured the read of a separate heap buffer as half of the per-record
+/// window add. Its snapshot is written by hand, with exactly
 /// the schema and bytes the derived form of `{ windows: Vec<OpenWindow<C>> }`
 /// had, so stored windows stay readable (a test checks both).
 #[derive(Clone)]
 pub(crate) struct OpenWindows<C> {
-    windows: SmallVec<[OpenWindow<C>; 2]>,
+    windows: SmallVec<[OpenWindow<C>; 1]>,
 }
 
 impl<C> Default for OpenWindows<C> {
@@ -323,6 +324,12 @@ where
         let windows = self.windows;
         open.windows
             .retain(|window| windows.cleanup_ms(window.last_ms) > timestamp_ms);
+        // A key held two windows for a moment (the next one opened before
+        // this one fired): move the one left back inline, or the key would
+        // read a heap buffer for every record from now on.
+        if open.windows.spilled() && open.windows.len() <= open.windows.inline_size() {
+            open.windows.shrink_to_fit();
+        }
         Ok(())
     }
 
