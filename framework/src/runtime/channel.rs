@@ -277,6 +277,21 @@ impl<T: Send + 'static, C: Send + 'static> ChannelSender<T, C> {
         &self.stats
     }
 
+    /// Every record pushed into the channel so far: sent, sealed and
+    /// waiting for credit, or in the open batch. Computed when asked (a
+    /// snapshot's check reads it once per marker), so pushing pays nothing.
+    pub fn records_accepted(&self) -> u64 {
+        let pending: usize = self
+            .pending
+            .iter()
+            .map(|item| match item {
+                Item::Batch(batch) => batch.len(),
+                Item::Control(_) => 0,
+            })
+            .sum();
+        self.stats.records_sent() + (pending + self.open.len()) as u64
+    }
+
     /// Appends a record to the open batch, sealing the batch when it is
     /// full. Returns true when this record opened a new batch (the owning
     /// actor then makes sure a linger timer is armed).
@@ -603,6 +618,15 @@ impl<T: Send + 'static, C: Send + 'static> Outputs<T, C> {
     /// If `output` is out of range, as [`Outputs::emit`].
     pub fn emit_control(&mut self, output: usize, control: C) {
         self.senders[output].push_control(control);
+    }
+
+    /// Per output, in order, the records pushed into it so far (see
+    /// [`ChannelSender::records_accepted`]).
+    pub fn records_accepted(&self) -> Vec<u64> {
+        self.senders
+            .iter()
+            .map(ChannelSender::records_accepted)
+            .collect()
     }
 
     /// Pushes a copy of the control item on every output.

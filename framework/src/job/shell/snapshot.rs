@@ -41,6 +41,9 @@ pub(crate) trait SnapshotHost {
     fn waiting(&self) -> Waiting;
     /// Sends the marker on every open output.
     fn emit_marker(&mut self, snapshot: SnapshotId);
+    /// Per output, the records pushed into it so far, read right after
+    /// the marker (so: every record ahead of it).
+    fn records_accepted(&mut self) -> Vec<u64>;
 }
 
 /// A local state taken and not yet reported.
@@ -51,6 +54,10 @@ struct Taken {
     records_out: u64,
     inputs_ended: Vec<bool>,
     waiting: Waiting,
+    /// Per input, the records processed before the local state was taken.
+    processed: Vec<u64>,
+    /// Per output, the records ahead of the snapshot's marker.
+    sent: Vec<u64>,
 }
 
 /// One subtask's concurrent-snapshot driver.
@@ -64,6 +71,9 @@ pub(crate) struct SnapshotDriver<In> {
     /// Records processed and emitted by this subtask in this generation.
     pub(crate) records_in: u64,
     pub(crate) records_out: u64,
+    /// Per input, the records processed from it in this generation, for
+    /// the supervisor's check of every channel of a snapshot.
+    processed: Vec<u64>,
 }
 
 impl<In: Data> SnapshotDriver<In> {
@@ -83,6 +93,7 @@ impl<In: Data> SnapshotDriver<In> {
             taken: Vec::new(),
             records_in: 0,
             records_out: 0,
+            processed: vec![0; inputs],
         }
     }
 
@@ -90,6 +101,9 @@ impl<In: Data> SnapshotDriver<In> {
     #[inline]
     pub(crate) fn on_data(&mut self, input: usize, batch: &Vec<In>) {
         self.machine.on_data(input, batch);
+        if let Some(processed) = self.processed.get_mut(input) {
+            *processed += batch.len() as u64;
+        }
     }
 
     /// Whether the operator asked for a snapshot (one atomic load, custom
@@ -211,10 +225,20 @@ impl<In: Data> SnapshotDriver<In> {
                     records_out: self.records_out,
                     inputs_ended,
                     waiting: host.waiting(),
+                    processed: self.processed.clone(),
+                    // Nothing is pushed between the state and the marker;
+                    // read again after the marker, for certainty.
+                    sent: host.records_accepted(),
                 });
                 self.machine.state_recorded(token);
             }
-            ConcurrentAction::EmitMarker(snapshot) => host.emit_marker(snapshot),
+            ConcurrentAction::EmitMarker(snapshot) => {
+                host.emit_marker(snapshot);
+                let sent = host.records_accepted();
+                if let Some(taken) = self.taken.iter_mut().find(|t| t.snapshot == snapshot) {
+                    taken.sent = sent;
+                }
+            }
             ConcurrentAction::ReportPart(part) => {
                 let index = self
                     .taken
@@ -243,6 +267,8 @@ impl<In: Data> SnapshotDriver<In> {
                         inputs_ended: taken.inputs_ended,
                         waiting: taken.waiting,
                         in_flight,
+                        processed: taken.processed,
+                        sent: taken.sent,
                     }),
                 });
             }
@@ -267,4 +293,8 @@ pub(crate) struct PartActivity {
     pub(crate) waiting: Waiting,
     /// Per input: the records recorded in flight on it.
     pub(crate) in_flight: Vec<u64>,
+    /// Per input: the records processed from it before the local state.
+    pub(crate) processed: Vec<u64>,
+    /// Per output: the records ahead of the snapshot's marker.
+    pub(crate) sent: Vec<u64>,
 }

@@ -274,6 +274,10 @@ impl<T: Data> SnapshotHost for SourceHost<'_, T> {
             self.outputs.broadcast_control(Control::Marker(snapshot));
         }
     }
+
+    fn records_accepted(&mut self) -> Vec<u64> {
+        self.outputs.records_accepted()
+    }
 }
 
 impl<T: Data> SourceShell<T> {

@@ -532,6 +532,10 @@ impl<In: Data, Out: Data> SnapshotHost for StageHost<'_, '_, In, Out> {
                 .broadcast_control(Control::Marker(snapshot));
         }
     }
+
+    fn records_accepted(&mut self) -> Vec<u64> {
+        self.io.outputs().records_accepted()
+    }
 }
 
 impl<In: Data, Out: Data> StageShell<In, Out> {

@@ -264,11 +264,32 @@ pub enum SnapshotError {
         /// What was wrong.
         reason: String,
     },
+    /// A channel's counts do not add up: the records its sender pushed
+    /// ahead of the marker differ from what its receiver processed before
+    /// its local state plus what it recorded in flight. The cut would not
+    /// be consistent, so it is never handed out (a bug in the protocol or
+    /// the shells, not an operating error).
+    #[error(
+        "the snapshot is not a consistent cut on the channel {from} -> {to}: \
+         {sent} records sent ahead of the marker, {received} processed or recorded"
+    )]
+    Inconsistent {
+        /// The sending subtask.
+        from: PartId,
+        /// The receiving subtask.
+        to: PartId,
+        /// Records the sender pushed ahead of its marker.
+        sent: u64,
+        /// Records the receiver processed before its state plus those it
+        /// recorded on the channel.
+        received: u64,
+    },
 }
 
 impl SnapshotError {
     /// Whether asking again may succeed: yes for load, restarts and slow
-    /// subtasks; no for unknown names, an ended job or malformed parts.
+    /// subtasks; no for unknown names, an ended job, malformed parts or an
+    /// inconsistent cut.
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,

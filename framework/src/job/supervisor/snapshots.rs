@@ -405,16 +405,27 @@ impl Supervisor {
                 waiting: activity.waiting.clone(),
             });
         }
-        // A node's inputs are numbered in the order of the job's channels.
+        // A node's inputs and outputs are numbered in the order of the
+        // job's channels.
         let mut next_input: HashMap<usize, u32> = HashMap::new();
+        let mut next_output: HashMap<usize, usize> = HashMap::new();
         let mut channels = Vec::new();
         for edge in &self.plan.edges {
             let input = next_input.entry(edge.to).or_insert(0);
             let index = *input;
             *input += 1;
+            let output = next_output.entry(edge.from).or_insert(0);
+            let output_index = *output;
+            *output += 1;
             let Some((_, activity)) = parts.get(&edge.to) else {
                 continue;
             };
+            if let Some((_, sender)) = parts.get(&edge.from) {
+                self.check_channel(
+                    (edge.from, output_index, sender),
+                    (edge.to, index, activity),
+                )?;
+            }
             channels.push(ChannelActivity {
                 from: self.plan.part_id(edge.from),
                 to: self.plan.part_id(edge.to),
@@ -445,6 +456,39 @@ impl Supervisor {
             subtasks,
             channels,
         })
+    }
+
+    /// The runtime form of the oracle's rule for one channel: no record is
+    /// received before the receiver's cut that was sent after the sender's
+    /// (and none is lost between them). By FIFO order, the records the
+    /// sender pushed ahead of its marker are exactly those the receiver
+    /// processed before its local state plus those it recorded until the
+    /// marker (or the channel's end) arrived.
+    fn check_channel(
+        &self,
+        (from, output, sender): (usize, usize, &PartActivity),
+        (to, input, receiver): (usize, u32, &PartActivity),
+    ) -> Result<(), SnapshotError> {
+        let input = input as usize;
+        let sent = sender.sent.get(output).copied();
+        let processed = receiver.processed.get(input).copied();
+        let recorded = receiver.in_flight.get(input).copied();
+        let (Some(sent), Some(processed), Some(recorded)) = (sent, processed, recorded) else {
+            return Err(SnapshotError::Malformed {
+                reason: format!("the parts of nodes {from} and {to} lack a channel's counts"),
+            });
+        };
+        if sent == processed + recorded {
+            return Ok(());
+        }
+        let error = SnapshotError::Inconsistent {
+            from: self.plan.part_id(from),
+            to: self.plan.part_id(to),
+            sent,
+            received: processed + recorded,
+        };
+        tracing::error!(%error, "bug: a snapshot is not a consistent cut");
+        Err(error)
     }
 
     fn snapshot_done(
