@@ -557,6 +557,78 @@ fn check_deadlock(parallelism: usize) {
     assert_eq!(found, expected, "{status:?}");
 }
 
+/// A chain whose last map is slow: its upstream `relay` fills its output
+/// window and waits for credit. Detector snapshots then time out, and the
+/// finding says who waits for whom: `relay[i]` for `slow[i]`.
+fn check_backpressured(parallelism: usize) {
+    let config = JobConfig {
+        batch_size_max: 16,
+        window_batches: 2,
+        // One thread per subtask of a chain, so that the slow map blocks
+        // nobody else's thread.
+        arbiters: Some(4),
+        ..config(parallelism)
+    };
+    let job = Job::new("backpressured", config);
+    job.source("ids", VecSourceFactory::new((0..100_000_u64).collect()))
+        .map("relay", |id: u64| id)
+        .map("slow", |id: u64| {
+            thread::sleep(Duration::from_millis(20));
+            id
+        })
+        .sink("out", CollectHandle::new());
+    let running = job.start().expect("the job starts");
+    running.detect_stuck(StuckDetection {
+        interval_ms: 10,
+        stalled_after_snapshots: 3,
+        timeout_ms: 200,
+    });
+    let waits = |status: &JobStatus| -> Vec<(PartId, Vec<PartId>)> {
+        let mut waits: Vec<_> = status
+            .stuck
+            .iter()
+            .filter_map(|finding| match finding {
+                Finding::Backpressured {
+                    subtask,
+                    waiting_for,
+                } if subtask.operator == "relay" => Some((subtask.clone(), waiting_for.clone())),
+                _ => None,
+            })
+            .collect();
+        waits.sort();
+        waits
+    };
+    let status = await_status(&running, Duration::from_secs(30), |status| {
+        waits(status).len() == parallelism
+    });
+    running.cancel();
+    assert!(matches!(running.wait(), Err(JobError::Cancelled)));
+    let expected: Vec<(PartId, Vec<PartId>)> = (0..parallelism as u32)
+        .map(|subtask| {
+            (
+                PartId::new("relay", subtask),
+                vec![PartId::new("slow", subtask)],
+            )
+        })
+        .collect();
+    assert_eq!(waits(&status), expected, "{status:?}");
+}
+
+#[test]
+fn a_subtask_blocked_on_credits_is_found_waiting_for_its_receiver_parallelism_1() {
+    check_backpressured(1);
+}
+
+#[test]
+fn a_subtask_blocked_on_credits_is_found_waiting_for_its_receiver_parallelism_2() {
+    check_backpressured(2);
+}
+
+#[test]
+fn a_subtask_blocked_on_credits_is_found_waiting_for_its_receiver_parallelism_3() {
+    check_backpressured(3);
+}
+
 #[test]
 fn a_planted_wait_for_cycle_is_found_parallelism_1() {
     check_deadlock(1);

@@ -660,7 +660,7 @@ impl PhysicalPlan {
         PartId::new(self.operators[operator].name.clone(), subtask as u32)
     }
 
-    fn channel_config(&self) -> ChannelConfig {
+    pub(crate) fn channel_config(&self) -> ChannelConfig {
         let config = &self.config;
         ChannelConfig {
             batch_size_max: NonZeroUsize::new(config.batch_size_max).unwrap_or(NonZeroUsize::MIN),

@@ -48,6 +48,17 @@ pub enum Finding {
         /// The subtasks whose parts were missing.
         subtasks: Vec<PartId>,
     },
+    /// An unresponsive subtask whose output channels to these subtasks had
+    /// no credit left when its snapshot timed out: it waits for them to
+    /// take its records (backpressure), so the cause is downstream. A
+    /// credit wait never closes a cycle (back edges of loops are
+    /// unbounded), so a chain of these ends at a slow or stuck subtask.
+    Backpressured {
+        /// The waiting subtask.
+        subtask: PartId,
+        /// The receivers of its full channels, sorted.
+        waiting_for: Vec<PartId>,
+    },
 }
 
 impl std::fmt::Display for Finding {
@@ -77,6 +88,16 @@ impl std::fmt::Display for Finding {
                 f,
                 "unresponsive: {} did not take part in a snapshot in time",
                 names(subtasks)
+            ),
+            Finding::Backpressured {
+                subtask,
+                waiting_for,
+            } => write!(
+                f,
+                "backpressured: {}[{}] waits for credit from {}",
+                subtask.operator,
+                subtask.subtask,
+                names(waiting_for)
             ),
         }
     }

@@ -25,6 +25,7 @@ use crate::job::snapshots::{
     SubtaskActivity, SNAPSHOTS_IN_FLIGHT_MAX,
 };
 use crate::protocol::SnapshotId;
+use crate::runtime::channel::Window;
 use crate::runtime::stage::Inject;
 use crate::runtime::Generation;
 use crate::storage::{CheckpointKind, CheckpointMetadata, PartId};
@@ -329,10 +330,17 @@ impl Supervisor {
             .collect();
         tracing::warn!(%snapshot, ?missing, timeout_ms, "snapshot timed out");
         if let Purpose::Detector { .. } = collecting.purpose {
-            let finding = Finding::Unresponsive {
+            let mut findings = vec![Finding::Unresponsive {
                 subtasks: missing.clone(),
-            };
-            self.report_findings(collecting.region, vec![finding]);
+            }];
+            let silent: Vec<usize> = collecting
+                .nodes
+                .iter()
+                .copied()
+                .filter(|node| !collecting.parts.contains_key(node))
+                .collect();
+            findings.extend(self.credit_waits(collecting.region, &silent));
+            self.report_findings(collecting.region, findings);
         }
         let error = SnapshotError::TimedOut {
             timeout_ms,
@@ -372,6 +380,44 @@ impl Supervisor {
             };
             self.snapshot_failed(purpose, error, context);
         }
+    }
+
+    /// Which of `silent` (nodes of `region`) have an output channel with no
+    /// credit left now, and to whom: each such node waits for those
+    /// receivers. Read from the region's channel counters, which follow
+    /// the plan's channels of the region in order.
+    fn credit_waits(&self, region: usize, silent: &[usize]) -> Vec<Finding> {
+        let Window::Bounded(window) = self.plan.channel_config().window else {
+            return Vec::new();
+        };
+        let state = &self.regions[region];
+        let edges = self
+            .plan
+            .edges
+            .iter()
+            .filter(|edge| state.nodes.binary_search(&edge.from).is_ok());
+        let mut waits: BTreeMap<usize, Vec<PartId>> = BTreeMap::new();
+        for (edge, (_, stats)) in edges.zip(&state.channel_stats) {
+            let full = stats.in_flight_batches() >= window.get() as u64;
+            let feedback = self.plan.logical_edges[edge.logical].feedback;
+            if full && !feedback && silent.contains(&edge.from) {
+                waits
+                    .entry(edge.from)
+                    .or_default()
+                    .push(self.plan.part_id(edge.to));
+            }
+        }
+        waits
+            .into_iter()
+            .map(|(node, mut waiting_for)| {
+                waiting_for.sort();
+                waiting_for.dedup();
+                Finding::Backpressured {
+                    subtask: self.plan.part_id(node),
+                    waiting_for,
+                }
+            })
+            .collect()
     }
 
     /// The regions a snapshot started in `region` covers.
@@ -708,7 +754,7 @@ fn finding_in(finding: &Finding, members: &[PartId]) -> bool {
         Finding::Deadlock { subtasks } | Finding::Unresponsive { subtasks } => {
             subtasks.iter().collect()
         }
-        Finding::Stalled { subtask, .. } => vec![subtask],
+        Finding::Stalled { subtask, .. } | Finding::Backpressured { subtask, .. } => vec![subtask],
     };
     ids.iter().any(|id| members.contains(id))
 }
