@@ -367,8 +367,13 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
         // before this stage's barrier, or in the replay) and ignores an
         // equal watermark; a checkpoint written before recorded channel
         // state kept its time marks lost the in-flight one, and this
-        // sends it on.
-        if let Some(watermark_ms) = self.watermarks.output_ms() {
+        // sends it on. An idle output sends its idleness again instead: a
+        // watermark would make it active downstream, where it would hold
+        // the minimum back until its inputs wake up (an idle input that
+        // stays idle sends nothing new).
+        if self.watermarks.output_is_idle() {
+            io.outputs().broadcast_control(Control::Idle);
+        } else if let Some(watermark_ms) = self.watermarks.output_ms() {
             io.outputs()
                 .broadcast_control(Control::Watermark(watermark_ms));
         }
