@@ -326,7 +326,8 @@ impl PartView {
 
     /// The records recorded on input `channel`, oldest first. The records
     /// were in flight when the snapshot was taken; a restore delivers them
-    /// before any new input.
+    /// before any new input. Watermarks and idleness marks recorded among
+    /// them (a restore applies those in their place too) are left out.
     ///
     /// # Errors
     ///
