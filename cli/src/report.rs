@@ -8,6 +8,7 @@ use std::path::Path;
 
 use serde::Serialize;
 use snapflow::job::inspect::{CheckpointView, StoredState};
+use snapflow::keyed::part::PartDescription;
 use snapflow::state::StoredSchema;
 use snapflow::storage::{CheckpointKind, LoadedCheckpoint};
 
@@ -129,6 +130,20 @@ pub enum StateRow {
         /// is corrupt or mixes writers).
         schemas: Vec<SchemaRow>,
     },
+    /// A timed keyed operator (timers, windows, state time-to-live).
+    Timed {
+        /// Key groups in the part.
+        key_groups: usize,
+        /// (key, state) entries over them: for windows, keys with open
+        /// windows.
+        entries: u64,
+        /// Keys that have at least one timer.
+        keys_with_timers: u64,
+        /// The watermark the operator last saw.
+        watermark_ms: Option<u64>,
+        /// The distinct schemas of the user state's key groups.
+        schemas: Vec<SchemaRow>,
+    },
     /// A custom operator's instance.
     Operator {
         /// Whether its input had ended.
@@ -136,8 +151,8 @@ pub enum StateRow {
         /// The instance's stored schema.
         schema: SchemaRow,
     },
-    /// A layout only its writer reads (a source position, a sink's state,
-    /// a timed operator's state).
+    /// A layout only its writer reads (a source position, a sink's
+    /// state).
     Opaque,
 }
 
@@ -148,20 +163,22 @@ impl StateRow {
             StoredState::Blob(schema) => StateRow::Blob {
                 schema: SchemaRow::of(schema),
             },
-            StoredState::Keyed(groups) => {
-                let mut schemas: Vec<SchemaRow> = Vec::new();
-                for group in &groups {
-                    let schema = SchemaRow::of(group.schema.clone());
-                    if !schemas.contains(&schema) {
-                        schemas.push(schema);
-                    }
-                }
-                StateRow::Keyed {
-                    key_groups: groups.len(),
-                    entries: groups.iter().map(|group| group.entries).sum(),
-                    schemas,
-                }
-            }
+            StoredState::Keyed(groups) => StateRow::Keyed {
+                key_groups: groups.len(),
+                entries: entries(&groups),
+                schemas: schemas(&groups),
+            },
+            StoredState::Timed {
+                state,
+                timers,
+                watermark_ms,
+            } => StateRow::Timed {
+                key_groups: state.len(),
+                entries: entries(&state),
+                keys_with_timers: entries(&timers),
+                watermark_ms,
+                schemas: schemas(&state),
+            },
             StoredState::Operator { ended, schema } => StateRow::Operator {
                 ended,
                 schema: SchemaRow::of(schema),
@@ -187,12 +204,45 @@ impl StateRow {
                     schemas.join("; ")
                 )
             }
+            StateRow::Timed {
+                key_groups,
+                entries,
+                keys_with_timers,
+                watermark_ms,
+                schemas,
+            } => {
+                let schemas: Vec<String> = schemas.iter().map(SchemaRow::text).collect();
+                let watermark = watermark_ms.map_or("none".to_string(), |ms| ms.to_string());
+                format!(
+                    "timed: {key_groups} key groups, {entries} entries, {keys_with_timers} keys \
+                     with timers, watermark {watermark}, {}",
+                    schemas.join("; ")
+                )
+            }
             StateRow::Operator { ended, schema } => {
                 format!("operator (input ended: {ended}) {}", schema.text())
             }
             StateRow::Opaque => "opaque (read by its writer only)".to_string(),
         }
     }
+}
+
+/// The entries over key groups.
+fn entries(groups: &[PartDescription]) -> u64 {
+    groups.iter().map(|group| group.entries).sum()
+}
+
+/// The distinct schemas of key groups, in order of first appearance (one,
+/// unless the part is corrupt or mixes writers).
+fn schemas(groups: &[PartDescription]) -> Vec<SchemaRow> {
+    let mut schemas: Vec<SchemaRow> = Vec::new();
+    for group in groups {
+        let schema = SchemaRow::of(group.schema.clone());
+        if !schemas.contains(&schema) {
+            schemas.push(schema);
+        }
+    }
+    schemas
 }
 
 /// A state blob's stored schema.

@@ -9,6 +9,7 @@ use std::process::{Command, Output};
 use snapflow::job::{Job, JobConfig};
 use snapflow::sink::CollectHandle;
 use snapflow::source::VecSourceFactory;
+use snapflow::time::{WatermarkStrategy, Windows};
 use snapflow::Snapshot;
 
 #[derive(Snapshot, Default, Clone, Debug)]
@@ -173,6 +174,76 @@ fn list_show_and_verify_a_real_store_at_parallelism_2() {
 #[test]
 fn list_show_and_verify_a_real_store_at_parallelism_3() {
     check(3);
+}
+
+/// A windowed job stopped with a savepoint while windows are open: its
+/// window parts show as timed state, with keys, timers and a watermark.
+#[test]
+fn a_window_operators_state_shows_its_keys_and_timers() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    // Small batches: the source cannot read far ahead of the paced map,
+    // so the savepoint comes long before the end of input.
+    let config = JobConfig {
+        checkpoint_interval_ms: Some(5),
+        default_parallelism: 2,
+        batch_size_max: 16,
+        ..JobConfig::default()
+    }
+    .with_store_dir(dir.path(), "windows")
+    .expect("the store opens");
+    let job = Job::new("windows", config);
+    let seen = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counted = std::sync::Arc::clone(&seen);
+    let (counts, _late) = job
+        .source("numbers", VecSourceFactory::new((0..20_000_u64).collect()))
+        .assign_timestamps(WatermarkStrategy::monotonous(|n: &u64| *n))
+        .map("pace", move |n: u64| {
+            counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            std::thread::sleep(std::time::Duration::from_micros(50));
+            n
+        })
+        .key_by(|n: &u64| n % 5)
+        .window(
+            Windows::tumbling(1_000).expect("a valid size"),
+            |n: &u64| *n,
+        )
+        .count("window");
+    counts.sink("out", CollectHandle::new());
+    let running = job.start().expect("the job starts");
+    while seen.load(std::sync::atomic::Ordering::Relaxed) < 1_500 {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    running.stop_with_savepoint();
+    let stopped = running.wait().expect("the job stops");
+    let id = stopped.savepoint.expect("a savepoint");
+    let root = dir.path().to_str().expect("a UTF-8 path");
+    let shown = snapflow(&["show", root, "windows", &id.to_string(), "--json"]);
+    assert!(shown.status.success(), "{}", stderr(&shown));
+    let shown = json(&shown);
+    let windows: Vec<_> = shown["parts"]
+        .as_array()
+        .expect("parts")
+        .iter()
+        .filter(|part| part["operator"] == "window")
+        .collect();
+    assert_eq!(windows.len(), 2, "one part per subtask");
+    let (mut keys, mut with_timers) = (0, 0);
+    for part in &windows {
+        let state = &part["state"];
+        assert_eq!(state["layout"], "timed", "{part}");
+        assert!(state["watermark_ms"].as_u64().is_some(), "{part}");
+        keys += state["entries"].as_u64().expect("entries");
+        with_timers += state["keys_with_timers"]
+            .as_u64()
+            .expect("keys with timers");
+    }
+    assert_eq!(keys, 5, "every key has an open window: {windows:?}");
+    assert_eq!(
+        with_timers, 5,
+        "every key with an open window has its timers"
+    );
+    let text = stdout(&snapflow(&["show", root, "windows", &id.to_string()]));
+    assert!(text.contains("timed: "), "{text}");
 }
 
 #[test]

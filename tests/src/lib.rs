@@ -4,13 +4,15 @@
 //! seeded random generator, seed selection from the environment, and fault
 //! injection that fires each planned fault exactly once (with a panic hook
 //! that keeps injected panics quiet), the keyed test pipeline, and the
-//! sinks the process-crash tests run in a child process.
+//! sinks and the windowed pipeline the process-crash tests run in a child
+//! process.
 
 pub mod crash;
 pub mod damage;
 pub mod postgres;
 pub mod servers;
 pub mod slow_commit;
+pub mod window_pipeline;
 
 /// The configuration of the event-time tests: checkpoints every 5 ms into
 /// `store`, small batches, two arbiters, and up to 10 restarts without

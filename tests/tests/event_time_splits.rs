@@ -10,15 +10,18 @@
 //!   subtask reads two splits; split A is quiet, goes idle on a test clock,
 //!   and the watermark follows split B; then A reads again, behind B, and
 //!   the watermark stops at A's until the test clock makes A idle again.
+//! - After a restore, a stage whose inputs are all idle stays idle
+//!   downstream (it sends its idleness mark again, not its old
+//!   watermark), so the windows keep firing while the other subtask reads.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use snapflow::job::{Job, JobConfig};
+use snapflow::job::{Job, JobConfig, Stream};
 use snapflow::sink::CollectHandle;
 use snapflow::source::{Source, SourceError, SourceFactory, SourcePoll, SourcePosition, SplitId};
-use snapflow::time::{ManualClock, WatermarkStrategy, Windowed, Windows};
+use snapflow::time::{LateRecords, ManualClock, WatermarkStrategy, Windowed, Windows};
 
 /// The window size.
 const WINDOW_MS: u64 = 1_000;
@@ -131,6 +134,27 @@ fn sorted(windows: Vec<Windowed<u64, u64>>) -> Vec<(u64, u64, u64)> {
     rows
 }
 
+/// Counts `events` per `ts % 2` in tumbling windows into `output`, and
+/// notes each firing in `progress`.
+fn count_windows(
+    events: Stream<'_, u64>,
+    progress: &Arc<Progress>,
+    output: &CollectHandle<Windowed<u64, u64>>,
+) -> LateRecords {
+    let seen = Arc::clone(progress);
+    let (windows, late) = events
+        .key_by(|ts: &u64| ts % 2)
+        .window(Windows::tumbling(WINDOW_MS).expect("valid"), |ts: &u64| *ts)
+        .count("count");
+    windows
+        .map("seen", move |window: Windowed<u64, u64>| {
+            seen.fired(window.end_ms);
+            window
+        })
+        .sink("out", output.clone());
+    late
+}
+
 fn check_more_subtasks_than_splits(parallelism: usize) {
     let records = 5_000;
     let progress = Arc::new(Progress::default());
@@ -145,20 +169,11 @@ fn check_more_subtasks_than_splits(parallelism: usize) {
         records,
         progress: Arc::clone(&progress),
     };
-    let seen = Arc::clone(&progress);
-    let (windows, late) = job
+    let events = job
         .source("events", source)
         .parallelism(3)
-        .assign_timestamps(WatermarkStrategy::monotonous(|ts: &u64| *ts))
-        .key_by(|ts: &u64| ts % 2)
-        .window(Windows::tumbling(WINDOW_MS).expect("valid"), |ts: &u64| *ts)
-        .count("count");
-    windows
-        .map("seen", move |window: Windowed<u64, u64>| {
-            seen.fired(window.end_ms);
-            window
-        })
-        .sink("out", output.clone());
+        .assign_timestamps(WatermarkStrategy::monotonous(|ts: &u64| *ts));
+    let late = count_windows(events, &progress, &output);
     job.run().expect("the job runs");
     assert!(
         !progress.gave_up.load(Ordering::SeqCst),
@@ -395,5 +410,139 @@ fn an_idle_split_that_wakes_up_holds_the_watermark_back_again() {
     want.push((u64::from(A), 7_000, 1));
     want.sort_unstable();
     assert_eq!(rows, want);
+    assert_eq!(late.dropped(), 0);
+}
+
+/// Records per read of [`QuietAfterStart`]'s subtask 0.
+const STEADY_PER_READ: usize = 8;
+/// Subtask 0's event times, one per record.
+const STEADY_RECORDS: u64 = 3_000;
+/// Subtask 1 reads these first few event times, then nothing.
+const EARLY_RECORDS: u64 = 10;
+
+/// Subtask 0 reads event times `0..STEADY_RECORDS` at a pace; subtask 1
+/// reads `0..EARLY_RECORDS` at once and then nothing, so its split goes
+/// idle after the idleness timeout. Neither ends before the window ending
+/// at `STEADY_RECORDS - WINDOW_MS` fired (or the deadline passed: a
+/// failure), so the end of input cannot hide a stuck watermark.
+#[derive(Clone)]
+struct QuietAfterStart {
+    progress: Arc<Progress>,
+    started: Instant,
+}
+
+struct QuietAfterStartReader {
+    source: QuietAfterStart,
+    next: u64,
+    records: u64,
+    rest: bool,
+}
+
+impl SourceFactory for QuietAfterStart {
+    type Source = QuietAfterStartReader;
+
+    fn split(&self, subtask: usize, _parallelism: usize) -> Result<Self::Source, SourceError> {
+        let records = if subtask == 0 {
+            STEADY_RECORDS
+        } else {
+            EARLY_RECORDS
+        };
+        Ok(QuietAfterStartReader {
+            source: self.clone(),
+            next: 0,
+            records,
+            rest: false,
+        })
+    }
+}
+
+impl Source for QuietAfterStartReader {
+    type Item = u64;
+
+    fn poll_batch(&mut self, out: &mut Vec<u64>, max: usize) -> Result<SourcePoll, SourceError> {
+        if self.next < self.records {
+            self.rest = !self.rest;
+            if self.rest {
+                return Ok(SourcePoll::Idle);
+            }
+            let end = self
+                .records
+                .min(self.next + max.min(STEADY_PER_READ) as u64);
+            out.extend(self.next..end);
+            let produced = (end - self.next) as usize;
+            self.next = end;
+            return Ok(SourcePoll::Produced(produced));
+        }
+        // The last window but one fires only after the failure.
+        if self.source.progress.fired_end_ms() >= STEADY_RECORDS - WINDOW_MS {
+            return Ok(SourcePoll::Ended);
+        }
+        if self.source.started.elapsed() > DEADLINE {
+            self.source.progress.gave_up.store(true, Ordering::SeqCst);
+            return Ok(SourcePoll::Ended);
+        }
+        Ok(SourcePoll::Idle)
+    }
+
+    fn position(&self) -> SourcePosition {
+        SourcePosition::from_index(self.next)
+    }
+
+    fn seek(&mut self, position: &SourcePosition) -> Result<(), SourceError> {
+        self.next = position.to_index()?;
+        Ok(())
+    }
+}
+
+/// After a restore, a stage whose inputs are all idle stays idle
+/// downstream: source subtask 1's split went idle long before the
+/// injected failure, and the windows keep firing while subtask 0 reads
+/// on. (A restored stage that sent its old watermark instead made its
+/// output active again downstream and held the window operator's
+/// watermark there until the end of input.)
+#[test]
+fn an_idle_stage_stays_idle_downstream_after_a_restore() {
+    snapflow_tests::quiet_injected_panics();
+    let progress = Arc::new(Progress::default());
+    let store: Arc<dyn snapflow::storage::CheckpointStore> = Arc::new(
+        snapflow::storage::MemoryCheckpointStore::new("idle").expect("a memory store opens"),
+    );
+    let job = Job::new("idle", snapflow_tests::event_time_config(&store, 1));
+    let source = QuietAfterStart {
+        progress: Arc::clone(&progress),
+        started: Instant::now(),
+    };
+    let faults = snapflow_tests::Faults::new(vec![(
+        "faults",
+        STEADY_RECORDS / 2,
+        snapflow_tests::FaultKind::Panic,
+    )]);
+    let check = faults.clone();
+    let output = CollectHandle::new();
+    let events = job
+        .source("events", source)
+        .parallelism(2)
+        .assign_timestamps(WatermarkStrategy::monotonous(|ts: &u64| *ts).with_idleness(20))
+        .map("faults", move |ts: u64| {
+            check.check_or_panic("faults", ts);
+            ts
+        })
+        .parallelism(2);
+    let late = count_windows(events, &progress, &output);
+    let report = job.run().expect("the job runs");
+    assert_eq!(faults.fired(), 1, "the failure happened");
+    assert_eq!(report.restarts.len(), 1);
+    assert!(
+        !progress.gave_up.load(Ordering::SeqCst),
+        "the windows stopped firing after the restore: the idle stage held the watermark back"
+    );
+    let mut want = expected_counts(STEADY_RECORDS);
+    for (key, end_ms, count) in &mut want {
+        let early = (0..EARLY_RECORDS)
+            .filter(|ts| ts % 2 == *key && (ts / WINDOW_MS + 1) * WINDOW_MS == *end_ms)
+            .count() as u64;
+        *count += early;
+    }
+    assert_eq!(sorted(output.committed()), want);
     assert_eq!(late.dropped(), 0);
 }

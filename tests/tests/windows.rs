@@ -462,6 +462,62 @@ fn dropped_late_records_show_in_the_report_at_parallelism_1() {
     }
 }
 
+/// `side_output_late` at parallelism `parallelism` set on its results
+/// stream (the job's default is another): the window operator and both
+/// splitters run at it, and the late records arrive complete (exactly
+/// the records made late at parallelism 1, a subset of them otherwise,
+/// with every other record in its window).
+fn check_side_output_parallelism(parallelism: usize) {
+    for seed in seeds("SNAPFLOW_WINDOW_SEEDS", 1) {
+        let context = format!("SNAPFLOW_SEED={seed} p={parallelism}");
+        let input = input(seed);
+        let store: Arc<dyn CheckpointStore> =
+            Arc::new(MemoryCheckpointStore::new("split").expect("a memory store opens"));
+        let default = if parallelism == 1 { 2 } else { 1 };
+        let job = Job::new("split", event_time_config(&store, default));
+        let (fired, late) = (CollectHandle::new(), CollectHandle::new());
+        let events = source(&job, &input).parallelism(1);
+        let (results, late_records) = windowed(events, Shape::Tumbling, Function::Process);
+        let results = results.parallelism(parallelism);
+        results.sink("collect", fired.clone()).parallelism(1);
+        late_records.sink("late", late.clone()).parallelism(1);
+        let report = job
+            .run()
+            .unwrap_or_else(|error| panic!("{context}: the job failed: {error}"));
+        for name in ["window", "window-results", "window-late"] {
+            let operator = report
+                .operator(name)
+                .unwrap_or_else(|| panic!("{context}: {name} reports"));
+            assert_eq!(operator.parallelism, parallelism, "{context}: {name}");
+        }
+        let run = Run {
+            fired: fired.committed(),
+            late: late.committed(),
+        };
+        verify(
+            &input,
+            (parallelism, Shape::Tumbling, Function::Process),
+            &run,
+        )
+        .unwrap_or_else(|error| panic!("{context}: {error}"));
+    }
+}
+
+#[test]
+fn side_output_late_follows_the_window_parallelism_1() {
+    check_side_output_parallelism(1);
+}
+
+#[test]
+fn side_output_late_follows_the_window_parallelism_2() {
+    check_side_output_parallelism(2);
+}
+
+#[test]
+fn side_output_late_follows_the_window_parallelism_3() {
+    check_side_output_parallelism(3);
+}
+
 /// The sinks' handles: the external system, the same for both runs.
 type Outputs = (CollectHandle<Windowed<u32, Summary>>, CollectHandle<Event>);
 

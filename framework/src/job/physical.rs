@@ -38,8 +38,8 @@ use super::ops::merge_keyed_states;
 use super::recovery::SinkHooks;
 use super::route::{EdgeRoute, KeyHash, RouteKind, Router};
 use super::shell::{
-    is_empty_channel, Control, Core, Data, NodeEvent, OperatorCounters, PartBytes, ShellEnv,
-    SourceMaker, SourceShell, StageShell,
+    is_empty_channel, Control, Core, Data, InputItem, NodeEvent, OperatorCounters, PartBytes,
+    ShellEnv, SourceMaker, SourceShell, StageShell,
 };
 use super::{JobConfig, JobError};
 
@@ -251,7 +251,7 @@ impl<In: Data, Out: Data> SubtaskSlot for StageSlot<In, Out> {
             make_core,
         } = *self;
         let feedback = start.node_config.feedback.clone();
-        let machine = new_machine::<Vec<In>>(start.node_config, start.last_completed)?;
+        let machine = new_machine::<InputItem<In>>(start.node_config, start.last_completed)?;
         let router = Router::new(outputs.routes);
         let senders = outputs.senders;
         let (tag, env, failures) = (start.tag, start.env, start.failures);

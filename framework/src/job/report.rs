@@ -151,9 +151,13 @@ pub struct OperatorReport {
     /// send late records to a stream of their own). Replayed records are
     /// counted again after a restart.
     pub late_records_dropped: u64,
-    /// Watermarks that arrived on one of its inputs lower than that
-    /// input's previous one: ignored, as watermarks only rise, and
-    /// counted here.
+    /// Watermarks that went backwards, ignored (watermarks only rise) and
+    /// counted here: at a source, how often a split's
+    /// [`WatermarkGenerator`](crate::time::WatermarkGenerator) returned a
+    /// value below one it had returned before (each new lower value once;
+    /// a source never sends such a value on); at any other operator,
+    /// watermarks that arrived on an input lower than that input's
+    /// previous one.
     pub watermark_regressions: u64,
 }
 

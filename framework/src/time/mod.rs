@@ -45,5 +45,9 @@ pub use windowed::{
 };
 
 pub(crate) use source::{SourceSignal, SourceWatermarks};
-pub(crate) use timers::{rescale_timed_states, ProcessingTime, TimedFn, TimedFns, TimedKeyedCore};
+#[cfg(test)]
+pub(crate) use timers::timed_state_of_pieces;
+pub(crate) use timers::{
+    rescale_timed_states, timed_state_pieces, ProcessingTime, TimedFn, TimedFns, TimedKeyedCore,
+};
 pub(crate) use watermark::WatermarkState;

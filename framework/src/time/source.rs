@@ -33,6 +33,33 @@ struct SplitWatermark<T> {
     active_at_ms: Option<u64>,
     /// Quiet for the idleness timeout: it holds nothing back.
     idle: bool,
+    /// The highest watermark the generator returned: a lower one later is
+    /// ignored (this one stands) and counted.
+    highest_ms: Option<u64>,
+    /// What the generator returned when last asked, so that a lower value
+    /// it keeps returning is counted once.
+    last_ms: Option<u64>,
+}
+
+impl<T> SplitWatermark<T> {
+    /// The split's watermark: the generator's, unless it went back below
+    /// what it returned before; then that (counted in `regressions`).
+    fn watermark_ms(&mut self, regressions: &mut u64) -> Option<u64> {
+        let now_ms = self.generator.current_watermark_ms();
+        let went_back = match (self.highest_ms, now_ms) {
+            (Some(highest), Some(now)) => now < highest,
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        if went_back && now_ms != self.last_ms {
+            *regressions += 1;
+        }
+        self.last_ms = now_ms;
+        if !went_back {
+            self.highest_ms = now_ms;
+        }
+        self.highest_ms
+    }
 }
 
 /// The watermark machinery of one source subtask.
@@ -44,6 +71,9 @@ pub(crate) struct SourceWatermarks<T> {
     sent_ms: Option<u64>,
     last_emit_at_ms: Option<u64>,
     idle_sent: bool,
+    /// How often a split's generator went back below a watermark it had
+    /// returned (DESIGN.md §7: ignored, and counted).
+    regressions: u64,
 }
 
 impl<T: 'static> SourceWatermarks<T> {
@@ -54,7 +84,15 @@ impl<T: 'static> SourceWatermarks<T> {
             sent_ms: None,
             last_emit_at_ms: None,
             idle_sent: false,
+            regressions: 0,
         }
+    }
+
+    /// How often a generator went back below what it had returned; such a
+    /// value is ignored. A generator starts afresh after a restore and
+    /// for a new split, so that is no regression.
+    pub(crate) fn regressions(&self) -> u64 {
+        self.regressions
     }
 
     /// A source of one split (id 0) read `records` (possibly none): the
@@ -118,6 +156,8 @@ impl<T: 'static> SourceWatermarks<T> {
                     generator: (self.strategy.make_generator)(),
                     active_at_ms: None,
                     idle: false,
+                    highest_ms: None,
+                    last_ms: None,
                 },
             };
             self.splits.push(state);
@@ -166,10 +206,12 @@ impl<T: 'static> SourceWatermarks<T> {
     /// (a split without a watermark yet holds it back), within the emit
     /// interval.
     fn rise(&mut self) -> SourceSignal {
-        let mut active = self.splits.iter().filter(|state| !state.idle);
-        let merged = active.try_fold(u64::MAX, |low, state| {
-            state.generator.current_watermark_ms().map(|ms| low.min(ms))
-        });
+        let mut merged = Some(u64::MAX);
+        for state in self.splits.iter_mut().filter(|state| !state.idle) {
+            // Every active split is asked, so each one's regressions count.
+            let split_ms = state.watermark_ms(&mut self.regressions);
+            merged = merged.zip(split_ms).map(|(low, ms)| low.min(ms));
+        }
         let Some(watermark_ms) = merged else {
             return SourceSignal::None;
         };
@@ -304,6 +346,57 @@ mod tests {
         after.restore(&before.state());
         assert_eq!(after.on_records(&[8]), SourceSignal::None);
         assert_eq!(after.on_records(&[11]), SourceSignal::Watermark(10));
+    }
+
+    /// The watermark is the last record's event time minus one, so it
+    /// goes back when an older record comes.
+    struct LastSeen(Option<u64>);
+
+    impl WatermarkGenerator<u64> for LastSeen {
+        fn on_event(&mut self, _record: &u64, timestamp_ms: u64) {
+            self.0 = Some(timestamp_ms);
+        }
+
+        fn current_watermark_ms(&self) -> Option<u64> {
+            self.0?.checked_sub(1)
+        }
+    }
+
+    #[test]
+    fn a_generator_that_goes_back_is_ignored_and_counted_once_per_drop() {
+        let strategy = WatermarkStrategy::custom(|ts: &u64| *ts, || LastSeen(None));
+        let mut marks = SourceWatermarks::new(strategy);
+        assert_eq!(marks.on_records(&[10]), SourceSignal::Watermark(9));
+        assert_eq!(marks.on_records(&[5]), SourceSignal::None);
+        assert_eq!(marks.regressions(), 1);
+        assert_eq!(marks.on_records(&[5]), SourceSignal::None);
+        assert_eq!(marks.on_records(&[]), SourceSignal::None);
+        assert_eq!(marks.regressions(), 1, "the same lower value counts once");
+        assert_eq!(marks.on_records(&[12]), SourceSignal::Watermark(11));
+        assert_eq!(marks.on_records(&[3]), SourceSignal::None);
+        assert_eq!(marks.on_records(&[4]), SourceSignal::None);
+        assert_eq!(marks.regressions(), 3, "every new lower value counts");
+        assert_eq!(
+            marks.on_records(&[13]),
+            SourceSignal::Watermark(12),
+            "the highest stands while it is below"
+        );
+    }
+
+    #[test]
+    fn a_split_that_went_back_keeps_its_highest_in_the_minimum() {
+        let strategy = WatermarkStrategy::custom(|ts: &u64| *ts, || LastSeen(None));
+        let mut marks = SourceWatermarks::new(strategy);
+        let both = [1, 2];
+        assert_eq!(marks.on_poll(&[50], 1, &both), SourceSignal::None);
+        assert_eq!(marks.on_poll(&[40], 2, &both), SourceSignal::Watermark(39));
+        assert_eq!(marks.on_poll(&[10], 1, &both), SourceSignal::None);
+        assert_eq!(marks.regressions(), 1);
+        assert_eq!(
+            marks.on_poll(&[60], 2, &both),
+            SourceSignal::Watermark(49),
+            "split 1's 9 is ignored: its 49 stands"
+        );
     }
 
     fn two_splits(idleness_ms: Option<u64>) -> (SourceWatermarks<u64>, ManualClock) {

@@ -200,6 +200,32 @@ pub(crate) fn decode_timed_state(bytes: &[u8]) -> Result<TimedState, postcard::E
     postcard::from_bytes(bytes)
 }
 
+/// A stored timed state made of its pieces, as [`timed_state_pieces`]
+/// gives them back: for tests of readers that have no types.
+#[cfg(test)]
+pub(crate) fn timed_state_of_pieces(
+    user: Vec<u8>,
+    timers: Vec<u8>,
+    watermark_ms: Option<u64>,
+) -> Vec<u8> {
+    encode_timed_state(&TimedState {
+        user,
+        timers,
+        watermark_ms,
+    })
+    .expect("a timed state encodes")
+}
+
+/// A stored timed state's pieces, for describing it without its types
+/// (`job::inspect`'s layout): the user's keyed-state bytes, the timers'
+/// keyed-state bytes and the watermark. `None` unless `bytes` are exactly
+/// one timed state, nothing after it.
+pub(crate) fn timed_state_pieces(bytes: &[u8]) -> Option<(Vec<u8>, Vec<u8>, Option<u64>)> {
+    let (state, rest): (TimedState, &[u8]) = postcard::take_from_bytes(bytes).ok()?;
+    rest.is_empty()
+        .then_some((state.user, state.timers, state.watermark_ms))
+}
+
 /// The stored states of the old subtasks of a timed operator, for
 /// `parallelism` new subtasks: each gets the union of the key groups (it
 /// keeps its own range on restore), and the lowest watermark any old

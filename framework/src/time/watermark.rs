@@ -114,6 +114,12 @@ impl InputWatermarks {
         self.output_ms
     }
 
+    /// Whether this operator last sent an idleness mark (every open
+    /// forward input idle) rather than a watermark.
+    pub(crate) fn output_is_idle(&self) -> bool {
+        self.output_idle
+    }
+
     /// How many watermarks arrived lower than their channel's previous one
     /// (ignored, as DESIGN.md §7 says).
     pub fn regressions(&self) -> u64 {

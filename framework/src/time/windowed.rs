@@ -119,16 +119,22 @@ impl<T: Data> LatePolicy<T> for SideOutputLate {
         name: &str,
         _late: LateRecords,
     ) -> (Stream<'j, R>, Stream<'j, T>) {
+        // The splitters run beside the window operator (a forward edge
+        // each) at its parallelism, whatever is set on either stream.
         let results = stream
             .also()
             .flat_map(&format!("{name}-results"), |output| match output {
                 WindowOutput::Result(result) => Some(result),
                 WindowOutput::Late(_) => None,
-            });
-        let late = stream.flat_map(&format!("{name}-late"), |output| match output {
-            WindowOutput::Late(record) => Some(record),
-            WindowOutput::Result(_) => None,
-        });
+            })
+            .follow_parallelism_of(&stream);
+        let late = stream
+            .also()
+            .flat_map(&format!("{name}-late"), |output| match output {
+                WindowOutput::Late(record) => Some(record),
+                WindowOutput::Result(_) => None,
+            })
+            .follow_parallelism_of(&stream);
         (results, late)
     }
 }
@@ -271,9 +277,9 @@ impl<'j, K, T, F: ?Sized, TS: ?Sized> WindowedStream<'j, K, T, F, DropLate, TS> 
     /// Sends records later than the allowed lateness to a stream of their
     /// own instead of dropping them: each window method then returns that
     /// stream beside the results. The window operator's output is split
-    /// by two stateless operators, `<name>-results` and `<name>-late`, at
-    /// the job's default parallelism (set the window operator's own
-    /// parallelism through the default).
+    /// by two stateless operators, `<name>-results` and `<name>-late`, that
+    /// run beside it at its parallelism: `.parallelism(n)` on either
+    /// returned stream sets the window operator's.
     ///
     /// ```
     /// use snapflow::job::{Job, JobConfig};

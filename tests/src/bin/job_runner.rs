@@ -8,8 +8,12 @@
 //!
 //! ```text
 //! job_runner <store dir> <records> <parallelism> file <output dir>
+//! job_runner <store dir> <records> <parallelism> window <output dir>
 //! job_runner <store dir> <records> <parallelism> postgres <url> <exactly-once|idempotent> <job> <table> [--multi-row] [--hold-first-commit]
 //! ```
+//!
+//! `window` runs the windowed pipeline (`snapflow_tests::window_pipeline`)
+//! into files instead of the keyed one.
 //!
 //! Every commit is delayed by 20 ms, which widens the window in which a
 //! kill finds a durable checkpoint whose output is not committed yet.
@@ -33,6 +37,7 @@ use snapflow_tests::Faults;
 const COMMIT_DELAY_MS: u64 = 20;
 
 const USAGE: &str = "usage: job_runner <store dir> <records> <parallelism> file <output dir>\n       \
+     job_runner <store dir> <records> <parallelism> window <output dir>\n       \
      job_runner <store dir> <records> <parallelism> postgres <url> <exactly-once|idempotent> <job> <table> [--multi-row] [--hold-first-commit]";
 
 /// What the command line asked for.
@@ -45,6 +50,10 @@ struct Run {
 
 enum SinkChoice {
     File {
+        output: PathBuf,
+    },
+    /// The windowed pipeline into files.
+    Window {
         output: PathBuf,
     },
     Postgres {
@@ -72,6 +81,9 @@ fn parse(args: &[String]) -> Result<Run, String> {
     }
     let sink = match sink {
         [kind, output] if kind == "file" => SinkChoice::File {
+            output: output.into(),
+        },
+        [kind, output] if kind == "window" => SinkChoice::Window {
             output: output.into(),
         },
         [kind, url, mode, job, table, flags @ ..] if kind == "postgres" => {
@@ -104,11 +116,9 @@ fn parse(args: &[String]) -> Result<Run, String> {
     })
 }
 
-fn run_with<F>(run: &Run, sink: F) -> Result<(), Box<dyn std::error::Error>>
-where
-    F: SinkFactory + Send + Sync + 'static,
-    F::Sink: Sink<Item = (u64, u64)> + 'static,
-{
+/// The job both pipelines run in: checkpoints every 10 ms into the store
+/// directory, no restart (the parent restarts the process).
+fn crash_job(run: &Run) -> Result<Job, Box<dyn std::error::Error>> {
     let config = JobConfig {
         checkpoint_interval_ms: Some(10),
         default_parallelism: run.parallelism,
@@ -118,18 +128,40 @@ where
         ..JobConfig::default()
     }
     .with_store_dir(run.store.clone(), "crash")?;
-    let job = Job::new("crash", config);
-    let pacing = Pacing {
-        records_per_read: 16,
-    };
+    Ok(Job::new("crash", config))
+}
+
+const PACING: Pacing = Pacing {
+    records_per_read: 16,
+};
+
+fn run_with<F>(run: &Run, sink: F) -> Result<(), Box<dyn std::error::Error>>
+where
+    F: SinkFactory + Send + Sync + 'static,
+    F::Sink: Sink<Item = (u64, u64)> + 'static,
+{
+    let job = crash_job(run)?;
     let _state = declare(
         &job,
         run.records,
         [run.parallelism; 6],
-        pacing,
+        PACING,
         &Faults::none(),
         sink,
     );
+    finish(job)
+}
+
+fn run_windows(run: &Run, output: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
+    let job = crash_job(run)?;
+    let sink = snapflow_tests::file_sink::factory(output)?;
+    let sink = SlowCommits::new(sink, COMMIT_DELAY_MS, false);
+    snapflow_tests::window_pipeline::declare(&job, run.records, run.parallelism, PACING, sink);
+    finish(job)
+}
+
+/// Runs `job` and prints where it resumed from and `done`.
+fn finish(job: Job) -> Result<(), Box<dyn std::error::Error>> {
     let report = job.run()?;
     if let Some(checkpoint) = report.resumed_from {
         println!("resumed {checkpoint}");
@@ -144,6 +176,7 @@ fn run(run: &Run) -> Result<(), Box<dyn std::error::Error>> {
             let sink = snapflow_tests::file_sink::factory(output)?;
             run_with(run, SlowCommits::new(sink, COMMIT_DELAY_MS, false))
         }
+        SinkChoice::Window { output } => run_windows(run, output),
         SinkChoice::Postgres {
             url,
             mode,

@@ -87,7 +87,7 @@ pub use layout::{describe_state, StoredState};
 
 use super::operator::Operator;
 use super::ops::{decode_keyed_state, decode_operator_part, OperatorPart};
-use super::shell::{decode_channel, PartBytes};
+use super::shell::{decode_channel, InputItem, PartBytes};
 
 /// Why a checkpoint could not be read or decoded.
 #[derive(Debug, thiserror::Error)]
@@ -326,7 +326,8 @@ impl PartView {
 
     /// The records recorded on input `channel`, oldest first. The records
     /// were in flight when the snapshot was taken; a restore delivers them
-    /// before any new input.
+    /// before any new input. Watermarks and idleness marks recorded among
+    /// them (a restore applies those in their place too) are left out.
     ///
     /// # Errors
     ///
@@ -345,13 +346,19 @@ impl PartView {
                 part: self.id.clone(),
                 channel,
             })?;
-        let batches: Vec<Vec<T>> =
-            decode_channel(bytes).map_err(|error| InspectError::MalformedChannel {
-                part: self.id.clone(),
-                channel,
-                reason: error.to_string(),
-            })?;
-        Ok(batches.into_iter().flatten().collect())
+        let items = decode_channel::<T>(bytes).map_err(|error| InspectError::MalformedChannel {
+            part: self.id.clone(),
+            channel,
+            reason: error.to_string(),
+        })?;
+        // The time marks recorded among the records are not records.
+        Ok(items
+            .into_iter()
+            .flat_map(|item| match item {
+                InputItem::Records(batch) => batch,
+                InputItem::Watermark(_) | InputItem::Idle => Vec::new(),
+            })
+            .collect())
     }
 
     /// Every recorded record of every input channel, channel by channel in
@@ -633,7 +640,7 @@ impl CheckpointView {
 mod tests {
     use super::*;
     use crate::job::ops::encode_keyed_state;
-    use crate::job::shell::encode_channel;
+    use crate::job::shell::{encode_batches, encode_channel, InputItem};
     use crate::storage::KeyGroupLayout;
 
     #[derive(crate::Snapshot, Debug, Clone, Default, PartialEq)]
@@ -700,8 +707,14 @@ mod tests {
 
     #[test]
     fn recorded_channels_decode_as_records_in_order() {
-        let channel = encode_channel(&[vec![1_u64, 2], vec![3]]).expect("encodes");
-        let empty = encode_channel::<u64>(&[]).expect("encodes");
+        // Time marks recorded among the records are skipped.
+        let channel = encode_channel(&[
+            InputItem::Records(vec![1_u64, 2]),
+            InputItem::Watermark(7),
+            InputItem::Records(vec![3]),
+        ])
+        .expect("encodes");
+        let empty = encode_batches::<u64>(&[]).expect("encodes");
         let view = view(vec![(
             PartId::new("head", 0),
             part(Vec::new(), vec![(0, empty), (2, channel)]),
@@ -723,7 +736,7 @@ mod tests {
 
     #[test]
     fn records_of_another_type_are_a_channel_error() {
-        let channel = encode_channel(&[vec![u64::MAX]]).expect("encodes");
+        let channel = encode_batches(&[vec![u64::MAX]]).expect("encodes");
         let view = view(vec![(
             PartId::new("head", 0),
             part(Vec::new(), vec![(0, channel)]),

@@ -4,7 +4,7 @@
 
 use actix::Message;
 use serde::de::DeserializeOwned;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::job::snapshots::SnapshotReply;
 use crate::protocol::{CheckpointId, DeclineReason, SnapshotId};
@@ -18,6 +18,22 @@ use crate::runtime::Generation;
 pub trait Data: Clone + Send + Unpin + Serialize + DeserializeOwned + 'static {}
 
 impl<T: Clone + Send + Unpin + Serialize + DeserializeOwned + 'static> Data for T {}
+
+/// One protocol message on a stage's input channel, as the node machine
+/// sees it: a batch of records or a time mark. Time marks go through the
+/// machine like batches, so a channel it records keeps them in their
+/// place among the records and a restore replays them in that order
+/// (DESIGN.md §7); barriers, ends and markers are the machine's own
+/// inputs and never appear here.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum InputItem<T> {
+    /// A batch of records.
+    Records(Vec<T>),
+    /// [`Control::Watermark`].
+    Watermark(u64),
+    /// [`Control::Idle`].
+    Idle,
+}
 
 /// The in-band and injected control items of the job layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,8 +3,9 @@
 //! code.
 //!
 //! A shell owns the translation between transport and protocol: data
-//! batches go through [`NodeMachine::on_data`] (one batch is one protocol
-//! message), barriers and end of input are in-band [`Control`] items, held
+//! batches and time marks go through [`NodeMachine::on_data`] (one batch,
+//! watermark or idleness mark is one protocol message, so recorded channel
+//! state keeps the marks in order), barriers and end of input are in-band [`Control`] items, held
 //! channels are held in the stage (`hold_input`) so their batches keep their
 //! credits and the upstream stalls; `TakeSnapshot` serializes the operator
 //! state on the actor (the synchronous part) and the part goes to the
@@ -32,12 +33,13 @@ mod stage;
 mod taken;
 
 pub(crate) use env::{Core, OperatorCounters, ShellEnv};
+pub(crate) use event::InputItem;
 pub use event::{Control, Data};
 pub(crate) use event::{NodeEvent, NodeEventKind};
+pub(crate) use part::{decode_channel, is_empty_channel, PartBytes};
 /// The inspect tests write recorded channel state as a shell would.
 #[cfg(test)]
-pub(crate) use part::encode_channel;
-pub(crate) use part::{decode_channel, is_empty_channel, PartBytes};
+pub(crate) use part::{encode_batches, encode_channel};
 pub(crate) use snapshot::PartActivity;
 pub(crate) use source::{SourceMaker, SourceShell};
 pub(crate) use stage::StageShell;

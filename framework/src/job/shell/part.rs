@@ -4,6 +4,7 @@
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use super::event::InputItem;
 use crate::time::WatermarkState;
 
 /// One subtask's part of a checkpoint, as stored.
@@ -11,7 +12,7 @@ use crate::time::WatermarkState;
 pub(crate) struct PartBytes {
     /// The operator state (or a source's position).
     pub(crate) state: Vec<u8>,
-    /// Recorded channel states: (input channel, postcard `Vec<Vec<In>>`).
+    /// Recorded channel states: (input channel, [`encode_channel`] bytes).
     pub(crate) channels: Vec<(u32, Vec<u8>)>,
     /// The subtask's watermarks ([`WatermarkState`] bytes), if it ever had
     /// one. Stored after the other two fields, and only when present, so
@@ -50,21 +51,95 @@ impl PartBytes {
     }
 }
 
-/// The stored bytes of one recorded channel state: its batches in order.
-pub(crate) fn encode_channel<T: Serialize>(batches: &[Vec<T>]) -> Result<Vec<u8>, postcard::Error> {
+/// The layout tag of a recorded channel state that holds time marks: such
+/// a state is stored as `[0, CHANNEL_LAYOUT_MARKED]` and then the postcard
+/// of its `Vec<InputItem<T>>`. A state of records alone keeps the first
+/// layout (postcard of its `Vec<Vec<T>>`, no tag), whose only encoding
+/// starting with byte 0 is the single byte of the empty list, so the two
+/// never share bytes and checkpoints written before time marks were kept
+/// still restore.
+const CHANNEL_LAYOUT_MARKED: u8 = 2;
+
+/// A recorded channel state that does not decode.
+#[derive(Debug)]
+pub(crate) enum ChannelStateError {
+    /// The state names a layout this build does not know (a newer one).
+    UnknownLayout { layout: u8 },
+    /// The bytes do not decode as the records of this channel.
+    Malformed(postcard::Error),
+}
+
+impl std::fmt::Display for ChannelStateError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ChannelStateError::UnknownLayout { layout } => write!(
+                f,
+                "recorded channel state of layout {layout}; this build reads layouts 1 and \
+                 {CHANNEL_LAYOUT_MARKED}"
+            ),
+            ChannelStateError::Malformed(error) => {
+                write!(f, "recorded channel state does not decode: {error}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ChannelStateError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ChannelStateError::UnknownLayout { .. } => None,
+            ChannelStateError::Malformed(error) => Some(error),
+        }
+    }
+}
+
+/// The stored bytes of a channel state of records alone: its batches in
+/// order (the first layout).
+pub(crate) fn encode_batches<T: Serialize>(batches: &[Vec<T>]) -> Result<Vec<u8>, postcard::Error> {
     postcard::to_allocvec(batches)
 }
 
-/// Reads a recorded channel state written by [`encode_channel`].
-pub(crate) fn decode_channel<T: DeserializeOwned>(
-    bytes: &[u8],
-) -> Result<Vec<Vec<T>>, postcard::Error> {
-    postcard::from_bytes(bytes)
+/// The stored bytes of one recorded channel state: its items in order,
+/// in the first layout when it holds no time mark (so a job without event
+/// time writes the bytes it always wrote).
+pub(crate) fn encode_channel<T: Serialize>(
+    items: &[InputItem<T>],
+) -> Result<Vec<u8>, postcard::Error> {
+    let mut batches = Vec::with_capacity(items.len());
+    for item in items {
+        match item {
+            InputItem::Records(batch) => batches.push(batch),
+            InputItem::Watermark(_) | InputItem::Idle => {
+                let mut bytes = vec![0, CHANNEL_LAYOUT_MARKED];
+                bytes.extend_from_slice(&postcard::to_allocvec(items)?);
+                return Ok(bytes);
+            }
+        }
+    }
+    postcard::to_allocvec(&batches)
 }
 
-/// Whether a recorded channel state (postcard of a list of batches) holds
-/// no batch: a postcard sequence starts with its length, so the empty
-/// list is the single byte 0.
+/// Reads a recorded channel state written by [`encode_channel`] or
+/// [`encode_batches`], in either layout.
+pub(crate) fn decode_channel<T: DeserializeOwned>(
+    bytes: &[u8],
+) -> Result<Vec<InputItem<T>>, ChannelStateError> {
+    match bytes {
+        [0, CHANNEL_LAYOUT_MARKED, items @ ..] => {
+            postcard::from_bytes(items).map_err(ChannelStateError::Malformed)
+        }
+        [0, layout, ..] => Err(ChannelStateError::UnknownLayout { layout: *layout }),
+        _ => {
+            let batches: Vec<Vec<T>> =
+                postcard::from_bytes(bytes).map_err(ChannelStateError::Malformed)?;
+            Ok(batches.into_iter().map(InputItem::Records).collect())
+        }
+    }
+}
+
+/// Whether a recorded channel state holds nothing: the empty list of the
+/// first layout is the single byte 0 (a postcard sequence starts with its
+/// length), and the marked layout is never written empty.
 pub(crate) fn is_empty_channel(messages: &[u8]) -> bool {
     messages == [0]
 }
@@ -114,6 +189,50 @@ mod part_tests {
         assert!(
             PartBytes::decode(cut).is_err(),
             "a cut part is an error, not a panic"
+        );
+    }
+
+    #[test]
+    fn channel_states_keep_their_marks_in_order_and_old_layouts_decode() {
+        let records_only = vec![
+            InputItem::Records(vec![1_u64, 2]),
+            InputItem::Records(vec![3]),
+        ];
+        let old = postcard::to_allocvec(&vec![vec![1_u64, 2], vec![3]]).expect("encodes");
+        assert_eq!(
+            encode_channel(&records_only).expect("encodes"),
+            old,
+            "records alone keep the first layout"
+        );
+        assert_eq!(decode_channel::<u64>(&old).expect("decodes"), records_only);
+        let marked = vec![
+            InputItem::Records(vec![1_u64]),
+            InputItem::Watermark(10),
+            InputItem::Records(vec![2]),
+            InputItem::Idle,
+        ];
+        let bytes = encode_channel(&marked).expect("encodes");
+        assert_eq!(&bytes[..2], &[0, CHANNEL_LAYOUT_MARKED]);
+        assert!(!is_empty_channel(&bytes));
+        assert_eq!(decode_channel::<u64>(&bytes).expect("decodes"), marked);
+        let empty = encode_channel::<u64>(&[]).expect("encodes");
+        assert!(is_empty_channel(&empty));
+        assert!(decode_channel::<u64>(&empty).expect("decodes").is_empty());
+    }
+
+    #[test]
+    fn an_unknown_or_damaged_channel_layout_is_a_typed_error() {
+        let error = decode_channel::<u64>(&[0, 9, 1]).expect_err("layout 9 is unknown");
+        assert!(matches!(
+            error,
+            ChannelStateError::UnknownLayout { layout: 9 }
+        ));
+        assert!(error.to_string().contains("layout 9"), "{error}");
+        let cut = decode_channel::<u64>(&[0, CHANNEL_LAYOUT_MARKED, 1]).expect_err("cut");
+        assert!(matches!(cut, ChannelStateError::Malformed(_)));
+        assert!(
+            decode_channel::<u64>(&[5, 1]).is_err(),
+            "a cut first layout"
         );
     }
 }

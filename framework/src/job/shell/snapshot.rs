@@ -26,7 +26,7 @@ use crate::runtime::BoxError;
 
 use super::env::ShellEnv;
 use super::event::{Data, NodeEventKind};
-use super::part::{encode_channel, PartBytes};
+use super::part::{encode_batches, PartBytes};
 
 /// The bits of a sequence number left for one generation's snapshots: a
 /// generation starts numbering at `generation << 32`, so ids stay unique
@@ -250,7 +250,7 @@ impl<In: Data> SnapshotDriver<In> {
                 let mut in_flight = Vec::with_capacity(part.channel_states.len());
                 for channel in part.channel_states {
                     in_flight.push(channel.messages.iter().map(Vec::len).sum::<usize>() as u64);
-                    channels.push((channel.channel as u32, encode_channel(&channel.messages)?));
+                    channels.push((channel.channel as u32, encode_batches(&channel.messages)?));
                 }
                 let bytes = PartBytes {
                     state: taken.state,

@@ -170,7 +170,20 @@ impl<T: Data> SourceShell<T> {
         reader.current_splits(&mut splits);
         let split = reader.last_split();
         let signal = match &mut self.watermarks {
-            Some(watermarks) => watermarks.on_poll(records, split, &splits),
+            Some(watermarks) => {
+                let before = watermarks.regressions();
+                let signal = watermarks.on_poll(records, split, &splits);
+                // A generator that went back is ignored there; the report
+                // shows how often.
+                let regressed = watermarks.regressions() - before;
+                if regressed > 0 {
+                    self.env
+                        .counters
+                        .watermark_regressions
+                        .fetch_add(regressed, Ordering::Relaxed);
+                }
+                signal
+            }
             None => SourceSignal::None,
         };
         self.splits = splits;

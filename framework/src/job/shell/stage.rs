@@ -10,7 +10,7 @@ use crate::runtime::stage::{StageIo, StageLogic};
 use crate::runtime::BoxError;
 
 use super::env::{Core, ShellEnv};
-use super::event::{Control, Data, NodeEventKind};
+use super::event::{Control, Data, InputItem, NodeEventKind};
 use super::part::{decode_channel, encode_channel, PartBytes};
 use super::snapshot::{SnapshotDriver, SnapshotHost};
 use super::taken::TakenStates;
@@ -88,7 +88,7 @@ impl LoopHead {
 pub(crate) struct StageShell<In: Data, Out: Data> {
     loop_head: Option<LoopHead>,
     env: ShellEnv,
-    machine: NodeMachine<Vec<In>>,
+    machine: NodeMachine<InputItem<In>>,
     core: Box<dyn Core<In, Out>>,
     router: Router<Out>,
     taken: TakenStates,
@@ -105,7 +105,7 @@ pub(crate) struct StageShell<In: Data, Out: Data> {
 impl<In: Data, Out: Data> StageShell<In, Out> {
     pub(crate) fn new(
         env: ShellEnv,
-        machine: NodeMachine<Vec<In>>,
+        machine: NodeMachine<InputItem<In>>,
         core: Box<dyn Core<In, Out>>,
         router: Router<Out>,
         feedback: Vec<bool>,
@@ -160,8 +160,7 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
         while let Some(action) = self.machine.poll_action() {
             match action {
                 NodeAction::Process { message, channel } => {
-                    self.snapshots.on_data(channel, &message);
-                    self.process(message, io.outputs())?;
+                    self.apply(channel, message, io)?;
                 }
                 NodeAction::TakeSnapshot(token) => {
                     let checkpoint = token.checkpoint();
@@ -261,6 +260,53 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
         Ok(())
     }
 
+    /// A watermark or idleness mark arrived on `input`: it passes the
+    /// machine like a batch, so a recorded channel keeps it in order.
+    fn on_mark(
+        &mut self,
+        input: usize,
+        mark: InputItem<In>,
+        io: &mut StageIo<'_, Out, Control>,
+    ) -> Result<(), BoxError> {
+        if let Delivery::Process(mark) = self.machine.on_data(input, mark) {
+            self.apply(input, mark, io)?;
+        }
+        if self.machine.has_checkpoint_in_flight() {
+            self.drive(io)?;
+        }
+        Ok(())
+    }
+
+    /// Processes one item the machine released (or a restore replays):
+    /// records go to the core, time marks to the input watermarks, whose
+    /// advance fires what is due before the mark travels on.
+    fn apply(
+        &mut self,
+        input: usize,
+        item: InputItem<In>,
+        io: &mut StageIo<'_, Out, Control>,
+    ) -> Result<(), BoxError> {
+        let advance = match item {
+            InputItem::Records(batch) => {
+                self.snapshots.on_data(input, &batch);
+                return self.process(batch, io.outputs());
+            }
+            InputItem::Watermark(watermark_ms) => {
+                let regressions = self.watermarks.regressions();
+                let advance = self.watermarks.on_watermark(input, watermark_ms);
+                if self.watermarks.regressions() != regressions {
+                    self.env
+                        .counters
+                        .watermark_regressions
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                advance
+            }
+            InputItem::Idle => self.watermarks.on_idle(input),
+        };
+        self.on_time(advance, io)
+    }
+
     fn note_guarantee(&self) {
         if self.core.guarantee() == Guarantee::AtLeastOnce {
             self.env
@@ -305,17 +351,29 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
             self.watermarks.restore(watermarks);
         }
         // Recorded channel state is delivered before any new input: this
-        // runs before the stage processes its first delivery.
-        for (_channel, messages) in part.channels {
-            let batches: Vec<Vec<In>> = decode_channel(&messages)?;
-            for batch in batches {
-                self.process(batch, io.outputs())?;
+        // runs before the stage processes its first delivery. Its time
+        // marks are applied in their place among its records, as they
+        // were before the failure.
+        for (channel, messages) in part.channels {
+            let input = channel as usize;
+            for item in decode_channel::<In>(&messages)? {
+                if matches!(item, InputItem::Records(_)) {
+                    self.watermarks.on_batch(input);
+                }
+                self.apply(input, item, io)?;
             }
         }
-        // Sent again, after the replayed records: downstream ignores it if
-        // it has it, and a watermark that was in flight in a recorded
-        // channel (not kept there yet) is not lost.
-        if let Some(watermark_ms) = self.watermarks.output_ms() {
+        // Sent again, after the replay: downstream has it already (it came
+        // before this stage's barrier, or in the replay) and ignores an
+        // equal watermark; a checkpoint written before recorded channel
+        // state kept its time marks lost the in-flight one, and this
+        // sends it on. An idle output sends its idleness again instead: a
+        // watermark would make it active downstream, where it would hold
+        // the minimum back until its inputs wake up (an idle input that
+        // stays idle sends nothing new).
+        if self.watermarks.output_is_idle() {
+            io.outputs().broadcast_control(Control::Idle);
+        } else if let Some(watermark_ms) = self.watermarks.output_ms() {
             io.outputs()
                 .broadcast_control(Control::Watermark(watermark_ms));
         }
@@ -343,7 +401,10 @@ impl<In: Data, Out: Data> StageLogic for StageShell<In, Out> {
             }
         }
         self.watermarks.on_batch(input);
-        if let Delivery::Process(batch) = self.machine.on_data(input, batch) {
+        // The machine hands back what it was given or holds it.
+        if let Delivery::Process(InputItem::Records(batch)) =
+            self.machine.on_data(input, InputItem::Records(batch))
+        {
             self.snapshots.on_data(input, &batch);
             self.process(batch, io.outputs())?;
             if self.snapshots.has_requests() {
@@ -391,20 +452,9 @@ impl<In: Data, Out: Data> StageLogic for StageShell<In, Out> {
                 return snapshots.on_marker(input, snapshot, host.env, &mut host);
             }
             Control::Watermark(watermark_ms) => {
-                let regressions = self.watermarks.regressions();
-                let advance = self.watermarks.on_watermark(input, watermark_ms);
-                if self.watermarks.regressions() != regressions {
-                    self.env
-                        .counters
-                        .watermark_regressions
-                        .fetch_add(1, Ordering::Relaxed);
-                }
-                return self.on_time(advance, io);
+                return self.on_mark(input, InputItem::Watermark(watermark_ms), io);
             }
-            Control::Idle => {
-                let advance = self.watermarks.on_idle(input);
-                return self.on_time(advance, io);
-            }
+            Control::Idle => return self.on_mark(input, InputItem::Idle, io),
             other => return Err(format!("{other:?} arrived in-band").into()),
         }
         self.drive(io)

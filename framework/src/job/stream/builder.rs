@@ -126,6 +126,7 @@ impl Job {
         graph.operators.push(OperatorSpec {
             name: name.to_owned(),
             parallelism: None,
+            follows: None,
             is_source,
             template,
             loop_idle_ms: None,
@@ -231,7 +232,14 @@ impl Job {
         let mut operators = Vec::with_capacity(spec.operators.len());
         let mut sources = Vec::with_capacity(spec.operators.len());
         for operator in spec.operators {
-            let parallelism = operator.parallelism.unwrap_or(config.default_parallelism);
+            // A followed operator is declared earlier, so it is planned.
+            let followed = operator
+                .follows
+                .and_then(|index| operators.get(index))
+                .map(|followed: &PlannedOperator| followed.parallelism);
+            let parallelism = followed
+                .or(operator.parallelism)
+                .unwrap_or(config.default_parallelism);
             if parallelism == 0 || parallelism > config.max_parallelism as usize {
                 return Err(JobError::BadParallelism {
                     operator: operator.name,

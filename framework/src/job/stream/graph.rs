@@ -13,6 +13,11 @@ use crate::job::JobError;
 pub(super) struct OperatorSpec {
     pub(super) name: String,
     pub(super) parallelism: Option<usize>,
+    /// Runs at the parallelism of this earlier operator instead of its
+    /// own (the splitters of a window's late side output follow the
+    /// window operator); setting this operator's parallelism sets that
+    /// operator's.
+    pub(super) follows: Option<usize>,
     pub(super) is_source: bool,
     pub(super) template: Box<dyn Template>,
     pub(super) loop_idle_ms: Option<u64>,

@@ -93,6 +93,18 @@ impl<'j, T: Data> Stream<'j, T> {
         }
     }
 
+    /// This stream's producers run at the parallelism of `other`'s single
+    /// producer, declared before them (nothing when `other` is a union).
+    pub(crate) fn follow_parallelism_of<U>(self, other: &Stream<'j, U>) -> Self {
+        if let [followed] = other.producers[..] {
+            let mut graph = self.job.graph.borrow_mut();
+            for producer in &self.producers {
+                graph.operators[producer.operator].follows = Some(followed.operator);
+            }
+        }
+        self
+    }
+
     /// Shows `counter` as the producing operators' dropped late records
     /// in the job report.
     pub(crate) fn report_late_drops(&self, counter: Arc<std::sync::atomic::AtomicU64>) {
@@ -350,12 +362,20 @@ impl<'j, T: Data> Stream<'j, T> {
         self
     }
 
-    /// Sets the parallelism of the operator that produces this stream.
+    /// Sets the parallelism of the operator that produces this stream
+    /// (for the results or late records of
+    /// [`side_output_late`](crate::time::WindowedStream::side_output_late)
+    /// windows: the window operator's, which its two splitting operators
+    /// follow).
     pub fn parallelism(self, parallelism: usize) -> Self {
         {
             let mut graph = self.job.graph.borrow_mut();
             if let [producer] = self.producers[..] {
-                graph.operators[producer.operator].parallelism = Some(parallelism);
+                let mut operator = producer.operator;
+                while let Some(followed) = graph.operators[operator].follows {
+                    operator = followed;
+                }
+                graph.operators[operator].parallelism = Some(parallelism);
             } else {
                 graph.errors.push(JobError::ParallelismOnUnion);
             }
