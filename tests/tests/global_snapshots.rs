@@ -21,6 +21,7 @@ use snapflow::job::{
     Collector, Job, JobConfig, JobError, JobStatus, Operator, RestartStrategy, RunningJob,
     StuckDetection,
 };
+use snapflow::protocol::SnapshotMode;
 use snapflow::runtime::BoxError;
 use snapflow::sink::CollectHandle;
 use snapflow::source::{
@@ -70,10 +71,20 @@ struct Count {
 /// completing, and every snapshot is a consistent cut (what the sources
 /// sent equals what `count` processed plus what was in flight to it).
 fn check_beside_checkpoints(parallelism: usize) {
+    check_beside_checkpoints_in(parallelism, SnapshotMode::Aligned);
+}
+
+/// [`check_beside_checkpoints`] in `mode`; unaligned checkpoints record
+/// `count`'s inputs, so the restart replays records into it.
+fn check_beside_checkpoints_in(parallelism: usize, mode: SnapshotMode) {
     quiet_injected_panics();
     let records = 6_000;
     let faults = Faults::new(vec![("count", 2_500, FaultKind::Panic)]);
-    let job = Job::new("snapshots-beside-checkpoints", config(parallelism));
+    let config = JobConfig {
+        mode,
+        ..config(parallelism)
+    };
+    let job = Job::new("snapshots-beside-checkpoints", config);
     let output = CollectHandle::new();
     let fault = faults.clone();
     job.source(
@@ -189,6 +200,16 @@ fn snapshots_beside_checkpoints_and_a_restart_parallelism_2() {
 #[test]
 fn snapshots_beside_checkpoints_and_a_restart_parallelism_3() {
     check_beside_checkpoints(3);
+}
+
+#[test]
+fn snapshots_beside_unaligned_checkpoints_and_a_restart_parallelism_2() {
+    check_beside_checkpoints_in(2, SnapshotMode::Unaligned);
+}
+
+#[test]
+fn snapshots_beside_unaligned_checkpoints_and_a_restart_parallelism_3() {
+    check_beside_checkpoints_in(3, SnapshotMode::Unaligned);
 }
 
 #[test]

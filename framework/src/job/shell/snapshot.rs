@@ -106,6 +106,17 @@ impl<In: Data> SnapshotDriver<In> {
         }
     }
 
+    /// Forgets the records counted as taken in so far (those a restore
+    /// replayed from recorded channel state, which no sender of this
+    /// generation pushed). What they made the subtask emit stays counted:
+    /// it went out on this generation's channels.
+    pub(crate) fn forget_processed(&mut self) {
+        self.processed
+            .iter_mut()
+            .for_each(|processed| *processed = 0);
+        self.records_in = 0;
+    }
+
     /// Whether the operator asked for a snapshot (one atomic load, custom
     /// operators only).
     #[inline]

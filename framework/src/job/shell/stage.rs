@@ -363,6 +363,9 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
                 self.apply(input, item, io)?;
             }
         }
+        // The replayed records came from the checkpoint, not from this
+        // generation's channels: a snapshot's check counts only the latter.
+        self.snapshots.forget_processed();
         // Sent again, after the replay: downstream has it already (it came
         // before this stage's barrier, or in the replay) and ignores an
         // equal watermark; a checkpoint written before recorded channel
