@@ -133,6 +133,7 @@ impl<S: Sink> Sink for LoggedCommit<S> {
     }
 
     fn restore(&mut self, state: Option<&SinkState>) -> Result<(), SinkError> {
+        self.shared.event("restoring");
         let result = self.inner.restore(state);
         self.shared.event(&format!(
             "restore from {:?} bytes: {:?}",
@@ -148,7 +149,11 @@ impl<S: Sink> Sink for LoggedCommit<S> {
         restored: Option<u64>,
         state: Option<&SinkState>,
     ) -> Result<Visibility, SinkError> {
-        self.inner.check_restore(restored, state)
+        self.shared
+            .event(&format!("checking a restore from {restored:?}"));
+        let result = self.inner.check_restore(restored, state);
+        self.shared.event(&format!("checked: {result:?}"));
+        result
     }
 
     fn finish(&mut self) -> Result<(), SinkError> {

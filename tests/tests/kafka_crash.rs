@@ -100,6 +100,14 @@ impl Case {
         command
     }
 
+    /// What the runs' sinks did (`logged_commits` writes it), for a
+    /// failure's message.
+    fn events(&self) -> String {
+        let mut events = self.log_file().into_os_string();
+        events.push(".events");
+        std::fs::read_to_string(events).unwrap_or_default()
+    }
+
     /// Checks the committed output and the last run's state.
     fn check(&self, stdout: &str, replay: &str) {
         let committed = committed_headers(&self.log_file());
@@ -125,12 +133,10 @@ impl Case {
         got.sort_unstable();
         let (want, want_state) = expected();
         if got.len() != want.len() {
-            let mut events = self.log_file().into_os_string();
-            events.push(".events");
             eprintln!(
                 "{replay}: {}\nevents:\n{}",
                 describe_extra(&all, &committed),
-                std::fs::read_to_string(events).unwrap_or_default()
+                self.events()
             );
         }
         let missing = want
@@ -234,8 +240,14 @@ fn check_killed(brokers: String, parallelism: usize, seed: u64) {
     let panic_at = rng.between(0, RECORDS - 1);
     // The child needs a few hundred milliseconds to reach the broker and
     // fence its ids; a run of the whole input takes one to three seconds.
-    let stdout = kill_then_finish(&mut rng, &replay, (300, 1_800), || {
-        case.child(parallelism, panic_at, false)
+    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        kill_then_finish(&mut rng, &replay, (300, 1_800), || {
+            case.child(parallelism, panic_at, false)
+        })
+    }));
+    let stdout = run.unwrap_or_else(|panic| {
+        eprintln!("{replay}: events:\n{}", case.events());
+        std::panic::resume_unwind(panic)
     });
     case.check(&stdout, &replay);
 }
