@@ -297,6 +297,27 @@ fn offsets_sent_to_a_transaction_count_only_when_it_commits() {
         .init_transactions(TIMEOUT)
         .expect("the fencer initialises");
     let after_fence = group_offset(&brokers, &group, &topic);
+    // A producer with another transactional id (the sink opens one per
+    // checkpoint) commits offsets for the same group.
+    let other: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &brokers)
+        .set("transactional.id", unique("probe-offsets-other"))
+        .create()
+        .expect("a transactional producer");
+    other.init_transactions(TIMEOUT).expect("init");
+    other.begin_transaction().expect("begin");
+    send_one(&other, &topic, "four");
+    other
+        .send_offsets_to_transaction(&offsets(13), &metadata, TIMEOUT)
+        .expect("send_offsets_to_transaction");
+    other.commit_transaction(TIMEOUT).expect("commit");
+    let other_id = group_offset(&brokers, &group, &topic);
+    eprintln!("after a commit under another id: {other_id:?}");
+    assert_eq!(
+        other_id,
+        Some((13, String::new())),
+        "a commit under another id moves the offset"
+    );
     // tansu 0.6 drops the metadata string of offsets sent to a
     // transaction, so the marker keeps everything in offsets (see
     // `marker.rs`); a broker that keeps it fails here, harmlessly.

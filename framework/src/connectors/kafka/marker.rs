@@ -12,18 +12,20 @@
 //! object opened, and offers no way to resume one by producer id and
 //! epoch as Flink does with the Java client.
 //!
-//! The marker is two committed offsets, each of partition 0 of the
-//! output topic (Kafka does not check a committed offset against the
-//! log), in two groups of the subtask: `<prefix>-<subtask>-marker` holds
-//! the checkpoint id of the last pending transaction the committed one
-//! carried, and `<prefix>-<subtask>-origin` holds
-//! `(checkpoint - first) << 48 | nonce`: the committed transaction
-//! carried the pending transactions of checkpoints `first` to
-//! `checkpoint` (one, but for a restore that wrote several again in one
-//! transaction), and its records carry the header `<id>#<nonce>`. No
-//! consumer ever reads the output topic in these groups. The offset
-//! metadata string would have been the natural place for the second
-//! half, but the test broker (tansu 0.6) drops it (`kafka_probe.rs`).
+//! The marker is one committed offset, of partition 0 of the output
+//! topic (Kafka does not check a committed offset against the log), in
+//! the group `<prefix>-<subtask>-marker`: `checkpoint << 31 | span << 23
+//! | nonce`. The committed transaction carried the pending transactions
+//! of checkpoints `checkpoint - span` to `checkpoint` (one, but for a
+//! restore that wrote several again in one transaction), and its records
+//! carry the header `<id>#<nonce>`. No consumer ever reads the output
+//! topic in this group. The offset metadata string would have been the
+//! natural place for the second half, but the test broker (tansu 0.6)
+//! drops it (`kafka_probe.rs`); one offset keeps it to one
+//! `send_offsets_to_transaction` call per transaction. Hence the
+//! packing, and its limits: checkpoint ids below 2^32, spans below 256,
+//! 23-bit nonces (two attempts under one transactional id share a nonce
+//! once in about 8 million).
 //!
 //! This module owns the group's name, the marker's encoding, and reading
 //! it back. It never decides what to commit.
@@ -37,12 +39,14 @@ use super::client_config;
 use super::error::KafkaError;
 use super::sink::KafkaSinkConfig;
 
-/// The widest span of checkpoints one marker can name (16 bits).
-pub(crate) const SPAN_MAX: u64 = 0xFFFF;
+/// The widest span of checkpoints one marker can name (8 bits).
+pub(crate) const SPAN_MAX: u64 = 0xFF;
 
-/// The nonces' bits (the low 47 of the origin offset, which stays
-/// positive).
-pub(crate) const NONCE_MASK: u64 = (1 << 47) - 1;
+/// The nonces' bits (the low 23 of the offset).
+pub(crate) const NONCE_MASK: u64 = (1 << 23) - 1;
+
+/// The highest checkpoint id a marker can hold (32 bits).
+pub(crate) const CHECKPOINT_MAX: u64 = u32::MAX as u64;
 
 /// What one committed transaction recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,14 +92,12 @@ impl Marker {
 /// need.
 pub(crate) struct MarkerGroup {
     marker: BaseConsumer,
-    origin: BaseConsumer,
     topic: String,
     timeout: Duration,
 }
 
 impl MarkerGroup {
-    /// The groups `<subtask prefix>marker` and `<subtask prefix>origin`,
-    /// where the subtask prefix is `<transactional id prefix>-<subtask>-`.
+    /// The group `<subtask prefix>marker`, where the subtask prefix is `<transactional id prefix>-<subtask>-`.
     ///
     /// # Errors
     ///
@@ -110,7 +112,6 @@ impl MarkerGroup {
         };
         Ok(MarkerGroup {
             marker: client(format!("{prefix}marker"))?,
-            origin: client(format!("{prefix}origin"))?,
             topic: config.topic.clone(),
             timeout: Duration::from_millis(config.request_timeout_ms),
         })
@@ -121,33 +122,35 @@ impl MarkerGroup {
         u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// The two groups' metadata for `send_offsets_to_transaction` with
-    /// the offsets that record `marker`, marker group first.
+    /// The group's metadata for `send_offsets_to_transaction` with the
+    /// offsets that record `marker`.
     ///
     /// # Errors
     ///
-    /// [`KafkaError::InvalidConfig`] for a span past [`SPAN_MAX`] or when
-    /// librdkafka has no group metadata (it always has for a consumer
-    /// with a group id), [`KafkaError::Client`] when it refuses a list.
+    /// [`KafkaError::InvalidConfig`] for a span past [`SPAN_MAX`] or a
+    /// checkpoint past [`CHECKPOINT_MAX`], or when librdkafka has no
+    /// group metadata (it always has for a consumer with a group id),
+    /// [`KafkaError::Client`] when it refuses the list.
     pub(crate) fn offsets(
         &self,
         marker: &Marker,
-    ) -> Result<[(ConsumerGroupMetadata, TopicPartitionList); 2], KafkaError> {
+    ) -> Result<(ConsumerGroupMetadata, TopicPartitionList), KafkaError> {
         let span = marker.checkpoint_id.saturating_sub(marker.first);
-        if span > SPAN_MAX || marker.first > marker.checkpoint_id {
+        if span > SPAN_MAX
+            || marker.first > marker.checkpoint_id
+            || marker.checkpoint_id > CHECKPOINT_MAX
+        {
             return Err(KafkaError::InvalidConfig {
                 setting: "pending transactions",
                 reason: format!(
-                    "checkpoints {} to {} are too far apart for one commit marker",
+                    "checkpoints {} to {} do not fit one commit marker (ids up to {CHECKPOINT_MAX}, \
+                     at most {SPAN_MAX} apart)",
                     marker.first, marker.checkpoint_id
                 ),
             });
         }
-        let origin = (span << 48) | (marker.nonce & NONCE_MASK);
-        Ok([
-            (metadata(&self.marker)?, self.list(marker.checkpoint_id)?),
-            (metadata(&self.origin)?, self.list(origin)?),
-        ])
+        let offset = (marker.checkpoint_id << 31) | (span << 23) | (marker.nonce & NONCE_MASK);
+        Ok((metadata(&self.marker)?, self.list(offset)?))
     }
 
     fn list(&self, offset: u64) -> Result<TopicPartitionList, KafkaError> {
@@ -158,7 +161,7 @@ impl MarkerGroup {
         Ok(list)
     }
 
-    /// The marker the broker holds, or `None` when the groups have
+    /// The marker the broker holds, or `None` when the group has
     /// committed nothing.
     ///
     /// # Errors
@@ -166,16 +169,15 @@ impl MarkerGroup {
     /// [`KafkaError::Client`] (retryable when the broker is away) when
     /// the committed offsets cannot be read.
     pub(crate) fn read(&self) -> Result<Option<Marker>, KafkaError> {
-        let (Some(checkpoint_id), Some(origin)) =
-            (self.committed(&self.marker)?, self.committed(&self.origin)?)
-        else {
+        let Some(offset) = self.committed(&self.marker)? else {
             return Ok(None);
         };
-        let span = origin >> 48;
+        let checkpoint_id = offset >> 31;
+        let span = (offset >> 23) & SPAN_MAX;
         Ok(Some(Marker {
             checkpoint_id,
             first: checkpoint_id.saturating_sub(span),
-            nonce: origin & NONCE_MASK,
+            nonce: offset & NONCE_MASK,
         }))
     }
 

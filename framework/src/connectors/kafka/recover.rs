@@ -43,12 +43,10 @@ pub(crate) fn send_marker(
     marker: &Marker,
 ) -> Result<(), KafkaError> {
     let timeout = Duration::from_millis(group.timeout_ms());
-    for (metadata, offsets) in group.offsets(marker)? {
-        producer
-            .send_offsets_to_transaction(&offsets, &metadata, timeout)
-            .map_err(|source| KafkaError::client("send_offsets_to_transaction (marker)", source))?;
-    }
-    Ok(())
+    let (metadata, offsets) = group.offsets(marker)?;
+    producer
+        .send_offsets_to_transaction(&offsets, &metadata, timeout)
+        .map_err(|source| KafkaError::client("send_offsets_to_transaction (marker)", source))
 }
 
 /// Sets the marker to checkpoint 0 when it names a later one, in a
