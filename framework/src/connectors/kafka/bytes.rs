@@ -60,6 +60,22 @@ impl<'a> Reader<'a> {
             .map_err(|_| "a name is not UTF-8")
     }
 
+    /// Bytes written as a `u32` length and the bytes.
+    pub(crate) fn bytes(&mut self) -> Result<Vec<u8>, &'static str> {
+        let length = self.u32()? as usize;
+        if self.rest.len() < length {
+            return Err("cut short");
+        }
+        let (head, tail) = self.rest.split_at(length);
+        self.rest = tail;
+        Ok(head.to_vec())
+    }
+
+    /// How many bytes are left to read.
+    pub(crate) fn remaining(&self) -> usize {
+        self.rest.len()
+    }
+
     /// Fails when bytes are left over.
     pub(crate) fn finish(self) -> Result<(), &'static str> {
         if self.rest.is_empty() {

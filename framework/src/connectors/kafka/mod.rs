@@ -65,9 +65,12 @@
 
 mod bytes;
 mod error;
+mod marker;
 mod position;
+mod recover;
 mod registry;
 pub mod sink;
+mod sink_state;
 pub mod source;
 
 pub use error::KafkaError;

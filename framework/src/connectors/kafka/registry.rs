@@ -63,11 +63,6 @@ pub(crate) fn take(id: &str) -> Option<Txn> {
     Some(txn)
 }
 
-/// Whether this process has the transaction with this id.
-pub(crate) fn contains(id: &str) -> bool {
-    table().by_id.contains_key(id)
-}
-
 /// Takes out every transaction whose id starts with `prefix`.
 pub(crate) fn take_prefixed(prefix: &str) -> Vec<Txn> {
     let mut table = table();

