@@ -7,7 +7,10 @@
 //! (count, duration p50/p99, bytes), the process's peak RSS, and the
 //! throughput of a hand-written single-threaded loop doing the same count
 //! with the same stable hasher, as a ratio. `--compare-off` also runs the
-//! same job with periodic checkpoints off. Every job run checks that the
+//! same job with periodic checkpoints off. Each run is also repeated with
+//! the live metrics off (`JobConfig::metrics`), interleaved, and the
+//! metrics overhead is printed from the adjacent on/off pairs
+//! (`--no-compare-metrics` skips that). Every job run checks that the
 //! per-key counts are exact; `--smoke` runs a tiny N and exits non-zero if
 //! they are not. It asserts nothing about speed.
 //!
@@ -52,7 +55,8 @@ const SMT_PLACEMENT_NS: f64 = 50.0;
 
 const USAGE: &str = "keyed_count [--records N] [--keys K] [--parallelism P] \
 [--checkpoint-interval-ms MS|off] [--mode aligned|unaligned|at-least-once] [--runs R] \
-[--store memory|fs] [--window-batches W] [--arbiters A] [--pin-arbiters] [--compare-off] [--smoke]";
+[--store memory|fs] [--window-batches W] [--arbiters A] [--pin-arbiters] [--compare-off] \
+[--no-compare-metrics] [--smoke]";
 
 /// Where checkpoints go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,6 +79,8 @@ struct Options {
     runs: usize,
     store: StoreKind,
     compare_off: bool,
+    /// Also run each configuration with the live metrics off.
+    compare_metrics: bool,
     smoke: bool,
     /// Batches in flight per channel; `None` keeps the job's default.
     window_batches: Option<usize>,
@@ -97,6 +103,7 @@ impl Default for Options {
             runs: 1,
             store: StoreKind::Fs,
             compare_off: false,
+            compare_metrics: true,
             smoke: false,
             window_batches: None,
             pin_arbiters: false,
@@ -145,6 +152,7 @@ fn parse(arguments: impl IntoIterator<Item = String>) -> Result<Options, String>
                 options.arbiters = Some(parse_number(&flag, arguments.next().as_deref())?)
             }
             "--compare-off" => options.compare_off = true,
+            "--no-compare-metrics" => options.compare_metrics = false,
             "--smoke" => options.smoke = true,
             "--bench" => {}
             "--help" | "-h" => return Err(USAGE.to_string()),
@@ -204,9 +212,10 @@ fn placement_of(probe_ns: f64) -> &'static str {
 /// Every placement a run can be judged to have run in, in print order.
 const PLACEMENTS: [&str; 4] = ["near", "SMT-sibling", "far", "mixed"];
 
-fn job_config(options: &Options, interval_ms: Option<u64>) -> JobConfig {
+fn job_config(options: &Options, interval_ms: Option<u64>, metrics: bool) -> JobConfig {
     let defaults = JobConfig::default();
     JobConfig {
+        metrics,
         checkpoint_interval_ms: interval_ms,
         mode: options.mode,
         default_parallelism: options.parallelism,
@@ -218,9 +227,9 @@ fn job_config(options: &Options, interval_ms: Option<u64>) -> JobConfig {
 
 /// Runs the job once and checks its output; the store directory (if any)
 /// lives until the run is measured.
-fn run_job(options: &Options, interval_ms: Option<u64>) -> Result<JobRun, String> {
+fn run_job(options: &Options, interval_ms: Option<u64>, metrics: bool) -> Result<JobRun, String> {
     let directory = tempfile::tempdir().map_err(|error| format!("temporary directory: {error}"))?;
-    let mut config = job_config(options, interval_ms);
+    let mut config = job_config(options, interval_ms, metrics);
     if options.store == StoreKind::Fs {
         config = config
             .with_store_dir(directory.path(), "keyed-count")
@@ -428,19 +437,34 @@ fn print_job_runs(title: &str, options: &Options, runs: &[JobRun]) -> f64 {
     median(&mut rates)
 }
 
-/// The runs of the configuration in `options` and, with `compare_off`, as
-/// many runs with periodic checkpoints off, interleaved (on, off, on, ...)
-/// so that both see the same changes in the host's condition (see
+/// The runs of the configuration in `options`; with `compare_off`, as
+/// many runs with periodic checkpoints off; with `--compare-metrics`, as
+/// many with the live metrics off; interleaved (on, off, metrics off, on,
+/// ...) so that all see the same changes in the host's condition (see
 /// BENCHMARKS.md, "Slow mode").
-fn run_configs(options: &Options, compare_off: bool) -> Result<(Vec<JobRun>, Vec<JobRun>), String> {
-    let (mut on, mut off) = (Vec::new(), Vec::new());
+fn run_configs(options: &Options, compare_off: bool) -> Result<[Vec<JobRun>; 3], String> {
+    let (mut on, mut off, mut unmetered) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..options.runs {
-        on.push(run_job(options, options.interval_ms)?);
+        on.push(run_job(options, options.interval_ms, true)?);
         if compare_off {
-            off.push(run_job(options, None)?);
+            off.push(run_job(options, None, true)?);
+        }
+        if options.compare_metrics {
+            unmetered.push(run_job(options, options.interval_ms, false)?);
         }
     }
-    Ok((on, off))
+    Ok([on, off, unmetered])
+}
+
+/// The median over adjacent pairs of `with`'s run time over `without`'s
+/// (above 1: `with` is slower).
+fn paired_slowdown(with: &[JobRun], without: &[JobRun]) -> f64 {
+    let mut pairs: Vec<f64> = with
+        .iter()
+        .zip(without)
+        .map(|(with, without)| with.elapsed.as_secs_f64() / without.elapsed.as_secs_f64())
+        .collect();
+    median(&mut pairs)
 }
 
 fn run_loop(options: &Options) -> Result<f64, String> {
@@ -460,7 +484,7 @@ fn run_loop(options: &Options) -> Result<f64, String> {
 }
 
 fn run(options: &Options) -> Result<(), String> {
-    let window = job_config(options, None).window_batches;
+    let window = job_config(options, None, true).window_batches;
     println!(
         "keyed count: {} records, {} keys, parallelism {}, mode {:?}, store {:?}, window {} batches, \
          arbiters {} ({}), {} runs",
@@ -475,7 +499,7 @@ fn run(options: &Options) -> Result<(), String> {
         options.runs
     );
     let compare_off = options.compare_off && options.interval_ms.is_some();
-    let (runs, off) = run_configs(options, compare_off)?;
+    let [runs, off, unmetered] = run_configs(options, compare_off)?;
     let title = format!("job, {}", describe(options.interval_ms));
     let job_rate = print_job_runs(&title, options, &runs);
     if compare_off {
@@ -494,6 +518,17 @@ fn run(options: &Options) -> Result<(), String> {
             job_rate / off_rate,
             median(&mut pairs),
             pairs.len()
+        );
+    }
+    if options.compare_metrics {
+        let unmetered_rate = print_job_runs("job, live metrics off", options, &unmetered);
+        let slowdown = paired_slowdown(&runs, &unmetered);
+        println!(
+            "metrics overhead: {:+.2} % (median of {} adjacent on/off pairs; {:+.2} % of the \
+             medians' throughput)",
+            (slowdown - 1.0) * 100.0,
+            runs.len(),
+            (unmetered_rate / job_rate - 1.0) * 100.0
         );
     }
     let loop_rate = run_loop(options)?;
