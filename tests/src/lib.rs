@@ -11,6 +11,7 @@ pub mod damage;
 pub mod postgres;
 pub mod servers;
 pub mod slow_commit;
+pub mod tenths;
 
 /// The configuration of the event-time tests: checkpoints every 5 ms into
 /// `store`, small batches, two arbiters, and up to 10 restarts without

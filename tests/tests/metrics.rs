@@ -16,11 +16,7 @@ use snapflow::sink::CollectHandle;
 use snapflow::source::VecSourceFactory;
 use snapflow::time::WatermarkStrategy;
 use snapflow_tests::slow_commit::SlowCommits;
-
-#[derive(snapflow::Snapshot, Default, Clone, Debug)]
-struct Count {
-    seen: u64,
-}
+use snapflow_tests::tenths;
 
 struct Run {
     report: JobReport,
@@ -45,18 +41,11 @@ fn run(parallelism: usize, records: u64, sleep_ms: u64, config: JobConfig) -> Ru
         },
     );
     let output = CollectHandle::new();
-    job.source("numbers", VecSourceFactory::new((0..records).collect()))
-        .map("tenths", |n: u64| n / 10)
-        .key_by(|n: &u64| *n)
-        .process("count", |key: &u64, state: &mut Count, _n: u64, out| {
-            state.seen += 1;
-            out.emit((*key, state.seen));
-            Ok(())
-        })
-        .sink(
-            "out",
-            SlowCommits::new(output, 0, false).with_write_delay_ms(sleep_ms),
-        );
+    tenths::declare(
+        &job,
+        records,
+        SlowCommits::new(output, 0, false).with_write_delay_ms(sleep_ms),
+    );
     let running = job.start().expect("the job starts");
     let registry = running.metrics_registry();
     let ended = Arc::new(AtomicBool::new(false));

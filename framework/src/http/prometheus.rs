@@ -5,7 +5,7 @@
 //!
 //! A fresh `prometheus_client` registry is filled from each snapshot: the
 //! job's own counters live in [`crate::metrics`], and this is only their
-//! exposition.
+//! exposition. Help texts have no final period: the encoder adds one.
 
 use std::sync::atomic::AtomicU64;
 
@@ -57,27 +57,27 @@ struct SubtaskFamilies {
 impl SubtaskFamilies {
     fn register(registry: &mut Registry) -> Self {
         SubtaskFamilies {
-            records_in: counter(registry, "snapflow_records_in", "Records taken as input."),
-            records_out: counter(registry, "snapflow_records_out", "Records sent on outputs."),
+            records_in: counter(registry, "snapflow_records_in", "Records taken as input"),
+            records_out: counter(registry, "snapflow_records_out", "Records sent on outputs"),
             busy: gauge(
                 registry,
                 "snapflow_busy_ms_per_second",
-                "Milliseconds per second spent processing.",
+                "Milliseconds per second spent processing",
             ),
             idle: gauge(
                 registry,
                 "snapflow_idle_ms_per_second",
-                "Milliseconds per second with nothing to do.",
+                "Milliseconds per second with nothing to do",
             ),
             backpressured: gauge(
                 registry,
                 "snapflow_backpressured_ms_per_second",
-                "Milliseconds per second waiting for credit on an output.",
+                "Milliseconds per second waiting for credit on an output",
             ),
             watermark: gauge(
                 registry,
                 "snapflow_watermark_ms",
-                "The event-time watermark the subtask sent on last.",
+                "The event-time watermark the subtask sent on last",
             ),
         }
     }
@@ -116,7 +116,7 @@ fn fill_job(registry: &mut Registry, metrics: &JobMetrics) {
     let fill = gauge(
         registry,
         "snapflow_channel_fill",
-        "Batches in flight on a channel over its window (0 when unbounded).",
+        "Batches in flight on a channel over its window (0 when unbounded)",
     );
     for channel in &metrics.channels {
         let labels = vec![
@@ -131,17 +131,17 @@ fn fill_job(registry: &mut Registry, metrics: &JobMetrics) {
     let counters = [
         (
             "snapflow_checkpoints_completed",
-            "Checkpoints completed.",
+            "Checkpoints completed",
             metrics.checkpoints_completed,
         ),
         (
             "snapflow_checkpoints_failed",
-            "Checkpoints failed or aborted.",
+            "Checkpoints failed or aborted",
             metrics.checkpoints_failed,
         ),
         (
             "snapflow_restarts",
-            "Restarts of failover regions.",
+            "Restarts of failover regions",
             metrics.restarts_total,
         ),
     ];
@@ -153,7 +153,7 @@ fn fill_job(registry: &mut Registry, metrics: &JobMetrics) {
     gauge(
         registry,
         "snapflow_uptime_ms",
-        "Milliseconds since the job started.",
+        "Milliseconds since the job started",
     )
     .get_or_create(&job)
     .set(metrics.uptime_ms as f64);
@@ -161,22 +161,22 @@ fn fill_job(registry: &mut Registry, metrics: &JobMetrics) {
         let gauges = [
             (
                 "snapflow_last_checkpoint_id",
-                "The id of the newest completed checkpoint.",
+                "The id of the newest completed checkpoint",
                 last.id as f64,
             ),
             (
                 "snapflow_last_checkpoint_duration_ms",
-                "From trigger to durable commit of the newest completed checkpoint.",
+                "From trigger to durable commit of the newest completed checkpoint",
                 last.duration_ms as f64,
             ),
             (
                 "snapflow_last_checkpoint_size_bytes",
-                "Bytes of the newest completed checkpoint.",
+                "Bytes of the newest completed checkpoint",
                 last.size_bytes as f64,
             ),
             (
                 "snapflow_last_checkpoint_alignment_us",
-                "The longest barrier alignment of the newest completed checkpoint.",
+                "The longest barrier alignment of the newest completed checkpoint",
                 last.alignment_max_us as f64,
             ),
         ];
