@@ -35,10 +35,12 @@
 //! ```
 
 mod cell;
+mod progress;
 mod registry;
 mod snapshot;
 
 pub use cell::{SubtaskCell, SubtaskRecorder};
+pub use progress::{progress_line, Progress};
 pub(crate) use registry::OperatorInfo;
 pub use registry::{MetricsRegistry, QueueProbe, CHECKPOINT_HISTORY_MAX, RESTART_HISTORY_MAX};
 pub use snapshot::{
