@@ -28,16 +28,18 @@ mod support;
 use std::collections::HashMap;
 use std::hint::black_box;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use snapflow::job::{CheckpointReport, Job, JobConfig, JobReport, KeyedStateHandle};
 use snapflow::keyed::BuildStableHasher;
+use snapflow::metrics::{SubtaskCell, SubtaskRecorder};
 use snapflow::protocol::SnapshotMode;
 
 use support::{
     bench_main, cross_core_round_trip_ns, describe, expected_count, median, mega_per_second,
     parse_mode, parse_number, peak_rss_kb, periodic_figures, print_optional, quantile,
-    reset_peak_rss, sequence, summary, ArbiterPinner, Count, DiscardSink,
+    reset_peak_rss, run_with_progress, sequence, summary, ArbiterPinner, Count, DiscardSink,
 };
 
 /// Round trips of the probe taken right before and after each job run
@@ -56,7 +58,7 @@ const SMT_PLACEMENT_NS: f64 = 50.0;
 const USAGE: &str = "keyed_count [--records N] [--keys K] [--parallelism P] \
 [--checkpoint-interval-ms MS|off] [--mode aligned|unaligned|at-least-once] [--runs R] \
 [--store memory|fs] [--window-batches W] [--arbiters A] [--pin-arbiters] [--compare-off] \
-[--no-compare-metrics] [--smoke]";
+[--no-compare-metrics] [--progress] [--smoke]";
 
 /// Where checkpoints go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,6 +83,8 @@ struct Options {
     compare_off: bool,
     /// Also run each configuration with the live metrics off.
     compare_metrics: bool,
+    /// Print a progress line per second to stderr while each job runs.
+    progress: bool,
     smoke: bool,
     /// Batches in flight per channel; `None` keeps the job's default.
     window_batches: Option<usize>,
@@ -105,6 +109,7 @@ impl Default for Options {
             compare_off: false,
             compare_metrics: true,
             smoke: false,
+            progress: false,
             window_batches: None,
             pin_arbiters: false,
             arbiters: None,
@@ -154,6 +159,7 @@ fn parse(arguments: impl IntoIterator<Item = String>) -> Result<Options, String>
             "--compare-off" => options.compare_off = true,
             "--no-compare-metrics" => options.compare_metrics = false,
             "--smoke" => options.smoke = true,
+            "--progress" => options.progress = true,
             "--bench" => {}
             "--help" | "-h" => return Err(USAGE.to_string()),
             other => return Err(format!("unknown flag `{other}`\nusage: {USAGE}")),
@@ -251,8 +257,7 @@ fn run_job(options: &Options, interval_ms: Option<u64>, metrics: bool) -> Result
     let peak_rss_reset = reset_peak_rss();
     let pinner = options.pin_arbiters.then(ArbiterPinner::start);
     let started = Instant::now();
-    let report = job
-        .run()
+    let report = run_with_progress(job, options.progress)
         .map_err(|error| format!("the job failed: {error}"))?;
     let elapsed = started.elapsed();
     let probes_ns = [probe_before_ns, settled_probe_ns()];
@@ -444,12 +449,19 @@ fn print_job_runs(title: &str, options: &Options, runs: &[JobRun]) -> f64 {
 /// BENCHMARKS.md, "Slow mode").
 fn run_configs(options: &Options, compare_off: bool) -> Result<[Vec<JobRun>; 3], String> {
     let (mut on, mut off, mut unmetered) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..options.runs {
+    for round in 0..options.runs {
+        // Every other round runs the metrics-off job first, so that an
+        // effect of the order (the previous run's threads winding down)
+        // falls on both sides of the metrics comparison alike.
+        let unmetered_first = options.compare_metrics && round % 2 == 1;
+        if unmetered_first {
+            unmetered.push(run_job(options, options.interval_ms, false)?);
+        }
         on.push(run_job(options, options.interval_ms, true)?);
         if compare_off {
             off.push(run_job(options, None, true)?);
         }
-        if options.compare_metrics {
+        if options.compare_metrics && !unmetered_first {
             unmetered.push(run_job(options, options.interval_ms, false)?);
         }
     }
@@ -481,6 +493,51 @@ fn run_loop(options: &Options) -> Result<f64, String> {
     println!("hand-written loop (1 thread, same stable hasher)");
     println!("  {}", summary("records/s", &rates, "M"));
     Ok(median(&mut rates))
+}
+
+/// What the live metrics cost one actor per slice of work on this
+/// machine, in nanoseconds: the end of a slice as `runtime::stage` does it
+/// (two clock reads, the busy time, a flush into the cell) plus one
+/// backpressure period's start and end (a third clock read), which is the
+/// most a slice adds. Timed alone, so the machine's load barely moves it.
+fn metrics_ns_per_slice() -> f64 {
+    const SLICES: u64 = 2_000_000;
+    let cell = Arc::new(SubtaskCell::new(Instant::now()));
+    let mut recorder = SubtaskRecorder::new(cell);
+    let started = Instant::now();
+    for slice in 0..SLICES {
+        let begin = Instant::now();
+        recorder.on_batch(1024);
+        let end = Instant::now();
+        recorder.busy(begin, end);
+        recorder.backpressure_started(end);
+        recorder.backpressure_ended(Instant::now());
+        recorder.flush(black_box(slice * 1024));
+    }
+    started.elapsed().as_nanos() as f64 / SLICES as f64
+}
+
+/// The cost model of the live metrics for `runs`: at most two recorder
+/// events (a slice end and a credit) per batch of each actor, each as
+/// dear as [`metrics_ns_per_slice`], against the run's CPU time (its
+/// wall time on every arbiter).
+fn print_metrics_model(options: &Options, runs: &[JobRun]) {
+    let slice_ns = metrics_ns_per_slice();
+    let batch = job_config(options, None, true).batch_size_max as f64;
+    // The source's output, the count's input and output, the sink's input.
+    let batches = 3.0 * options.records as f64 / batch;
+    let mut shares: Vec<f64> = runs
+        .iter()
+        .map(|run| {
+            let threads = options.arbiters.unwrap_or(2).min(2 * options.parallelism) as f64;
+            2.0 * batches * slice_ns / (run.elapsed.as_nanos() as f64 * threads)
+        })
+        .collect();
+    println!(
+        "metrics cost model: {slice_ns:.0} ns per slice (timed alone); at most 2 per batch of \
+         each actor ({batches:.0} batches): at most {:.2} % of the runs' CPU time",
+        median(&mut shares) * 100.0
+    );
 }
 
 fn run(options: &Options) -> Result<(), String> {
@@ -521,6 +578,7 @@ fn run(options: &Options) -> Result<(), String> {
         );
     }
     if options.compare_metrics {
+        print_metrics_model(options, &runs);
         let unmetered_rate = print_job_runs("job, live metrics off", options, &unmetered);
         let slowdown = paired_slowdown(&runs, &unmetered);
         println!(
