@@ -213,7 +213,7 @@ pub fn run(options: &Options) -> Result<(), ExampleError> {
     };
     let job = Job::new("bank", config);
     let (ledger, balances) = declare(&job, orders.clone(), common.pacing(), &crashes);
-    let report = job.run()?;
+    let report = common.run(job)?;
     print_report(&report);
 
     let audits = audit.audits();

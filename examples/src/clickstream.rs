@@ -301,7 +301,7 @@ pub fn run(options: &Options) -> Result<(), ExampleError> {
     );
     let invalid = Arc::new(AtomicU64::new(0));
     let dropped = declare(&job, &log, &output, common, (&crashes, &invalid))?;
-    let report = job.run()?;
+    let report = common.run(job)?;
     print_report(&report);
     check_crashes(&crashes, &report)?;
     let committed = committed_alerts(&output)?;

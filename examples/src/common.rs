@@ -11,7 +11,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Once};
 use std::time::{Duration, Instant};
 
-use snapflow::job::{JobConfig, JobError, RestartStrategy};
+use snapflow::job::{Job, JobConfig, JobError, JobReport, RestartStrategy};
+use snapflow::metrics::Progress;
 use snapflow::source::{
     Guarantee, Source, SourceError, SourceFactory, SourcePoll, SourcePosition, VecSource,
     VecSourceFactory,
@@ -197,6 +198,12 @@ pub struct CommonOptions {
     /// Records the source reads per second, all subtasks together (the pace of a live
     /// stream, so that checkpoints and crashes happen mid-stream).
     pub records_per_second: u64,
+    /// Serve the dashboard, the JSON API and Prometheus text here, with
+    /// the actions (savepoint, stop, cancel) enabled (`--http ADDR`).
+    pub http: Option<std::net::SocketAddr>,
+    /// Print one line of progress per second to standard error, read
+    /// from the job's live metrics (`--progress`, `--no-progress`).
+    pub progress: bool,
 }
 
 impl CommonOptions {
@@ -208,6 +215,8 @@ impl CommonOptions {
             checkpoint_root: PathBuf::from("target/snapflow-checkpoints"),
             checkpoint_interval_ms: 200,
             records_per_second: 20_000,
+            http: None,
+            progress: true,
         }
     }
 
@@ -219,6 +228,8 @@ impl CommonOptions {
             checkpoint_root: PathBuf::from("target/snapflow-checkpoints"),
             checkpoint_interval_ms: 10,
             records_per_second: 100_000,
+            http: None,
+            progress: false,
         }
     }
 
@@ -249,14 +260,25 @@ impl CommonOptions {
                 self.checkpoint_interval_ms = arguments.positive(flag)?;
             }
             "--rate" => self.records_per_second = arguments.positive(flag)?,
+            "--http" => {
+                let text = arguments.value(flag)?;
+                let addr = text.parse().map_err(|_| {
+                    ExampleError::Usage(format!("{flag} takes an address like 127.0.0.1:8081"))
+                })?;
+                self.http = Some(addr);
+            }
+            "--progress" => self.progress = true,
+            "--no-progress" => self.progress = false,
             _ => return Ok(false),
         }
         Ok(true)
     }
 
     /// The usage text of the common options.
-    pub const USAGE: &'static str = "[--parallelism P] [--crash-every N | --crashes K [--seed S] | --no-crash] \
-         [--checkpoint-dir PATH] [--checkpoint-interval-ms MS] [--rate RECORDS_PER_SECOND] [--smoke]";
+    pub const USAGE: &'static str =
+        "[--parallelism P] [--crash-every N | --crashes K [--seed S] | --no-crash] \
+         [--checkpoint-dir PATH] [--checkpoint-interval-ms MS] [--rate RECORDS_PER_SECOND] \
+         [--http ADDR] [--progress | --no-progress] [--smoke]";
 
     /// How each source subtask is paced: records per read and the pause
     /// after each, so that all subtasks together read about
@@ -278,8 +300,25 @@ impl CommonOptions {
             default_parallelism: self.parallelism,
             restart: self.restart_strategy(planned_crashes),
             store: Some(store),
+            http_addr: self.http,
+            http_actions: self.http.is_some(),
             ..JobConfig::default()
         }
+    }
+
+    /// Starts `job`, shows where its dashboard is (with `--http`) and its
+    /// progress (with `--progress`) while it runs, and waits for it.
+    pub fn run(&self, job: Job) -> Result<JobReport, JobError> {
+        let running = job.start()?;
+        if let Some(addr) = running.http_addr() {
+            println!("  dashboard: http://{addr}/ (Prometheus text at /metrics)");
+        }
+        let progress = self
+            .progress
+            .then(|| Progress::start(running.metrics_registry(), 1_000));
+        let report = running.wait();
+        drop(progress);
+        report
     }
 
     /// Restarts with a short fixed delay, a few more attempts than planned

@@ -106,7 +106,7 @@ pub fn run(options: &Options) -> Result<(), ExampleError> {
         common.job_config(Arc::new(store), crashes.planned()),
     );
     let unique = declare(&job, events, common.pacing(), &crashes);
-    let report = job.run()?;
+    let report = common.run(job)?;
     print_report(&report);
 
     let committed = unique.committed();

@@ -140,7 +140,7 @@ pub fn run(options: &Options) -> Result<(), ExampleError> {
         common.job_config(Arc::new(store), crashes.planned()),
     );
     let (estimates, models) = declare(&job, readings, common.pacing(), &crashes);
-    let report = job.run()?;
+    let report = common.run(job)?;
     print_report(&report);
 
     let models: BTreeMap<u64, Model> = models.snapshot().into_iter().collect();

@@ -240,7 +240,7 @@ pub fn run(options: &Options) -> Result<(), ExampleError> {
     let source = PacedSource::new(numbered_lines(&lines), common.pacing());
     let state = declare(&job, source, &crashes, sink);
     let started = Instant::now();
-    let report = job.run()?;
+    let report = common.run(job)?;
     let elapsed_ms = started.elapsed().as_millis();
     print_report(&report);
 

@@ -7,7 +7,10 @@
 //! (count, duration p50/p99, bytes), the process's peak RSS, and the
 //! throughput of a hand-written single-threaded loop doing the same count
 //! with the same stable hasher, as a ratio. `--compare-off` also runs the
-//! same job with periodic checkpoints off. Every job run checks that the
+//! same job with periodic checkpoints off. Each run is also repeated with
+//! the live metrics off (`JobConfig::metrics`), interleaved, and the
+//! metrics overhead is printed from the adjacent on/off pairs
+//! (`--no-compare-metrics` skips that). Every job run checks that the
 //! per-key counts are exact; `--smoke` runs a tiny N and exits non-zero if
 //! they are not. It asserts nothing about speed.
 //!
@@ -25,16 +28,18 @@ mod support;
 use std::collections::HashMap;
 use std::hint::black_box;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use snapflow::job::{CheckpointReport, Job, JobConfig, JobReport, KeyedStateHandle};
 use snapflow::keyed::BuildStableHasher;
+use snapflow::metrics::{SubtaskCell, SubtaskRecorder};
 use snapflow::protocol::SnapshotMode;
 
 use support::{
     bench_main, cross_core_round_trip_ns, describe, expected_count, median, mega_per_second,
     parse_mode, parse_number, peak_rss_kb, periodic_figures, print_optional, quantile,
-    reset_peak_rss, sequence, summary, ArbiterPinner, Count, DiscardSink,
+    reset_peak_rss, run_with_progress, sequence, summary, ArbiterPinner, Count, DiscardSink,
 };
 
 /// Round trips of the probe taken right before and after each job run
@@ -52,7 +57,8 @@ const SMT_PLACEMENT_NS: f64 = 50.0;
 
 const USAGE: &str = "keyed_count [--records N] [--keys K] [--parallelism P] \
 [--checkpoint-interval-ms MS|off] [--mode aligned|unaligned|at-least-once] [--runs R] \
-[--store memory|fs] [--window-batches W] [--arbiters A] [--pin-arbiters] [--compare-off] [--smoke]";
+[--store memory|fs] [--window-batches W] [--arbiters A] [--pin-arbiters] [--compare-off] \
+[--no-compare-metrics] [--progress] [--smoke]";
 
 /// Where checkpoints go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,6 +81,10 @@ struct Options {
     runs: usize,
     store: StoreKind,
     compare_off: bool,
+    /// Also run each configuration with the live metrics off.
+    compare_metrics: bool,
+    /// Print a progress line per second to stderr while each job runs.
+    progress: bool,
     smoke: bool,
     /// Batches in flight per channel; `None` keeps the job's default.
     window_batches: Option<usize>,
@@ -97,7 +107,9 @@ impl Default for Options {
             runs: 1,
             store: StoreKind::Fs,
             compare_off: false,
+            compare_metrics: true,
             smoke: false,
+            progress: false,
             window_batches: None,
             pin_arbiters: false,
             arbiters: None,
@@ -145,7 +157,9 @@ fn parse(arguments: impl IntoIterator<Item = String>) -> Result<Options, String>
                 options.arbiters = Some(parse_number(&flag, arguments.next().as_deref())?)
             }
             "--compare-off" => options.compare_off = true,
+            "--no-compare-metrics" => options.compare_metrics = false,
             "--smoke" => options.smoke = true,
+            "--progress" => options.progress = true,
             "--bench" => {}
             "--help" | "-h" => return Err(USAGE.to_string()),
             other => return Err(format!("unknown flag `{other}`\nusage: {USAGE}")),
@@ -204,9 +218,10 @@ fn placement_of(probe_ns: f64) -> &'static str {
 /// Every placement a run can be judged to have run in, in print order.
 const PLACEMENTS: [&str; 4] = ["near", "SMT-sibling", "far", "mixed"];
 
-fn job_config(options: &Options, interval_ms: Option<u64>) -> JobConfig {
+fn job_config(options: &Options, interval_ms: Option<u64>, metrics: bool) -> JobConfig {
     let defaults = JobConfig::default();
     JobConfig {
+        metrics,
         checkpoint_interval_ms: interval_ms,
         mode: options.mode,
         default_parallelism: options.parallelism,
@@ -218,9 +233,9 @@ fn job_config(options: &Options, interval_ms: Option<u64>) -> JobConfig {
 
 /// Runs the job once and checks its output; the store directory (if any)
 /// lives until the run is measured.
-fn run_job(options: &Options, interval_ms: Option<u64>) -> Result<JobRun, String> {
+fn run_job(options: &Options, interval_ms: Option<u64>, metrics: bool) -> Result<JobRun, String> {
     let directory = tempfile::tempdir().map_err(|error| format!("temporary directory: {error}"))?;
-    let mut config = job_config(options, interval_ms);
+    let mut config = job_config(options, interval_ms, metrics);
     if options.store == StoreKind::Fs {
         config = config
             .with_store_dir(directory.path(), "keyed-count")
@@ -242,8 +257,7 @@ fn run_job(options: &Options, interval_ms: Option<u64>) -> Result<JobRun, String
     let peak_rss_reset = reset_peak_rss();
     let pinner = options.pin_arbiters.then(ArbiterPinner::start);
     let started = Instant::now();
-    let report = job
-        .run()
+    let report = run_with_progress(job, options.progress)
         .map_err(|error| format!("the job failed: {error}"))?;
     let elapsed = started.elapsed();
     let probes_ns = [probe_before_ns, settled_probe_ns()];
@@ -428,19 +442,41 @@ fn print_job_runs(title: &str, options: &Options, runs: &[JobRun]) -> f64 {
     median(&mut rates)
 }
 
-/// The runs of the configuration in `options` and, with `compare_off`, as
-/// many runs with periodic checkpoints off, interleaved (on, off, on, ...)
-/// so that both see the same changes in the host's condition (see
+/// The runs of the configuration in `options`; with `compare_off`, as
+/// many runs with periodic checkpoints off; with `--compare-metrics`, as
+/// many with the live metrics off; interleaved (on, off, metrics off, on,
+/// ...) so that all see the same changes in the host's condition (see
 /// BENCHMARKS.md, "Slow mode").
-fn run_configs(options: &Options, compare_off: bool) -> Result<(Vec<JobRun>, Vec<JobRun>), String> {
-    let (mut on, mut off) = (Vec::new(), Vec::new());
-    for _ in 0..options.runs {
-        on.push(run_job(options, options.interval_ms)?);
+fn run_configs(options: &Options, compare_off: bool) -> Result<[Vec<JobRun>; 3], String> {
+    let (mut on, mut off, mut unmetered) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..options.runs {
+        // Every other round runs the metrics-off job first, so that an
+        // effect of the order (the previous run's threads winding down)
+        // falls on both sides of the metrics comparison alike.
+        let unmetered_first = options.compare_metrics && round % 2 == 1;
+        if unmetered_first {
+            unmetered.push(run_job(options, options.interval_ms, false)?);
+        }
+        on.push(run_job(options, options.interval_ms, true)?);
         if compare_off {
-            off.push(run_job(options, None)?);
+            off.push(run_job(options, None, true)?);
+        }
+        if options.compare_metrics && !unmetered_first {
+            unmetered.push(run_job(options, options.interval_ms, false)?);
         }
     }
-    Ok((on, off))
+    Ok([on, off, unmetered])
+}
+
+/// The median over adjacent pairs of `with`'s run time over `without`'s
+/// (above 1: `with` is slower).
+fn paired_slowdown(with: &[JobRun], without: &[JobRun]) -> f64 {
+    let mut pairs: Vec<f64> = with
+        .iter()
+        .zip(without)
+        .map(|(with, without)| with.elapsed.as_secs_f64() / without.elapsed.as_secs_f64())
+        .collect();
+    median(&mut pairs)
 }
 
 fn run_loop(options: &Options) -> Result<f64, String> {
@@ -459,8 +495,53 @@ fn run_loop(options: &Options) -> Result<f64, String> {
     Ok(median(&mut rates))
 }
 
+/// What the live metrics cost one actor per slice of work on this
+/// machine, in nanoseconds: the end of a slice as `runtime::stage` does it
+/// (two clock reads, the busy time, a flush into the cell) plus one
+/// backpressure period's start and end (a third clock read), which is the
+/// most a slice adds. Timed alone, so the machine's load barely moves it.
+fn metrics_ns_per_slice() -> f64 {
+    const SLICES: u64 = 2_000_000;
+    let cell = Arc::new(SubtaskCell::new(Instant::now()));
+    let mut recorder = SubtaskRecorder::new(cell);
+    let started = Instant::now();
+    for slice in 0..SLICES {
+        let begin = Instant::now();
+        recorder.on_batch(1024);
+        let end = Instant::now();
+        recorder.busy(begin, end);
+        recorder.backpressure_started(end);
+        recorder.backpressure_ended(Instant::now());
+        recorder.flush(black_box(slice * 1024));
+    }
+    started.elapsed().as_nanos() as f64 / SLICES as f64
+}
+
+/// The cost model of the live metrics for `runs`: at most two recorder
+/// events (a slice end and a credit) per batch of each actor, each as
+/// dear as [`metrics_ns_per_slice`], against the run's CPU time (its
+/// wall time on every arbiter).
+fn print_metrics_model(options: &Options, runs: &[JobRun]) {
+    let slice_ns = metrics_ns_per_slice();
+    let batch = job_config(options, None, true).batch_size_max as f64;
+    // The source's output, the count's input and output, the sink's input.
+    let batches = 3.0 * options.records as f64 / batch;
+    let mut shares: Vec<f64> = runs
+        .iter()
+        .map(|run| {
+            let threads = options.arbiters.unwrap_or(2).min(2 * options.parallelism) as f64;
+            2.0 * batches * slice_ns / (run.elapsed.as_nanos() as f64 * threads)
+        })
+        .collect();
+    println!(
+        "metrics cost model: {slice_ns:.0} ns per slice (timed alone); at most 2 per batch of \
+         each actor ({batches:.0} batches): at most {:.2} % of the runs' CPU time",
+        median(&mut shares) * 100.0
+    );
+}
+
 fn run(options: &Options) -> Result<(), String> {
-    let window = job_config(options, None).window_batches;
+    let window = job_config(options, None, true).window_batches;
     println!(
         "keyed count: {} records, {} keys, parallelism {}, mode {:?}, store {:?}, window {} batches, \
          arbiters {} ({}), {} runs",
@@ -475,7 +556,7 @@ fn run(options: &Options) -> Result<(), String> {
         options.runs
     );
     let compare_off = options.compare_off && options.interval_ms.is_some();
-    let (runs, off) = run_configs(options, compare_off)?;
+    let [runs, off, unmetered] = run_configs(options, compare_off)?;
     let title = format!("job, {}", describe(options.interval_ms));
     let job_rate = print_job_runs(&title, options, &runs);
     if compare_off {
@@ -494,6 +575,18 @@ fn run(options: &Options) -> Result<(), String> {
             job_rate / off_rate,
             median(&mut pairs),
             pairs.len()
+        );
+    }
+    if options.compare_metrics {
+        print_metrics_model(options, &runs);
+        let unmetered_rate = print_job_runs("job, live metrics off", options, &unmetered);
+        let slowdown = paired_slowdown(&runs, &unmetered);
+        println!(
+            "metrics overhead: {:+.2} % (median of {} adjacent on/off pairs; {:+.2} % of the \
+             medians' throughput)",
+            (slowdown - 1.0) * 100.0,
+            runs.len(),
+            (unmetered_rate / job_rate - 1.0) * 100.0
         );
     }
     let loop_rate = run_loop(options)?;

@@ -50,7 +50,7 @@ use snapflow::time::{WatermarkStrategy, Windowed, Windows};
 
 use support::{
     bench_main, describe, median, mega_per_second, parse_number, peak_rss_kb, periodic_figures,
-    print_optional, quantile, reset_peak_rss, summary, DiscardSink,
+    print_optional, quantile, reset_peak_rss, run_with_progress, summary, DiscardSink,
 };
 
 /// Records per millisecond of event time.
@@ -60,7 +60,7 @@ const WINDOW_MS: u64 = 1_000;
 
 const USAGE: &str = "window_count [--records N] [--keys K] [--parallelism P] \
 [--checkpoint-interval-ms MS|off] [--watermark-interval-ms MS] [--split interleaved|contiguous] \
-[--runs R] [--smoke]";
+[--runs R] [--progress] [--smoke]";
 
 /// The command line.
 #[derive(Debug, Clone)]
@@ -75,6 +75,8 @@ struct Options {
     interleaved: bool,
     runs: usize,
     smoke: bool,
+    /// Print a progress line per second to stderr while each job runs.
+    progress: bool,
 }
 
 impl Default for Options {
@@ -88,6 +90,7 @@ impl Default for Options {
             interleaved: true,
             runs: 1,
             smoke: false,
+            progress: false,
         }
     }
 }
@@ -123,6 +126,7 @@ fn parse(arguments: impl IntoIterator<Item = String>) -> Result<Options, String>
                 }
             }
             "--smoke" => options.smoke = true,
+            "--progress" => options.progress = true,
             "--bench" => {}
             "--help" | "-h" => return Err(USAGE.to_string()),
             other => return Err(format!("unknown flag `{other}`\nusage: {USAGE}")),
@@ -235,8 +239,7 @@ fn run_job(options: &Options) -> Result<JobRun, String> {
         .sink("discard", sink.clone());
     let peak_rss_reset = reset_peak_rss();
     let started = Instant::now();
-    let report = job
-        .run()
+    let report = run_with_progress(job, options.progress)
         .map_err(|error| format!("the job failed: {error}"))?;
     let elapsed = started.elapsed();
     let peak_rss_kb = peak_rss_reset.then(peak_rss_kb).flatten();

@@ -125,8 +125,11 @@
 //! sink; `kafka`: the Kafka source and sink; both in [`connectors`]).
 
 pub mod connectors;
+#[cfg(feature = "http")]
+pub mod http;
 pub mod job;
 pub mod keyed;
+pub mod metrics;
 pub mod protocol;
 pub mod restart;
 pub mod runtime;

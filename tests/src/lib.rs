@@ -13,6 +13,7 @@ pub mod logged_commits;
 pub mod postgres;
 pub mod servers;
 pub mod slow_commit;
+pub mod tenths;
 pub mod window_pipeline;
 
 /// The configuration of the event-time tests: checkpoints every 5 ms into

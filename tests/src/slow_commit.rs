@@ -1,9 +1,9 @@
 //! A sink wrapper for the process-crash tests: it slows every commit
-//! down, and can hold the first commit of a checkpoint it staged output
+//! down (and, for the metrics tests, every write), and can hold the first commit of a checkpoint it staged output
 //! for, so that a parent process can kill the job exactly between the
 //! checkpoint becoming durable and its output becoming visible.
 //!
-//! It owns only the timing of `commit`; every call goes to the wrapped
+//! It owns only the timing of `commit` and `write_batch`; every call goes to the wrapped
 //! sink unchanged. It never decides anything about the output.
 
 use std::io::Write;
@@ -31,16 +31,27 @@ pub const HOLDING: &str = "holding commit";
 pub struct SlowCommits<F> {
     inner: F,
     commit_delay_ms: u64,
+    write_delay_ms: u64,
     hold: Option<Arc<AtomicBool>>,
 }
 
 impl<F> SlowCommits<F> {
+    /// The same wrapper, also sleeping `write_delay_ms` before each batch
+    /// it writes (a slow sink, which backpressures its upstream).
+    pub fn with_write_delay_ms(self, write_delay_ms: u64) -> SlowCommits<F> {
+        SlowCommits {
+            write_delay_ms,
+            ..self
+        }
+    }
+
     /// `inner`'s sinks with commits delayed by `commit_delay_ms`; with
     /// `hold_first`, the first staged commit is held as described above.
     pub fn new(inner: F, commit_delay_ms: u64, hold_first: bool) -> SlowCommits<F> {
         SlowCommits {
             inner,
             commit_delay_ms,
+            write_delay_ms: 0,
             hold: hold_first.then(|| Arc::new(AtomicBool::new(true))),
         }
     }
@@ -53,6 +64,7 @@ impl<F: SinkFactory> SinkFactory for SlowCommits<F> {
         Ok(SlowCommit {
             inner: self.inner.create(subtask, parallelism)?,
             commit_delay_ms: self.commit_delay_ms,
+            write_delay_ms: self.write_delay_ms,
             hold: self.hold.clone(),
             subtask,
             wrote: false,
@@ -65,6 +77,7 @@ impl<F: SinkFactory> SinkFactory for SlowCommits<F> {
 pub struct SlowCommit<S> {
     inner: S,
     commit_delay_ms: u64,
+    write_delay_ms: u64,
     /// Armed while it holds `true`; the first holder swaps it off.
     hold: Option<Arc<AtomicBool>>,
     subtask: usize,
@@ -80,6 +93,9 @@ impl<S: Sink> Sink for SlowCommit<S> {
 
     fn write_batch(&mut self, batch: &[S::Item]) -> Result<(), SinkError> {
         self.wrote |= !batch.is_empty();
+        if self.write_delay_ms > 0 {
+            thread::sleep(Duration::from_millis(self.write_delay_ms));
+        }
         self.inner.write_batch(batch)
     }
 

@@ -15,7 +15,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use snapflow::job::{CheckpointReport, JobReport};
+use snapflow::job::{CheckpointReport, Job, JobError, JobReport};
+use snapflow::metrics::Progress;
 use snapflow::protocol::SnapshotMode;
 use snapflow::sink::{Sink, SinkError, SinkFactory, SinkState};
 use snapflow::source::GeneratorSourceFactory;
@@ -460,4 +461,14 @@ pub fn describe(interval_ms: Option<u64>) -> String {
         Some(ms) => format!("checkpoint every {ms} ms"),
         None => "periodic checkpoints off".to_string(),
     }
+}
+
+/// Runs `job` to its end; with `progress`, prints one line per second to
+/// standard error from its live metrics while it runs (`--progress`).
+pub fn run_with_progress(job: Job, progress: bool) -> Result<JobReport, JobError> {
+    let running = job.start()?;
+    let printer = progress.then(|| Progress::start(running.metrics_registry(), 1_000));
+    let report = running.wait();
+    drop(printer);
+    report
 }

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use actix::{Addr, Recipient};
 
 use crate::keyed::MaxParallelism;
+use crate::metrics::{MetricsRegistry, SubtaskRecorder};
 use crate::protocol::{
     CheckpointId, GraphBuilder, GraphError, NodeConfig, NodeMachine, SnapshotMode, SnapshotPlan,
 };
@@ -256,6 +257,7 @@ impl<In: Data, Out: Data> SubtaskSlot for StageSlot<In, Out> {
         let senders = outputs.senders;
         let (tag, env, failures) = (start.tag, start.env, start.failures);
         let (subtask, parallelism) = (start.subtask, start.parallelism);
+        let recorder = env.metrics.clone().map(SubtaskRecorder::new);
         let actor_tag = tag.clone();
         start.pool.start_in_slot(
             slot,
@@ -273,6 +275,7 @@ impl<In: Data, Out: Data> SubtaskSlot for StageSlot<In, Out> {
                     StageConfig::default(),
                     failures,
                 )
+                .with_metrics(recorder)
             },
         )?;
         Ok(())
@@ -360,6 +363,7 @@ impl<T: Data> SubtaskSlot for SourceSlot<T> {
         let router = Router::new(outputs.routes);
         let senders = outputs.senders;
         let (tag, env, failures) = (start.tag, start.env, start.failures);
+        let recorder = env.metrics.clone().map(SubtaskRecorder::new);
         let (subtask, parallelism, read_batch) =
             (start.subtask, start.parallelism, start.read_batch);
         let actor_tag = tag.clone();
@@ -379,6 +383,7 @@ impl<T: Data> SubtaskSlot for SourceSlot<T> {
                     watermarks.map(SourceWatermarks::new),
                 );
                 SourceActor::new(actor_tag, shell, senders, SourceConfig::default(), failures)
+                    .with_metrics(recorder)
             },
         )?;
         Ok(())
@@ -463,6 +468,8 @@ pub(crate) struct PhysicalPlan {
     pub(crate) logical_edges: Vec<PlannedEdge>,
     pub(crate) snapshot: SnapshotPlan,
     pub(crate) config: JobConfig,
+    /// The job's live metrics (set when the job starts).
+    pub(crate) metrics: Option<Arc<MetricsRegistry>>,
 }
 
 impl PhysicalPlan {
@@ -547,6 +554,7 @@ impl PhysicalPlan {
             logical_edges,
             snapshot,
             config,
+            metrics: None,
         })
     }
 
@@ -761,6 +769,9 @@ pub(crate) fn start_generation(
             config,
         )?;
         channel_stats.push((plan.nodes[edge.from].0, receiver.stats().clone()));
+        if let Some(metrics) = &plan.metrics {
+            register_channel(metrics, plan, id, edge, &config, receiver.stats());
+        }
         started(&mut slots, edge.to)?.add_input(receiver)?;
     }
     let injects = slots
@@ -789,6 +800,10 @@ pub(crate) fn start_generation(
             restore: restore.get(&plan.part_id(node)).cloned(),
             span,
             loop_idle_ms: planned.loop_idle_ms,
+            metrics: plan
+                .metrics
+                .as_ref()
+                .and_then(|metrics| metrics.cell(operator, subtask)),
         };
         slot.start(SlotStart {
             pool,
@@ -808,4 +823,27 @@ pub(crate) fn start_generation(
         injects,
         channel_stats,
     })
+}
+
+/// Shows channel `id` in the live metrics (replacing the previous
+/// generation's, which has the same id).
+fn register_channel(
+    metrics: &MetricsRegistry,
+    plan: &PhysicalPlan,
+    id: usize,
+    edge: &PhysicalEdge,
+    config: &ChannelConfig,
+    stats: &ChannelStats,
+) {
+    let window_batches = match config.window {
+        Window::Bounded(max) => Some(max.get() as u64),
+        Window::Unbounded => None,
+    };
+    metrics.register_channel(
+        id as u64,
+        plan.nodes[edge.from],
+        plan.nodes[edge.to],
+        window_batches,
+        Arc::new(stats.clone()),
+    );
 }

@@ -196,6 +196,15 @@ impl ChannelStats {
     }
 }
 
+impl crate::metrics::QueueProbe for ChannelStats {
+    fn in_flight_batches(&self) -> u64 {
+        ChannelStats::in_flight_batches(self)
+    }
+    fn records_sent(&self) -> u64 {
+        ChannelStats::records_sent(self)
+    }
+}
+
 /// Makes the two halves of a channel.
 ///
 /// `receiver` is the receiving actor's recipient for deliveries and
@@ -665,6 +674,15 @@ impl<T: Send + 'static, C: Send + 'static> Outputs<T, C> {
     /// Whether [`Outputs::request_stop`] was called.
     pub fn stop_requested(&self) -> bool {
         self.stop_requested
+    }
+
+    /// Records sent so far on every output together (a read of each
+    /// channel's counter; the live metrics take it once per slice).
+    pub fn records_sent(&self) -> u64 {
+        self.senders
+            .iter()
+            .map(|sender| sender.stats().records_sent())
+            .sum()
     }
 
     /// The sender of output `output`, to read its state or stats.

@@ -19,8 +19,9 @@ use actix::{Actor, ActorContext, AsyncContext, Context, Handler};
 use super::channel::{ChannelSender, Credit, Outputs};
 use super::failure::{guard, FailureSink};
 use super::scheduling::{schedule, LingerTimer, Turn};
-use super::stage::Inject;
+use super::stage::{credit_restored, record_slice, Inject};
 use super::{ActorTag, BoxError};
+use crate::metrics::SubtaskRecorder;
 
 /// What one poll of a source produced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,9 +94,18 @@ pub struct SourceActor<L: SourceLogic> {
     exhausted: bool,
     failed: bool,
     linger: LingerTimer,
+    /// The live metrics of this subtask, when they are on.
+    metrics: Option<SubtaskRecorder>,
 }
 
 impl<L: SourceLogic> SourceActor<L> {
+    /// The same source, recording its figures into `metrics` (busy time
+    /// per slice of polls, output records, time out of credit).
+    pub fn with_metrics(mut self, metrics: Option<SubtaskRecorder>) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
     /// A source writing `outputs` (output index = position).
     pub fn new(
         tag: ActorTag,
@@ -114,6 +124,7 @@ impl<L: SourceLogic> SourceActor<L> {
             exhausted: false,
             failed: false,
             linger: LingerTimer::default(),
+            metrics: None,
         }
     }
 
@@ -126,6 +137,7 @@ impl<L: SourceLogic> SourceActor<L> {
 
     fn run(&mut self, context: &mut Context<Self>) {
         self.scheduled = false;
+        let started = self.metrics.as_ref().map(|_| Instant::now());
         let mut next = None;
         for _ in 0..self.config.slice_polls_max.get() {
             if !self.outputs.has_credit() {
@@ -157,6 +169,9 @@ impl<L: SourceLogic> SourceActor<L> {
                 }
             }
         }
+        if let (Some(metrics), Some(started)) = (&mut self.metrics, started) {
+            record_slice(metrics, &self.outputs, started);
+        }
         self.linger.arm(&self.outputs, context, Self::linger_fired);
         self.stop_if_done(context);
         if let Some(turn) = next {
@@ -169,6 +184,9 @@ impl<L: SourceLogic> SourceActor<L> {
     fn linger_fired(&mut self, context: &mut Context<Self>) {
         self.linger.fired();
         self.outputs.flush_lingered(Instant::now());
+        if let Some(metrics) = &mut self.metrics {
+            metrics.flush(self.outputs.records_sent());
+        }
         self.linger.arm(&self.outputs, context, Self::linger_fired);
         self.stop_if_done(context);
     }
@@ -195,6 +213,7 @@ impl<L: SourceLogic> Handler<Credit> for SourceActor<L> {
         if self.outputs.on_credit(&credit) {
             self.stop_if_done(context);
             if self.outputs.has_credit() {
+                credit_restored(&mut self.metrics, &self.outputs);
                 self.schedule_run(context, Turn::Now);
             }
         }

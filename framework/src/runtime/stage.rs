@@ -30,6 +30,7 @@ use super::channel::{ChannelId, ChannelReceiver, ChannelSender, Credit, Delivery
 use super::failure::{guard, FailureSink};
 use super::scheduling::{schedule, LingerTimer, Turn};
 use super::{ActorTag, BoxError};
+use crate::metrics::SubtaskRecorder;
 
 /// What a stage does with its input. Runs on the stage's arbiter thread, so
 /// it need not be `Send`. The `Unpin` bounds are actix's: an actor (which
@@ -181,9 +182,18 @@ pub struct StageActor<L: StageLogic> {
     next_input: usize,
     linger: LingerTimer,
     failed: bool,
+    /// The live metrics of this subtask, when they are on.
+    metrics: Option<SubtaskRecorder>,
 }
 
 impl<L: StageLogic> StageActor<L> {
+    /// The same stage, recording its figures into `metrics` (busy time
+    /// per slice, input batches, output records, time out of credit).
+    pub fn with_metrics(mut self, metrics: Option<SubtaskRecorder>) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
     /// A stage reading `inputs` (input index = position) and writing
     /// `outputs` (output index = position).
     pub fn new(
@@ -220,6 +230,7 @@ impl<L: StageLogic> StageActor<L> {
             next_input: 0,
             linger: LingerTimer::default(),
             failed: false,
+            metrics: None,
         }
     }
 
@@ -234,6 +245,7 @@ impl<L: StageLogic> StageActor<L> {
     /// left and the outputs can take it.
     fn drain(&mut self, context: &mut Context<Self>) {
         self.drain_scheduled = false;
+        let started = self.metrics.as_ref().map(|_| Instant::now());
         let mut processed = 0;
         while processed < self.config.slice_items_max.get() && !self.failed {
             if !self.outputs.has_credit() {
@@ -244,6 +256,9 @@ impl<L: StageLogic> StageActor<L> {
             };
             self.process_one(input);
             processed += 1;
+        }
+        if let (Some(metrics), Some(started)) = (&mut self.metrics, started) {
+            record_slice(metrics, &self.outputs, started);
         }
         if self.failed {
             context.stop();
@@ -267,6 +282,9 @@ impl<L: StageLogic> StageActor<L> {
         let logic = &mut self.logic;
         let succeeded = match item {
             Item::Batch(batch) => {
+                if let Some(metrics) = &mut self.metrics {
+                    metrics.on_batch(batch.len());
+                }
                 let done = guard(&self.tag, &self.failures, || {
                     logic.on_batch(input, batch, &mut io)
                 });
@@ -303,6 +321,9 @@ impl<L: StageLogic> StageActor<L> {
     fn linger_fired(&mut self, context: &mut Context<Self>) {
         self.linger.fired();
         self.outputs.flush_lingered(Instant::now());
+        if let Some(metrics) = &mut self.metrics {
+            metrics.flush(self.outputs.records_sent());
+        }
         self.linger.arm(&self.outputs, context, Self::linger_fired);
         self.stop_if_done(context);
     }
@@ -310,6 +331,37 @@ impl<L: StageLogic> StageActor<L> {
     fn stop_if_done(&mut self, context: &mut Context<Self>) {
         if self.outputs.stop_requested() && self.outputs.is_drained() {
             context.stop();
+        }
+    }
+}
+
+/// The end of a slice of work that began at `started`: its busy time, the
+/// output records, and the start of a backpressure period if an output
+/// is out of credit now. Two clock reads per slice, not per batch.
+pub(super) fn record_slice<T: Send + 'static, C: Send + 'static>(
+    metrics: &mut SubtaskRecorder,
+    outputs: &Outputs<T, C>,
+    started: Instant,
+) {
+    let now = Instant::now();
+    metrics.busy(started, now);
+    if !outputs.has_credit() {
+        metrics.backpressure_started(now);
+    }
+    metrics.flush(outputs.records_sent());
+}
+
+/// Every output has credit again: a running backpressure period ends,
+/// and what waited for credit and has now been sent is counted (a source
+/// that is exhausted runs no more slices).
+pub(super) fn credit_restored<T: Send + 'static, C: Send + 'static>(
+    metrics: &mut Option<SubtaskRecorder>,
+    outputs: &Outputs<T, C>,
+) {
+    if let Some(metrics) = metrics {
+        if metrics.is_backpressured() {
+            metrics.backpressure_ended(Instant::now());
+            metrics.flush(outputs.records_sent());
         }
     }
 }
@@ -397,6 +449,7 @@ impl<L: StageLogic> Handler<Credit> for StageActor<L> {
         if self.outputs.on_credit(&credit) {
             self.stop_if_done(context);
             if self.outputs.has_credit() {
+                credit_restored(&mut self.metrics, &self.outputs);
                 self.schedule_drain(context, Turn::Now);
             }
         }

@@ -105,6 +105,9 @@ pub(crate) struct ShellEnv {
     /// For the head of an iteration: how long its feedback must be idle,
     /// after its other inputs ended, before it ends the loop.
     pub(crate) loop_idle_ms: Option<u64>,
+    /// This subtask's live metrics (`None` when they are off): the shell
+    /// sets its watermark, source position and synchronous parts there.
+    pub(crate) metrics: Option<Arc<crate::metrics::SubtaskCell>>,
 }
 
 impl ShellEnv {
@@ -115,6 +118,22 @@ impl ShellEnv {
     /// (nothing at all when no subscriber wants the span).
     pub(super) fn enter(&self) -> tracing::span::EnteredSpan {
         self.span.clone().entered()
+    }
+
+    /// Notes the watermark sent on, for the live metrics.
+    pub(super) fn note_watermark(&self, watermark_ms: u64) {
+        if let Some(cell) = &self.metrics {
+            cell.set_watermark(watermark_ms);
+        }
+    }
+
+    /// Notes how long the synchronous part of `checkpoint` took since
+    /// `started`, for the live metrics.
+    pub(super) fn note_sync_part(&self, checkpoint: CheckpointId, started: std::time::Instant) {
+        if let Some(cell) = &self.metrics {
+            let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+            cell.set_sync_part(checkpoint.0, micros);
+        }
     }
 
     pub(super) fn tell(&self, kind: NodeEventKind) {

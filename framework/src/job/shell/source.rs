@@ -119,6 +119,9 @@ impl<T: Data> SourceShell<T> {
                 }
                 NodeAction::TakeSnapshot(token) => {
                     let position = self.reader()?.position().as_bytes().to_vec();
+                    if let Some(cell) = &self.env.metrics {
+                        cell.set_position(&position);
+                    }
                     self.taken.insert(token.checkpoint(), position);
                     let time = match &self.watermarks {
                         Some(watermarks) => watermarks.state().encode()?,
@@ -214,6 +217,7 @@ impl<T: Data> SourceLogic for SourceShell<T> {
         match signal {
             SourceSignal::None => {}
             SourceSignal::Watermark(watermark_ms) => {
+                self.env.note_watermark(watermark_ms);
                 outputs.broadcast_control(Control::Watermark(watermark_ms));
             }
             SourceSignal::Idle => outputs.broadcast_control(Control::Idle),

@@ -165,7 +165,9 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
                 NodeAction::TakeSnapshot(token) => {
                     let checkpoint = token.checkpoint();
                     self.alignments.snapshot(checkpoint);
+                    let started = Instant::now();
                     let state = self.core.snapshot(checkpoint)?;
+                    self.env.note_sync_part(checkpoint, started);
                     self.taken.insert(checkpoint, state);
                     let time = if self.watermarks.is_pristine() {
                         Vec::new()
@@ -251,6 +253,7 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
                     // +infinity travels as the end of input that follows.
                     return Ok(());
                 }
+                self.env.note_watermark(watermark_ms);
                 Control::Watermark(watermark_ms)
             }
         };

@@ -168,6 +168,7 @@ impl Supervisor {
             reason,
             "checkpoint aborted"
         );
+        self.metrics_failed(checkpoint, reason);
         if failure {
             self.report.failed_checkpoints.push(FailedCheckpoint {
                 checkpoint: checkpoint.0,
@@ -184,6 +185,7 @@ impl Supervisor {
             tracing::info!(checkpoint = checkpoint.0, ?kind, "checkpoint triggered");
         }
         self.highest_triggered = self.highest_triggered.max(checkpoint);
+        self.metrics_triggered(checkpoint, kind);
         self.tracked.insert(
             checkpoint,
             Tracked {
@@ -192,7 +194,9 @@ impl Supervisor {
                 span,
             },
         );
-        if kind == CheckpointKind::Savepoint {
+        // Only a stop makes a savepoint the stop savepoint; one asked for
+        // by `RunningJob::trigger_savepoint` is stored and the job goes on.
+        if kind == CheckpointKind::Savepoint && self.stop_requested {
             self.savepoint_in_flight = Some(checkpoint);
         }
         let Some(coordinator) = &self.coordinator else {
@@ -301,6 +305,7 @@ impl Supervisor {
                     alignment_max_us,
                     "checkpoint complete"
                 );
+                self.metrics_completed(checkpoint, size_bytes);
                 self.report.checkpoints.push(CheckpointReport {
                     checkpoint: checkpoint.0,
                     duration_ms,
@@ -326,9 +331,11 @@ impl Supervisor {
                     duration_ms,
                     "checkpoint not persisted: {error}"
                 );
+                let reason = format!("not persisted: {error}");
+                self.metrics_failed(checkpoint, &reason);
                 self.report.failed_checkpoints.push(FailedCheckpoint {
                     checkpoint: checkpoint.0,
-                    reason: format!("not persisted: {error}"),
+                    reason,
                 });
                 self.count_persist_failure(persisted.epoch, checkpoint, error, context);
                 if self.savepoint_in_flight == Some(checkpoint) {

@@ -177,7 +177,7 @@ impl Supervisor {
                 recovery_ms,
                 "region restarted"
             );
-            self.report.restarts.push(RestartReport {
+            let restart = RestartReport {
                 generation,
                 region: self.regions[region].operators.clone(),
                 cause: pending.cause,
@@ -185,7 +185,9 @@ impl Supervisor {
                 checkpoint_in_flight: pending.checkpoint_in_flight,
                 restored_from,
                 recovery_ms,
-            });
+            };
+            self.metrics_restarted(&restart);
+            self.report.restarts.push(restart);
         }
         if self
             .regions
@@ -278,6 +280,7 @@ impl Supervisor {
             .as_ref()
             .and_then(|coordinator| coordinator.in_flight().last());
         let text = report.to_string();
+        self.metrics_failure(&text);
         self.update_status(|status| status.last_failure = Some(text));
         if !report.retryable {
             let span = self.span.clone();

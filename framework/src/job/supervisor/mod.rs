@@ -73,6 +73,7 @@ use crate::source::Guarantee;
 
 mod checkpoints;
 mod failover;
+mod metrics;
 mod snapshots;
 
 pub use snapshots::StuckDetection;
@@ -89,9 +90,38 @@ pub struct RunningJob {
     control: ArbiterPool,
     writer_thread: thread::JoinHandle<()>,
     status: Arc<Mutex<JobStatus>>,
+    metrics: Arc<crate::metrics::MetricsRegistry>,
+    /// Serves until the job ends (`JobConfig::http_addr`).
+    #[cfg(feature = "http")]
+    http: Option<crate::http::HttpServer>,
 }
 
 impl RunningJob {
+    /// The job's live metrics now (see [`crate::metrics`]): per operator
+    /// and subtask the records in and out, their rates, busy, idle and
+    /// backpressured time per second and the watermark; the channels'
+    /// fill; the checkpoint history; the restarts and the last failure.
+    /// Lock-free for the running job: it reads atomics and takes only
+    /// locks that the supervisor takes once per checkpoint.
+    pub fn metrics(&self) -> crate::metrics::JobMetrics {
+        self.metrics.snapshot()
+    }
+
+    /// Where the job's HTTP server listens (`None` without one; see
+    /// [`JobConfig::http_addr`](crate::job::JobConfig::http_addr)).
+    pub fn http_addr(&self) -> Option<std::net::SocketAddr> {
+        #[cfg(feature = "http")]
+        return self.http.as_ref().map(crate::http::HttpServer::addr);
+        #[cfg(not(feature = "http"))]
+        None
+    }
+
+    /// The registry behind [`RunningJob::metrics`], to read from another
+    /// thread (a server, a progress line) while this handle waits.
+    pub fn metrics_registry(&self) -> Arc<crate::metrics::MetricsRegistry> {
+        Arc::clone(&self.metrics)
+    }
+
     /// What the job is doing now: its newest generation, the restarts so
     /// far, the last failure, the last completed checkpoint. Cheap: a copy
     /// of a small record the supervisor keeps up to date.
@@ -115,6 +145,15 @@ impl RunningJob {
     /// savepoint is taken once every region runs again.
     pub fn stop_with_savepoint(&self) {
         self.supervisor.do_send(Stop { savepoint: true });
+    }
+
+    /// Takes a savepoint and keeps running: the job can later resume from
+    /// it (a new run on the same store starts from the newest checkpoint
+    /// or savepoint). It shows in [`RunningJob::metrics`] as a checkpoint
+    /// of kind `savepoint`. Known gap: while a failover region restarts
+    /// (no checkpoints then) the request is dropped, not queued.
+    pub fn trigger_savepoint(&self) {
+        self.supervisor.do_send(TriggerSavepoint);
     }
 
     /// Starts a global snapshot at `operator`'s subtask `subtask` (see
@@ -149,6 +188,9 @@ impl RunningJob {
                 Vec::new(),
             ),
         };
+        // The server stops with the job it shows.
+        #[cfg(feature = "http")]
+        drop(self.http);
         // Every pool is shut down even if one fails; the first error wins.
         let mut shutdown = Ok(());
         for pool in pools {
@@ -167,7 +209,15 @@ impl RunningJob {
 }
 
 /// Starts a planned job on its own threads.
-pub(crate) fn start(name: String, plan: PhysicalPlan) -> Result<RunningJob, JobError> {
+pub(crate) fn start(name: String, mut plan: PhysicalPlan) -> Result<RunningJob, JobError> {
+    #[cfg(not(feature = "http"))]
+    if let Some(addr) = plan.config.http_addr {
+        return Err(JobError::InvalidConfig(format!(
+            "http_addr {addr} needs snapflow's cargo feature `http`"
+        )));
+    }
+    let metrics = Arc::new(metrics::registry(&name, &plan));
+    plan.metrics = Some(Arc::clone(&metrics));
     let span = tracing::info_span!("job", job = %name);
     let restarts = RestartTracker::new(plan.config.restart.clone())?;
     let store: Arc<dyn CheckpointStore> = match &plan.config.store {
@@ -193,6 +243,8 @@ pub(crate) fn start(name: String, plan: PhysicalPlan) -> Result<RunningJob, JobE
     })?;
     let slot: ActorSlot<Supervisor> = ActorSlot::new();
     let supervisor = slot.address();
+    #[cfg(feature = "http")]
+    let http = metrics::serve(&plan.config, &metrics, &supervisor)?;
     let (writer, writer_thread) = spawn_writer(
         store,
         sinks,
@@ -212,7 +264,27 @@ pub(crate) fn start(name: String, plan: PhysicalPlan) -> Result<RunningJob, JobE
         control,
         writer_thread,
         status,
+        metrics,
+        #[cfg(feature = "http")]
+        http,
     })
+}
+
+/// Asks for a savepoint that does not stop the job.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct TriggerSavepoint;
+
+impl Handler<TriggerSavepoint> for Supervisor {
+    type Result = ();
+
+    fn handle(&mut self, _: TriggerSavepoint, context: &mut Context<Self>) {
+        let now_ms = self.now_ms();
+        if let (Phase::Running, Some(coordinator)) = (self.phase, &mut self.coordinator) {
+            coordinator.request_checkpoint(now_ms, CheckpointKind::Savepoint);
+            self.carry_out(context);
+        }
+    }
 }
 
 #[derive(Message)]
@@ -532,6 +604,7 @@ impl Supervisor {
                 if let Some(tracked) = self.tracked.get_mut(&checkpoint) {
                     tracked.alignment_max_us = tracked.alignment_max_us.max(alignment_us);
                 }
+                self.metrics_acked(checkpoint, node, alignment_us, part.len());
                 // A stale ack's part is simply dropped: parts live in memory
                 // until the writer persists a completed checkpoint.
                 if let Some(coordinator) = &mut self.coordinator {
