@@ -655,6 +655,7 @@ mod tests {
                 operator_parallelism: BTreeMap::new(),
             },
             user: BTreeMap::new(),
+            segments: BTreeMap::new(),
         }
     }
 
