@@ -10,6 +10,7 @@ pub mod crash;
 pub mod damage;
 pub mod postgres;
 pub mod servers;
+pub mod shared_files;
 pub mod slow_commit;
 
 /// The configuration of the event-time tests: checkpoints every 5 ms into

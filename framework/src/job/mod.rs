@@ -65,6 +65,7 @@
 //! # Ok::<(), snapflow::job::JobError>(())
 //! ```
 
+mod incremental;
 pub mod inspect;
 mod operator;
 mod ops;
@@ -91,6 +92,7 @@ use crate::sink::SinkError;
 use crate::storage::{CheckpointStore, FsCheckpointStore, StoreError};
 
 pub use crate::restart::RestartStrategy;
+pub use incremental::{IncrementalCheckpoints, DEFAULT_FULL_EVERY};
 pub use operator::{Aggregator, Operator, OperatorContext};
 pub use ops::Key;
 pub use report::{
@@ -171,6 +173,11 @@ pub struct JobConfig {
     /// clock (positive; 0 counts as 1). Operators without them have no
     /// tick at all. Default 10 ms.
     pub processing_time_tick_ms: u64,
+    /// Whether keyed operators (`process`, `reduce`, `aggregate`) write
+    /// only the key groups that changed since their last completed
+    /// checkpoint, and how often one is full. On by default; savepoints
+    /// are always full and self-contained.
+    pub incremental_checkpoints: IncrementalCheckpoints,
 }
 
 /// The checkpoint interval of a job that has a [`JobConfig::store`] but no
@@ -199,6 +206,7 @@ impl Default for JobConfig {
             accept_duplicates_after_fallback: false,
             clock: Arc::new(SystemClock),
             processing_time_tick_ms: 10,
+            incremental_checkpoints: IncrementalCheckpoints::default(),
         }
     }
 }

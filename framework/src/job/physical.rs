@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 use actix::{Addr, Recipient};
 
+use crate::job::incremental::SnapshotKinds;
 use crate::keyed::MaxParallelism;
 use crate::protocol::{
     CheckpointId, GraphBuilder, GraphError, NodeConfig, NodeMachine, SnapshotMode, SnapshotPlan,
@@ -463,6 +464,9 @@ pub(crate) struct PhysicalPlan {
     pub(crate) logical_edges: Vec<PlannedEdge>,
     pub(crate) snapshot: SnapshotPlan,
     pub(crate) config: JobConfig,
+    /// Which checkpoints are savepoints, shared with the keyed cores
+    /// (see [`super::incremental`]); the job builder sets its own.
+    pub(crate) snapshot_kinds: Arc<SnapshotKinds>,
 }
 
 impl PhysicalPlan {
@@ -547,6 +551,7 @@ impl PhysicalPlan {
             logical_edges,
             snapshot,
             config,
+            snapshot_kinds: Arc::default(),
         })
     }
 
