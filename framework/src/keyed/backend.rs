@@ -270,8 +270,8 @@ impl<K: StateKey, S> KeyedState<K, S> {
     }
 
     /// The key groups accessed mutably since the last [`Self::clear_dirty`]
-    /// (or since creation), ascending. An incremental checkpoint would write
-    /// only these with [`Self::snapshot_key_group`]; nothing uses it yet.
+    /// (or since creation), ascending: what an incremental checkpoint
+    /// writes again ([`Self::snapshot_key_groups`]).
     pub fn dirty_key_groups(&self) -> impl Iterator<Item = u32> + '_ {
         let start = self.range.start;
         self.dirty
