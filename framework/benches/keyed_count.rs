@@ -31,7 +31,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use snapflow::job::{CheckpointReport, Job, JobConfig, JobReport, KeyedStateHandle};
+use snapflow::job::{
+    CheckpointReport, IncrementalCheckpoints, Job, JobConfig, JobReport, KeyedStateHandle,
+};
 use snapflow::keyed::BuildStableHasher;
 use snapflow::metrics::{SubtaskCell, SubtaskRecorder};
 use snapflow::protocol::SnapshotMode;
@@ -57,8 +59,8 @@ const SMT_PLACEMENT_NS: f64 = 50.0;
 
 const USAGE: &str = "keyed_count [--records N] [--keys K] [--parallelism P] \
 [--checkpoint-interval-ms MS|off] [--mode aligned|unaligned|at-least-once] [--runs R] \
-[--store memory|fs] [--window-batches W] [--arbiters A] [--pin-arbiters] [--compare-off] \
-[--no-compare-metrics] [--progress] [--smoke]";
+[--store memory|fs] [--window-batches W] [--arbiters A] [--pin-arbiters] [--incremental on|off] \
+[--hot-keys H] [--compare-off] [--no-compare-metrics] [--progress] [--smoke]";
 
 /// Where checkpoints go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,6 +96,13 @@ struct Options {
     /// `--arbiters 1` runs every subtask on one thread, so the job/loop
     /// ratio is the inverse of the job's CPU cost per record in loop units.
     arbiters: Option<usize>,
+    /// Incremental checkpoints of the keyed state (`--incremental on|off`,
+    /// default on, as in `JobConfig`).
+    incremental: bool,
+    /// `--hot-keys H`: after the first K records (one per key), records
+    /// touch only keys `0..H`, so that checkpoints after the first see few
+    /// key groups change; 0 (the default) keeps key = i % K throughout.
+    hot_keys: u64,
 }
 
 impl Default for Options {
@@ -113,6 +122,8 @@ impl Default for Options {
             window_batches: None,
             pin_arbiters: false,
             arbiters: None,
+            incremental: true,
+            hot_keys: 0,
         }
     }
 }
@@ -158,6 +169,16 @@ fn parse(arguments: impl IntoIterator<Item = String>) -> Result<Options, String>
             }
             "--compare-off" => options.compare_off = true,
             "--no-compare-metrics" => options.compare_metrics = false,
+            "--hot-keys" => options.hot_keys = parse_number(&flag, arguments.next().as_deref())?,
+            "--incremental" => {
+                options.incremental = match arguments.next().as_deref() {
+                    Some("on") => true,
+                    Some("off") => false,
+                    other => {
+                        return Err(format!("--incremental: expected on or off, got {other:?}"))
+                    }
+                }
+            }
             "--smoke" => options.smoke = true,
             "--progress" => options.progress = true,
             "--bench" => {}
@@ -175,6 +196,9 @@ fn parse(arguments: impl IntoIterator<Item = String>) -> Result<Options, String>
     }
     if options.window_batches == Some(0) {
         return Err("--window-batches must be at least 1".to_string());
+    }
+    if options.hot_keys > options.keys {
+        return Err("--hot-keys must not exceed --keys".to_string());
     }
     Ok(options)
 }
@@ -227,6 +251,10 @@ fn job_config(options: &Options, interval_ms: Option<u64>, metrics: bool) -> Job
         default_parallelism: options.parallelism,
         window_batches: options.window_batches.unwrap_or(defaults.window_batches),
         arbiters: options.arbiters.or(defaults.arbiters),
+        incremental_checkpoints: IncrementalCheckpoints {
+            enabled: options.incremental,
+            ..defaults.incremental_checkpoints
+        },
         ..defaults
     }
 }
@@ -243,10 +271,16 @@ fn run_job(options: &Options, interval_ms: Option<u64>, metrics: bool) -> Result
     }
     let job = Job::new("keyed-count", config);
     let sink = DiscardSink::default();
-    let keys = options.keys;
+    let (keys, hot) = (options.keys, options.hot_keys);
     let (counts, state) = job
         .source("sequence", sequence(options.records))
-        .key_by(move |i: &u64| i % keys)
+        .key_by(move |i: &u64| {
+            if hot == 0 || *i < keys {
+                i % keys
+            } else {
+                (i - keys) % hot
+            }
+        })
         .process_with_state("count", |key: &u64, state: &mut Count, _i: u64, out| {
             state.count += 1;
             out.emit((*key, state.count));
@@ -297,7 +331,7 @@ fn check_output(
         return Err(format!("{} keys in state, want {distinct}", counts.len()));
     }
     for (key, count) in &counts {
-        let want = expected_count(options.records, options.keys, *key);
+        let want = expected(options, *key);
         if count.count != want {
             return Err(format!("key {key}: count {}, want {want}", count.count));
         }
@@ -407,8 +441,22 @@ fn print_job_runs(title: &str, options: &Options, runs: &[JobRun]) -> f64 {
     print_optional(&format!("{label} p50"), quantile(&alignments, 0.5), "us");
     print_optional(&format!("{label} p99"), quantile(&alignments, 0.99), "us");
     let sizes = periodic(|c| c.size_bytes);
-    print_optional("bytes per checkpoint p50", quantile(&sizes, 0.5), "B");
-    print_optional("bytes per checkpoint max", sizes.last().copied(), "B");
+    print_optional("state bytes per checkpoint p50", quantile(&sizes, 0.5), "B");
+    print_optional("state bytes per checkpoint max", sizes.last().copied(), "B");
+    // Beside the state: what each checkpoint wrote itself (with
+    // incremental checkpoints, the key groups that changed since the last
+    // completed one).
+    let written = periodic(|c| c.written_bytes);
+    print_optional(
+        "bytes written per checkpoint p50",
+        quantile(&written, 0.5),
+        "B",
+    );
+    print_optional(
+        "bytes written per checkpoint max",
+        written.last().copied(),
+        "B",
+    );
     let finals: Vec<f64> = runs
         .iter()
         .filter_map(|run| run.report.checkpoints.last())
@@ -479,6 +527,22 @@ fn paired_slowdown(with: &[JobRun], without: &[JobRun]) -> f64 {
     median(&mut pairs)
 }
 
+/// The exact count of `key` under `options` (see `--hot-keys`).
+fn expected(options: &Options, key: u64) -> u64 {
+    let (records, keys, hot) = (options.records, options.keys, options.hot_keys);
+    if hot == 0 {
+        return expected_count(records, keys, key);
+    }
+    let first = u64::from(key < records.min(keys));
+    let rest = records.saturating_sub(keys);
+    first
+        + if key < hot {
+            expected_count(rest, hot, key)
+        } else {
+            0
+        }
+}
+
 fn run_loop(options: &Options) -> Result<f64, String> {
     let mut rates = Vec::with_capacity(options.runs);
     for _ in 0..options.runs {
@@ -544,7 +608,7 @@ fn run(options: &Options) -> Result<(), String> {
     let window = job_config(options, None, true).window_batches;
     println!(
         "keyed count: {} records, {} keys, parallelism {}, mode {:?}, store {:?}, window {} batches, \
-         arbiters {} ({}), {} runs",
+         arbiters {} ({}), {} runs, incremental checkpoints {}, hot keys {}",
         options.records,
         options.keys,
         options.parallelism,
@@ -553,7 +617,9 @@ fn run(options: &Options) -> Result<(), String> {
         window,
         options.arbiters.map_or("one per core".to_string(), |count| count.to_string()),
         if options.pin_arbiters { "pinned" } else { "not pinned" },
-        options.runs
+        options.runs,
+        if options.incremental { "on" } else { "off" },
+        options.hot_keys
     );
     let compare_off = options.compare_off && options.interval_ms.is_some();
     let [runs, off, unmetered] = run_configs(options, compare_off)?;
@@ -589,8 +655,13 @@ fn run(options: &Options) -> Result<(), String> {
             (unmetered_rate / job_rate - 1.0) * 100.0
         );
     }
-    let loop_rate = run_loop(options)?;
-    print_ratios(options, &runs, job_rate, loop_rate);
+    if options.hot_keys > 0 {
+        // The hand-written loop counts key = i % K only.
+        println!("hand-written loop: not run with --hot-keys");
+    } else {
+        let loop_rate = run_loop(options)?;
+        print_ratios(options, &runs, job_rate, loop_rate);
+    }
     if options.smoke {
         println!("smoke: per-key counts and committed record counts are exact");
     }

@@ -12,6 +12,12 @@
 //!
 //! Random crash modes take their seed from `SNAPFLOW_SEED` when set; the
 //! seed is printed so a failure can be replayed.
+//!
+//! Every model runs twice: with whole parts, and incrementally, where the
+//! `Count` parts of every checkpoint after the first refer to the shared
+//! file checkpoint 1 wrote (the savepoint copies it in). After each crash
+//! the shared files on disk must be exactly those the listed checkpoints
+//! refer to, once the reopened store has committed again.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -20,8 +26,8 @@ use snapflow::storage::fault::{AfterFault, FaultPlan, FaultyIo};
 use snapflow::storage::io::{Io, StdIo};
 use snapflow::storage::memory::{CrashMode, MemFs};
 use snapflow::storage::{
-    CheckpointKind, CheckpointStore, CommitRequest, FsCheckpointStore, PartId, StoreError,
-    StoreOptions,
+    CheckpointKind, CheckpointStore, CommitRequest, FsCheckpointStore, PartId, Segment,
+    SharedRange, StoreError, StoreOptions,
 };
 
 const JOB: &str = "crash-job";
@@ -56,6 +62,64 @@ fn part_bytes(checkpoint: u64, part: &PartId) -> Vec<u8> {
         .into_bytes()
 }
 
+/// How the sequence writes its parts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Every part whole, with `write_part`.
+    Whole,
+    /// `Count` parts as segments: their own bytes, then the body that
+    /// checkpoint 1 wrote shared and every later one reuses.
+    Incremental,
+}
+
+/// The shared body of an incremental `Count` part.
+fn shared_body(part: &PartId) -> Vec<u8> {
+    format!("body of {part};").repeat(5).into_bytes()
+}
+
+/// Whether `part` of `checkpoint` is written as segments in `mode`.
+fn segmented(mode: Mode, checkpoint: u64, part: &PartId) -> bool {
+    mode == Mode::Incremental && part.operator == "Count" && checkpoint != RESUMED
+}
+
+/// The bytes `part` of `checkpoint` must load as.
+fn expected_bytes(mode: Mode, checkpoint: u64, part: &PartId) -> Vec<u8> {
+    let mut bytes = part_bytes(checkpoint, part);
+    if segmented(mode, checkpoint, part) {
+        bytes.extend(shared_body(part));
+    }
+    bytes
+}
+
+/// Writes `part` of `checkpoint` as `mode` says.
+fn write(
+    store: &FsCheckpointStore,
+    mode: Mode,
+    checkpoint: u64,
+    part: &PartId,
+) -> Result<(), StoreError> {
+    if !segmented(mode, checkpoint, part) {
+        return store
+            .write_part(checkpoint, part, &part_bytes(checkpoint, part))
+            .map(|_| ());
+    }
+    let body = shared_body(part);
+    let tail = if checkpoint == 1 {
+        Segment::Shared(body)
+    } else {
+        Segment::Reuse(SharedRange {
+            checkpoint: 1,
+            offset: 0,
+            len: body.len() as u64,
+            crc32: crc32fast::hash(&body),
+        })
+    };
+    let segments = [Segment::Own(part_bytes(checkpoint, part)), tail];
+    store
+        .write_part_segments(checkpoint, part, &segments)
+        .map(|_| ())
+}
+
 /// What the sequence achieved before the fault.
 #[derive(Debug, Default)]
 struct Progress {
@@ -71,6 +135,7 @@ fn run_sequence(
     io: Arc<dyn Io>,
     root: &Path,
     last: u64,
+    mode: Mode,
     progress: &mut Progress,
 ) -> Result<(), StoreError> {
     let store = FsCheckpointStore::with_io(io, root, JOB, options())?;
@@ -82,7 +147,7 @@ fn run_sequence(
         };
         store.begin(checkpoint, kind)?;
         for part in parts() {
-            store.write_part(checkpoint, &part, &part_bytes(checkpoint, &part))?;
+            write(&store, mode, checkpoint, &part)?;
         }
         if checkpoint == DISCARDED {
             store.discard(checkpoint)?;
@@ -98,7 +163,7 @@ fn run_sequence(
 
 /// Reopens the directory with a fault-free store and checks everything the
 /// module documentation promises; `context` names the crash point.
-fn check_after_crash(io: Arc<dyn Io>, root: &Path, progress: &Progress, context: &str) {
+fn check_after_crash(io: Arc<dyn Io>, root: &Path, mode: Mode, progress: &Progress, context: &str) {
     let store = FsCheckpointStore::with_io(io.clone(), root, JOB, options())
         .unwrap_or_else(|error| panic!("{context}: reopening failed: {error}"));
     let report = store.load_latest().unwrap();
@@ -116,14 +181,14 @@ fn check_after_crash(io: Arc<dyn Io>, root: &Path, progress: &Progress, context:
         "{context}: latest is {latest:?}, progress {progress:?}"
     );
     drop(report);
-    check_every_listed(&store, progress, context);
-    check_resume(&store, io.as_ref(), context);
+    check_every_listed(&store, mode, progress, context);
+    check_resume(&store, io.as_ref(), mode, context);
 }
 
 /// Every listed checkpoint loads with exactly the bytes written, the
 /// discarded one never appears, the savepoint survives once committed, and
 /// retention never keeps more than one extra checkpoint.
-fn check_every_listed(store: &FsCheckpointStore, progress: &Progress, context: &str) {
+fn check_every_listed(store: &FsCheckpointStore, mode: Mode, progress: &Progress, context: &str) {
     let list = store.list().unwrap();
     for entry in &list {
         assert_ne!(
@@ -137,7 +202,7 @@ fn check_every_listed(store: &FsCheckpointStore, progress: &Progress, context: &
         for (part, bytes) in &loaded.parts {
             assert_eq!(
                 bytes,
-                &part_bytes(entry.checkpoint, part),
+                &expected_bytes(mode, entry.checkpoint, part),
                 "{context}: {part}"
             );
         }
@@ -157,7 +222,7 @@ fn check_every_listed(store: &FsCheckpointStore, progress: &Progress, context: &
 
 /// The reopened store can commit a new checkpoint over whatever the crash
 /// left, and its retention then removes every leftover directory.
-fn check_resume(store: &FsCheckpointStore, io: &dyn Io, context: &str) {
+fn check_resume(store: &FsCheckpointStore, io: &dyn Io, mode: Mode, context: &str) {
     store.begin(RESUMED, CheckpointKind::Checkpoint).unwrap();
     for part in parts() {
         store
@@ -180,6 +245,47 @@ fn check_resume(store: &FsCheckpointStore, io: &dyn Io, context: &str) {
         "{context}: leftovers in {on_disk:?}"
     );
     assert!(complete <= RETAINED, "{context}: {on_disk:?}");
+    check_shared_files(store, io, mode, context);
+}
+
+/// The shared files on disk are exactly those the listed checkpoints
+/// refer to: none deleted that one needs (every listed one loaded above),
+/// none left that nothing needs.
+fn check_shared_files(store: &FsCheckpointStore, io: &dyn Io, mode: Mode, context: &str) {
+    let shared_dir = store.job_dir().join("shared");
+    let mut on_disk = Vec::new();
+    if let Ok(operators) = io.list_dir(&shared_dir) {
+        for operator in operators {
+            for file in io.list_dir(&shared_dir.join(&operator.name)).unwrap() {
+                on_disk.push(format!("{}/{}", operator.name, file.name));
+            }
+        }
+    }
+    let mut referenced = Vec::new();
+    for entry in store.list().unwrap() {
+        let loaded = store.load(entry.checkpoint).unwrap();
+        for (part, shared) in loaded.metadata.shared_files() {
+            let operator = snapflow::storage::names::operator_dir_name(&part.operator).unwrap();
+            let name = format!("{operator}/{}-{shared:020}.shared", part.subtask);
+            if !referenced.contains(&name) {
+                referenced.push(name);
+            }
+        }
+    }
+    on_disk.sort();
+    referenced.sort();
+    assert_eq!(on_disk, referenced, "{context}: shared files");
+    let lists_six = store
+        .list()
+        .unwrap()
+        .iter()
+        .any(|entry| entry.checkpoint == LAST_CHECKPOINT);
+    if mode == Mode::Incremental && lists_six {
+        assert!(
+            !referenced.is_empty(),
+            "{context}: checkpoint 6 still refers to checkpoint 1's files"
+        );
+    }
 }
 
 /// Runs the sequence on a fresh environment from `setup` failing at
@@ -188,6 +294,7 @@ fn check_resume(store: &FsCheckpointStore, io: &dyn Io, context: &str) {
 /// number of crash points and the environment of the complete run.
 fn for_every_crash_point<Env>(
     last: u64,
+    mode: Mode,
     wrap: impl Fn(FaultyIo) -> FaultyIo,
     mut setup: impl FnMut() -> (Env, Arc<dyn Io>, PathBuf),
     mut after_crash: impl FnMut(&Env, u64, &Progress),
@@ -200,7 +307,7 @@ fn for_every_crash_point<Env>(
         };
         let faulty = Arc::new(wrap(FaultyIo::new(io, plan)));
         let mut progress = Progress::default();
-        let result = run_sequence(faulty.clone(), &root, last, &mut progress);
+        let result = run_sequence(faulty.clone(), &root, last, mode, &mut progress);
         if !faulty.fault_hit() {
             result.unwrap();
             return (operation, env);
@@ -234,17 +341,27 @@ fn fresh_memfs() -> (Arc<MemFs>, Arc<dyn Io>, PathBuf) {
     (fs.clone(), fs, PathBuf::from("/"))
 }
 
-/// Runs every crash point on a fresh `MemFs`, crashing with `mode_for(k)`.
+/// Runs every crash point on a fresh `MemFs`, crashing with `mode_for(k)`,
+/// whole and incrementally; returns the smaller number of crash points.
 fn check_memfs(mode_for: impl Fn(u64) -> CrashMode) -> u64 {
+    [Mode::Whole, Mode::Incremental]
+        .into_iter()
+        .map(|mode| check_memfs_in(mode, &mode_for))
+        .min()
+        .unwrap_or(0)
+}
+
+fn check_memfs_in(write_mode: Mode, mode_for: &impl Fn(u64) -> CrashMode) -> u64 {
     let (points, fs) = for_every_crash_point(
         LAST_CHECKPOINT,
+        write_mode,
         |io| io,
         fresh_memfs,
         |fs, operation, progress| {
             let mode = mode_for(operation);
             fs.crash(mode);
-            let context = format!("crash at operation {operation} with {mode:?}");
-            check_after_crash(fs.clone(), Path::new("/"), progress, &context);
+            let context = format!("{write_mode:?}: crash at operation {operation} with {mode:?}");
+            check_after_crash(fs.clone(), Path::new("/"), write_mode, progress, &context);
         },
     );
     // After a complete run, even losing everything unsynced keeps it all.
@@ -256,6 +373,7 @@ fn check_memfs(mode_for: impl Fn(u64) -> CrashMode) -> u64 {
     check_after_crash(
         fs,
         Path::new("/"),
+        write_mode,
         &progress,
         "power loss after the last commit",
     );
@@ -297,15 +415,18 @@ fn process_crash_at_every_operation_on_disk() {
     // change what this model sees; they are counted as crash points but
     // skipped, which keeps the test fast on a busy disk.
     let no_syncs = |io: FaultyIo| io.skipping_syncs();
-    let (points, _) = for_every_crash_point(
-        LAST_CHECKPOINT,
-        no_syncs,
-        fresh,
-        |dir, operation, progress| {
-            let context = format!("crash at operation {operation} on disk");
-            let io = no_syncs(FaultyIo::new(Arc::new(StdIo), FaultPlan::Never));
-            check_after_crash(Arc::new(io), dir.path(), progress, &context);
-        },
-    );
-    assert!(points > 50, "only {points} crash points");
+    for mode in [Mode::Whole, Mode::Incremental] {
+        let (points, _) = for_every_crash_point(
+            LAST_CHECKPOINT,
+            mode,
+            no_syncs,
+            fresh,
+            |dir, operation, progress| {
+                let context = format!("{mode:?}: crash at operation {operation} on disk");
+                let io = no_syncs(FaultyIo::new(Arc::new(StdIo), FaultPlan::Never));
+                check_after_crash(Arc::new(io), dir.path(), mode, progress, &context);
+            },
+        );
+        assert!(points > 50, "only {points} crash points");
+    }
 }

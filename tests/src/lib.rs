@@ -12,6 +12,7 @@ pub mod damage;
 pub mod logged_commits;
 pub mod postgres;
 pub mod servers;
+pub mod shared_files;
 pub mod slow_commit;
 pub mod tenths;
 pub mod window_pipeline;

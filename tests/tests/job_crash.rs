@@ -3,16 +3,20 @@
 //! with SIGKILL after a seeded random delay, one to three times; then it
 //! runs once more to the end on the same directories. The committed output
 //! must equal the failure-free result exactly: no record lost, none
-//! committed twice.
+//! committed twice. The keyed operator checkpoints incrementally, and at
+//! the end every listed checkpoint loads and every shared file is one a
+//! listed checkpoint refers to.
 //!
 //! Seeds: `SNAPFLOW_CRASH_SEEDS` (default 5) seeds from 1 on;
 //! `SNAPFLOW_SEED=n` replays seed n.
 
 use std::process::Command;
 
+use snapflow::storage::FsCheckpointStore;
 use snapflow_tests::crash::kill_then_finish;
 use snapflow_tests::file_sink::committed;
 use snapflow_tests::pipeline::expected;
+use snapflow_tests::shared_files;
 use snapflow_tests::{seeds, TestRng};
 
 const RECORDS: u64 = 3_000;
@@ -43,6 +47,15 @@ fn check(seed: u64) {
     assert!(
         output == expected_output,
         "{replay}: committed output differs"
+    );
+    // The keyed operator checkpoints incrementally (the default): the
+    // kills never left a shared file unreferenced or one missing.
+    let store = FsCheckpointStore::open(&store, "crash").expect("the store opens");
+    let shared = shared_files::check(&store).unwrap_or_else(|error| panic!("{replay}: {error}"));
+    eprintln!("{replay}: {shared:?}");
+    assert!(
+        shared.files > 0,
+        "{replay}: no shared file: not incremental"
     );
 }
 

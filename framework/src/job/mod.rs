@@ -65,6 +65,7 @@
 //! # Ok::<(), snapflow::job::JobError>(())
 //! ```
 
+mod incremental;
 pub mod inspect;
 mod operator;
 mod ops;
@@ -91,6 +92,7 @@ use crate::sink::SinkError;
 use crate::storage::{CheckpointStore, FsCheckpointStore, StoreError};
 
 pub use crate::restart::RestartStrategy;
+pub use incremental::{IncrementalCheckpoints, DEFAULT_FULL_EVERY};
 pub use operator::{Aggregator, Operator, OperatorContext};
 pub use ops::Key;
 pub use report::{
@@ -189,6 +191,11 @@ pub struct JobConfig {
     /// stop with a savepoint, cancel). Off by default: those routes then
     /// answer 403.
     pub http_actions: bool,
+    /// Whether keyed operators (`process`, `reduce`, `aggregate`) write
+    /// only the key groups that changed since their last completed
+    /// checkpoint, and how often one is full. On by default; savepoints
+    /// are always full and self-contained.
+    pub incremental_checkpoints: IncrementalCheckpoints,
 }
 
 /// The loopback address and port a job's HTTP server is usually given
@@ -226,6 +233,7 @@ impl Default for JobConfig {
             metrics: true,
             http_addr: None,
             http_actions: false,
+            incremental_checkpoints: IncrementalCheckpoints::default(),
         }
     }
 }

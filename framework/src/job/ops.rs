@@ -26,12 +26,14 @@ use crate::protocol::CheckpointId;
 use crate::runtime::BoxError;
 use crate::state::{blob, Snapshot, StateError};
 
+use super::incremental::{full_segments, IncrementalCheckpoints, KeyGroupLedger, SnapshotKinds};
 use super::operator::Operator;
 use super::route::Collector;
 use super::shell::{Core, Data};
 use super::snapshots::{Requests, Waiting};
 use crate::sink::{Sink, SinkError, SinkState};
 use crate::source::Guarantee;
+use crate::storage::Segment;
 
 /// A stateless per-record function.
 pub(crate) type RecordFn<In, Out> = Arc<dyn Fn(In, &mut Collector<'_, Out>) + Send + Sync>;
@@ -94,7 +96,18 @@ pub(crate) struct KeyedCore<
     pub(crate) function: Arc<F>,
     pub(crate) states: KeyedState<K, S>,
     pub(crate) publish: Option<FinalStates<K, S>>,
+    /// Where its key groups were last written, when checkpoints are
+    /// incremental.
+    pub(crate) incremental: Option<Incremental>,
     pub(crate) _records: PhantomData<fn(In) -> Out>,
+}
+
+/// A keyed core's incremental checkpoints: its ledger, and the job's
+/// record of which checkpoints are savepoints (written whole).
+#[derive(Debug)]
+pub(crate) struct Incremental {
+    pub(crate) ledger: KeyGroupLedger,
+    pub(crate) kinds: Arc<SnapshotKinds>,
 }
 
 /// The stored form of one subtask's keyed state: one part per key group,
@@ -142,15 +155,21 @@ impl<K: Key, S, In: 'static, Out: Send + 'static, F: ?Sized, KF: ?Sized>
         key_of: Arc<KF>,
         function: Arc<F>,
         publish: Option<FinalStates<K, S>>,
+        incremental: Option<(IncrementalCheckpoints, Arc<SnapshotKinds>)>,
     ) -> Self {
         let states = KeyedState::for_subtask(max_parallelism, parallelism as u32, subtask as u32)
             .unwrap_or_else(|error| panic!("bug: the plan let through {error}"));
+        let incremental = incremental.map(|(settings, kinds)| Incremental {
+            ledger: KeyGroupLedger::new(settings, states.range().len()),
+            kinds,
+        });
         KeyedCore {
             subtask,
             key_of,
             function,
             states,
             publish,
+            incremental,
             _records: PhantomData,
         }
     }
@@ -181,12 +200,33 @@ where
         Ok(encode_keyed_state(&parts)?)
     }
 
+    fn snapshot_segments(&mut self, checkpoint: CheckpointId) -> Result<Vec<Segment>, BoxError> {
+        match &mut self.incremental {
+            Some(incremental) if !incremental.kinds.is_savepoint(checkpoint) => {
+                incremental.ledger.snapshot(checkpoint, &mut self.states)
+            }
+            _ => full_segments(&self.states),
+        }
+    }
+
+    fn on_complete(&mut self, checkpoint: CheckpointId) -> Result<(), BoxError> {
+        if let Some(incremental) = &mut self.incremental {
+            incremental.ledger.on_complete(checkpoint);
+        }
+        Ok(())
+    }
+
     fn capture(&mut self) -> Result<Vec<u8>, BoxError> {
         // Encoding keyed state has no side effect.
         self.snapshot(CheckpointId(0))
     }
 
     fn restore(&mut self, state: Option<&[u8]>) -> Result<(), BoxError> {
+        if let Some(incremental) = &mut self.incremental {
+            // Restored state was written by another instance: nothing of
+            // it may be referred to, so the first checkpoint is full.
+            incremental.ledger.reset();
+        }
         let Some(state) = state else {
             return Ok(());
         };

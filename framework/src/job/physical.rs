@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 use actix::{Addr, Recipient};
 
+use crate::job::incremental::SnapshotKinds;
 use crate::keyed::MaxParallelism;
 use crate::metrics::{MetricsRegistry, SubtaskRecorder};
 use crate::protocol::{
@@ -470,6 +471,9 @@ pub(crate) struct PhysicalPlan {
     pub(crate) config: JobConfig,
     /// The job's live metrics (set when the job starts).
     pub(crate) metrics: Option<Arc<MetricsRegistry>>,
+    /// Which checkpoints are savepoints, shared with the keyed cores
+    /// (see [`super::incremental`]); the job builder sets its own.
+    pub(crate) snapshot_kinds: Arc<SnapshotKinds>,
 }
 
 impl PhysicalPlan {
@@ -555,6 +559,7 @@ impl PhysicalPlan {
             snapshot,
             config,
             metrics: None,
+            snapshot_kinds: Arc::default(),
         })
     }
 

@@ -168,8 +168,12 @@ pub struct CheckpointReport {
     pub checkpoint: u64,
     /// From trigger to durable commit.
     pub duration_ms: u64,
-    /// Bytes of all its parts.
+    /// Bytes of all its parts: the size of the state it holds.
     pub size_bytes: u64,
+    /// Bytes it wrote itself: with incremental checkpoints, only the key
+    /// groups that changed (and the parts of other operators), not those
+    /// it refers to in earlier checkpoints; `size_bytes` otherwise.
+    pub written_bytes: u64,
     /// The longest barrier alignment of any subtask: from the first
     /// barrier of this checkpoint at its inputs to its snapshot. 0 when no
     /// subtask received a barrier (a checkpoint triggered after every input

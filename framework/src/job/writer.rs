@@ -18,7 +18,9 @@ use actix::{Message, Recipient};
 
 use crate::protocol::CheckpointId;
 use crate::runtime::Generation;
-use crate::storage::{self, CheckpointStore, CommitRequest, KeyGroupLayout, PartId, StoreError};
+use crate::storage::{
+    self, CheckpointStore, CommitRequest, KeyGroupLayout, PartId, Segment, StoreError,
+};
 
 use super::recovery::{recover, Recovery, RecoveryOptions, SinkHooks};
 use super::JobError;
@@ -31,7 +33,7 @@ pub(crate) enum WriterJob {
         epoch: u64,
         checkpoint: CheckpointId,
         kind: storage::CheckpointKind,
-        parts: Vec<(PartId, Vec<u8>)>,
+        parts: Vec<(PartId, Vec<Segment>)>,
         request: CommitRequest,
     },
     /// Load the newest complete checkpoint for the start of `region`
@@ -46,13 +48,24 @@ pub(crate) enum WriterJob {
 /// groups.
 pub(crate) type Restored = Option<(CheckpointId, BTreeMap<PartId, Vec<u8>>, KeyGroupLayout)>;
 
-/// The answer to [`WriterJob::Persist`]: the checkpoint's size in bytes.
+/// The answer to [`WriterJob::Persist`]: the checkpoint's sizes.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub(crate) struct Persisted {
     pub(crate) epoch: u64,
     pub(crate) checkpoint: CheckpointId,
-    pub(crate) result: Result<u64, StoreError>,
+    pub(crate) result: Result<PersistedSize, StoreError>,
+}
+
+/// How large a persisted checkpoint is.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PersistedSize {
+    /// All its parts, assembled: the state it holds.
+    pub(crate) size_bytes: u64,
+    /// What it wrote itself (see [`CheckpointMetadata::written_bytes`]).
+    ///
+    /// [`CheckpointMetadata::written_bytes`]: storage::CheckpointMetadata::written_bytes
+    pub(crate) written_bytes: u64,
 }
 
 /// The answer to [`WriterJob::Load`].
@@ -120,16 +133,25 @@ fn persist(
     store: &dyn CheckpointStore,
     checkpoint: u64,
     kind: storage::CheckpointKind,
-    parts: &[(PartId, Vec<u8>)],
+    parts: &[(PartId, Vec<Segment>)],
     request: CommitRequest,
-) -> Result<u64, StoreError> {
+) -> Result<PersistedSize, StoreError> {
     store.begin(checkpoint, kind)?;
     let written = parts
         .iter()
-        .try_for_each(|(part, bytes)| store.write_part(checkpoint, part, bytes).map(|_| ()))
+        .try_for_each(|(part, segments)| match segments.as_slice() {
+            // A whole part goes the plain way, which every store has.
+            [Segment::Own(bytes)] => store.write_part(checkpoint, part, bytes).map(|_| ()),
+            segments => store
+                .write_part_segments(checkpoint, part, segments)
+                .map(|_| ()),
+        })
         .and_then(|()| store.commit(checkpoint, request));
     match written {
-        Ok(metadata) => Ok(metadata.total_bytes()),
+        Ok(metadata) => Ok(PersistedSize {
+            size_bytes: metadata.total_bytes(),
+            written_bytes: metadata.written_bytes(),
+        }),
         Err(error) => {
             // Best effort: a leftover is removed by the next `begin` anyway.
             if let Err(discard) = store.discard(checkpoint) {

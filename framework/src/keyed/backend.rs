@@ -54,9 +54,6 @@ pub struct KeyedState<K, S> {
     /// Set on every mutable access, so it over-approximates: reading through
     /// `get_or_default` without writing still marks the group.
     dirty: Vec<bool>,
-    /// Every key group may have changed: set by
-    /// [`Self::get_or_default_routed`], which marks no single group.
-    all_dirty: bool,
 }
 
 /// The snapshot of one subtask's keyed state: one part per key group of its
@@ -126,7 +123,6 @@ impl<K: StateKey, S> KeyedState<K, S> {
             range,
             table: HashTable::new(),
             dirty: vec![false; range.len()],
-            all_dirty: false,
         })
     }
 
@@ -274,21 +270,20 @@ impl<K: StateKey, S> KeyedState<K, S> {
     }
 
     /// The key groups accessed mutably since the last [`Self::clear_dirty`]
-    /// (or since creation), ascending. An incremental checkpoint would write
-    /// only these with [`Self::snapshot_key_group`]; nothing uses it yet.
+    /// (or since creation), ascending: what an incremental checkpoint
+    /// writes again ([`Self::snapshot_key_groups`]).
     pub fn dirty_key_groups(&self) -> impl Iterator<Item = u32> + '_ {
         let start = self.range.start;
         self.dirty
             .iter()
             .enumerate()
-            .filter(|(_, dirty)| self.all_dirty || **dirty)
+            .filter(|(_, dirty)| **dirty)
             .map(move |(index, _)| start + index as u32)
     }
 
     /// Marks every key group clean, after a checkpoint has captured them.
     pub fn clear_dirty(&mut self) {
         self.dirty.iter_mut().for_each(|dirty| *dirty = false);
-        self.all_dirty = false;
     }
 }
 
@@ -341,14 +336,14 @@ impl<K: StateKey, S: Default> KeyedState<K, S> {
     /// state's [`key_hash`] and max parallelism: the job's keyed operator,
     /// fed by a hash partitioner. `hash` must be `key_hash(key)`.
     ///
-    /// Unlike [`Self::try_get_or_default_hashed`], it does not derive the
-    /// key group per call. Ownership is asserted in debug builds only: a
-    /// key of a foreign key group here is a routing bug, and in a release
-    /// build [`Self::snapshot`] catches it. Instead of marking the key's
-    /// group dirty it marks every group dirty at once (one flag), which
-    /// over-approximates as [`Self::dirty_key_groups`] allows. On the keyed
-    /// count benchmark the per-call key group and dirty mark cost about a
-    /// quarter of the lookup (see the module docs).
+    /// Unlike [`Self::try_get_or_default_hashed`], it does not refuse a
+    /// key of a foreign key group: ownership is asserted in debug builds
+    /// only, because such a key here is a routing bug, and in a release
+    /// build [`Self::snapshot`] catches it. It marks exactly the key's group
+    /// dirty, from the hash it is given (a multiply, a shift and one byte
+    /// store; a foreign group's index is out of range and marks nothing,
+    /// so the bug costs no panic here), which is what an incremental
+    /// checkpoint reads through [`Self::dirty_key_groups`].
     #[inline]
     pub fn get_or_default_routed(&mut self, key: &K, hash: u64) -> &mut S {
         debug_assert_eq!(hash, key_hash(key), "the hash given is not the key's");
@@ -358,7 +353,13 @@ impl<K: StateKey, S: Default> KeyedState<K, S> {
             self.max_parallelism.key_group_of(hash),
             self.range
         );
-        self.all_dirty = true;
+        let index = self
+            .max_parallelism
+            .key_group_of(hash)
+            .wrapping_sub(self.range.start) as usize;
+        if let Some(dirty) = self.dirty.get_mut(index) {
+            *dirty = true;
+        }
         self.find_or_insert_default(key, hash)
     }
 
@@ -441,6 +442,50 @@ impl<K: StateKey, S: Snapshot> KeyedState<K, S> {
             range: self.range,
             parts,
         })
+    }
+
+    /// Encodes the owned key groups that `include` picks (by key group) as
+    /// parts, in ascending key group order, in one pass over the table:
+    /// what an incremental checkpoint writes for the groups that changed.
+    /// Nothing is encoded, and the table is not read, when it picks none.
+    pub fn snapshot_key_groups(
+        &self,
+        mut include: impl FnMut(u32) -> bool,
+    ) -> Result<Vec<KeyGroupPart>, StateError> {
+        let schema = part::schema_section::<S>()?;
+        let mut writers: Vec<Option<PartWriter>> = self
+            .range
+            .iter()
+            .map(|key_group| include(key_group).then(|| PartWriter::new(&schema)))
+            .collect();
+        if writers.iter().all(Option::is_none) {
+            return Ok(Vec::new());
+        }
+        let mut scratch = Vec::new();
+        for (key, state) in self.table.iter() {
+            let key_group = self.key_group_of(key);
+            let index = key_group.wrapping_sub(self.range.start) as usize;
+            match writers.get_mut(index) {
+                Some(Some(writer)) => writer.push(key, state, &mut scratch)?,
+                Some(None) => {}
+                None => panic!(
+                    "bug: a key of key group {key_group} is stored in the state of {:?}: \
+                     a record was routed to the wrong subtask",
+                    self.range
+                ),
+            }
+        }
+        Ok(self
+            .range
+            .iter()
+            .zip(writers)
+            .filter_map(|(key_group, writer)| {
+                writer.map(|writer| KeyGroupPart {
+                    key_group,
+                    bytes: writer.finish(self.max_parallelism, key_group),
+                })
+            })
+            .collect())
     }
 
     /// Encodes one owned key group as a part. It scans the whole table, so
@@ -555,16 +600,49 @@ mod tests {
     }
 
     #[test]
-    fn a_routed_lookup_marks_every_group_dirty_until_cleared() {
+    fn a_routed_lookup_marks_only_its_key_group_dirty_until_cleared() {
         let mut routed = state(2, 1);
-        let key = (0..u64::MAX).find(|key| routed.owns(key)).unwrap();
-        *routed.get_or_default_routed(&key, key_hash(&key)) += 1;
-        assert_eq!(
-            routed.dirty_key_groups().collect::<Vec<_>>(),
-            routed.range().iter().collect::<Vec<_>>()
-        );
+        let keys: Vec<u64> = (0..u64::MAX)
+            .filter(|key| routed.owns(key))
+            .take(3)
+            .collect();
+        for key in &keys {
+            *routed.get_or_default_routed(key, key_hash(key)) += 1;
+        }
+        let mut expected: Vec<u32> = keys.iter().map(|key| routed.key_group_of(key)).collect();
+        expected.sort_unstable();
+        expected.dedup();
+        assert_eq!(routed.dirty_key_groups().collect::<Vec<_>>(), expected);
+        assert!(expected.len() < routed.range().len());
         routed.clear_dirty();
         assert_eq!(routed.dirty_key_groups().count(), 0);
+    }
+
+    #[derive(crate::Snapshot, Default, Debug, Clone, PartialEq)]
+    #[snapshot(crate = "crate")]
+    struct Count {
+        count: u64,
+    }
+
+    #[test]
+    fn snapshotting_some_key_groups_gives_the_same_parts_as_a_full_snapshot() {
+        let mut full: KeyedState<u64, Count> =
+            KeyedState::for_subtask(MaxParallelism::default(), 2, 1).unwrap();
+        let keys: Vec<u64> = (0..5_000u64).filter(|key| full.owns(key)).collect();
+        for key in keys {
+            full.get_or_default(&key).count += key;
+        }
+        let snapshot = full.snapshot().unwrap();
+        let picked = full
+            .snapshot_key_groups(|key_group| key_group % 3 == 0)
+            .unwrap();
+        let expected: Vec<&KeyGroupPart> = snapshot
+            .parts
+            .iter()
+            .filter(|part| part.key_group % 3 == 0)
+            .collect();
+        assert_eq!(picked.iter().collect::<Vec<_>>(), expected);
+        assert!(full.snapshot_key_groups(|_| false).unwrap().is_empty());
     }
 
     #[test]

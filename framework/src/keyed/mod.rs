@@ -42,10 +42,11 @@
 //!
 //! # Known gaps
 //!
-//! - Snapshots are full: [`KeyedState::dirty_key_groups`] says which key
-//!   groups changed since [`KeyedState::clear_dirty`], and
-//!   [`KeyedState::snapshot_key_group`] writes one group, which is what an
-//!   incremental checkpoint needs, but nothing here reuses older parts.
+//! - Snapshots of the whole store are full; incremental checkpoints
+//!   (`job/incremental.rs`) read [`KeyedState::dirty_key_groups`] and
+//!   encode only the groups they need with
+//!   [`KeyedState::snapshot_key_groups`], but that pass still hashes every
+//!   key to find its group.
 //! - The snapshot is synchronous: it serializes on the caller's thread.
 //!   Flink's hashmap backend copies on write to snapshot asynchronously; we
 //!   do not.
@@ -55,9 +56,9 @@
 //!   it, which std does not promise to keep across compiler versions or
 //!   byte orders (see [`hash`]); restore detects a drift as
 //!   [`KeyedError::KeyGroupMismatch`] instead of splitting a key's state.
-//! - Dirty tracking is one byte store per access, measured at roughly 5% of
-//!   the count benchmark's throughput; it is paid even though nothing reads
-//!   it yet.
+//! - Dirty tracking is one byte store per access (the routed lookup also
+//!   derives the key group from the hash it has), measured at roughly 5%
+//!   of the count benchmark's throughput.
 //! - A part does not record the key's type; a part of another key type
 //!   usually fails to decode or lands in the wrong key group (both errors),
 //!   but a key type with the same encoding and hash would be accepted.

@@ -12,7 +12,13 @@
 //! <root>/job-<job>/checkpoints/chk-<id, 20 digits>/_metadata
 //!                                                 /op-<operator>/<subtask>.part
 //! <root>/job-<job>/savepoints/sp-<id, 20 digits>/...   (same inside)
+//! <root>/job-<job>/shared/op-<operator>/<subtask>-<id, 20 digits>.shared
 //! ```
+//!
+//! A shared file holds the [`Segment::Shared`] bytes that checkpoint `id`
+//! wrote for one part; later checkpoints of the same part refer to ranges
+//! of it (see [`super::segment`] and `engine/shared.rs`, which also holds
+//! the rule that deletes shared files).
 //!
 //! Names are escaped by [`names`]. Temporary files end in `.tmp` and sit
 //! next to their final name, so a rename never crosses directories.
@@ -26,9 +32,16 @@
 //!    durable), write `_metadata.tmp`, fsync it, rename it to `_metadata`,
 //!    fsync `chk-n`. Only the last rename makes the checkpoint exist, and
 //!    everything it refers to was durable before it.
+//!    A segmented part also writes `shared/op-x/s-n.shared` the same way
+//!    (temporary name, fsync, rename); commit fsyncs `shared/op-x`,
+//!    `shared/` and the job directory before the metadata, so the metadata
+//!    never names a shared file whose name could be lost.
 //! 4. Deletion (retention, discard) removes `_metadata` and fsyncs `chk-n`
 //!    first, so a crash in the middle of removing parts leaves a directory
 //!    without metadata, which does not exist, never one with missing parts.
+//!    Shared files are deleted after that, and only those no remaining
+//!    metadata names, so a crash leaves at worst an unreferenced file,
+//!    which the next deletion removes.
 //!
 //! [`FsCheckpointStore`]: super::FsCheckpointStore
 //! [`MemoryCheckpointStore`]: super::MemoryCheckpointStore
@@ -40,11 +53,16 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 mod aside;
+mod delegate;
 mod delete;
+mod shared;
+
+pub(crate) use delegate::delegate_store;
 
 use super::io::Io;
-use super::metadata::{CheckpointMetadata, PartInfo, MAX_METADATA_BYTES};
+use super::metadata::{CheckpointMetadata, MetadataError, PartInfo, MAX_METADATA_BYTES};
 use super::pin::{CheckpointPin, PinTable};
+use super::segment::{Segment, SegmentInfo};
 use super::{
     names, CheckpointId, CheckpointKind, CheckpointSummary, CommitRequest, LoadReport,
     LoadedCheckpoint, PartId, SkippedCheckpoint, StoreError, StoreOptions,
@@ -55,12 +73,14 @@ pub(crate) const METADATA_FILE: &str = "_metadata";
 const TEMP_SUFFIX: &str = ".tmp";
 const CHECKPOINTS_DIR: &str = "checkpoints";
 const SAVEPOINTS_DIR: &str = "savepoints";
+const SHARED_DIR: &str = "shared";
 
 /// A part's state while its checkpoint is in progress.
 #[derive(Debug)]
 enum PartSlot {
     Writing,
-    Written(PartInfo),
+    /// Written: its info and, for a segmented part, its segments.
+    Written(PartInfo, Option<Vec<SegmentInfo>>),
 }
 
 /// A checkpoint begun by this store object and not yet committed.
@@ -69,6 +89,10 @@ struct Pending {
     kind: CheckpointKind,
     dir: PathBuf,
     parts: BTreeMap<PartId, PartSlot>,
+    /// The earlier shared files its parts refer to, registered before the
+    /// part is written so that deleting shared files never races a write
+    /// that refers to one.
+    reuses: BTreeSet<(PartId, CheckpointId)>,
     committing: bool,
 }
 
@@ -89,6 +113,7 @@ pub(crate) struct Engine {
     job_dir: PathBuf,
     checkpoints_dir: PathBuf,
     savepoints_dir: PathBuf,
+    shared_dir: PathBuf,
     options: StoreOptions,
     /// One entry per begun, not yet committed or discarded checkpoint. Its
     /// size is bounded by the caller: the coordinator limits how many
@@ -122,6 +147,7 @@ impl Engine {
         let engine = Self {
             checkpoints_dir: job_dir.join(CHECKPOINTS_DIR),
             savepoints_dir: job_dir.join(SAVEPOINTS_DIR),
+            shared_dir: job_dir.join(SHARED_DIR),
             job_dir,
             io,
             job: job.to_string(),
@@ -200,6 +226,7 @@ impl Engine {
                 kind,
                 dir,
                 parts: BTreeMap::new(),
+                reuses: BTreeSet::new(),
                 committing: false,
             },
         );
@@ -212,8 +239,53 @@ impl Engine {
         part: &PartId,
         bytes: &[u8],
     ) -> Result<PartInfo, StoreError> {
+        self.write_slot(checkpoint, part, &[], |dir, _| {
+            self.write_part_file(dir, part.subtask, bytes)?;
+            Ok((PartInfo::of(part.clone(), bytes), None))
+        })
+    }
+
+    /// Writes one part as segments (see [`super::segment`]): a savepoint
+    /// self-contained, a checkpoint with its own file, its shared file and
+    /// references to earlier shared files.
+    pub(crate) fn write_part_segments(
+        &self,
+        checkpoint: CheckpointId,
+        part: &PartId,
+        segments: &[Segment],
+    ) -> Result<PartInfo, StoreError> {
+        let reuses: Vec<CheckpointId> = segments
+            .iter()
+            .filter_map(|segment| match segment {
+                Segment::Reuse(range) => Some(range.checkpoint),
+                _ => None,
+            })
+            .collect();
+        self.write_slot(checkpoint, part, &reuses, |dir, kind| match kind {
+            CheckpointKind::Savepoint => {
+                let bytes = self.self_contained(checkpoint, part, segments)?;
+                self.write_part_file(dir, part.subtask, &bytes)?;
+                Ok((PartInfo::of(part.clone(), &bytes), None))
+            }
+            CheckpointKind::Checkpoint => self.write_segmented(checkpoint, dir, part, segments),
+        })
+    }
+
+    /// Registers `part` of `checkpoint` as being written (with the shared
+    /// files it refers to), runs `write` without holding any lock, and
+    /// records what it wrote.
+    fn write_slot(
+        &self,
+        checkpoint: CheckpointId,
+        part: &PartId,
+        reuses: &[CheckpointId],
+        write: impl FnOnce(
+            &Path,
+            CheckpointKind,
+        ) -> Result<(PartInfo, Option<Vec<SegmentInfo>>), StoreError>,
+    ) -> Result<PartInfo, StoreError> {
         let operator_dir = names::operator_dir_name(&part.operator)?;
-        let dir = {
+        let (dir, kind) = {
             let mut pending = lock(&self.pending);
             let entry = pending
                 .get_mut(&checkpoint)
@@ -226,19 +298,21 @@ impl Engine {
                 });
             }
             entry.parts.insert(part.clone(), PartSlot::Writing);
-            entry.dir.join(operator_dir)
+            entry
+                .reuses
+                .extend(reuses.iter().map(|&shared| (part.clone(), shared)));
+            (entry.dir.join(operator_dir), entry.kind)
         };
         // The bytes are written without holding any lock, so parts of one
         // checkpoint are written in parallel.
-        let result = self.write_part_file(&dir, part.subtask, bytes);
+        let result = write(&dir, kind);
         let mut pending = lock(&self.pending);
         let slot = pending
             .get_mut(&checkpoint)
             .and_then(|entry| entry.parts.get_mut(part));
         match (result, slot) {
-            (Ok(()), Some(slot)) => {
-                let info = PartInfo::of(part.clone(), bytes);
-                *slot = PartSlot::Written(info.clone());
+            (Ok((info, segments)), Some(slot)) => {
+                *slot = PartSlot::Written(info.clone(), segments);
                 Ok(info)
             }
             (Err(error), Some(_)) => {
@@ -265,7 +339,8 @@ impl Engine {
         checkpoint: CheckpointId,
         request: CommitRequest,
     ) -> Result<CheckpointMetadata, StoreError> {
-        let (kind, dir, parts) = self.start_commit(checkpoint, request.expected_parts.as_ref())?;
+        let (kind, dir, parts, segments) =
+            self.start_commit(checkpoint, request.expected_parts.as_ref())?;
         let metadata = CheckpointMetadata {
             job: self.job.clone(),
             checkpoint,
@@ -275,6 +350,7 @@ impl Engine {
             source_positions: request.source_positions,
             key_groups: request.key_groups,
             user: request.user,
+            segments,
         };
         let result = self.write_metadata(&dir, &metadata);
         let mut pending = lock(&self.pending);
@@ -299,12 +375,21 @@ impl Engine {
     }
 
     /// Checks that `checkpoint` can commit, marks it committing and returns
-    /// its kind, directory and parts.
+    /// its kind, directory, parts and the segments of its segmented parts.
+    #[allow(clippy::type_complexity)]
     fn start_commit(
         &self,
         checkpoint: CheckpointId,
         expected: Option<&BTreeSet<PartId>>,
-    ) -> Result<(CheckpointKind, PathBuf, Vec<PartInfo>), StoreError> {
+    ) -> Result<
+        (
+            CheckpointKind,
+            PathBuf,
+            Vec<PartInfo>,
+            BTreeMap<PartId, Vec<SegmentInfo>>,
+        ),
+        StoreError,
+    > {
         let mut pending = lock(&self.pending);
         let entry = pending
             .get_mut(&checkpoint)
@@ -317,16 +402,18 @@ impl Engine {
         if let Some(expected) = expected {
             check_expected(checkpoint, expected, entry.parts.keys())?;
         }
-        let parts = entry
-            .parts
-            .values()
-            .filter_map(|slot| match slot {
-                PartSlot::Written(info) => Some(info.clone()),
-                PartSlot::Writing => None,
-            })
-            .collect();
+        let mut parts = Vec::with_capacity(entry.parts.len());
+        let mut segments = BTreeMap::new();
+        for slot in entry.parts.values() {
+            if let PartSlot::Written(info, part_segments) = slot {
+                parts.push(info.clone());
+                if let Some(part_segments) = part_segments {
+                    segments.insert(info.part.clone(), part_segments.clone());
+                }
+            }
+        }
         entry.committing = true;
-        Ok((entry.kind, entry.dir.clone(), parts))
+        Ok((entry.kind, entry.dir.clone(), parts, segments))
     }
 
     fn write_metadata(&self, dir: &Path, metadata: &CheckpointMetadata) -> Result<(), StoreError> {
@@ -343,6 +430,7 @@ impl Engine {
             self.sync_dir(&dir.join(operator_dir))?;
         }
         self.sync_dir(dir)?;
+        self.sync_shared_dirs(metadata)?;
         self.write_durably(&dir.join(METADATA_FILE), &bytes)
     }
 
@@ -361,7 +449,8 @@ impl Engine {
             pending.remove(&checkpoint)
         };
         if let Some(entry) = removed {
-            return self.delete_dir(&entry.dir);
+            self.delete_dir(&entry.dir)?;
+            return self.collect_shared_serial();
         }
         let mut found = false;
         for kind in [CheckpointKind::Checkpoint, CheckpointKind::Savepoint] {
@@ -377,7 +466,7 @@ impl Engine {
             }
         }
         if found {
-            Ok(())
+            self.collect_shared_serial()
         } else {
             Err(StoreError::NotInProgress(checkpoint))
         }
@@ -438,7 +527,7 @@ impl Engine {
         let pin = self.pins.pin(checkpoint);
         let metadata = read_metadata(self.io.as_ref(), &dir, Some((checkpoint, &self.job)))?
             .ok_or(StoreError::NotFound(checkpoint))?;
-        let parts = read_parts(self.io.as_ref(), &dir, &metadata)?;
+        let parts = read_parts(self.io.as_ref(), &dir, &self.shared_dir, &metadata)?;
         Ok(LoadedCheckpoint {
             metadata,
             parts,
@@ -539,7 +628,7 @@ impl Engine {
             self.delete_dir(&dir)?;
             drop(pins);
         }
-        Ok(())
+        self.collect_shared()
     }
 
     // ----- I/O helpers -----
@@ -642,7 +731,14 @@ pub(crate) fn read_metadata(
         path: path.clone(),
         reason,
     };
-    let metadata = CheckpointMetadata::decode(&bytes).map_err(corrupt)?;
+    let metadata = CheckpointMetadata::decode_typed(&bytes).map_err(|error| match error {
+        MetadataError::UnsupportedVersion { version } => StoreError::UnsupportedFormat {
+            checkpoint: expect.map(|(checkpoint, _)| checkpoint),
+            path: path.clone(),
+            version,
+        },
+        MetadataError::Corrupt(reason) => corrupt(reason),
+    })?;
     if let Some((checkpoint, job)) = expect {
         if metadata.checkpoint != checkpoint || metadata.job != job {
             return Err(corrupt(format!(
@@ -658,15 +754,22 @@ fn metadata_header_len() -> u64 {
     super::metadata::HEADER_LEN as u64
 }
 
-/// Reads every part listed in `metadata` from `dir` and checks its size and
+/// Reads every part listed in `metadata` from `dir` (a segmented part also
+/// from the shared files under `shared_dir`) and checks its size and
 /// checksum. The first bad part makes the whole checkpoint invalid.
 pub(crate) fn read_parts(
     io: &dyn Io,
     dir: &Path,
+    shared_dir: &Path,
     metadata: &CheckpointMetadata,
 ) -> Result<BTreeMap<PartId, Vec<u8>>, StoreError> {
     let mut parts = BTreeMap::new();
     for info in &metadata.parts {
+        if let Some(segments) = metadata.segments.get(&info.part) {
+            let bytes = shared::read_segmented(io, dir, shared_dir, metadata, info, segments)?;
+            parts.insert(info.part.clone(), bytes);
+            continue;
+        }
         let path = dir
             .join(names::operator_dir_name(&info.part.operator)?)
             .join(part_file_name(info.part.subtask));
@@ -689,7 +792,7 @@ pub(crate) fn read_parts(
     Ok(parts)
 }
 
-fn part_file_name(subtask: u32) -> String {
+pub(crate) fn part_file_name(subtask: u32) -> String {
     format!("{subtask}.part")
 }
 
@@ -711,92 +814,3 @@ fn parse_entry_name(name: &str, prefix: &str) -> Option<CheckpointId> {
         None
     }
 }
-
-/// Implements [`CheckpointStore`](super::CheckpointStore) for a type with
-/// an `engine: Engine` field by delegation.
-macro_rules! delegate_store {
-    ($store:ty) => {
-        impl $crate::storage::CheckpointStore for $store {
-            fn job(&self) -> &str {
-                self.engine.job()
-            }
-            fn begin(
-                &self,
-                checkpoint: $crate::storage::CheckpointId,
-                kind: $crate::storage::CheckpointKind,
-            ) -> Result<(), $crate::storage::StoreError> {
-                self.engine.begin(checkpoint, kind)
-            }
-            fn write_part(
-                &self,
-                checkpoint: $crate::storage::CheckpointId,
-                part: &$crate::storage::PartId,
-                bytes: &[u8],
-            ) -> Result<$crate::storage::PartInfo, $crate::storage::StoreError> {
-                self.engine.write_part(checkpoint, part, bytes)
-            }
-            fn commit(
-                &self,
-                checkpoint: $crate::storage::CheckpointId,
-                request: $crate::storage::CommitRequest,
-            ) -> Result<$crate::storage::CheckpointMetadata, $crate::storage::StoreError> {
-                self.engine.commit(checkpoint, request)
-            }
-            fn discard(
-                &self,
-                checkpoint: $crate::storage::CheckpointId,
-            ) -> Result<(), $crate::storage::StoreError> {
-                self.engine.discard(checkpoint)
-            }
-            fn list(
-                &self,
-            ) -> Result<Vec<$crate::storage::CheckpointSummary>, $crate::storage::StoreError> {
-                self.engine.list()
-            }
-            fn load(
-                &self,
-                checkpoint: $crate::storage::CheckpointId,
-            ) -> Result<$crate::storage::LoadedCheckpoint, $crate::storage::StoreError> {
-                self.engine.load(checkpoint)
-            }
-            fn load_latest(
-                &self,
-            ) -> Result<$crate::storage::LoadReport, $crate::storage::StoreError> {
-                self.engine.load_latest_before(None)
-            }
-            fn pin(
-                &self,
-                checkpoint: $crate::storage::CheckpointId,
-            ) -> Result<$crate::storage::CheckpointPin, $crate::storage::StoreError> {
-                self.engine.pin(checkpoint)
-            }
-            fn load_latest_before(
-                &self,
-                before: $crate::storage::CheckpointId,
-            ) -> Result<$crate::storage::LoadReport, $crate::storage::StoreError> {
-                self.engine.load_latest_before(Some(before))
-            }
-            fn highest_id(
-                &self,
-            ) -> Result<Option<$crate::storage::CheckpointId>, $crate::storage::StoreError> {
-                self.engine.highest_id()
-            }
-            fn set_aside(
-                &self,
-                checkpoint: $crate::storage::CheckpointId,
-                reason: &str,
-            ) -> Result<Option<std::path::PathBuf>, $crate::storage::StoreError> {
-                self.engine.set_aside(checkpoint, reason)
-            }
-            fn damaged_ids(
-                &self,
-            ) -> Result<Vec<$crate::storage::CheckpointId>, $crate::storage::StoreError> {
-                self.engine.damaged_ids()
-            }
-            fn location(&self) -> Option<&std::path::Path> {
-                self.directory()
-            }
-        }
-    };
-}
-pub(crate) use delegate_store;

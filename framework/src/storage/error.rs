@@ -108,6 +108,34 @@ pub enum StoreError {
     /// The store's options are unusable.
     #[error("invalid store options: {0}")]
     InvalidOptions(String),
+    /// A checkpoint's metadata is intact but of a format version this
+    /// build does not read (a newer build wrote it). Loading skips the
+    /// checkpoint like a corrupt one and says so.
+    #[error("metadata of checkpoint {checkpoint:?} at {path:?} has format version {version}, which this build does not read")]
+    UnsupportedFormat {
+        /// The checkpoint whose directory holds the file, when known.
+        checkpoint: Option<CheckpointId>,
+        /// The metadata file.
+        path: PathBuf,
+        /// The version found.
+        version: u16,
+    },
+    /// A segmented part refers to a shared file that no longer exists
+    /// (it was never committed, or nothing referenced it and it was
+    /// deleted). Not retryable: the caller must write those bytes again.
+    #[error("part {part} of checkpoint {checkpoint} refers to the shared file of checkpoint {shared}, which does not exist")]
+    MissingShared {
+        /// The checkpoint being written.
+        checkpoint: CheckpointId,
+        /// The part.
+        part: PartId,
+        /// The checkpoint whose shared file was named.
+        shared: CheckpointId,
+    },
+    /// This store cannot write segmented parts that refer to earlier
+    /// checkpoints (see [`CheckpointStore::supports_segments`](super::CheckpointStore::supports_segments)).
+    #[error("this checkpoint store cannot refer to earlier checkpoints' files")]
+    SegmentsUnsupported,
 }
 
 impl StoreError {
@@ -118,12 +146,14 @@ impl StoreError {
         matches!(self, Self::Io { .. } | Self::PartsInFlight { .. })
     }
 
-    /// Whether this error says stored bytes are damaged (as opposed to an
-    /// I/O failure or a misuse of the API).
+    /// Whether this error says stored bytes are damaged or unreadable by
+    /// this build (as opposed to an I/O failure or a misuse of the API).
     pub fn is_corruption(&self) -> bool {
         matches!(
             self,
-            Self::CorruptMetadata { .. } | Self::CorruptPart { .. }
+            Self::CorruptMetadata { .. }
+                | Self::CorruptPart { .. }
+                | Self::UnsupportedFormat { .. }
         )
     }
 

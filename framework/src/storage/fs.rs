@@ -117,7 +117,13 @@ pub fn load_checkpoint_dir_with_io(
         path: dir.join(super::engine::METADATA_FILE),
         reason: "the directory has no metadata file".to_string(),
     })?;
-    let parts = read_parts(io, dir, &metadata)?;
+    // A checkpoint (not a savepoint) may refer to shared files; they are
+    // looked for where the store keeps them, two levels up.
+    let shared_dir = dir
+        .parent()
+        .and_then(Path::parent)
+        .map_or_else(|| dir.join("shared"), |job_dir| job_dir.join("shared"));
+    let parts = read_parts(io, dir, &shared_dir, &metadata)?;
     Ok(LoadedCheckpoint {
         pin: CheckpointPin::detached(metadata.checkpoint),
         metadata,

@@ -27,6 +27,13 @@
 //! - Metadata holds no paths: a part's file is derived from its
 //!   [`PartId`], relative to the checkpoint's own directory, so a savepoint
 //!   directory can be moved and still restores ([`load_checkpoint_dir`]).
+//! - Incremental checkpoints: a part may be written as [`Segment`]s, some
+//!   of them ranges of shared files that earlier checkpoints wrote
+//!   ([`CheckpointStore::write_part_segments`]). Loading assembles the
+//!   part, so a reader sees the same bytes as a whole part. A damaged or
+//!   missing shared file makes every checkpoint that refers to it invalid;
+//!   retention keeps every shared file a remaining checkpoint refers to and
+//!   deletes the others. Savepoints are always written self-contained.
 //!
 //! All I/O goes through the [`io::Io`] trait so that [`fault::FaultyIo`] can
 //! fail any single operation and [`memory::MemFs`] can simulate losing what
@@ -71,6 +78,7 @@ pub mod memory;
 pub mod metadata;
 pub mod names;
 mod pin;
+pub mod segment;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -84,6 +92,7 @@ pub use fs::{load_checkpoint_dir, load_checkpoint_dir_with_io, FsCheckpointStore
 pub use memory::MemoryCheckpointStore;
 pub use metadata::{CheckpointMetadata, KeyGroupLayout, PartInfo};
 pub use pin::CheckpointPin;
+pub use segment::{Segment, SegmentInfo, SegmentSource, SharedRange};
 
 /// The id of a checkpoint or savepoint. Checkpoints and savepoints of one
 /// job share one id sequence, as in Flink.
@@ -258,6 +267,40 @@ pub trait CheckpointStore: Send + Sync + fmt::Debug {
         part: &PartId,
         bytes: &[u8],
     ) -> Result<PartInfo, StoreError>;
+
+    /// Writes one part as segments (see [`segment`]): its assembled bytes
+    /// are the concatenation of `segments`, some of which may refer to
+    /// earlier checkpoints' shared files. A savepoint is written
+    /// self-contained. Fails with [`StoreError::MissingShared`] for a
+    /// reference to a shared file that does not exist.
+    ///
+    /// The default writes the concatenation whole with
+    /// [`write_part`](Self::write_part) and refuses a
+    /// [`Segment::Reuse`] with [`StoreError::SegmentsUnsupported`]; a
+    /// store that overrides it returns `true` from
+    /// [`supports_segments`](Self::supports_segments).
+    fn write_part_segments(
+        &self,
+        checkpoint: CheckpointId,
+        part: &PartId,
+        segments: &[Segment],
+    ) -> Result<PartInfo, StoreError> {
+        let mut bytes =
+            Vec::with_capacity(usize::try_from(segment::total_len(segments)).unwrap_or(0));
+        for piece in segments {
+            match piece {
+                Segment::Own(own) | Segment::Shared(own) => bytes.extend_from_slice(own),
+                Segment::Reuse(_) => return Err(StoreError::SegmentsUnsupported),
+            }
+        }
+        self.write_part(checkpoint, part, &bytes)
+    }
+
+    /// Whether [`write_part_segments`](Self::write_part_segments) can refer
+    /// to earlier checkpoints (the built-in stores can; the default cannot).
+    fn supports_segments(&self) -> bool {
+        false
+    }
 
     /// Commits an in-progress checkpoint: writes its metadata atomically and
     /// then applies retention. Once this returns `Ok`, the checkpoint

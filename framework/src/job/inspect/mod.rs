@@ -662,6 +662,7 @@ mod tests {
                 operator_parallelism: BTreeMap::new(),
             },
             user: BTreeMap::new(),
+            segments: BTreeMap::new(),
         }
     }
 

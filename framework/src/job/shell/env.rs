@@ -10,6 +10,7 @@ use actix::Recipient;
 use crate::job::snapshots::{Requests, Waiting};
 use crate::protocol::CheckpointId;
 use crate::runtime::{BoxError, Generation};
+use crate::storage::Segment;
 
 use super::event::{NodeEvent, NodeEventKind};
 use crate::job::route::Collector;
@@ -37,6 +38,13 @@ pub(crate) trait Core<In, Out: Send + 'static>: 'static {
     fn process(&mut self, batch: Vec<In>, out: &mut Collector<'_, Out>) -> Result<(), BoxError>;
     /// The synchronous part of a checkpoint: the state as bytes.
     fn snapshot(&mut self, checkpoint: CheckpointId) -> Result<Vec<u8>, BoxError>;
+    /// The state of a checkpoint as the store's segments, whose
+    /// concatenation is what [`Core::snapshot`] would return; a core with
+    /// incremental checkpoints refers to earlier checkpoints in them. The
+    /// default is the whole snapshot as one segment.
+    fn snapshot_segments(&mut self, checkpoint: CheckpointId) -> Result<Vec<Segment>, BoxError> {
+        Ok(vec![Segment::Own(self.snapshot(checkpoint)?)])
+    }
     /// Starts the core: from bytes [`Core::snapshot`] returned, or fresh
     /// (`None`). Called once, before any batch.
     fn restore(&mut self, state: Option<&[u8]>) -> Result<(), BoxError>;

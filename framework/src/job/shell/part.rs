@@ -5,6 +5,9 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::event::InputItem;
+use crate::job::incremental::push_own;
+use crate::storage::segment::total_len;
+use crate::storage::Segment;
 use crate::time::WatermarkState;
 
 /// One subtask's part of a checkpoint, as stored.
@@ -33,6 +36,29 @@ impl PartBytes {
             bytes.extend_from_slice(&postcard::to_allocvec(time)?);
         }
         Ok(bytes)
+    }
+
+    /// [`PartBytes::encode`] of a part whose state is given as the store's
+    /// segments: the same bytes once the segments are concatenated, so
+    /// decoding does not know the difference.
+    pub(crate) fn encode_segments(
+        state: Vec<Segment>,
+        channels: &[(u32, Vec<u8>)],
+        time: Option<&[u8]>,
+    ) -> Result<Vec<Segment>, postcard::Error> {
+        // The state field is a postcard byte string: its length, then it.
+        let mut segments = vec![Segment::Own(postcard::to_allocvec(&total_len(&state))?)];
+        for segment in state {
+            match segment {
+                Segment::Own(bytes) => push_own(&mut segments, bytes),
+                other => segments.push(other),
+            }
+        }
+        push_own(&mut segments, postcard::to_allocvec(channels)?);
+        if let Some(time) = time {
+            push_own(&mut segments, postcard::to_allocvec(time)?);
+        }
+        Ok(segments)
     }
 
     /// Reads bytes written by [`PartBytes::encode`], with or without the
@@ -169,6 +195,30 @@ mod part_tests {
             old,
             "same bytes without event time"
         );
+    }
+
+    #[test]
+    fn a_part_in_segments_concatenates_to_the_encoded_part() {
+        let state = vec![
+            Segment::Own(vec![1, 2]),
+            Segment::Shared(vec![3; 200]),
+            Segment::Own(vec![4]),
+        ];
+        let channels = vec![(0, vec![0]), (1, vec![9, 9])];
+        let time = vec![5, 6, 7];
+        for time in [None, Some(time.as_slice())] {
+            let segments =
+                PartBytes::encode_segments(state.clone(), &channels, time).expect("encodes");
+            let joined = crate::job::incremental::assemble(&segments, |_| Vec::new());
+            let whole = PartBytes {
+                state: crate::job::incremental::assemble(&state, |_| Vec::new()),
+                channels: channels.clone(),
+                time: time.map(<[u8]>::to_vec),
+            }
+            .encode()
+            .expect("encodes");
+            assert_eq!(joined, whole);
+        }
     }
 
     #[test]

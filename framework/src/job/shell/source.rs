@@ -16,6 +16,7 @@ use super::snapshot::{SnapshotDriver, SnapshotHost};
 use super::taken::TakenStates;
 use crate::job::route::Router;
 use crate::source::{Source, SourceError, SourcePoll as ReadStatus, SourcePosition, SplitId};
+use crate::storage::Segment;
 use crate::time::{SourceSignal, SourceWatermarks};
 
 /// Makes the source of one subtask (subtask, parallelism).
@@ -147,7 +148,7 @@ impl<T: Data> SourceShell<T> {
                     .encode()?;
                     self.env.tell(NodeEventKind::Ack {
                         checkpoint: part.checkpoint,
-                        part: bytes,
+                        part: vec![Segment::Own(bytes)],
                         alignment_us: 0,
                     });
                 }

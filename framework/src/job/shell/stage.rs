@@ -16,6 +16,7 @@ use super::snapshot::{SnapshotDriver, SnapshotHost};
 use super::taken::TakenStates;
 use crate::job::route::{Collector, Router};
 use crate::source::Guarantee;
+use crate::storage::Segment;
 use crate::time::{Advance, InputWatermarks, WATERMARK_MAX_MS};
 
 /// Barrier alignment per checkpoint in flight: when the first barrier
@@ -91,7 +92,8 @@ pub(crate) struct StageShell<In: Data, Out: Data> {
     machine: NodeMachine<InputItem<In>>,
     core: Box<dyn Core<In, Out>>,
     router: Router<Out>,
-    taken: TakenStates,
+    /// States as the store's segments ([`Core::snapshot_segments`]).
+    taken: TakenStates<Vec<Segment>>,
     /// The watermarks taken with each state in `taken` (empty: none).
     taken_time: TakenStates,
     alignments: Alignments,
@@ -166,7 +168,7 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
                     let checkpoint = token.checkpoint();
                     self.alignments.snapshot(checkpoint);
                     let started = Instant::now();
-                    let state = self.core.snapshot(checkpoint)?;
+                    let state = self.core.snapshot_segments(checkpoint)?;
                     self.env.note_sync_part(checkpoint, started);
                     self.taken.insert(checkpoint, state);
                     let time = if self.watermarks.is_pristine() {
@@ -194,12 +196,7 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
                     }
                     let time =
                         Some(self.taken_time.take(part.checkpoint)?).filter(|t| !t.is_empty());
-                    let bytes = PartBytes {
-                        state,
-                        channels,
-                        time,
-                    }
-                    .encode()?;
+                    let bytes = PartBytes::encode_segments(state, &channels, time.as_deref())?;
                     self.env.tell(NodeEventKind::Ack {
                         checkpoint: part.checkpoint,
                         part: bytes,

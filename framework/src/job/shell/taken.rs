@@ -8,13 +8,20 @@ use crate::runtime::BoxError;
 /// the checkpoints in flight at the node (`max_concurrent`): every entry is
 /// removed when its part is reported or its checkpoint aborted or
 /// subsumed.
-#[derive(Default)]
-pub(super) struct TakenStates {
-    entries: Vec<(CheckpointId, Vec<u8>)>,
+pub(super) struct TakenStates<T = Vec<u8>> {
+    entries: Vec<(CheckpointId, T)>,
 }
 
-impl TakenStates {
-    pub(super) fn insert(&mut self, checkpoint: CheckpointId, state: Vec<u8>) {
+impl<T> Default for TakenStates<T> {
+    fn default() -> Self {
+        TakenStates {
+            entries: Vec::new(),
+        }
+    }
+}
+
+impl<T> TakenStates<T> {
+    pub(super) fn insert(&mut self, checkpoint: CheckpointId, state: T) {
         self.entries.push((checkpoint, state));
     }
 
@@ -22,7 +29,7 @@ impl TakenStates {
     /// after its snapshot, so a missing state is a bug in this shell; it
     /// fails the subtask (and restarts the job) rather than acking an
     /// empty state.
-    pub(super) fn take(&mut self, checkpoint: CheckpointId) -> Result<Vec<u8>, BoxError> {
+    pub(super) fn take(&mut self, checkpoint: CheckpointId) -> Result<T, BoxError> {
         match self.entries.iter().position(|(id, _)| *id == checkpoint) {
             Some(index) => Ok(self.entries.remove(index).1),
             None => Err(format!("no state was taken for {checkpoint}").into()),

@@ -268,6 +268,7 @@ where
         // a typed error before this factory is ever called.
         let max_parallelism =
             MaxParallelism::new(self.job.config.max_parallelism).unwrap_or_default();
+        let incremental = self.job.incremental();
         let make_core = Arc::new(move |subtask: usize, parallelism: usize| {
             Box::new(KeyedCore::new(
                 max_parallelism,
@@ -276,6 +277,7 @@ where
                 Arc::clone(&key_of),
                 Arc::clone(&function),
                 publish.clone(),
+                incremental.clone(),
             )) as Box<dyn Core<T, U>>
         });
         let producers = hash_producers(&self.producers);

@@ -111,7 +111,7 @@ impl Supervisor {
         let Some(coordinator) = &mut self.coordinator else {
             return;
         };
-        let actions: Vec<CoordinatorAction<Vec<u8>>> =
+        let actions: Vec<CoordinatorAction<Vec<Segment>>> =
             std::iter::from_fn(|| coordinator.poll_action()).collect();
         for action in actions {
             if self.phase != Phase::Running || self.coordinator.is_none() {
@@ -186,6 +186,10 @@ impl Supervisor {
         }
         self.highest_triggered = self.highest_triggered.max(checkpoint);
         self.metrics_triggered(checkpoint, kind);
+        if kind == CheckpointKind::Savepoint {
+            // Before any barrier exists: keyed cores write it whole.
+            self.plan.snapshot_kinds.mark_savepoint(checkpoint);
+        }
         self.tracked.insert(
             checkpoint,
             Tracked {
@@ -226,10 +230,10 @@ impl Supervisor {
         &mut self,
         checkpoint: CheckpointId,
         kind: CheckpointKind,
-        parts: Vec<Vec<u8>>,
+        parts: Vec<Vec<Segment>>,
         context: &mut Context<Self>,
     ) {
-        let parts: Vec<(PartId, Vec<u8>)> = parts
+        let parts: Vec<(PartId, Vec<Segment>)> = parts
             .into_iter()
             .enumerate()
             .map(|(node, bytes)| (self.plan.part_id(node), bytes))
@@ -297,19 +301,21 @@ impl Supervisor {
                 )
             });
         match persisted.result {
-            Ok(size_bytes) => {
+            Ok(size) => {
                 tracing::info!(
                     checkpoint = checkpoint.0,
                     duration_ms,
-                    size_bytes,
+                    size_bytes = size.size_bytes,
+                    written_bytes = size.written_bytes,
                     alignment_max_us,
                     "checkpoint complete"
                 );
-                self.metrics_completed(checkpoint, size_bytes);
+                self.metrics_completed(checkpoint, size.size_bytes);
                 self.report.checkpoints.push(CheckpointReport {
                     checkpoint: checkpoint.0,
                     duration_ms,
-                    size_bytes,
+                    size_bytes: size.size_bytes,
+                    written_bytes: size.written_bytes,
                     alignment_max_us,
                 });
                 self.restarts.on_checkpoint_completed();

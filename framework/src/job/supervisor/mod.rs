@@ -55,7 +55,8 @@ use crate::runtime::pool::{ActorSlot, ArbiterPool, Placement, PoolConfig};
 use crate::runtime::stage::Inject;
 use crate::runtime::{ActorTag, Generation};
 use crate::storage::{
-    self, CheckpointStore, CommitRequest, KeyGroupLayout, MemoryCheckpointStore, PartId, StoreError,
+    self, CheckpointStore, CommitRequest, KeyGroupLayout, MemoryCheckpointStore, PartId, Segment,
+    StoreError,
 };
 
 use super::physical::{start_generation, PhysicalPlan, SupervisorLinks};
@@ -461,7 +462,7 @@ pub(crate) struct Supervisor {
     /// The newest generation handed out to a region.
     newest_generation: Generation,
     /// Present exactly while every region runs.
-    coordinator: Option<Coordinator<Vec<u8>>>,
+    coordinator: Option<Coordinator<Vec<Segment>>>,
     /// Counts coordinators, so a persist failure is counted only by the
     /// coordinator that completed the checkpoint.
     epoch: u64,

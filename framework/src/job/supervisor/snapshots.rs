@@ -489,6 +489,7 @@ impl Supervisor {
             source_positions: BTreeMap::new(),
             key_groups: self.key_group_layout(),
             user: BTreeMap::new(),
+            segments: BTreeMap::new(),
         };
         let view = CheckpointView::from_parts(metadata, bytes).map_err(|error| {
             SnapshotError::Malformed {

@@ -1,7 +1,8 @@
 //! Deleting complete checkpoints and savepoints on request (the
 //! `snapflow` tool's `delete` and `prune`), the way retention deletes:
 //! the metadata first, so that no crash leaves a directory that lists
-//! parts it no longer has. It never decides which entries are safe to
+//! parts it no longer has, then the shared files nothing refers to any
+//! more. It never decides which entries are safe to
 //! delete; the caller does (the tool keeps the newest checkpoint unless
 //! told otherwise).
 
@@ -30,6 +31,8 @@ impl Engine {
         }
         self.delete_dir(&dir)?;
         drop(pins);
+        // Shared files only this checkpoint referred to go with it.
+        self.collect_shared()?;
         Ok(kind)
     }
 
