@@ -14,14 +14,15 @@
 //!
 //! The watermark strategy is monotonous (each source subtask reads a
 //! rising part of the sequence) and sends a risen watermark at most every
-//! `--watermark-interval-ms`: by default `0`, the strategy's own default,
-//! which sends one after every batch that raised it. `200` is Flink's
+//! `--watermark-interval-ms`, by default 1. `200` is Flink's
 //! `autoWatermarkInterval`, but it is an interval of processing time: at
 //! Flink's 1 M records/s it lets the watermark lag 200 ms of event time,
-//! while at 75 M records/s it lags 15 s, so every key holds about 15
-//! windows open and the window state no longer fits the cache. The
-//! hand-written loop fires as soon as a window closes, so the default
-//! compares like with like; BENCHMARKS.md gives both.
+//! while at 100 M records/s it lags 20 s, so every key holds about 20
+//! windows open and the window state no longer fits the cache. 1 ms at
+//! 100 M records/s is a lag of about 100 ms of event time, close to what
+//! Flink's default gives Flink; `0` (the strategy's own default) sends a
+//! watermark after every batch, which costs a control message per batch.
+//! BENCHMARKS.md gives all three.
 //!
 //! By default the source subtasks read the sequence interleaved (subtask
 //! `s` of `p` reads `s, s + p, s + 2p, ...`), so their event times advance
@@ -86,7 +87,7 @@ impl Default for Options {
             keys: 10_000,
             parallelism: 2,
             interval_ms: Some(1000),
-            watermark_interval_ms: 0,
+            watermark_interval_ms: 1,
             interleaved: true,
             runs: 1,
             smoke: false,
