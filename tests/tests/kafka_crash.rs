@@ -43,7 +43,7 @@ use snapflow_tests::crash::{finish, kill, kill_then_finish, spawn, wait_for_line
 use snapflow_tests::slow_commit::HOLDING;
 use snapflow_tests::{seeds, TestRng};
 
-use support::{broker, create_topic, produce, read_all_quiet, unique};
+use support::{broker, create_topic, produce, read_until, unique, Read};
 
 /// Keys of the count (as `kafka_runner` counts).
 const KEYS: u64 = 7;
@@ -115,38 +115,20 @@ impl Case {
     /// Checks the committed output and the last run's state.
     fn check(&self, stdout: &str, replay: &str) {
         let committed = committed_headers(&self.log_file());
-        let all = read_all_quiet(
+        let (want, want_state) = expected();
+        // The reader waits until every wanted result is in, however busy
+        // the broker, so a slow fetch never looks like lost output.
+        let all = read_until(
             &self.brokers,
             &self.output,
             "read_committed",
             Duration::from_secs(3),
+            |read| missing(&want, &committed_results(read, &committed)) == 0,
         );
-        // Each committed result with the header of its transaction.
-        let mut got: Vec<((u64, u64), String)> = all
-            .iter()
-            .filter_map(|read| {
-                let header = read
-                    .headers
-                    .iter()
-                    .find(|(name, _)| name == TXN_HEADER)
-                    .map(|(_, value)| String::from_utf8_lossy(value).into_owned())?;
-                committed.contains(&header).then_some((read, header))
-            })
-            .map(|(read, header)| {
-                let text = String::from_utf8(read.value.clone()).expect("UTF-8 output");
-                let (key, count) = text.split_once(':').expect("key:count");
-                let result = (key.parse().expect("a key"), count.parse().expect("a count"));
-                (result, header)
-            })
-            .collect();
-        got.sort_unstable();
-        let (want, want_state) = expected();
+        let got = committed_results(&all, &committed);
         let mut unique: Vec<(u64, u64)> = got.iter().map(|(result, _)| *result).collect();
         unique.dedup();
-        let missing = want
-            .iter()
-            .filter(|item| unique.binary_search(item).is_err())
-            .count();
+        let missing = missing(&want, &got);
         // The known gap (ARCHITECTURE.md, Kafka): on tansu 0.6 a process
         // killed right after a commit sometimes leaves that commit's
         // marker unseen by the next run, which then writes the interval
@@ -205,9 +187,40 @@ impl Case {
     }
 }
 
+/// Each result of a committed transaction in `all`, with the header of
+/// its transaction, sorted.
+fn committed_results(all: &[Read], committed: &BTreeSet<String>) -> Vec<((u64, u64), String)> {
+    let mut got: Vec<((u64, u64), String)> = all
+        .iter()
+        .filter_map(|read| {
+            let header = read
+                .headers
+                .iter()
+                .find(|(name, _)| name == TXN_HEADER)
+                .map(|(_, value)| String::from_utf8_lossy(value).into_owned())?;
+            committed.contains(&header).then_some((read, header))
+        })
+        .map(|(read, header)| {
+            let text = String::from_utf8(read.value.clone()).expect("UTF-8 output");
+            let (key, count) = text.split_once(':').expect("key:count");
+            let result = (key.parse().expect("a key"), count.parse().expect("a count"));
+            (result, header)
+        })
+        .collect();
+    got.sort_unstable();
+    got
+}
+
+/// How many of `want` (sorted) are not among `got` (sorted).
+fn missing(want: &[(u64, u64)], got: &[((u64, u64), String)]) -> usize {
+    want.iter()
+        .filter(|item| got.binary_search_by(|(result, _)| result.cmp(item)).is_err())
+        .count()
+}
+
 /// For a failing run: how many records each committed header holds, and
 /// the headers of the first doubled result.
-fn describe_extra(all: &[support::Read], committed: &BTreeSet<String>) -> String {
+fn describe_extra(all: &[Read], committed: &BTreeSet<String>) -> String {
     let mut per_header: BTreeMap<String, usize> = BTreeMap::new();
     let mut by_value: BTreeMap<Vec<u8>, Vec<(String, i32, i64)>> = BTreeMap::new();
     for read in all {
@@ -227,7 +240,12 @@ fn describe_extra(all: &[support::Read], committed: &BTreeSet<String>) -> String
         }
     }
     let doubled = by_value.iter().find(|(_, seen)| seen.len() > 1);
-    format!("records per committed header {per_header:?}; first doubled {doubled:?}")
+    format!(
+        "{} records read, {} committed headers in the log; records per committed header \
+         {per_header:?}; first doubled {doubled:?}",
+        all.len(),
+        committed.len()
+    )
 }
 
 /// The headers of every transaction some run committed.

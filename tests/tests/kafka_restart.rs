@@ -42,7 +42,7 @@ use snapflow::Snapshot;
 use snapflow_tests::kafka_count::{decode_id as decode, encode_count as encode};
 use snapflow_tests::servers::server_from_env;
 
-use support::{create_topic, read_all_quiet, unique};
+use support::{create_topic, read_until, unique, Read as Fetched};
 
 const KEYS: u64 = 7;
 const RECORDS: u64 = 120;
@@ -278,9 +278,19 @@ fn the_broker_restarting_mid_job_fails_it_over_and_it_completes_exactly_once() {
     );
 
     let committed: BTreeSet<String> = log.committed().into_iter().collect();
-    // The broker on S3 storage answers fetches slowly: a longer quiet.
-    let mut got: Vec<(u64, u64)> =
-        read_all_quiet(&brokers, &output, "read_committed", Duration::from_secs(3))
+    let mut counts = BTreeMap::new();
+    let mut want = Vec::new();
+    for id in 0..RECORDS {
+        let count = counts.entry(id % KEYS).or_insert(0);
+        *count += 1;
+        want.push((id % KEYS, *count));
+    }
+    want.sort_unstable();
+    // The broker on S3 storage answers fetches slowly: the reader waits
+    // until every wanted result is in (or its limit), so a slow fetch
+    // never looks like lost output.
+    let results = |all: &[Fetched]| -> Vec<(u64, u64)> {
+        let mut got: Vec<(u64, u64)> = all
             .iter()
             .filter(|read| {
                 read.headers.iter().any(|(name, value)| {
@@ -293,19 +303,21 @@ fn the_broker_restarting_mid_job_fails_it_over_and_it_completes_exactly_once() {
                 (key.parse().expect("a key"), count.parse().expect("a count"))
             })
             .collect();
-    got.sort_unstable();
+        got.sort_unstable();
+        got
+    };
+    let all = read_until(
+        &brokers,
+        &output,
+        "read_committed",
+        Duration::from_secs(3),
+        |all| want.iter().all(|item| results(all).binary_search(item).is_ok()),
+    );
+    let got = results(&all);
     eprintln!(
         "output read {} ms after the start",
         test_started.elapsed().as_millis()
     );
-    let mut counts = BTreeMap::new();
-    let mut want = Vec::new();
-    for id in 0..RECORDS {
-        let count = counts.entry(id % KEYS).or_insert(0);
-        *count += 1;
-        want.push((id % KEYS, *count));
-    }
-    want.sort_unstable();
     assert_eq!(got.len(), want.len(), "committed results");
     assert!(got == want, "the committed output differs");
     let state: BTreeMap<u64, u64> = state

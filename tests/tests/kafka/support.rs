@@ -195,7 +195,7 @@ pub struct Read {
 }
 
 /// Every record of `topic` from its start, read at `isolation`: the
-/// reader stops once nothing arrived for 0.7 s after a record (5 s before
+/// reader stops once nothing arrived for 0.7 s after a record (10 s before
 /// the first), because tansu 0.6's
 /// latest offsets are not record counts (see `kafka_probe.rs`).
 pub fn read_all(brokers: &str, topic: &str, isolation: &str) -> Vec<Read> {
@@ -210,35 +210,88 @@ pub fn read_all_quiet(
     isolation: &str,
     quiet_after: Duration,
 ) -> Vec<Read> {
+    read_until(brokers, topic, isolation, quiet_after, |_| true)
+}
+
+/// Every record of `topic` from its start, read at `isolation` until
+/// `complete` holds for what was read and nothing more arrived for
+/// `quiet_after`, or until [`READ_LIMIT`].
+///
+/// A reader that stops at the first quiet gap reads too little on a busy
+/// broker (tansu under a dozen child processes sometimes answered no
+/// fetch for seconds, and a test then saw every result missing), and the
+/// broker's latest offsets cannot say how much there is (see
+/// `kafka_probe.rs`). So a test that knows what must be there says so in
+/// `complete`, and the reader waits for it, however slow the broker, up
+/// to the limit; a run that really lost output fails after the limit.
+pub fn read_until(
+    brokers: &str,
+    topic: &str,
+    isolation: &str,
+    quiet_after: Duration,
+    complete: impl Fn(&[Read]) -> bool,
+) -> Vec<Read> {
     let consumer = consumer(brokers, isolation);
-    let metadata = consumer
-        .fetch_metadata(Some(topic), TIMEOUT)
-        .expect("metadata");
-    let mut assignment = TopicPartitionList::new();
-    for partition in metadata
-        .topics()
-        .iter()
-        .filter(|t| t.name() == topic)
-        .flat_map(|t| t.partitions())
-    {
-        assignment
-            .add_partition_offset(topic, partition.id(), Offset::Beginning)
-            .expect("an assignment");
-    }
-    consumer.assign(&assignment).expect("assign");
+    consumer
+        .assign(&from_the_start(&consumer, topic))
+        .expect("assign");
     let mut out = Vec::new();
-    let deadline = Instant::now() + TIMEOUT;
+    let deadline = Instant::now() + READ_LIMIT;
     let mut last_progress = Instant::now();
     // Under load tansu takes a while to answer the first fetch: the
     // reader waits longer for the first record than between records.
     let mut quiet = Duration::from_secs(10);
-    while Instant::now() < deadline && last_progress.elapsed() < quiet {
+    while Instant::now() < deadline {
         let Some(message) = consumer.poll(Duration::from_millis(50)) else {
+            if last_progress.elapsed() >= quiet && complete(&out) {
+                break;
+            }
             continue;
         };
         let message = message.expect("a record");
         last_progress = Instant::now();
         quiet = quiet_after;
+        out.push(Read::of(&message));
+    }
+    out
+}
+
+/// The longest [`read_until`] waits for a topic's records.
+pub const READ_LIMIT: Duration = Duration::from_secs(60);
+
+/// Every partition of `topic` from its first offset. Waits until the
+/// metadata lists the topic's partitions: an assignment of none would
+/// read nothing and look like lost output.
+fn from_the_start(consumer: &BaseConsumer, topic: &str) -> TopicPartitionList {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let metadata = consumer
+            .fetch_metadata(Some(topic), TIMEOUT)
+            .expect("metadata");
+        let mut assignment = TopicPartitionList::new();
+        for partition in metadata
+            .topics()
+            .iter()
+            .filter(|t| t.name() == topic)
+            .flat_map(|t| t.partitions())
+        {
+            assignment
+                .add_partition_offset(topic, partition.id(), Offset::Beginning)
+                .expect("an assignment");
+        }
+        if assignment.count() > 0 {
+            return assignment;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the metadata of {topic} lists no partition"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+impl Read {
+    fn of<M: Message>(message: &M) -> Read {
         let headers = message
             .headers()
             .map(|headers| {
@@ -248,13 +301,12 @@ pub fn read_all_quiet(
                     .collect()
             })
             .unwrap_or_default();
-        out.push(Read {
+        Read {
             partition: message.partition(),
             offset: message.offset(),
             key: message.key().unwrap_or_default().to_vec(),
             value: message.payload().unwrap_or_default().to_vec(),
             headers,
-        });
+        }
     }
-    out
 }
