@@ -214,7 +214,10 @@ fn committed_results(all: &[Read], committed: &BTreeSet<String>) -> Vec<((u64, u
 /// How many of `want` (sorted) are not among `got` (sorted).
 fn missing(want: &[(u64, u64)], got: &[((u64, u64), String)]) -> usize {
     want.iter()
-        .filter(|item| got.binary_search_by(|(result, _)| result.cmp(item)).is_err())
+        .filter(|item| {
+            got.binary_search_by(|(result, _)| result.cmp(item))
+                .is_err()
+        })
         .count()
 }
 
