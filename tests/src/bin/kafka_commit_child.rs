@@ -1,0 +1,87 @@
+//! A child process for the broker probe `kafka_probe.rs`: commits
+//! transactions that each carry one record and one transactional offset
+//! (as the exactly-once sink's commit marker does), prints `committed <k>`
+//! after each `commit_transaction` returned, and then waits to be killed.
+//!
+//! Usage:
+//!
+//! ```text
+//! kafka_commit_child <brokers> <topic> <group> <transactional id> <transactions>
+//! ```
+//!
+//! Transaction `k` (from 1) commits the offset `k` of partition 0 of
+//! `<topic>` for `<group>`. The parent kills it (SIGKILL) the moment it
+//! reads the last line and then asks the broker which offset the group
+//! holds: what a restore in a new process would read.
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{Offset, TopicPartitionList};
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [brokers, topic, group, id, transactions] = args.as_slice() else {
+        eprintln!(
+            "usage: kafka_commit_child <brokers> <topic> <group> <transactional id> <transactions>"
+        );
+        return ExitCode::from(2);
+    };
+    let Ok(transactions) = transactions.parse::<i64>() else {
+        eprintln!("kafka_commit_child: <transactions> must be a number");
+        return ExitCode::from(2);
+    };
+    match run(brokers, topic, group, id, transactions) {
+        Ok(()) => loop {
+            // Killed here by the parent.
+            std::thread::sleep(Duration::from_secs(1));
+        },
+        Err(error) => {
+            eprintln!("kafka_commit_child: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(
+    brokers: &str,
+    topic: &str,
+    group: &str,
+    id: &str,
+    transactions: i64,
+) -> Result<(), rdkafka::error::KafkaError> {
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("transactional.id", id)
+        .create()?;
+    let group_client: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let metadata = group_client
+        .group_metadata()
+        .expect("a consumer with a group id has group metadata");
+    producer.init_transactions(TIMEOUT)?;
+    for k in 1..=transactions {
+        producer.begin_transaction()?;
+        let value = format!("record {k}");
+        producer
+            .send(BaseRecord::<(), _>::to(topic).partition(0).payload(&value))
+            .map_err(|(error, _)| error)?;
+        let mut offsets = TopicPartitionList::new();
+        offsets.add_partition_offset(topic, 0, Offset::Offset(k))?;
+        producer.send_offsets_to_transaction(&offsets, &metadata, TIMEOUT)?;
+        producer.commit_transaction(TIMEOUT)?;
+        let mut stdout = std::io::stdout().lock();
+        let _ = writeln!(stdout, "committed {k}");
+        let _ = stdout.flush();
+    }
+    Ok(())
+}
