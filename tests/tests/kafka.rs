@@ -37,7 +37,6 @@ use std::time::{Duration, Instant};
 use snapflow::connectors::kafka::{
     BadRecords, CommitLog, Delivery, DroppedRecords, KafkaError, KafkaOut, KafkaRecord,
     KafkaSinkConfig, KafkaSinkFactory, KafkaSourceConfig, KafkaSourceFactory, StartFrom,
-    TXN_HEADER,
 };
 use snapflow::job::{Job, JobConfig, JobError, JobReport, KeyedStateHandle, RestartStrategy};
 use snapflow::sink::{Sink, SinkError, SinkFactory, SinkState, Visibility};
@@ -46,7 +45,7 @@ use snapflow::Snapshot;
 use snapflow_tests::kafka_count::{decode_id as decode_input, encode_count as encode_output};
 use snapflow_tests::{quiet_injected_panics, seeds, FaultKind, Faults, TestRng};
 
-use support::{broker, create_topic, produce, read_all, unique};
+use support::{broker, committed_results, create_topic, produce, read_results, txn_header, unique};
 
 /// Keys of the count.
 const KEYS: u64 = 7;
@@ -159,26 +158,26 @@ fn declare(
 
 /// Every `(key, count)` the output topic holds in transactions the sink
 /// committed, sorted, and how many records it holds in all (aborted
-/// transactions included, as the broker shows them).
-fn committed_output(brokers: &str, topic: &str, log: &CommitLog) -> (Vec<(u64, u64)>, usize) {
+/// transactions included, as the broker shows them). It reads until
+/// `want` (sorted) is all there, or its time limit: a busy broker
+/// answers fetches late, and a reader that stopped at the first quiet
+/// gap saw results missing.
+fn committed_output(
+    brokers: &str,
+    topic: &str,
+    log: &CommitLog,
+    want: &[(u64, u64)],
+) -> (Vec<(u64, u64)>, usize) {
     let committed: BTreeSet<String> = log.committed().into_iter().collect();
-    let all = read_all(brokers, topic, "read_committed");
-    let mut kept = Vec::new();
-    for read in &all {
-        let header = read
-            .headers
-            .iter()
-            .find(|(name, _)| name == TXN_HEADER)
-            .map(|(_, value)| String::from_utf8_lossy(value).into_owned())
-            .expect("every exactly-once record carries its transaction");
-        if !committed.contains(&header) {
-            continue;
-        }
-        let text = String::from_utf8(read.value.clone()).expect("UTF-8 output");
-        let (key, count) = text.split_once(':').expect("key:count");
-        kept.push((key.parse().expect("a key"), count.parse().expect("a count")));
-    }
-    kept.sort_unstable();
+    let all = read_results(brokers, topic, &committed, want, Duration::from_millis(700));
+    assert!(
+        all.iter().all(|read| txn_header(read).is_some()),
+        "every exactly-once record carries its transaction"
+    );
+    let kept = committed_results(&all, &committed)
+        .into_iter()
+        .map(|(result, _)| result)
+        .collect();
     (kept, all.len())
 }
 
@@ -243,9 +242,9 @@ fn check(parallelism: usize, seed: u64) {
         .run()
         .unwrap_or_else(|error| panic!("{replay}: the job failed: {error}"));
     let ran_ms = started.elapsed().as_millis() - filled_ms;
-    let (got, total) = committed_output(&brokers, &output, &log);
-    let read_ms = started.elapsed().as_millis() - filled_ms - ran_ms;
     let (want, want_state) = expected(0..records);
+    let (got, total) = committed_output(&brokers, &output, &log, &want);
+    let read_ms = started.elapsed().as_millis() - filled_ms - ran_ms;
     assert_eq!(faults.fired(), 2, "{replay}: both faults fire");
     assert!(!report.restarts.is_empty(), "{replay}: the job restarted");
     assert_eq!(got, want, "{replay}: committed output");
@@ -376,22 +375,12 @@ fn check_rescale(from: usize, to: usize) {
         .chain(second_log.committed())
         .collect();
     let all: BTreeSet<String> = committed.into_iter().collect();
-    let reads = read_all(&brokers, &output, "read_committed");
-    let mut got: Vec<(u64, u64)> = reads
-        .iter()
-        .filter(|read| {
-            read.headers.iter().any(|(name, value)| {
-                name == TXN_HEADER && all.contains(&*String::from_utf8_lossy(value))
-            })
-        })
-        .map(|read| {
-            let text = String::from_utf8(read.value.clone()).expect("UTF-8");
-            let (key, count) = text.split_once(':').expect("key:count");
-            (key.parse().expect("key"), count.parse().expect("count"))
-        })
-        .collect();
-    got.sort_unstable();
     let (want, want_state) = expected(0..records);
+    let reads = read_results(&brokers, &output, &all, &want, Duration::from_millis(700));
+    let got: Vec<(u64, u64)> = committed_results(&reads, &all)
+        .into_iter()
+        .map(|(result, _)| result)
+        .collect();
     assert_eq!(got, want, "{from} -> {to}: committed output");
     assert_eq!(final_state(&state), want_state, "{from} -> {to}: state");
 }
@@ -552,7 +541,7 @@ fn a_restore_commits_what_a_failed_sink_pre_committed() {
     let committed = log.committed();
     assert_eq!(committed.len(), 1, "{committed:?}");
     assert_eq!((log.recovered(), log.rewritten()), (0, 0));
-    let (got, total) = committed_output(&brokers, &output, &log);
+    let (got, total) = committed_output(&brokers, &output, &log, &[(1, 1), (2, 1)]);
     assert_eq!(got, [(1, 1), (2, 1)]);
     // The record written after the checkpoint was in the open
     // transaction, still in the producer's queue: dropping the failed

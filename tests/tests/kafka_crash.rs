@@ -38,12 +38,14 @@ use std::process::Command;
 use std::thread;
 use std::time::Duration;
 
-use snapflow::connectors::kafka::TXN_HEADER;
 use snapflow_tests::crash::{finish, kill, kill_then_finish, spawn, wait_for_line};
 use snapflow_tests::slow_commit::HOLDING;
 use snapflow_tests::{seeds, TestRng};
 
-use support::{broker, create_topic, produce, read_until, unique, Read};
+use support::{
+    broker, committed_results, create_topic, missing, produce, read_results, txn_header, unique,
+    Read,
+};
 
 /// Keys of the count (as `kafka_runner` counts).
 const KEYS: u64 = 7;
@@ -118,12 +120,12 @@ impl Case {
         let (want, want_state) = expected();
         // The reader waits until every wanted result is in, however busy
         // the broker, so a slow fetch never looks like lost output.
-        let all = read_until(
+        let all = read_results(
             &self.brokers,
             &self.output,
-            "read_committed",
+            &committed,
+            &want,
             Duration::from_secs(3),
-            |read| missing(&want, &committed_results(read, &committed)) == 0,
         );
         let got = committed_results(&all, &committed);
         let mut unique: Vec<(u64, u64)> = got.iter().map(|(result, _)| *result).collect();
@@ -150,7 +152,7 @@ impl Case {
             );
             doubled_ids.extend(id(first_header));
         }
-        if missing > 0 || unique != want {
+        if missing > 0 || unique != want || !doubled_ids.is_empty() {
             eprintln!(
                 "{replay}: {}\nevents:\n{}",
                 describe_extra(&all, &committed),
@@ -187,52 +189,13 @@ impl Case {
     }
 }
 
-/// Each result of a committed transaction in `all`, with the header of
-/// its transaction, sorted.
-fn committed_results(all: &[Read], committed: &BTreeSet<String>) -> Vec<((u64, u64), String)> {
-    let mut got: Vec<((u64, u64), String)> = all
-        .iter()
-        .filter_map(|read| {
-            let header = read
-                .headers
-                .iter()
-                .find(|(name, _)| name == TXN_HEADER)
-                .map(|(_, value)| String::from_utf8_lossy(value).into_owned())?;
-            committed.contains(&header).then_some((read, header))
-        })
-        .map(|(read, header)| {
-            let text = String::from_utf8(read.value.clone()).expect("UTF-8 output");
-            let (key, count) = text.split_once(':').expect("key:count");
-            let result = (key.parse().expect("a key"), count.parse().expect("a count"));
-            (result, header)
-        })
-        .collect();
-    got.sort_unstable();
-    got
-}
-
-/// How many of `want` (sorted) are not among `got` (sorted).
-fn missing(want: &[(u64, u64)], got: &[((u64, u64), String)]) -> usize {
-    want.iter()
-        .filter(|item| {
-            got.binary_search_by(|(result, _)| result.cmp(item))
-                .is_err()
-        })
-        .count()
-}
-
 /// For a failing run: how many records each committed header holds, and
 /// the headers of the first doubled result.
 fn describe_extra(all: &[Read], committed: &BTreeSet<String>) -> String {
     let mut per_header: BTreeMap<String, usize> = BTreeMap::new();
     let mut by_value: BTreeMap<Vec<u8>, Vec<(String, i32, i64)>> = BTreeMap::new();
     for read in all {
-        let header = read
-            .headers
-            .iter()
-            .find(|(name, _)| name == TXN_HEADER)
-            .map(|(_, value)| String::from_utf8_lossy(value).into_owned())
-            .unwrap_or_default();
+        let header = txn_header(read).unwrap_or_default();
         if committed.contains(&header) {
             *per_header.entry(header.clone()).or_default() += 1;
             by_value.entry(read.value.clone()).or_default().push((

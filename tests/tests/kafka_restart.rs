@@ -35,14 +35,13 @@ use std::time::{Duration, Instant};
 
 use snapflow::connectors::kafka::{
     BadRecords, KafkaSinkConfig, KafkaSinkFactory, KafkaSourceConfig, KafkaSourceFactory,
-    TXN_HEADER,
 };
 use snapflow::job::{Job, JobConfig, RestartStrategy};
 use snapflow::Snapshot;
 use snapflow_tests::kafka_count::{decode_id as decode, encode_count as encode};
 use snapflow_tests::servers::server_from_env;
 
-use support::{create_topic, read_until, unique, Read as Fetched};
+use support::{committed_results, create_topic, read_results, unique};
 
 const KEYS: u64 = 7;
 const RECORDS: u64 = 120;
@@ -289,34 +288,11 @@ fn the_broker_restarting_mid_job_fails_it_over_and_it_completes_exactly_once() {
     // The broker on S3 storage answers fetches slowly: the reader waits
     // until every wanted result is in (or its limit), so a slow fetch
     // never looks like lost output.
-    let results = |all: &[Fetched]| -> Vec<(u64, u64)> {
-        let mut got: Vec<(u64, u64)> = all
-            .iter()
-            .filter(|read| {
-                read.headers.iter().any(|(name, value)| {
-                    name == TXN_HEADER && committed.contains(&*String::from_utf8_lossy(value))
-                })
-            })
-            .map(|read| {
-                let text = String::from_utf8(read.value.clone()).expect("UTF-8");
-                let (key, count) = text.split_once(':').expect("key:count");
-                (key.parse().expect("a key"), count.parse().expect("a count"))
-            })
-            .collect();
-        got.sort_unstable();
-        got
-    };
-    let all = read_until(
-        &brokers,
-        &output,
-        "read_committed",
-        Duration::from_secs(3),
-        |all| {
-            let got = results(all);
-            want.iter().all(|item| got.binary_search(item).is_ok())
-        },
-    );
-    let got = results(&all);
+    let all = read_results(&brokers, &output, &committed, &want, Duration::from_secs(3));
+    let got: Vec<(u64, u64)> = committed_results(&all, &committed)
+        .into_iter()
+        .map(|(result, _)| result)
+        .collect();
     eprintln!(
         "output read {} ms after the start",
         test_started.elapsed().as_millis()

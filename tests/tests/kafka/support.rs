@@ -310,3 +310,62 @@ impl Read {
         }
     }
 }
+
+/// The `snapflow-txn` header of a record the exactly-once sink wrote.
+pub fn txn_header(read: &Read) -> Option<String> {
+    read.headers
+        .iter()
+        .find(|(name, _)| name == snapflow::connectors::kafka::TXN_HEADER)
+        .map(|(_, value)| String::from_utf8_lossy(value).into_owned())
+}
+
+/// Each `key:count` result (`snapflow_tests::kafka_count`) in `all` whose
+/// transaction is in `committed`, with that transaction's header, sorted.
+/// tansu shows aborted records to `read_committed` readers too (see
+/// `kafka_probe.rs`), so the committed headers decide.
+pub fn committed_results(
+    all: &[Read],
+    committed: &std::collections::BTreeSet<String>,
+) -> Vec<((u64, u64), String)> {
+    let mut got: Vec<((u64, u64), String)> = all
+        .iter()
+        .filter_map(|read| {
+            let header = txn_header(read)?;
+            committed.contains(&header).then_some((read, header))
+        })
+        .map(|(read, header)| {
+            let text = String::from_utf8(read.value.clone()).expect("UTF-8 output");
+            let (key, count) = text.split_once(':').expect("key:count");
+            let result = (key.parse().expect("a key"), count.parse().expect("a count"));
+            (result, header)
+        })
+        .collect();
+    got.sort_unstable();
+    got
+}
+
+/// How many of `want` (sorted) are not among `got` (sorted).
+pub fn missing(want: &[(u64, u64)], got: &[((u64, u64), String)]) -> usize {
+    want.iter()
+        .filter(|item| {
+            got.binary_search_by(|(result, _)| result.cmp(item))
+                .is_err()
+        })
+        .count()
+}
+
+/// Everything in `topic` from its start, read (at `read_committed`)
+/// until every result of `want` (sorted) is among the committed ones and
+/// nothing more arrived for `quiet_after`, or until [`READ_LIMIT`]: see
+/// [`read_until`].
+pub fn read_results(
+    brokers: &str,
+    topic: &str,
+    committed: &std::collections::BTreeSet<String>,
+    want: &[(u64, u64)],
+    quiet_after: Duration,
+) -> Vec<Read> {
+    read_until(brokers, topic, "read_committed", quiet_after, |all| {
+        missing(want, &committed_results(all, committed)) == 0
+    })
+}
