@@ -340,36 +340,45 @@ fn offsets_sent_to_a_transaction_count_only_when_it_commits() {
 
 /// A transaction whose `commit_transaction` returned, in a process
 /// killed (SIGKILL) the moment after, as a sink subtask is when its
-/// process dies right after a checkpoint's commit. The exactly-once
-/// sink's restore in the next process reads the commit marker (the
-/// transaction's offset) to learn that it was committed; this asks the
-/// broker for that offset at once, after a new producer with the same
-/// transactional id initialised (fencing it, as the restore does), and
-/// a second later, over several trials.
-#[test]
-fn a_commit_acknowledged_before_its_process_is_killed_is_kept() {
+/// process dies right after a checkpoint's commit; with `next_pending`,
+/// the process had also opened the next transaction under the next id
+/// and sent it the next offset (the sink's next pre-commit). The
+/// exactly-once sink's restore in the next process reads the commit
+/// marker (the group's offset) to learn what was committed; this asks
+/// the broker for it at once, after a new producer with the committed
+/// transaction's id initialised (fencing it, as the restore does), and a
+/// second later, over several trials. Returns what it saw.
+fn offsets_after_a_kill(
+    brokers: &str,
+    next_pending: bool,
+) -> Vec<(Option<i64>, Option<i64>, Option<i64>)> {
     use snapflow_tests::crash::{kill, spawn, wait_for_line};
     use std::process::Command;
-    let Some(brokers) = broker() else { return };
-    const TRIALS: usize = 8;
+    const TRIALS: usize = 6;
     let mut seen = Vec::new();
     for _ in 0..TRIALS {
         let topic = unique("probe-killed");
-        create_topic(&brokers, &topic, 1);
+        create_topic(brokers, &topic, 1);
         let group = unique("probe-killed-group");
         let id = unique("probe-killed-txn");
-        let mut child = spawn(
-            Command::new(env!("CARGO_BIN_EXE_kafka_commit_child"))
-                .args([&brokers, &topic, &group, &id])
-                .arg("2"),
-        );
-        let line = wait_for_line(&mut child, "committed 2");
+        let mut command = Command::new(env!("CARGO_BIN_EXE_kafka_commit_child"));
+        command.args([brokers, &topic, &group, &id]).arg("2");
+        if next_pending {
+            command.arg(format!("{id}-next"));
+        }
+        let mut child = spawn(&mut command);
+        let last = if next_pending {
+            "pending"
+        } else {
+            "committed 2"
+        };
+        let line = wait_for_line(&mut child, last);
         kill(child);
-        assert!(line.is_some(), "the child did not commit two transactions");
-        let offset = || group_offset(&brokers, &group, &topic).map(|(offset, _)| offset);
+        assert!(line.is_some(), "the child did not reach `{last}`");
+        let offset = || group_offset(brokers, &group, &topic).map(|(offset, _)| offset);
         let at_once = offset();
         let fencer: BaseProducer = ClientConfig::new()
-            .set("bootstrap.servers", &brokers)
+            .set("bootstrap.servers", brokers)
             .set("transactional.id", &id)
             .create()
             .expect("a transactional producer");
@@ -380,6 +389,13 @@ fn a_commit_acknowledged_before_its_process_is_killed_is_kept() {
         std::thread::sleep(Duration::from_secs(1));
         seen.push((at_once, after_fence, offset()));
     }
+    seen
+}
+
+#[test]
+fn a_commit_acknowledged_before_its_process_is_killed_is_kept() {
+    let Some(brokers) = broker() else { return };
+    let seen = offsets_after_a_kill(&brokers, false);
     eprintln!(
         "the group's offset after the kill: at once, after a fence, a second later: {seen:?}"
     );
@@ -387,5 +403,21 @@ fn a_commit_acknowledged_before_its_process_is_killed_is_kept() {
         seen.iter()
             .all(|trial| *trial == (Some(2), Some(2), Some(2))),
         "a commit acknowledged before its process died is not (yet) visible: {seen:?}"
+    );
+}
+
+#[test]
+fn a_commit_acknowledged_before_its_process_is_killed_with_the_next_open() {
+    let Some(brokers) = broker() else { return };
+    let seen = offsets_after_a_kill(&brokers, true);
+    eprintln!(
+        "the group's offset after the kill, the next transaction open: at once, after a fence, \
+         a second later: {seen:?}"
+    );
+    assert!(
+        seen.iter()
+            .all(|trial| *trial == (Some(2), Some(2), Some(2))),
+        "a commit acknowledged before its process died is not (yet) visible while the next \
+         transaction is open: {seen:?}"
     );
 }

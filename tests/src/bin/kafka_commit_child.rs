@@ -6,11 +6,15 @@
 //! Usage:
 //!
 //! ```text
-//! kafka_commit_child <brokers> <topic> <group> <transactional id> <transactions>
+//! kafka_commit_child <brokers> <topic> <group> <transactional id> <transactions> [<next id>]
 //! ```
 //!
 //! Transaction `k` (from 1) commits the offset `k` of partition 0 of
-//! `<topic>` for `<group>`. The parent kills it (SIGKILL) the moment it
+//! `<topic>` for `<group>`. With `<next id>`, a producer with that
+//! transactional id then opens one more transaction, sends its record and
+//! the offset `<transactions> + 1` and flushes, but never commits (as the
+//! sink's next checkpoint does before its commit), and the child prints
+//! `pending`. The parent kills it (SIGKILL) the moment it
 //! reads the last line and then asks the broker which offset the group
 //! holds: what a restore in a new process would read.
 
@@ -27,17 +31,26 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let [brokers, topic, group, id, transactions] = args.as_slice() else {
-        eprintln!(
-            "usage: kafka_commit_child <brokers> <topic> <group> <transactional id> <transactions>"
-        );
-        return ExitCode::from(2);
+    let (brokers, topic, group, id, transactions, next) = match args.as_slice() {
+        [brokers, topic, group, id, transactions] => {
+            (brokers, topic, group, id, transactions, None)
+        }
+        [brokers, topic, group, id, transactions, next] => {
+            (brokers, topic, group, id, transactions, Some(next.as_str()))
+        }
+        _ => {
+            eprintln!(
+                "usage: kafka_commit_child <brokers> <topic> <group> <transactional id> \
+                 <transactions> [<next id>]"
+            );
+            return ExitCode::from(2);
+        }
     };
     let Ok(transactions) = transactions.parse::<i64>() else {
         eprintln!("kafka_commit_child: <transactions> must be a number");
         return ExitCode::from(2);
     };
-    match run(brokers, topic, group, id, transactions) {
+    match run(brokers, topic, group, id, transactions, next) {
         Ok(()) => loop {
             // Killed here by the parent.
             std::thread::sleep(Duration::from_secs(1));
@@ -55,11 +68,15 @@ fn run(
     group: &str,
     id: &str,
     transactions: i64,
+    next: Option<&str>,
 ) -> Result<(), rdkafka::error::KafkaError> {
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("transactional.id", id)
-        .create()?;
+    let transactional = |id: &str| -> Result<BaseProducer, rdkafka::error::KafkaError> {
+        ClientConfig::new()
+            .set("bootstrap.servers", brokers)
+            .set("transactional.id", id)
+            .create()
+    };
+    let producer = transactional(id)?;
     let group_client: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("group.id", group)
@@ -69,7 +86,7 @@ fn run(
         .group_metadata()
         .expect("a consumer with a group id has group metadata");
     producer.init_transactions(TIMEOUT)?;
-    for k in 1..=transactions {
+    let open = |producer: &BaseProducer, k: i64| -> Result<(), rdkafka::error::KafkaError> {
         producer.begin_transaction()?;
         let value = format!("record {k}");
         producer
@@ -77,11 +94,27 @@ fn run(
             .map_err(|(error, _)| error)?;
         let mut offsets = TopicPartitionList::new();
         offsets.add_partition_offset(topic, 0, Offset::Offset(k))?;
-        producer.send_offsets_to_transaction(&offsets, &metadata, TIMEOUT)?;
+        producer.send_offsets_to_transaction(&offsets, &metadata, TIMEOUT)
+    };
+    for k in 1..=transactions {
+        open(&producer, k)?;
         producer.commit_transaction(TIMEOUT)?;
-        let mut stdout = std::io::stdout().lock();
-        let _ = writeln!(stdout, "committed {k}");
-        let _ = stdout.flush();
+        say(&format!("committed {k}"));
+    }
+    if let Some(next) = next {
+        let next = transactional(next)?;
+        next.init_transactions(TIMEOUT)?;
+        open(&next, transactions + 1)?;
+        next.flush(TIMEOUT)?;
+        say("pending");
+        // Kept open until the kill.
+        std::mem::forget(next);
     }
     Ok(())
+}
+
+fn say(line: &str) {
+    let mut stdout = std::io::stdout().lock();
+    let _ = writeln!(stdout, "{line}");
+    let _ = stdout.flush();
 }
