@@ -111,7 +111,13 @@ impl Case {
     fn events(&self) -> String {
         let mut events = self.log_file().into_os_string();
         events.push(".events");
-        std::fs::read_to_string(events).unwrap_or_default()
+        let mut trace = self.log_file().into_os_string();
+        trace.push(".trace");
+        format!(
+            "{}\nthe connector's events:\n{}",
+            std::fs::read_to_string(events).unwrap_or_default(),
+            std::fs::read_to_string(trace).unwrap_or_default()
+        )
     }
 
     /// Checks the committed output and the last run's state.
@@ -288,22 +294,16 @@ fn killed_over_seeds(parallelism: usize) {
 }
 
 #[test]
-#[ignore = "known gap (issue 13): CI on 2026-12-01 saw 1500 results missing after a \
-          SIGKILL at parallelism 2, seed 1, on tansu; cause not found; run with --ignored"]
 fn exactly_once_survives_sigkill_at_parallelism_1() {
     killed_over_seeds(1);
 }
 
 #[test]
-#[ignore = "known gap (issue 13): CI on 2026-12-01 saw 1500 results missing after a \
-          SIGKILL at parallelism 2, seed 1, on tansu; cause not found; run with --ignored"]
 fn exactly_once_survives_sigkill_at_parallelism_2() {
     killed_over_seeds(2);
 }
 
 #[test]
-#[ignore = "known gap (issue 13): CI on 2026-12-01 saw 1500 results missing after a \
-          SIGKILL at parallelism 2, seed 1, on tansu; cause not found; run with --ignored"]
 fn exactly_once_survives_sigkill_at_parallelism_3() {
     killed_over_seeds(3);
 }

@@ -94,6 +94,7 @@ fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
         COMMIT_DELAY_MS,
         hold,
     );
+    trace_recovery(log_file)?;
     let faults = Faults::new(vec![("parse", panic_at, FaultKind::Panic)]);
     snapflow_tests::quiet_injected_panics();
     let job = Job::new(job_name, config);
@@ -136,6 +137,28 @@ fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
         println!("state {key} {count}");
     }
     println!("done");
+    Ok(())
+}
+
+/// Appends the Kafka connector's events (what each restore's commit
+/// marker said, rewrites) to `<commit log file>.trace`, after a line
+/// naming this process, for a failing test's message. The runs of one
+/// case never overlap (each is killed before the next starts), so their
+/// lines do not interleave.
+fn trace_recovery(log_file: &str) -> Result<(), Box<dyn std::error::Error>> {
+    use std::io::Write;
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(format!("{log_file}.trace"))?;
+    writeln!(file, "pid {}", std::process::id())?;
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(
+            "snapflow::connectors::kafka=info",
+        ))
+        .with_ansi(false)
+        .with_writer(std::sync::Mutex::new(file))
+        .init();
     Ok(())
 }
 

@@ -108,6 +108,14 @@ pub(crate) fn finish(
             }
         };
         let committed = read.map_or(Committed::No, |marker| marker.covers(checkpoint_id));
+        tracing::info!(
+            checkpoint_id,
+            id = %pending.id,
+            header = %pending.header,
+            marker = ?read,
+            ?committed,
+            "a pending Kafka transaction of a process that died, as its commit marker tells"
+        );
         let header = match (committed, read) {
             (Committed::No, _) => None,
             (Committed::ByMarker(nonce), Some(marker)) => Some(
