@@ -248,8 +248,8 @@ fn check(parallelism: usize, seed: u64) {
     let (want, want_state) = expected(0..records);
     assert_eq!(faults.fired(), 2, "{replay}: both faults fire");
     assert!(!report.restarts.is_empty(), "{replay}: the job restarted");
-    assert_eq!(got, want, "{replay}: committed output");
     assert_eq!(final_state(&state), want_state, "{replay}: state");
+    assert_eq!(got, want, "{replay}: committed output");
     assert_eq!(
         (log.recovered(), log.rewritten()),
         (0, 0),
