@@ -46,9 +46,10 @@ use crate::source::SplitId;
 /// there; more wait for the next poll.
 const MAIN_EVENTS_PER_POLL: usize = 16;
 
-/// Events that are not records (end-of-partition, retryable errors) one
-/// partition read takes besides its records, so a queue that keeps
-/// reporting errors cannot hold a poll.
+/// Events that are not records (end-of-partition, retryable errors,
+/// leftovers of an earlier assignment, dropped bad records) one partition
+/// read takes besides its records, so a queue full of them cannot hold a
+/// poll; the rest wait for the next poll.
 const OTHER_EVENTS_PER_READ: usize = 64;
 
 /// What the caller's function made of one message.
@@ -269,7 +270,9 @@ impl TopicReader {
             place.next = offset + 1;
             match take(&message) {
                 Taken::Record => read.produced += 1,
-                Taken::Dropped => {}
+                // Counted like the other events that are not records, so
+                // a run of bad records cannot make one poll unbounded.
+                Taken::Dropped => other_events += 1,
                 Taken::Bad(reason) => {
                     // The position stays before the bad record, so a
                     // restore finds it again and fails again.
