@@ -392,8 +392,8 @@ fn check_rescale(from: usize, to: usize) {
         .collect();
     got.sort_unstable();
     let (want, want_state) = expected(0..records);
-    assert_eq!(got, want, "{from} -> {to}: committed output");
     assert_eq!(final_state(&state), want_state, "{from} -> {to}: state");
+    assert_eq!(got, want, "{from} -> {to}: committed output");
 }
 
 #[test]
