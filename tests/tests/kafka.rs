@@ -46,7 +46,7 @@ use snapflow::Snapshot;
 use snapflow_tests::kafka_count::{decode_id as decode_input, encode_count as encode_output};
 use snapflow_tests::{quiet_injected_panics, seeds, FaultKind, Faults, TestRng};
 
-use support::{broker, create_topic, produce, read_all, unique};
+use support::{broker, create_topic, produce, read_until, unique, Read};
 
 /// Keys of the count.
 const KEYS: u64 = 7;
@@ -159,12 +159,42 @@ fn declare(
 
 /// Every `(key, count)` the output topic holds in transactions the sink
 /// committed, sorted, and how many records it holds in all (aborted
-/// transactions included, as the broker shows them).
-fn committed_output(brokers: &str, topic: &str, log: &CommitLog) -> (Vec<(u64, u64)>, usize) {
+/// transactions included, as the broker shows them). The reader waits
+/// until `wanted` results are in (or `support::READ_LIMIT`), so a slow
+/// fetch on a busy broker never looks like lost output.
+fn committed_output(
+    brokers: &str,
+    topic: &str,
+    log: &CommitLog,
+    wanted: usize,
+) -> (Vec<(u64, u64)>, usize) {
     let committed: BTreeSet<String> = log.committed().into_iter().collect();
-    let all = read_all(brokers, topic, "read_committed");
+    read_committed(brokers, topic, &committed, wanted)
+}
+
+/// [`committed_output`] for the transactions whose headers are in
+/// `committed`.
+fn read_committed(
+    brokers: &str,
+    topic: &str,
+    committed: &BTreeSet<String>,
+    wanted: usize,
+) -> (Vec<(u64, u64)>, usize) {
+    let all = read_until(
+        brokers,
+        topic,
+        "read_committed",
+        Duration::from_millis(700),
+        |reads| kept(reads, committed).len() >= wanted,
+    );
+    (kept(&all, committed), all.len())
+}
+
+/// The sorted `(key, count)` results of `reads` whose transaction is in
+/// `committed`.
+fn kept(reads: &[Read], committed: &BTreeSet<String>) -> Vec<(u64, u64)> {
     let mut kept = Vec::new();
-    for read in &all {
+    for read in reads {
         let header = read
             .headers
             .iter()
@@ -179,7 +209,28 @@ fn committed_output(brokers: &str, topic: &str, log: &CommitLog) -> (Vec<(u64, u
         kept.push((key.parse().expect("a key"), count.parse().expect("a count")));
     }
     kept.sort_unstable();
-    (kept, all.len())
+    kept
+}
+
+/// What `got` lacks and holds beyond `want` (both sorted), for a
+/// failure's message: the state checks before it say whether the count
+/// saw every record, so this tells lost output from a lost record.
+fn difference(got: &[(u64, u64)], want: &[(u64, u64)]) -> String {
+    let mut extra = got.to_vec();
+    let mut missing = Vec::new();
+    for result in want {
+        match extra.iter().position(|g| g == result) {
+            Some(index) => {
+                extra.remove(index);
+            }
+            None => missing.push(*result),
+        }
+    }
+    format!(
+        "{} results, {} wanted; missing {missing:?}; extra {extra:?}",
+        got.len(),
+        want.len()
+    )
 }
 
 /// The failure-free result over ids `0..records`: every `(key, n)` for
@@ -243,13 +294,17 @@ fn check(parallelism: usize, seed: u64) {
         .run()
         .unwrap_or_else(|error| panic!("{replay}: the job failed: {error}"));
     let ran_ms = started.elapsed().as_millis() - filled_ms;
-    let (got, total) = committed_output(&brokers, &output, &log);
-    let read_ms = started.elapsed().as_millis() - filled_ms - ran_ms;
     let (want, want_state) = expected(0..records);
+    let (got, total) = committed_output(&brokers, &output, &log, want.len());
+    let read_ms = started.elapsed().as_millis() - filled_ms - ran_ms;
     assert_eq!(faults.fired(), 2, "{replay}: both faults fire");
     assert!(!report.restarts.is_empty(), "{replay}: the job restarted");
     assert_eq!(final_state(&state), want_state, "{replay}: state");
-    assert_eq!(got, want, "{replay}: committed output");
+    assert!(
+        got == want,
+        "{replay}: committed output: {}",
+        difference(&got, &want)
+    );
     assert_eq!(
         (log.recovered(), log.rewritten()),
         (0, 0),
@@ -376,24 +431,14 @@ fn check_rescale(from: usize, to: usize) {
         .chain(second_log.committed())
         .collect();
     let all: BTreeSet<String> = committed.into_iter().collect();
-    let reads = read_all(&brokers, &output, "read_committed");
-    let mut got: Vec<(u64, u64)> = reads
-        .iter()
-        .filter(|read| {
-            read.headers.iter().any(|(name, value)| {
-                name == TXN_HEADER && all.contains(&*String::from_utf8_lossy(value))
-            })
-        })
-        .map(|read| {
-            let text = String::from_utf8(read.value.clone()).expect("UTF-8");
-            let (key, count) = text.split_once(':').expect("key:count");
-            (key.parse().expect("key"), count.parse().expect("count"))
-        })
-        .collect();
-    got.sort_unstable();
     let (want, want_state) = expected(0..records);
+    let (got, _) = read_committed(&brokers, &output, &all, want.len());
     assert_eq!(final_state(&state), want_state, "{from} -> {to}: state");
-    assert_eq!(got, want, "{from} -> {to}: committed output");
+    assert!(
+        got == want,
+        "{from} -> {to}: committed output: {}",
+        difference(&got, &want)
+    );
 }
 
 #[test]
@@ -552,7 +597,7 @@ fn a_restore_commits_what_a_failed_sink_pre_committed() {
     let committed = log.committed();
     assert_eq!(committed.len(), 1, "{committed:?}");
     assert_eq!((log.recovered(), log.rewritten()), (0, 0));
-    let (got, total) = committed_output(&brokers, &output, &log);
+    let (got, total) = committed_output(&brokers, &output, &log, 2);
     assert_eq!(got, [(1, 1), (2, 1)]);
     // The record written after the checkpoint was in the open
     // transaction, still in the producer's queue: dropping the failed
