@@ -181,6 +181,27 @@ fn committed_output(
     (kept, all.len())
 }
 
+/// What `got` lacks and holds beyond `want` (both sorted), for a
+/// failure's message: the state checks before it say whether the count
+/// saw every record, so this tells lost output from a lost record.
+fn difference(got: &[(u64, u64)], want: &[(u64, u64)]) -> String {
+    let mut extra = got.to_vec();
+    let mut missing = Vec::new();
+    for result in want {
+        match extra.iter().position(|g| g == result) {
+            Some(index) => {
+                extra.remove(index);
+            }
+            None => missing.push(*result),
+        }
+    }
+    format!(
+        "{} results, {} wanted; missing {missing:?}; extra {extra:?}",
+        got.len(),
+        want.len()
+    )
+}
+
 /// The failure-free result over ids `0..records`: every `(key, n)` for
 /// `n` up to the key's count, and each key's final count.
 fn expected(ids: impl Iterator<Item = u64>) -> (Vec<(u64, u64)>, BTreeMap<u64, u64>) {
@@ -247,8 +268,12 @@ fn check(parallelism: usize, seed: u64) {
     let read_ms = started.elapsed().as_millis() - filled_ms - ran_ms;
     assert_eq!(faults.fired(), 2, "{replay}: both faults fire");
     assert!(!report.restarts.is_empty(), "{replay}: the job restarted");
-    assert_eq!(got, want, "{replay}: committed output");
     assert_eq!(final_state(&state), want_state, "{replay}: state");
+    assert!(
+        got == want,
+        "{replay}: committed output: {}",
+        difference(&got, &want)
+    );
     assert_eq!(
         (log.recovered(), log.rewritten()),
         (0, 0),
@@ -381,8 +406,12 @@ fn check_rescale(from: usize, to: usize) {
         .into_iter()
         .map(|(result, _)| result)
         .collect();
-    assert_eq!(got, want, "{from} -> {to}: committed output");
     assert_eq!(final_state(&state), want_state, "{from} -> {to}: state");
+    assert!(
+        got == want,
+        "{from} -> {to}: committed output: {}",
+        difference(&got, &want)
+    );
 }
 
 #[test]

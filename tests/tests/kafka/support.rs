@@ -110,24 +110,39 @@ pub fn producer(brokers: &str) -> BaseProducer {
 /// and the bounded source stops there.
 pub fn produce(brokers: &str, topic: &str, records: &[(i32, Vec<u8>, Vec<u8>)]) {
     let producer = producer(brokers);
+    let (heads, tails) = last_alone(records, |(partition, _, _)| *partition);
+    send_all(&producer, topic, &heads);
+    send_all(&producer, topic, &tails);
+}
+
+/// [`produce`] of `(partition, timestamp in ms, value)` records, each
+/// with that record timestamp (`BaseRecord::timestamp`) and no key.
+pub fn produce_timed(brokers: &str, topic: &str, records: &[(i32, i64, Vec<u8>)]) {
+    let producer = producer(brokers);
+    let (heads, tails) = last_alone(records, |(partition, _, _)| *partition);
+    for part in [heads, tails] {
+        send_each(&producer, &part, |(partition, timestamp_ms, value)| {
+            BaseRecord::to(topic)
+                .partition(*partition)
+                .timestamp(*timestamp_ms)
+                .payload(value.as_slice())
+        });
+    }
+}
+
+/// `records` split in two, keeping their order: all but the last of each
+/// partition, and the last of each partition.
+fn last_alone<R: Clone>(records: &[R], partition_of: impl Fn(&R) -> i32) -> (Vec<R>, Vec<R>) {
     let mut last = std::collections::BTreeMap::new();
-    for (index, (partition, _, _)) in records.iter().enumerate() {
-        last.insert(*partition, index);
+    for (index, record) in records.iter().enumerate() {
+        last.insert(partition_of(record), index);
     }
     let (tails, heads): (Vec<_>, Vec<_>) = records
         .iter()
         .enumerate()
-        .partition(|(index, (partition, _, _))| last.get(partition) == Some(index));
-    let heads: Vec<_> = heads
-        .into_iter()
-        .map(|(_, record)| record.clone())
-        .collect();
-    let tails: Vec<_> = tails
-        .into_iter()
-        .map(|(_, record)| record.clone())
-        .collect();
-    send_all(&producer, topic, &heads);
-    send_all(&producer, topic, &tails);
+        .partition(|(index, record)| last.get(&partition_of(record)) == Some(index));
+    let strip = |rows: Vec<(usize, &R)>| rows.into_iter().map(|(_, r)| r.clone()).collect();
+    (strip(heads), strip(tails))
 }
 
 /// [`produce`] with the producer's usual batching throughout.
@@ -136,11 +151,24 @@ pub fn produce_batched(brokers: &str, topic: &str, records: &[(i32, Vec<u8>, Vec
 }
 
 fn send_all(producer: &BaseProducer, topic: &str, records: &[(i32, Vec<u8>, Vec<u8>)]) {
-    for (partition, key, value) in records {
-        let mut record = BaseRecord::to(topic)
+    send_each(producer, records, |(partition, key, value)| {
+        BaseRecord::to(topic)
             .partition(*partition)
-            .key(key)
-            .payload(value);
+            .key(key.as_slice())
+            .payload(value.as_slice())
+    });
+}
+
+/// Sends the record `to_record` makes of each of `records`, serving
+/// delivery reports while the local queue is full, and waits until the
+/// broker acknowledged every one.
+fn send_each<'a, R>(
+    producer: &BaseProducer,
+    records: &'a [R],
+    to_record: impl Fn(&'a R) -> BaseRecord<'a, [u8], [u8]>,
+) {
+    for row in records {
+        let mut record = to_record(row);
         loop {
             match producer.send(record) {
                 Ok(()) => break,

@@ -66,6 +66,7 @@
 mod bytes;
 mod error;
 mod marker;
+mod partition;
 mod position;
 mod recover;
 mod registry;

@@ -25,30 +25,40 @@
 //! in no position (created after the checkpoint) starts at its earliest
 //! offset, so no record of it is skipped.
 //!
-//! **Idleness and event time.** The source has no watermark logic of its
-//! own: give the stream a [`WatermarkStrategy`](crate::time::WatermarkStrategy)
-//! whose timestamp function reads the record's timestamp (the
-//! deserialiser gets [`KafkaRecord::timestamp_ms`]). A subtask with no
-//! partition left to read reports no split
-//! ([`Source::current_splits`]) and is idle at once; with
-//! `with_idleness(ms)` one whose partitions bring nothing new is marked
-//! idle after `ms` of quiet polls. Not done: a watermark per partition
-//! merged in the subtask: all of a subtask's partitions share one
-//! generator (split 0), so one slow partition holds the subtask's
-//! watermark back only through the generator's bound.
+//! **Event time: a watermark per partition.** Every owned partition is a
+//! split of its own ([`Source::current_splits`]) and every batch holds
+//! the records of one partition only ([`Source::last_split`] names it:
+//! each partition is read from a queue of its own, see the connector's
+//! `partition.rs`), so with a
+//! [`WatermarkStrategy`](crate::time::WatermarkStrategy) on the stream
+//! each partition runs its own generator and the subtask's watermark is
+//! the minimum over its partitions (DESIGN.md §7): a partition far
+//! behind holds the subtask back, and its records are not late because
+//! another partition ran ahead. The event time is the record's Kafka
+//! timestamp: the deserialiser copies [`KafkaRecord::timestamp_ms`] into
+//! the record and the strategy's timestamp function reads it (see the
+//! example on [`KafkaRecord::timestamp_ms`]). A partition added later
+//! (discovery) gets a new split and so a fresh generator. A subtask with
+//! no partition left to read reports no split and is idle at once; with
+//! `with_idleness(ms)` a partition that brings nothing new for `ms` no
+//! longer holds the subtask back (and the subtask is idle when all of
+//! its partitions are), until it reads again. A bounded partition that
+//! reached its end drops out of the splits. Batches are per partition
+//! with or without a strategy; a poll tries the partitions round-robin
+//! from after the one it read last and takes up to `max_records`
+//! records from the first that has any.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::KafkaError as ClientError;
 use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::error::{code_is_retryable, KafkaError};
+use super::error::KafkaError;
+use super::partition::{self, Taken, TopicReader};
 use super::position::{self, Offsets, PartitionOffsets};
 use super::{client_config, partition_counts};
 use crate::source::{
@@ -154,6 +164,35 @@ impl<'a> KafkaRecord<'a> {
 
     /// The record's timestamp in milliseconds since the Unix epoch (create
     /// or log-append time, as the topic says), if it has one.
+    ///
+    /// It is the event time of the Kafka source's records: keep it in the
+    /// record and read it in the stream's watermark strategy, which gives
+    /// each partition a watermark of its own.
+    ///
+    /// ```no_run
+    /// use snapflow::connectors::kafka::{KafkaSourceConfig, KafkaSourceFactory};
+    /// use snapflow::job::{Job, JobConfig};
+    /// use snapflow::time::WatermarkStrategy;
+    ///
+    /// // (event time in ms, value)
+    /// let source = KafkaSourceFactory::new(
+    ///     KafkaSourceConfig::new("127.0.0.1:9092", &["clicks"]),
+    ///     |record| {
+    ///         let timestamp_ms = record.timestamp_ms().ok_or("a record without a timestamp")?;
+    ///         let value = record.value().unwrap_or_default().to_vec();
+    ///         Ok((u64::try_from(timestamp_ms).map_err(|e| e.to_string())?, value))
+    ///     },
+    /// )?;
+    /// let job = Job::new("clicks", JobConfig::default());
+    /// let clicks = job
+    ///     .source("clicks", source)
+    ///     .assign_timestamps(
+    ///         WatermarkStrategy::bounded_out_of_orderness(1_000, |(ts, _): &(u64, Vec<u8>)| *ts)
+    ///             .with_idleness(10_000),
+    ///     );
+    /// # let _ = clicks;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn timestamp_ms(&self) -> Option<i64> {
         self.message.timestamp().to_millis()
     }
@@ -273,12 +312,7 @@ where
         check_split(subtask, parallelism)?;
         let mut readers = Vec::with_capacity(self.config.topics.len());
         for topic in &self.config.topics {
-            readers.push(TopicReader {
-                topic: topic.clone(),
-                consumer: consumer(&self.config)?,
-                partitions: BTreeMap::new(),
-                assigned: false,
-            });
+            readers.push(TopicReader::new(topic.clone(), consumer(&self.config)?));
         }
         let mut source = KafkaSource {
             config: Arc::clone(&self.config),
@@ -287,7 +321,10 @@ where
             subtask,
             parallelism,
             readers,
-            next_reader: 0,
+            order: Vec::new(),
+            cursor: 0,
+            last_split: 0,
+            next_split: 0,
             last_discovery: Instant::now(),
             failed: None,
         };
@@ -309,66 +346,6 @@ where
     }
 }
 
-/// One topic's consumer within a subtask: one consumer per topic, because
-/// librdkafka's end-of-partition event names the partition but (through
-/// rdkafka) not the topic.
-struct TopicReader {
-    topic: String,
-    consumer: BaseConsumer,
-    partitions: BTreeMap<i32, PartitionOffsets>,
-    /// Whether the consumer reads from `partitions`' next offsets; cleared
-    /// by a seek or a new partition.
-    assigned: bool,
-}
-
-impl TopicReader {
-    fn done(place: &PartitionOffsets) -> bool {
-        place.end.is_some_and(|end| place.next >= end)
-    }
-
-    fn assign(&mut self) -> Result<(), KafkaError> {
-        let mut list = TopicPartitionList::new();
-        for (&partition, place) in &self.partitions {
-            if !Self::done(place) {
-                list.add_partition_offset(&self.topic, partition, Offset::Offset(place.next))
-                    .map_err(|source| KafkaError::client("assigning partitions", source))?;
-            }
-        }
-        self.consumer
-            .assign(&list)
-            .map_err(|source| KafkaError::client("assigning partitions", source))?;
-        self.assigned = true;
-        Ok(())
-    }
-
-    /// Moves a bounded partition's next offset up to the consumer's
-    /// position when that lies between it and the end: the offsets
-    /// between were control records (transaction markers).
-    fn skip_markers(&mut self, partition: i32) {
-        let Some(place) = self.partitions.get_mut(&partition) else {
-            return;
-        };
-        let Some(end) = place.end else {
-            return;
-        };
-        let Ok(positions) = self.consumer.position() else {
-            return;
-        };
-        if let Some(Offset::Offset(at)) = positions
-            .find_partition(&self.topic, partition)
-            .map(|entry| entry.offset())
-        {
-            if at > place.next && at <= end {
-                place.next = at;
-            }
-        }
-    }
-
-    fn finished(&self) -> bool {
-        self.partitions.values().all(Self::done)
-    }
-}
-
 /// The source of one subtask. See the [module documentation](self).
 pub struct KafkaSource<D> {
     config: Arc<KafkaSourceConfig>,
@@ -377,9 +354,20 @@ pub struct KafkaSource<D> {
     subtask: usize,
     parallelism: usize,
     readers: Vec<TopicReader>,
-    /// The reader the next poll starts with, so one busy topic cannot
-    /// starve the others.
-    next_reader: usize,
+    /// Every owned partition as (reader index, partition), in the order
+    /// of `readers` and their partitions; rebuilt when partitions are
+    /// added. Polls go round it from `cursor`.
+    order: Vec<(usize, i32)>,
+    /// Where the next poll starts in `order`: after the partition the
+    /// last batch came from, so one busy partition cannot starve the
+    /// others.
+    cursor: usize,
+    /// The split of the partition the last batch came from.
+    last_split: SplitId,
+    /// The split id the next partition added gets: ids are never reused
+    /// within a subtask, so a new partition always starts with a fresh
+    /// watermark generator.
+    next_split: SplitId,
     last_discovery: Instant,
     /// A bad record found while filling a batch, returned by the next
     /// poll (the records before it are delivered first).
@@ -390,86 +378,97 @@ impl<D> KafkaSource<D> {
     /// Adds the partitions this subtask owns and does not know yet,
     /// starting at `start`.
     fn discover(&mut self, start: StartFrom) -> Result<(), KafkaError> {
-        let timeout = Duration::from_millis(self.config.request_timeout_ms);
-        for reader in &mut self.readers {
+        for index in 0..self.readers.len() {
+            let reader = &self.readers[index];
             let counts = partition_counts(
-                &reader.consumer,
+                reader.consumer(),
                 &self.config.brokers,
                 std::slice::from_ref(&reader.topic),
                 self.config.request_timeout_ms,
             )?;
             let count = counts.get(&reader.topic).copied().unwrap_or(0);
             for partition in 0..count {
+                let reader = &self.readers[index];
                 if owner(&reader.topic, partition, self.parallelism) != self.subtask
                     || reader.partitions.contains_key(&partition)
                 {
                     continue;
                 }
-                let (low, high) = reader
-                    .consumer
-                    .fetch_watermarks(&reader.topic, partition, timeout)
-                    .map_err(|source| KafkaError::client("fetching offsets", source))?;
-                let next = match start {
-                    StartFrom::Earliest => low,
-                    StartFrom::Latest => high,
-                    StartFrom::TimestampMs(at_ms) => {
-                        let mut list = TopicPartitionList::new();
-                        list.add_partition_offset(&reader.topic, partition, Offset::Offset(at_ms))
-                            .map_err(|source| {
-                                KafkaError::client("looking up a timestamp", source)
-                            })?;
-                        let found =
-                            reader
-                                .consumer
-                                .offsets_for_times(list, timeout)
-                                .map_err(|source| {
-                                    KafkaError::client("looking up a timestamp", source)
-                                })?;
-                        match found
-                            .find_partition(&reader.topic, partition)
-                            .map(|e| e.offset())
-                        {
-                            Some(Offset::Offset(offset)) => offset,
-                            _ => high,
-                        }
-                    }
-                };
-                let end = self.config.bounded.then_some(high);
-                reader
-                    .partitions
-                    .insert(partition, PartitionOffsets { next, end });
-                reader.assigned = false;
+                let offsets = self.first_offsets(reader, partition, start)?;
+                self.add(index, partition, offsets);
             }
         }
         self.last_discovery = Instant::now();
         Ok(())
     }
 
+    /// Where a partition without a stored offset starts, and (bounded)
+    /// ends.
+    fn first_offsets(
+        &self,
+        reader: &TopicReader,
+        partition: i32,
+        start: StartFrom,
+    ) -> Result<PartitionOffsets, KafkaError> {
+        let timeout = Duration::from_millis(self.config.request_timeout_ms);
+        let consumer = reader.consumer();
+        let (low, high) = consumer
+            .fetch_watermarks(&reader.topic, partition, timeout)
+            .map_err(|source| KafkaError::client("fetching offsets", source))?;
+        let next = match start {
+            StartFrom::Earliest => low,
+            StartFrom::Latest => high,
+            StartFrom::TimestampMs(at_ms) => {
+                let mut list = TopicPartitionList::new();
+                list.add_partition_offset(&reader.topic, partition, Offset::Offset(at_ms))
+                    .map_err(|source| KafkaError::client("looking up a timestamp", source))?;
+                let found = consumer
+                    .offsets_for_times(list, timeout)
+                    .map_err(|source| KafkaError::client("looking up a timestamp", source))?;
+                match found
+                    .find_partition(&reader.topic, partition)
+                    .map(|entry| entry.offset())
+                {
+                    Some(Offset::Offset(offset)) => offset,
+                    _ => high,
+                }
+            }
+        };
+        let end = self.config.bounded.then_some(high);
+        Ok(PartitionOffsets { next, end })
+    }
+
+    /// Places `partition` of reader `index` at `offsets`: a partition new
+    /// to this subtask gets a split id of its own (and so a watermark
+    /// generator of its own).
+    fn add(&mut self, index: usize, partition: i32, offsets: PartitionOffsets) {
+        let split = self.next_split;
+        let reader = &mut self.readers[index];
+        if !reader.partitions.contains_key(&partition) {
+            self.next_split = self.next_split.wrapping_add(1);
+            self.order.push((index, partition));
+            self.order.sort_unstable();
+        }
+        reader.place(partition, offsets, split);
+    }
+
     fn offsets(&self) -> Offsets {
         let mut offsets = Offsets::new();
         for reader in &self.readers {
-            for (&partition, &place) in &reader.partitions {
-                offsets.insert((reader.topic.clone(), partition), place);
+            for (&partition, owned) in &reader.partitions {
+                offsets.insert((reader.topic.clone(), partition), owned.offsets);
             }
         }
         offsets
     }
-}
 
-impl<T, D> Source for KafkaSource<D>
-where
-    D: Fn(&KafkaRecord<'_>) -> Result<T, String> + Send + Sync + 'static,
-{
-    type Item = T;
+    fn finished(&self) -> bool {
+        self.config.bounded && self.readers.iter().all(TopicReader::finished)
+    }
 
-    fn poll_batch(
-        &mut self,
-        out: &mut Vec<T>,
-        max_records: usize,
-    ) -> Result<SourcePoll, SourceError> {
-        if let Some(error) = self.failed.take() {
-            return Err(error.into());
-        }
+    /// Discovery when it is due, assignments that are due, and the
+    /// consumers' own queues.
+    fn prepare(&mut self) -> Result<(), KafkaError> {
         if !self.config.bounded {
             if let Some(interval_ms) = self.config.discovery_interval_ms {
                 if self.last_discovery.elapsed() >= Duration::from_millis(interval_ms) {
@@ -480,88 +479,96 @@ where
             }
         }
         for reader in &mut self.readers {
-            if !reader.assigned {
+            if !reader.assigned() {
                 reader.assign()?;
             }
+            reader.serve_events()?;
         }
-        if self.config.bounded && self.readers.iter().all(TopicReader::finished) {
-            return Ok(SourcePoll::Ended);
-        }
-        let mut produced = 0;
-        let count = self.readers.len();
-        'readers: for step in 0..count {
-            let reader = &mut self.readers[(self.next_reader + step) % count];
-            while produced < max_records {
-                let Some(result) = reader.consumer.poll(Duration::ZERO) else {
-                    break;
-                };
-                let message = match result {
-                    Ok(message) => message,
-                    Err(ClientError::PartitionEOF(partition)) => {
-                        // A bounded partition whose last offsets are
-                        // transaction markers (never delivered) ends when
-                        // the consumer's own position passed its end. The
-                        // event alone is not trusted: tansu 0.6 sends it
-                        // before the partition's records.
-                        reader.skip_markers(partition);
-                        continue;
-                    }
-                    Err(error) => {
-                        let retryable = error.rdkafka_error_code().is_some_and(code_is_retryable);
-                        if retryable {
-                            // librdkafka reconnects by itself; a lost
-                            // broker that stays lost shows as no records.
-                            tracing::warn!(topic = %reader.topic, %error, "Kafka consumer error");
-                            continue;
-                        }
-                        return Err(KafkaError::client("reading", error).into());
-                    }
-                };
-                let partition = message.partition();
-                let Some(place) = reader.partitions.get_mut(&partition) else {
-                    continue; // Not ours (an old assignment's leftover).
-                };
-                let offset = message.offset();
-                if offset < place.next || place.end.is_some_and(|end| offset >= end) {
-                    if place.end.is_some_and(|end| offset >= end) {
-                        place.next = place.next.max(offset);
-                    }
-                    continue;
-                }
-                place.next = offset + 1;
-                match (self.deserialize)(&KafkaRecord { message: &message }) {
+        Ok(())
+    }
+}
+
+impl<T, D> KafkaSource<D>
+where
+    D: Fn(&KafkaRecord<'_>) -> Result<T, String> + Send + Sync + 'static,
+{
+    /// Reads one batch from the first partition, from the cursor on, that
+    /// has records; the records and the partition's split.
+    fn read_one_partition(
+        &mut self,
+        out: &mut Vec<T>,
+        max_records: usize,
+    ) -> Result<usize, KafkaError> {
+        let count = self.order.len();
+        for step in 0..count {
+            let at = (self.cursor + step) % count;
+            let (index, partition) = self.order[at];
+            let deserialize = &*self.deserialize;
+            let (bad_records, dropped) = (self.config.bad_records, &self.dropped.0);
+            let reader = &mut self.readers[index];
+            let read = reader.read(partition, max_records, |message| {
+                match deserialize(&KafkaRecord { message }) {
                     Ok(record) => {
                         out.push(record);
-                        produced += 1;
+                        Taken::Record
                     }
-                    Err(reason) => match self.config.bad_records {
+                    Err(reason) => match bad_records {
                         BadRecords::Drop => {
-                            self.dropped.0.fetch_add(1, Ordering::Relaxed);
+                            dropped.fetch_add(1, Ordering::Relaxed);
+                            Taken::Dropped
                         }
-                        BadRecords::Fail => {
-                            // The position stays before the bad record, so
-                            // a restore finds it again and fails again.
-                            place.next = offset;
-                            self.failed = Some(KafkaError::BadRecord {
-                                topic: reader.topic.clone(),
-                                partition,
-                                offset,
-                                reason,
-                            });
-                            break 'readers;
-                        }
+                        BadRecords::Fail => Taken::Bad(reason),
                     },
                 }
+            })?;
+            if let Some((offset, reason)) = read.bad {
+                self.failed = Some(KafkaError::BadRecord {
+                    topic: reader.topic.clone(),
+                    partition,
+                    offset,
+                    reason,
+                });
+            }
+            if read.produced > 0 || self.failed.is_some() {
+                self.cursor = (at + 1) % count;
+                if let Some(owned) = reader.partitions.get(&partition) {
+                    self.last_split = owned.split;
+                }
+                return Ok(read.produced);
             }
         }
-        self.next_reader = (self.next_reader + 1) % count.max(1);
+        Ok(0)
+    }
+}
+
+impl<T, D> Source for KafkaSource<D>
+where
+    D: Fn(&KafkaRecord<'_>) -> Result<T, String> + Send + Sync + 'static,
+{
+    type Item = T;
+
+    /// Appends records of one partition only (see
+    /// [`Source::last_split`]), up to `max_records`.
+    fn poll_batch(
+        &mut self,
+        out: &mut Vec<T>,
+        max_records: usize,
+    ) -> Result<SourcePoll, SourceError> {
+        if let Some(error) = self.failed.take() {
+            return Err(error.into());
+        }
+        self.prepare()?;
+        if self.finished() {
+            return Ok(SourcePoll::Ended);
+        }
+        let produced = self.read_one_partition(out, max_records)?;
         if produced > 0 {
             return Ok(SourcePoll::Produced(produced));
         }
         if let Some(error) = self.failed.take() {
             return Err(error.into());
         }
-        if self.config.bounded && self.readers.iter().all(TopicReader::finished) {
+        if self.finished() {
             return Ok(SourcePoll::Ended);
         }
         Ok(SourcePoll::Idle)
@@ -571,46 +578,56 @@ where
         position::encode(&self.offsets())
     }
 
-    /// One split (0) while the subtask has a partition left to read, none
-    /// otherwise, so that a subtask without partitions is idle at once.
-    /// All its partitions share that split's watermark generator: per
-    /// partition generators would need one partition's records per poll,
-    /// which this source does not do yet.
+    /// One split per owned partition with records left to read (a
+    /// bounded partition that reached its end drops out), so that each
+    /// partition has a watermark generator of its own, and none when the
+    /// subtask has no partition left: it is then idle at once.
     fn current_splits(&self, out: &mut Vec<SplitId>) {
-        let reading = self.readers.iter().any(|reader| {
-            reader
-                .partitions
-                .values()
-                .any(|place| !TopicReader::done(place))
-        });
-        if reading {
-            out.push(0);
+        for reader in &self.readers {
+            for owned in reader.partitions.values() {
+                if !partition::done(&owned.offsets) {
+                    out.push(owned.split);
+                }
+            }
         }
+    }
+
+    /// The partition the last batch came from: every batch holds one
+    /// partition's records.
+    fn last_split(&self) -> SplitId {
+        self.last_split
     }
 
     fn seek(&mut self, position: &SourcePosition) -> Result<(), SourceError> {
         let stored = position::decode(position)?;
-        for reader in &mut self.readers {
+        for index in 0..self.readers.len() {
             for ((topic, partition), place) in &stored {
-                if *topic == reader.topic
+                if *topic == self.readers[index].topic
                     && owner(topic, *partition, self.parallelism) == self.subtask
                 {
-                    reader.partitions.insert(*partition, *place);
+                    self.add(index, *partition, *place);
                 }
             }
             // Owned partitions the stored position does not know were
             // created after it: they start at their first record.
-            for (&partition, place) in reader.partitions.iter_mut() {
+            let reader = &self.readers[index];
+            let mut unknown = Vec::new();
+            for (&partition, owned) in &reader.partitions {
                 if !stored.contains_key(&(reader.topic.clone(), partition)) {
-                    let timeout = Duration::from_millis(self.config.request_timeout_ms);
-                    let (low, _) = reader
-                        .consumer
-                        .fetch_watermarks(&reader.topic, partition, timeout)
-                        .map_err(|source| KafkaError::client("fetching offsets", source))?;
-                    place.next = low;
+                    let first = self.first_offsets(reader, partition, StartFrom::Earliest)?;
+                    unknown.push((
+                        partition,
+                        PartitionOffsets {
+                            next: first.next,
+                            ..owned.offsets
+                        },
+                    ));
                 }
             }
-            reader.assigned = false;
+            for (partition, offsets) in unknown {
+                self.add(index, partition, offsets);
+            }
+            self.readers[index].reassign();
         }
         Ok(())
     }

@@ -1,0 +1,336 @@
+//! One topic's partitions within a Kafka source subtask: a consumer
+//! assigned by hand, a queue of its own for each partition, and reading
+//! one partition's records into a batch.
+//!
+//! This module owns reading per partition, which lets the source return
+//! every batch from a single partition so that the partition's own
+//! watermark generator sees exactly its records (DESIGN.md §7). It never
+//! decides which partitions a subtask owns, never decodes position bytes,
+//! never decodes records (the caller's function does) and never blocks:
+//! every queue is polled with a zero timeout.
+//!
+//! **Per-partition queues.** librdkafka fetches each partition into a
+//! queue of its own and by default forwards all of them to the consumer's
+//! one queue, where partitions interleave. Before a partition is
+//! assigned, [`TopicReader::assign`] takes its queue out of that
+//! forwarding (`rd_kafka_queue_get_partition` and a forward to nothing,
+//! through rdkafka's `split_partition_queue`); librdkafka remembers that
+//! the application set the forwarding, so the assignment's fetch start
+//! does not forward it again. The queue is taken again after the
+//! assignment, as rdkafka's documentation asks. The consumer's own queue
+//! then carries only events (errors), and is served once per poll.
+//!
+//! **The bound.** snapflow buffers nothing here: a batch takes at most
+//! `max_records` records from one queue. What waits in the queues is
+//! librdkafka's prefetch, bounded per partition by its settings
+//! `queued.min.messages` and `queued.max.messages.kbytes` (100,000
+//! messages and 64 MiB by default; set them through
+//! `KafkaSourceConfig::client_options`), as it was with one queue.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdkafka::consumer::base_consumer::PartitionQueue;
+use rdkafka::consumer::{BaseConsumer, Consumer, DefaultConsumerContext};
+use rdkafka::error::KafkaError as ClientError;
+use rdkafka::message::{BorrowedMessage, Message};
+use rdkafka::{Offset, TopicPartitionList};
+
+use super::error::{code_is_retryable, KafkaError};
+use super::position::PartitionOffsets;
+use crate::source::SplitId;
+
+/// Events (errors, never records) taken from the consumer's own queue per
+/// poll: it is served once per poll, so this bounds what one poll does
+/// there; more wait for the next poll.
+const MAIN_EVENTS_PER_POLL: usize = 16;
+
+/// Events that are not records (end-of-partition, retryable errors,
+/// leftovers of an earlier assignment, dropped bad records) one partition
+/// read takes besides its records, so a queue full of them cannot hold a
+/// poll; the rest wait for the next poll.
+const OTHER_EVENTS_PER_READ: usize = 64;
+
+/// What the caller's function made of one message.
+pub(super) enum Taken {
+    /// It appended a record.
+    Record,
+    /// It dropped the message (counted by the caller).
+    Dropped,
+    /// The message is bad and the job must fail with this reason; the
+    /// partition's next offset stays at it.
+    Bad(String),
+}
+
+/// What one read of a partition did.
+#[derive(Debug, Default)]
+pub(super) struct Read {
+    /// Records the caller appended.
+    pub(super) produced: usize,
+    /// A bad record's offset and reason, after the records appended.
+    pub(super) bad: Option<(i64, String)>,
+}
+
+/// A partition a subtask owns.
+pub(super) struct OwnedPartition {
+    /// Where it is.
+    pub(super) offsets: PartitionOffsets,
+    /// Its split id within the subtask, for its watermark generator.
+    pub(super) split: SplitId,
+    /// Its queue while it is assigned.
+    queue: Option<PartitionQueue<DefaultConsumerContext>>,
+}
+
+/// Whether a bounded partition has nothing left to read.
+pub(super) fn done(offsets: &PartitionOffsets) -> bool {
+    offsets.end.is_some_and(|end| offsets.next >= end)
+}
+
+/// One topic's consumer within a subtask: one consumer per topic, so
+/// that its events name partitions of one topic only.
+pub(super) struct TopicReader {
+    pub(super) topic: String,
+    consumer: Arc<BaseConsumer>,
+    pub(super) partitions: BTreeMap<i32, OwnedPartition>,
+    /// Whether the consumer reads from `partitions`' next offsets; cleared
+    /// by a seek, a new partition or a record on the consumer's own queue.
+    assigned: bool,
+}
+
+impl TopicReader {
+    pub(super) fn new(topic: String, consumer: BaseConsumer) -> TopicReader {
+        TopicReader {
+            topic,
+            consumer: Arc::new(consumer),
+            partitions: BTreeMap::new(),
+            assigned: false,
+        }
+    }
+
+    pub(super) fn consumer(&self) -> &BaseConsumer {
+        &self.consumer
+    }
+
+    /// Adds (or moves) an owned partition; it is read from `offsets.next`
+    /// after the next assignment. A known partition keeps its split id.
+    pub(super) fn place(&mut self, partition: i32, offsets: PartitionOffsets, split: SplitId) {
+        self.partitions
+            .entry(partition)
+            .and_modify(|owned| owned.offsets = offsets)
+            .or_insert(OwnedPartition {
+                offsets,
+                split,
+                queue: None,
+            });
+        self.assigned = false;
+    }
+
+    /// The next poll assigns the partitions again from their offsets.
+    pub(super) fn reassign(&mut self) {
+        self.assigned = false;
+    }
+
+    pub(super) fn assigned(&self) -> bool {
+        self.assigned
+    }
+
+    /// Whether every partition is done (a bounded source's end).
+    pub(super) fn finished(&self) -> bool {
+        self.partitions.values().all(|owned| done(&owned.offsets))
+    }
+
+    /// Assigns every partition not done at its next offset, each with a
+    /// queue of its own (see the module documentation).
+    pub(super) fn assign(&mut self) -> Result<(), KafkaError> {
+        let mut list = TopicPartitionList::new();
+        for (&partition, owned) in &mut self.partitions {
+            owned.queue = None;
+            if done(&owned.offsets) {
+                continue;
+            }
+            owned.queue = Some(split_queue(&self.consumer, &self.topic, partition)?);
+            list.add_partition_offset(&self.topic, partition, Offset::Offset(owned.offsets.next))
+                .map_err(|source| KafkaError::client("assigning partitions", source))?;
+        }
+        self.consumer
+            .assign(&list)
+            .map_err(|source| KafkaError::client("assigning partitions", source))?;
+        for (&partition, owned) in &mut self.partitions {
+            if owned.queue.is_some() {
+                owned.queue = Some(split_queue(&self.consumer, &self.topic, partition)?);
+            }
+        }
+        self.assigned = true;
+        Ok(())
+    }
+
+    /// Serves the consumer's own queue: errors, and in the case that
+    /// should not happen (a record of a partition whose queue was not
+    /// taken out in time) a new assignment from the partitions' offsets,
+    /// so that the record is read again from its partition's queue rather
+    /// than out of its order.
+    pub(super) fn serve_events(&mut self) -> Result<(), KafkaError> {
+        for _ in 0..MAIN_EVENTS_PER_POLL {
+            let Some(result) = self.consumer.poll(Duration::ZERO) else {
+                return Ok(());
+            };
+            match result {
+                Ok(message) => {
+                    tracing::warn!(
+                        topic = %self.topic,
+                        partition = message.partition(),
+                        offset = message.offset(),
+                        "a Kafka record came on the consumer's own queue; assigning again"
+                    );
+                    self.assigned = false;
+                    return Ok(());
+                }
+                Err(ClientError::PartitionEOF(partition)) => {
+                    if let Some(owned) = self.partitions.get_mut(&partition) {
+                        skip_markers(&self.consumer, &self.topic, partition, &mut owned.offsets);
+                    }
+                }
+                Err(error) => check_retryable(&self.topic, error)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads up to `max_records` records of `partition` from its queue,
+    /// handing each message at or after its next offset (and before its
+    /// end) to `take`, and moves the next offset past it.
+    ///
+    /// # Errors
+    ///
+    /// A client error that retrying cannot fix.
+    pub(super) fn read<F>(
+        &mut self,
+        partition: i32,
+        max_records: usize,
+        mut take: F,
+    ) -> Result<Read, KafkaError>
+    where
+        F: FnMut(&BorrowedMessage<'_>) -> Taken,
+    {
+        let mut read = Read::default();
+        let TopicReader {
+            topic,
+            consumer,
+            partitions,
+            assigned,
+        } = self;
+        let Some(owned) = partitions.get_mut(&partition) else {
+            return Ok(read);
+        };
+        let Some(queue) = owned.queue.as_ref() else {
+            return Ok(read);
+        };
+        let place = &mut owned.offsets;
+        let mut other_events = 0;
+        while read.produced < max_records && other_events < OTHER_EVENTS_PER_READ {
+            let Some(result) = queue.poll(Duration::ZERO) else {
+                break;
+            };
+            let message = match result {
+                Ok(message) => message,
+                Err(ClientError::PartitionEOF(_)) => {
+                    // A bounded partition whose last offsets are
+                    // transaction markers (never delivered) ends when the
+                    // consumer's own position passed its end. The event
+                    // alone is not trusted: tansu 0.6 sends it before the
+                    // partition's records.
+                    skip_markers(consumer, topic, partition, place);
+                    if done(place) {
+                        *assigned = false;
+                        break;
+                    }
+                    other_events += 1;
+                    continue;
+                }
+                Err(error) => {
+                    check_retryable(topic, error)?;
+                    other_events += 1;
+                    continue;
+                }
+            };
+            let offset = message.offset();
+            if place.end.is_some_and(|end| offset >= end) {
+                // Past a bounded end: the partition is done, and the next
+                // assignment leaves it out, so its queue stops filling.
+                place.next = place.next.max(offset);
+                *assigned = false;
+                break;
+            }
+            if offset < place.next {
+                // An earlier assignment's leftover.
+                other_events += 1;
+                continue;
+            }
+            place.next = offset + 1;
+            match take(&message) {
+                Taken::Record => read.produced += 1,
+                // Counted like the other events that are not records, so
+                // a run of bad records cannot make one poll unbounded.
+                Taken::Dropped => other_events += 1,
+                Taken::Bad(reason) => {
+                    // The position stays before the bad record, so a
+                    // restore finds it again and fails again.
+                    place.next = offset;
+                    read.bad = Some((offset, reason));
+                    break;
+                }
+            }
+        }
+        Ok(read)
+    }
+}
+
+fn split_queue(
+    consumer: &Arc<BaseConsumer>,
+    topic: &str,
+    partition: i32,
+) -> Result<PartitionQueue<DefaultConsumerContext>, KafkaError> {
+    consumer
+        .split_partition_queue(topic, partition)
+        .ok_or_else(|| KafkaError::InvalidConfig {
+            setting: "topics",
+            reason: format!("librdkafka gave no queue for partition {partition} of `{topic}`"),
+        })
+}
+
+/// Passes a retryable client error (librdkafka reconnects by itself; a
+/// lost broker that stays lost shows as no records) and returns the
+/// others.
+fn check_retryable(topic: &str, error: ClientError) -> Result<(), KafkaError> {
+    if error.rdkafka_error_code().is_some_and(code_is_retryable) {
+        tracing::warn!(%topic, %error, "Kafka consumer error");
+        return Ok(());
+    }
+    Err(KafkaError::client("reading", error))
+}
+
+/// Moves a bounded partition's next offset up to the consumer's position
+/// when that lies between it and the end: the offsets between were
+/// control records (transaction markers).
+fn skip_markers(
+    consumer: &BaseConsumer,
+    topic: &str,
+    partition: i32,
+    place: &mut PartitionOffsets,
+) {
+    let Some(end) = place.end else {
+        return;
+    };
+    let Ok(positions) = consumer.position() else {
+        return;
+    };
+    if let Some(Offset::Offset(at)) = positions
+        .find_partition(topic, partition)
+        .map(|entry| entry.offset())
+    {
+        if at > place.next && at <= end {
+            place.next = at;
+        }
+    }
+}
