@@ -45,7 +45,10 @@ use snapflow::Snapshot;
 use snapflow_tests::kafka_count::{decode_id as decode_input, encode_count as encode_output};
 use snapflow_tests::{quiet_injected_panics, seeds, FaultKind, Faults, TestRng};
 
-use support::{broker, committed_results, create_topic, produce, read_results, txn_header, unique};
+use support::{
+    broker, committed_results, create_topic, locate_missing, produce, read_results, txn_header,
+    unique,
+};
 
 /// Keys of the count.
 const KEYS: u64 = 7;
@@ -174,10 +177,13 @@ fn committed_output(
         all.iter().all(|read| txn_header(read).is_some()),
         "every exactly-once record carries its transaction"
     );
-    let kept = committed_results(&all, &committed)
+    let kept: Vec<(u64, u64)> = committed_results(&all, &committed)
         .into_iter()
         .map(|(result, _)| result)
         .collect();
+    if kept != want {
+        eprintln!("{}", locate_missing(&all, &committed, want));
+    }
     (kept, all.len())
 }
 
@@ -406,6 +412,9 @@ fn check_rescale(from: usize, to: usize) {
         .into_iter()
         .map(|(result, _)| result)
         .collect();
+    if got != want {
+        eprintln!("{}", locate_missing(&reads, &all, &want));
+    }
     assert_eq!(final_state(&state), want_state, "{from} -> {to}: state");
     assert!(
         got == want,

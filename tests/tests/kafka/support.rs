@@ -397,3 +397,34 @@ pub fn read_results(
         missing(want, &committed_results(all, committed)) == 0
     })
 }
+
+/// For a failure's message: where each result of `want` that is not
+/// among the committed results of `all` is, as `(partition, offset,
+/// header, committed)` of every record that holds it (none: the broker
+/// does not serve it at all), and the committed headers.
+pub fn locate_missing(
+    all: &[Read],
+    committed: &std::collections::BTreeSet<String>,
+    want: &[(u64, u64)],
+) -> String {
+    let got = committed_results(all, committed);
+    let mut text = String::new();
+    for result in want {
+        if got.binary_search_by(|(r, _)| r.cmp(result)).is_ok() {
+            continue;
+        }
+        let value = format!("{}:{}", result.0, result.1);
+        let found: Vec<_> = all
+            .iter()
+            .filter(|read| read.value == value.as_bytes())
+            .map(|read| {
+                let header = txn_header(read);
+                let is_committed = header.as_ref().is_some_and(|h| committed.contains(h));
+                (read.partition, read.offset, header, is_committed)
+            })
+            .collect();
+        text.push_str(&format!("missing {result:?}: {found:?}\n"));
+    }
+    text.push_str(&format!("committed headers: {committed:?}\n"));
+    text
+}
