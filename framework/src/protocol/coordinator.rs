@@ -232,6 +232,9 @@ pub struct Coordinator<H> {
     /// ([`Coordinator::on_persist_failed`]).
     last_completion: Option<(CheckpointId, u32)>,
     failed: bool,
+    /// Set by [`Coordinator::savepoints_only`]: the job is stopping with a
+    /// savepoint, so nothing but a savepoint may start.
+    savepoints_only: bool,
     /// Drained by the driver after each call; bounded by one trigger, one
     /// completion and `max_concurrent` aborts per call.
     actions: VecDeque<CoordinatorAction<H>>,
@@ -277,6 +280,7 @@ impl<H> Coordinator<H> {
             consecutive_failures: 0,
             last_completion: None,
             failed: false,
+            savepoints_only: false,
             actions: VecDeque::new(),
         })
     }
@@ -302,6 +306,20 @@ impl<H> Coordinator<H> {
         match (deadline, trigger) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
+        }
+    }
+
+    /// From now on only savepoints start: the periodic schedule ends and
+    /// a request of another kind (the final checkpoint of a bounded job)
+    /// is dropped. A job that stops with a savepoint calls it: a
+    /// checkpoint after the savepoint would commit output that a resume
+    /// from the savepoint writes again. Checkpoints already in flight go
+    /// on (they precede the savepoint), and a savepoint that fails may be
+    /// requested again.
+    pub fn savepoints_only(&mut self) {
+        self.savepoints_only = true;
+        if self.requested != Some(CheckpointKind::Savepoint) {
+            self.requested = None;
         }
     }
 
@@ -459,7 +477,7 @@ impl<H> Coordinator<H> {
 
     fn next_periodic_due_ms(&self) -> Option<u64> {
         let interval_ms = self.config.interval_ms?;
-        if self.failed || self.pending.len() >= self.config.max_concurrent {
+        if self.failed || self.savepoints_only || self.pending.len() >= self.config.max_concurrent {
             return None;
         }
         if self.config.min_pause_ms > 0 && !self.pending.is_empty() {
@@ -477,6 +495,9 @@ impl<H> Coordinator<H> {
     fn maybe_trigger(&mut self, now_ms: u64) {
         if self.failed || self.pending.len() >= self.config.max_concurrent {
             return;
+        }
+        if self.savepoints_only && self.requested != Some(CheckpointKind::Savepoint) {
+            self.requested = None;
         }
         let kind = if let Some(kind) = self.requested.take() {
             kind

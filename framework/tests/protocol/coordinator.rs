@@ -380,3 +380,23 @@ fn a_double_ack_is_a_driver_bug() {
     let _ = c.on_ack(1, 0, CheckpointId(1), "a");
     let _ = c.on_ack(1, 0, CheckpointId(1), "a");
 }
+
+#[test]
+fn after_savepoints_only_nothing_but_a_savepoint_starts() {
+    let mut c = coordinator(periodic(100), 1);
+    assert_eq!(triggers_at(&mut c, &[100]), [(100, 1)]);
+    ack_all(&mut c, 110, 1, 1);
+    drain(&mut c);
+    // A stop with a savepoint: the schedule ends, and the final
+    // checkpoint a bounded job asks for is dropped.
+    c.savepoints_only();
+    c.request_checkpoint(120, CheckpointKind::Requested);
+    assert!(drain(&mut c).is_empty(), "a requested checkpoint started");
+    assert!(triggers_at(&mut c, &[200, 300, 1_000]).is_empty());
+    assert_eq!(c.poll_timeout(), None, "nothing is scheduled");
+    c.request_checkpoint(1_000, CheckpointKind::Savepoint);
+    assert_eq!(drain(&mut c), [trigger(2, CheckpointKind::Savepoint)]);
+    ack_all(&mut c, 1_010, 2, 1);
+    drain(&mut c);
+    assert!(triggers_at(&mut c, &[1_100, 5_000]).is_empty());
+}

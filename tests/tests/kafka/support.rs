@@ -382,10 +382,17 @@ pub fn missing(want: &[(u64, u64)], got: &[((u64, u64), String)]) -> usize {
         .count()
 }
 
-/// Everything in `topic` from its start, read (at `read_committed`)
-/// until every result of `want` (sorted) is among the committed ones and
-/// nothing more arrived for `quiet_after`, or until [`READ_LIMIT`]: see
-/// [`read_until`].
+/// Everything in `topic` from its start, read until every result of
+/// `want` (sorted) is among the committed ones and nothing more arrived
+/// for `quiet_after`, or until [`READ_LIMIT`]: see [`read_until`].
+///
+/// It reads at `read_uncommitted`: tansu 0.6 shows aborted records to
+/// `read_committed` readers anyway (`kafka_probe.rs`), so the committed
+/// headers are what proves a record committed, and its last stable
+/// offset sometimes stays behind a transaction of a failed incarnation
+/// of the sink, which holds a `read_committed` reader back past the
+/// limit while every wanted record is there under a committed header
+/// (seen in `kafka.rs` under load; ARCHITECTURE.md, Kafka, known gaps).
 pub fn read_results(
     brokers: &str,
     topic: &str,
@@ -393,7 +400,7 @@ pub fn read_results(
     want: &[(u64, u64)],
     quiet_after: Duration,
 ) -> Vec<Read> {
-    read_until(brokers, topic, "read_committed", quiet_after, |all| {
+    read_until(brokers, topic, "read_uncommitted", quiet_after, |all| {
         missing(want, &committed_results(all, committed)) == 0
     })
 }

@@ -49,6 +49,9 @@ impl Supervisor {
                 let _ = coordinator.add_initiator(node);
             }
         }
+        if self.stop_requested {
+            coordinator.savepoints_only();
+        }
         self.coordinator = Some(coordinator);
         self.epoch += 1;
         self.restarts.on_running(now_ms);

@@ -708,6 +708,12 @@ impl Supervisor {
             return;
         }
         self.stop_requested = true;
+        // No checkpoint may follow the stop savepoint: it would commit
+        // output written after the savepoint, which a resume from the
+        // savepoint writes again.
+        if let Some(coordinator) = &mut self.coordinator {
+            coordinator.savepoints_only();
+        }
         self.request_savepoint(context);
     }
 
