@@ -29,8 +29,9 @@ use rdkafka::producer::Producer;
 use super::error::KafkaError;
 use super::marker::{Committed, Marker, MarkerGroup};
 use super::registry;
-use super::sink::{fence, open_txn, send, CommitLog, KafkaSinkConfig, Producer_, Txn};
+use super::sink::{CommitLog, KafkaSinkConfig};
 use super::sink_state::PendingTxn;
+use super::txn::{self, fence, open_txn, send, Producer_, Txn};
 
 /// Adds `marker` to the open transaction of `producer`.
 ///
@@ -210,9 +211,7 @@ fn rewrite(
         nonce: txn.nonce,
     };
     send_marker(&txn.producer, group, &marker)?;
-    txn.producer
-        .flush(timeout)
-        .map_err(|source| KafkaError::client("flush", source))?;
+    txn::flush(&txn.producer, timeout)?;
     txn.watch.check()?;
     txn.records.clear();
     txn.producer

@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
-use super::sink::Txn;
+use super::txn::Txn;
 
 /// At most this many transactions wait here; past it the oldest is
 /// dropped (its producer closes and the broker aborts the transaction at
