@@ -8,10 +8,20 @@
 //! failed in this process leaves its pre-committed transactions here, and
 //! the sink that restores its subtask takes them out and commits them
 //! with the producer that opened them. After a process crash the table
-//! is gone; see the sink module for what that costs. This module owns
-//! the table and its bound; it never talks to the broker.
+//! is gone; see the sink module for what that costs.
+//!
+//! Beside it, the headers of the transactions this process committed
+//! (the newest [`COMMITTED_MAX`]): a sink of another factory in the same
+//! process (a job stopped with a savepoint and resumed in the same
+//! process) finds there for certain that a pending transaction its state
+//! lists was committed, where the commit marker may not show it yet (on
+//! the test broker, tansu 0.6, a committed marker sometimes shows only
+//! a while after `commit_transaction` returned; see ARCHITECTURE.md).
+//!
+//! This module owns both tables and their bounds; it never talks to the
+//! broker.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use super::txn::Txn;
@@ -80,4 +90,60 @@ pub(crate) fn take_prefixed(prefix: &str) -> Vec<Txn> {
         table.order.retain(|parked| *parked != id);
     }
     taken
+}
+
+/// At most this many committed transactions are remembered; the oldest
+/// are forgotten first (a restore needs only the last few of a subtask).
+pub(crate) const COMMITTED_MAX: usize = 4_096;
+
+#[derive(Default)]
+struct Committed {
+    headers: BTreeSet<String>,
+    order: VecDeque<String>,
+}
+
+fn committed() -> MutexGuard<'static, Committed> {
+    static COMMITTED: OnceLock<Mutex<Committed>> = OnceLock::new();
+    let committed = COMMITTED.get_or_init(|| Mutex::new(Committed::default()));
+    // As above: every operation leaves the table consistent.
+    committed
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Notes that `commit_transaction` returned success in this process for
+/// the transaction whose records carry `header`.
+pub(crate) fn note_committed(header: &str) {
+    let mut committed = committed();
+    if committed.headers.insert(header.to_owned()) {
+        committed.order.push_back(header.to_owned());
+    }
+    while committed.order.len() > COMMITTED_MAX {
+        if let Some(oldest) = committed.order.pop_front() {
+            committed.headers.remove(&oldest);
+        }
+    }
+}
+
+/// Whether this process committed the transaction whose records carry
+/// `header` (among the newest [`COMMITTED_MAX`]).
+pub(crate) fn committed_here(header: &str) -> bool {
+    committed().headers.contains(header)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_committed_table_remembers_the_newest_and_forgets_the_oldest() {
+        let header = |n: usize| format!("registry-test-{n}#1");
+        for n in 0..=COMMITTED_MAX {
+            note_committed(&header(n));
+        }
+        assert!(!committed_here(&header(0)), "the oldest is forgotten");
+        assert!(committed_here(&header(1)));
+        assert!(committed_here(&header(COMMITTED_MAX)));
+        assert!(!committed_here("registry-test-never#1"));
+    }
 }
