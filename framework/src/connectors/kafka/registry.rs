@@ -18,12 +18,19 @@
 //! the test broker, tansu 0.6, a committed marker sometimes shows only
 //! a while after `commit_transaction` returned; see ARCHITECTURE.md).
 //!
-//! This module owns both tables and their bounds; it never talks to the
-//! broker.
+//! And the transactions being opened ahead of need
+//! ([`open_ahead`](super::txn::open_ahead)), each on a thread of its own,
+//! by id, so that a restore can wait for those of a failed incarnation
+//! before it initialises the same ids.
+//!
+//! This module owns the three tables and their bounds; it never talks to
+//! the broker.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::thread::JoinHandle;
 
+use super::error::KafkaError;
 use super::txn::Txn;
 
 /// At most this many transactions wait here; past it the oldest is
@@ -90,6 +97,65 @@ pub(crate) fn take_prefixed(prefix: &str) -> Vec<Txn> {
         table.order.retain(|parked| *parked != id);
     }
     taken
+}
+
+/// An opening of a transaction ahead of need (see
+/// [`open_ahead`](super::txn::open_ahead)).
+pub(crate) type Opening = JoinHandle<Result<Txn, KafkaError>>;
+
+/// Past this many openings waiting, those that ended are dropped (their
+/// owners open again, synchronously); a subtask has at most one, so only
+/// jobs that ended without taking theirs (a cancelled job, a failover
+/// whose restore did not come yet) leave them, and no new one is started
+/// while the table stays this full.
+pub(crate) const OPENINGS_MAX: usize = 256;
+
+fn openings() -> MutexGuard<'static, BTreeMap<String, Opening>> {
+    static OPENINGS: OnceLock<Mutex<BTreeMap<String, Opening>>> = OnceLock::new();
+    let openings = OPENINGS.get_or_init(|| Mutex::new(BTreeMap::new()));
+    // As above: every operation leaves the table consistent.
+    openings
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Whether another opening may start: the table holds fewer than
+/// [`OPENINGS_MAX`], after dropping the openings that ended when it was
+/// full.
+pub(crate) fn room_for_opening() -> bool {
+    let mut openings = openings();
+    if openings.len() >= OPENINGS_MAX {
+        openings.retain(|_, opening| !opening.is_finished());
+    }
+    openings.len() < OPENINGS_MAX
+}
+
+/// Keeps `opening` under its transactional id. An earlier opening of the
+/// same id (a failed incarnation's) is waited for and dropped first, so
+/// the later one initialises last.
+pub(crate) fn put_opening(id: String, opening: Opening) {
+    let earlier = openings().insert(id, opening);
+    if let Some(earlier) = earlier {
+        let _ = earlier.join();
+    }
+}
+
+/// Takes out the opening of this id, if there is one.
+pub(crate) fn take_opening(id: &str) -> Option<Opening> {
+    openings().remove(id)
+}
+
+/// Takes out every opening whose id starts with `prefix`.
+pub(crate) fn take_openings_prefixed(prefix: &str) -> Vec<Opening> {
+    let mut openings = openings();
+    let ids: Vec<String> = openings
+        .keys()
+        .filter(|id| id.starts_with(prefix))
+        .cloned()
+        .collect();
+    ids.into_iter()
+        .filter_map(|id| openings.remove(&id))
+        .collect()
 }
 
 /// At most this many committed transactions are remembered; the oldest

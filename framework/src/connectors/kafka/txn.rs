@@ -19,9 +19,9 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::types::RDKafkaErrorCode;
 
-use super::client_config;
 use super::error::{code_is_retryable, KafkaError};
 use super::sink::{KafkaOut, KafkaSinkConfig, TXN_HEADER};
+use super::{client_config, registry};
 
 /// Delivery failures a producer's callback saw.
 #[derive(Default)]
@@ -196,6 +196,58 @@ pub(crate) fn send(
             }
             Err((error, _)) => return Err(KafkaError::client("producing", error)),
         }
+    }
+}
+
+/// Starts opening the transaction `id` on a thread of its own, for the
+/// sink to take with [`take_ahead`] when its first record comes: opening
+/// one is an `init_transactions` round trip that takes 60 ms, and on the
+/// test broker often 510 ms (librdkafka retries its coordinator after a
+/// fixed 500 ms when the new producer's connection to it is not up
+/// yet), which the sink's actor thread (and every operator on its
+/// arbiter) would otherwise wait for once per checkpoint interval.
+///
+/// The opening waits in the process table ([`registry`]); a restore of
+/// the subtask waits for every opening of its ids first
+/// ([`settle_ahead`]), so that none initialises an id after the restore
+/// did. When no thread can be started, nothing is opened ahead (the
+/// first record opens it, as without this).
+pub(crate) fn open_ahead(config: &Arc<KafkaSinkConfig>, id: String) {
+    if !registry::room_for_opening() {
+        return;
+    }
+    let config = Arc::clone(config);
+    let opened = id.clone();
+    let spawned = std::thread::Builder::new()
+        .name("snapflow-kafka-open".to_owned())
+        .spawn(move || open_txn(&config, opened));
+    match spawned {
+        Ok(handle) => registry::put_opening(id, handle),
+        Err(error) => {
+            tracing::warn!(%id, %error, "no thread to open a Kafka transaction ahead; the first record opens it");
+        }
+    }
+}
+
+/// The transaction `id` if [`open_ahead`] opened it, once the opening
+/// ended (its error, if it failed); `None` when it was not opened ahead
+/// or its thread panicked.
+pub(crate) fn take_ahead(id: &str) -> Option<Result<Txn, KafkaError>> {
+    let handle = registry::take_opening(id)?;
+    match handle.join() {
+        Ok(opened) => Some(opened),
+        Err(_) => {
+            tracing::warn!(%id, "opening a Kafka transaction ahead panicked; opening it again");
+            None
+        }
+    }
+}
+
+/// Waits for every opening ahead of ids that start with `prefix` and
+/// drops what they opened (their transactions hold no record).
+pub(crate) fn settle_ahead(prefix: &str) {
+    for handle in registry::take_openings_prefixed(prefix) {
+        let _ = handle.join();
     }
 }
 
