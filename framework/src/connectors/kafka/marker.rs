@@ -35,9 +35,9 @@ use std::time::Duration;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata};
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::client_config;
 use super::error::KafkaError;
 use super::sink::KafkaSinkConfig;
+use super::{client_config, close_consumer};
 
 /// The widest span of checkpoints one marker can name (8 bits).
 pub(crate) const SPAN_MAX: u64 = 0xFF;
@@ -194,6 +194,14 @@ impl MarkerGroup {
             Some(Offset::Offset(offset)) => u64::try_from(offset).ok(),
             _ => None,
         })
+    }
+}
+
+impl Drop for MarkerGroup {
+    fn drop(&mut self) {
+        // The marker client never joins its group (it only reads and
+        // names it), so closing it has nothing to tell the broker.
+        close_consumer(&self.marker, self.timeout.min(Duration::from_secs(1)));
     }
 }
 

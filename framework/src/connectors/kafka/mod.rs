@@ -73,6 +73,7 @@ mod registry;
 pub mod sink;
 mod sink_state;
 pub mod source;
+mod txn;
 
 pub use error::KafkaError;
 pub use sink::{
@@ -100,6 +101,26 @@ pub(crate) fn client_config(brokers: &str) -> ClientConfig {
         // connector's errors carry what matters.
         .set("log_level", "3");
     config
+}
+
+/// Closes `consumer` so that dropping it does not wait: rdkafka 0.39's
+/// drop of a consumer with a group id polls in slices of 100 ms that run
+/// to their end, so every drop took 100 ms; this polls for 1 ms at a time
+/// until librdkafka says it is closed, for at most `timeout`. A consumer
+/// that is not closed by then is left to the drop.
+pub(crate) fn close_consumer<C: ClientContext + ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    timeout: Duration,
+) {
+    if consumer.close_queue().is_err() {
+        return;
+    }
+    let deadline = std::time::Instant::now() + timeout;
+    while !consumer.closed() && std::time::Instant::now() < deadline {
+        // Closing a consumer that never joined a group delivers no
+        // messages; anything that does come is dropped with it.
+        let _ = consumer.poll(Duration::from_millis(1));
+    }
 }
 
 /// The partition count of each topic, asked of the broker through

@@ -5,7 +5,9 @@
 //! For each pending transaction, in checkpoint order, the first of these
 //! that holds decides:
 //!
-//! 1. this process's [`CommitLog`] has its header: it is committed;
+//! 1. this factory's [`CommitLog`] has its header, or this process
+//!    committed it (through another factory's sink, [`registry`]): it is
+//!    committed;
 //! 2. this process still holds its producer ([`registry`]): commit it
 //!    with that producer;
 //! 3. the subtask's commit marker ([`marker`](super::marker)) reached its
@@ -29,8 +31,9 @@ use rdkafka::producer::Producer;
 use super::error::KafkaError;
 use super::marker::{Committed, Marker, MarkerGroup};
 use super::registry;
-use super::sink::{fence, open_txn, send, CommitLog, KafkaSinkConfig, Producer_, Txn};
+use super::sink::{CommitLog, KafkaSinkConfig};
 use super::sink_state::PendingTxn;
+use super::txn::{self, fence, open_txn, send, Producer_, Txn};
 
 /// Adds `marker` to the open transaction of `producer`.
 ///
@@ -95,6 +98,12 @@ pub(crate) fn finish(
         if log.contains(&pending.header) {
             continue;
         }
+        if registry::committed_here(&pending.header) {
+            // Certain, where the marker may lag behind a commit made just
+            // before (a savepoint's, resumed at once in this process).
+            log.push(pending.header.clone());
+            continue;
+        }
         if let Some(txn) = registry::take(&pending.id) {
             commit_parked(config, log, txn)?;
             continue;
@@ -155,6 +164,7 @@ fn commit_parked(config: &KafkaSinkConfig, log: &CommitLog, txn: Txn) -> Result<
         .commit_transaction(Duration::from_millis(config.request_timeout_ms))
     {
         Ok(()) => {
+            registry::note_committed(&txn.header);
             log.push(txn.header.clone());
             Ok(())
         }
@@ -218,14 +228,13 @@ fn rewrite(
         nonce: txn.nonce,
     };
     send_marker(&txn.producer, group, &marker)?;
-    txn.producer
-        .flush(timeout)
-        .map_err(|source| KafkaError::client("flush", source))?;
+    txn::flush(&txn.producer, timeout)?;
     txn.watch.check()?;
     txn.records.clear();
     txn.producer
         .commit_transaction(timeout)
         .map_err(|source| KafkaError::client("commit_transaction (written again)", source))?;
+    registry::note_committed(&txn.header);
     log.push(txn.header.clone());
     log.rewritten
         .fetch_add(rest.len() as u64, Ordering::Relaxed);

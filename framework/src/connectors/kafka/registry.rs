@@ -8,13 +8,30 @@
 //! failed in this process leaves its pre-committed transactions here, and
 //! the sink that restores its subtask takes them out and commits them
 //! with the producer that opened them. After a process crash the table
-//! is gone; see the sink module for what that costs. This module owns
-//! the table and its bound; it never talks to the broker.
+//! is gone; see the sink module for what that costs.
+//!
+//! Beside it, the headers of the transactions this process committed
+//! (the newest [`COMMITTED_MAX`]): a sink of another factory in the same
+//! process (a job stopped with a savepoint and resumed in the same
+//! process) finds there for certain that a pending transaction its state
+//! lists was committed, where the commit marker may not show it yet (on
+//! the test broker, tansu 0.6, a committed marker sometimes shows only
+//! a while after `commit_transaction` returned; see ARCHITECTURE.md).
+//!
+//! And the transactions being opened ahead of need
+//! ([`open_ahead`](super::txn::open_ahead)), each on a thread of its own,
+//! by id, so that a restore can wait for those of a failed incarnation
+//! before it initialises the same ids.
+//!
+//! This module owns the three tables and their bounds; it never talks to
+//! the broker.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::thread::JoinHandle;
 
-use super::sink::Txn;
+use super::error::KafkaError;
+use super::txn::Txn;
 
 /// At most this many transactions wait here; past it the oldest is
 /// dropped (its producer closes and the broker aborts the transaction at
@@ -80,4 +97,119 @@ pub(crate) fn take_prefixed(prefix: &str) -> Vec<Txn> {
         table.order.retain(|parked| *parked != id);
     }
     taken
+}
+
+/// An opening of a transaction ahead of need (see
+/// [`open_ahead`](super::txn::open_ahead)).
+pub(crate) type Opening = JoinHandle<Result<Txn, KafkaError>>;
+
+/// Past this many openings waiting, those that ended are dropped (their
+/// owners open again, synchronously); a subtask has at most one, so only
+/// jobs that ended without taking theirs (a cancelled job, a failover
+/// whose restore did not come yet) leave them, and no new one is started
+/// while the table stays this full.
+pub(crate) const OPENINGS_MAX: usize = 256;
+
+fn openings() -> MutexGuard<'static, BTreeMap<String, Opening>> {
+    static OPENINGS: OnceLock<Mutex<BTreeMap<String, Opening>>> = OnceLock::new();
+    let openings = OPENINGS.get_or_init(|| Mutex::new(BTreeMap::new()));
+    // As above: every operation leaves the table consistent.
+    openings
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Whether another opening may start: the table holds fewer than
+/// [`OPENINGS_MAX`], after dropping the openings that ended when it was
+/// full.
+pub(crate) fn room_for_opening() -> bool {
+    let mut openings = openings();
+    if openings.len() >= OPENINGS_MAX {
+        openings.retain(|_, opening| !opening.is_finished());
+    }
+    openings.len() < OPENINGS_MAX
+}
+
+/// Keeps `opening` under its transactional id. An earlier opening of the
+/// same id (a failed incarnation's) is waited for and dropped first, so
+/// the later one initialises last.
+pub(crate) fn put_opening(id: String, opening: Opening) {
+    let earlier = openings().insert(id, opening);
+    if let Some(earlier) = earlier {
+        let _ = earlier.join();
+    }
+}
+
+/// Takes out the opening of this id, if there is one.
+pub(crate) fn take_opening(id: &str) -> Option<Opening> {
+    openings().remove(id)
+}
+
+/// Takes out every opening whose id starts with `prefix`.
+pub(crate) fn take_openings_prefixed(prefix: &str) -> Vec<Opening> {
+    let mut openings = openings();
+    let ids: Vec<String> = openings
+        .keys()
+        .filter(|id| id.starts_with(prefix))
+        .cloned()
+        .collect();
+    ids.into_iter()
+        .filter_map(|id| openings.remove(&id))
+        .collect()
+}
+
+/// At most this many committed transactions are remembered; the oldest
+/// are forgotten first (a restore needs only the last few of a subtask).
+pub(crate) const COMMITTED_MAX: usize = 4_096;
+
+#[derive(Default)]
+struct Committed {
+    headers: BTreeSet<String>,
+    order: VecDeque<String>,
+}
+
+fn committed() -> MutexGuard<'static, Committed> {
+    static COMMITTED: OnceLock<Mutex<Committed>> = OnceLock::new();
+    let committed = COMMITTED.get_or_init(|| Mutex::new(Committed::default()));
+    // As above: every operation leaves the table consistent.
+    committed
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Notes that `commit_transaction` returned success in this process for
+/// the transaction whose records carry `header`.
+pub(crate) fn note_committed(header: &str) {
+    let mut committed = committed();
+    if committed.headers.insert(header.to_owned()) {
+        committed.order.push_back(header.to_owned());
+    }
+    while committed.order.len() > COMMITTED_MAX {
+        if let Some(oldest) = committed.order.pop_front() {
+            committed.headers.remove(&oldest);
+        }
+    }
+}
+
+/// Whether this process committed the transaction whose records carry
+/// `header` (among the newest [`COMMITTED_MAX`]).
+pub(crate) fn committed_here(header: &str) -> bool {
+    committed().headers.contains(header)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_committed_table_remembers_the_newest_and_forgets_the_oldest() {
+        let header = |n: usize| format!("registry-test-{n}#1");
+        for n in 0..=COMMITTED_MAX {
+            note_committed(&header(n));
+        }
+        assert!(!committed_here(&header(0)), "the oldest is forgotten");
+        assert!(committed_here(&header(1)));
+        assert!(committed_here(&header(COMMITTED_MAX)));
+        assert!(!committed_here("registry-test-never#1"));
+    }
 }

@@ -11,8 +11,12 @@
 //! - **Names.** The transaction that holds the records written after
 //!   checkpoint `n` (or after the start, `n = 0`) has the transactional id
 //!   `<prefix>-<subtask>-<n>`, where the prefix defaults to
-//!   `snapflow.<job>.<operator>`. It is opened lazily, by the first record
-//!   after `n`, with its own producer.
+//!   `snapflow.<job>.<operator>`. It is opened with its own producer: by
+//!   the restore for the first one; after a pre-commit whose transaction
+//!   held records, ahead of need on a thread of its own (opening one
+//!   blocked the actor 60 to 510 ms per interval on the test broker); else
+//!   by the first record after `n`. A restore first waits for every
+//!   opening ahead of its subtask's ids (see [`txn`](super::txn)).
 //! - **Pre-commit** at checkpoint `m`: the open transaction is flushed
 //!   (every record acknowledged by the broker, still uncommitted) and
 //!   filed under `m`; the sink state lists every pending `(m, id)` and the
@@ -85,17 +89,15 @@ use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use rdkafka::client::ClientContext;
 use rdkafka::consumer::BaseConsumer;
-use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
-use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::producer::Producer;
 
-use super::error::{code_is_retryable, KafkaError};
+use super::error::KafkaError;
 use super::marker::{Marker, MarkerGroup};
-use super::sink_state::{self, PendingTxn, TxnState};
+use super::sink_state::{self, PendingTxn};
+use super::txn::{self, fence, open_txn, send, DeliveryWatch, Producer_, Txn};
 use super::{client_config, partition_counts, recover, registry};
 use crate::sink::{Guarantee, Sink, SinkError, SinkFactory, SinkState, Visibility};
 
@@ -238,144 +240,6 @@ impl CommitLog {
     }
 }
 
-/// Delivery failures a producer's callback saw.
-#[derive(Default)]
-pub(crate) struct DeliveryWatch {
-    failed: AtomicU64,
-    first: Mutex<Option<(String, bool)>>,
-}
-
-impl DeliveryWatch {
-    /// The failures since the last check, as an error.
-    pub(super) fn check(&self) -> Result<(), KafkaError> {
-        let failed = self.failed.swap(0, Ordering::AcqRel);
-        if failed == 0 {
-            return Ok(());
-        }
-        let first = self
-            .first
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .take()
-            .unwrap_or_else(|| ("unknown".to_owned(), true));
-        Err(KafkaError::Delivery {
-            failed,
-            first: first.0,
-            retryable: first.1,
-        })
-    }
-}
-
-/// The producer context: it counts failed deliveries.
-#[derive(Clone)]
-pub(crate) struct WatchContext(Arc<DeliveryWatch>);
-
-impl ClientContext for WatchContext {}
-
-impl ProducerContext for WatchContext {
-    type DeliveryOpaque = ();
-
-    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
-        if let Err((error, _)) = result {
-            let retryable = error.rdkafka_error_code().is_some_and(code_is_retryable);
-            self.0.failed.fetch_add(1, Ordering::AcqRel);
-            let mut first = self
-                .0
-                .first
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            first.get_or_insert_with(|| (error.to_string(), retryable));
-        }
-    }
-}
-
-pub(super) type Producer_ = BaseProducer<WatchContext>;
-
-/// One transaction and the producer that opened it.
-pub(crate) struct Txn {
-    pub(crate) id: String,
-    /// The value of [`TXN_HEADER`] on its records: `<id>#<nonce>`.
-    pub(super) header: String,
-    /// The attempt's nonce (see [`nonce`]).
-    pub(super) nonce: u64,
-    pub(super) producer: Producer_,
-    pub(super) watch: Arc<DeliveryWatch>,
-    /// What was sent into it, kept until it is pre-committed (then the
-    /// sink state holds them) so that a restore can write them again.
-    pub(super) records: Vec<KafkaOut>,
-}
-
-/// A number for one transaction attempt: distinct, as far as 23 random
-/// bits go, from every other attempt under the same transactional id,
-/// in this process or another (the commit marker stores it).
-fn nonce() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u32(std::process::id());
-    hasher.write_u64(NEXT.fetch_add(1, Ordering::Relaxed));
-    if let Ok(since) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
-        hasher.write_u128(since.as_nanos());
-    }
-    hasher.finish() & super::marker::NONCE_MASK
-}
-
-fn producer(
-    config: &KafkaSinkConfig,
-    transactional_id: Option<&str>,
-) -> Result<(Producer_, Arc<DeliveryWatch>), KafkaError> {
-    let mut client = client_config(&config.brokers);
-    let message_timeout_ms = config.request_timeout_ms.min(config.transaction_timeout_ms);
-    client
-        .set("enable.idempotence", "true")
-        .set("message.timeout.ms", message_timeout_ms.to_string())
-        .set("linger.ms", "5");
-    if let Some(id) = transactional_id {
-        client.set("transactional.id", id).set(
-            "transaction.timeout.ms",
-            config.transaction_timeout_ms.to_string(),
-        );
-    }
-    for (key, value) in &config.client_options {
-        client.set(key, value);
-    }
-    let watch = Arc::new(DeliveryWatch::default());
-    let producer = client
-        .create_with_context(WatchContext(Arc::clone(&watch)))
-        .map_err(|source| KafkaError::client("creating a producer", source))?;
-    Ok((producer, watch))
-}
-
-/// Opens the transaction `id` with a new producer (which fences and
-/// aborts whatever another producer left open under it).
-pub(super) fn open_txn(config: &KafkaSinkConfig, id: String) -> Result<Txn, KafkaError> {
-    let (producer, watch) = producer(config, Some(&id))?;
-    let timeout = Duration::from_millis(config.request_timeout_ms);
-    producer
-        .init_transactions(timeout)
-        .map_err(|source| KafkaError::client("init_transactions", source))?;
-    producer
-        .begin_transaction()
-        .map_err(|source| KafkaError::client("begin_transaction", source))?;
-    let nonce = nonce();
-    Ok(Txn {
-        header: format!("{id}#{nonce}"),
-        nonce,
-        id,
-        producer,
-        watch,
-        records: Vec::new(),
-    })
-}
-
-/// Makes the broker abort any transaction left open under `id`.
-pub(super) fn fence(config: &KafkaSinkConfig, id: &str) -> Result<(), KafkaError> {
-    let (producer, _) = producer(config, Some(id))?;
-    producer
-        .init_transactions(Duration::from_millis(config.request_timeout_ms))
-        .map_err(|source| KafkaError::client("init_transactions (fencing)", source))
-}
-
 /// Builds the Kafka sink of each subtask. See the
 /// [module documentation](self).
 pub struct KafkaSinkFactory<T, S> {
@@ -462,6 +326,7 @@ where
             pending: BTreeMap::new(),
             marker: None,
             plain: None,
+            ended: false,
             _records: std::marker::PhantomData,
         })
     }
@@ -488,6 +353,9 @@ pub struct KafkaSink<T, S> {
     marker: Option<MarkerGroup>,
     /// The producer of the at-least-once and none modes.
     plain: Option<(Producer_, Arc<DeliveryWatch>)>,
+    /// Whether the input ended (`finish`): no transaction is opened
+    /// ahead after that.
+    ended: bool,
     _records: std::marker::PhantomData<fn(&T)>,
 }
 
@@ -498,44 +366,6 @@ impl<T, S> fmt::Debug for KafkaSink<T, S> {
             .field("opened_after", &self.opened_after)
             .field("pending", &self.pending)
             .finish()
-    }
-}
-
-/// Sends one record, serving delivery callbacks while the local queue is
-/// full, for at most `timeout`.
-pub(super) fn send(
-    producer: &Producer_,
-    topic: &str,
-    out: &KafkaOut,
-    header: Option<&str>,
-    timeout: Duration,
-) -> Result<(), KafkaError> {
-    let mut record = BaseRecord::<Vec<u8>, Vec<u8>>::to(topic).payload(&out.value);
-    if let Some(key) = &out.key {
-        record = record.key(key);
-    }
-    if let Some(partition) = out.partition {
-        record = record.partition(partition);
-    }
-    if let Some(header) = header {
-        record = record.headers(OwnedHeaders::new().insert(Header {
-            key: TXN_HEADER,
-            value: Some(header),
-        }));
-    }
-    let deadline = Instant::now() + timeout;
-    loop {
-        match producer.send(record) {
-            Ok(()) => return Ok(()),
-            Err((error, back))
-                if error.rdkafka_error_code() == Some(RDKafkaErrorCode::QueueFull)
-                    && Instant::now() < deadline =>
-            {
-                record = back;
-                producer.poll(Duration::from_millis(5));
-            }
-            Err((error, _)) => return Err(KafkaError::client("producing", error)),
-        }
     }
 }
 
@@ -587,7 +417,11 @@ where
             Delivery::ExactlyOnce => {
                 if self.open.is_none() {
                     let id = self.id_after(self.opened_after);
-                    self.open = Some(open_txn(&self.config, id)?);
+                    let txn = match txn::take_ahead(&id) {
+                        Some(opened) => opened?,
+                        None => open_txn(&self.config, id)?,
+                    };
+                    self.open = Some(txn);
                 }
                 let Some(txn) = self.open.as_mut() else {
                     return Err(SinkError::Misuse {
@@ -610,7 +444,7 @@ where
             }
             Delivery::AtLeastOnce | Delivery::None => {
                 if self.plain.is_none() {
-                    self.plain = Some(producer(&self.config, None)?);
+                    self.plain = Some(txn::producer(&self.config, None)?);
                 }
                 let Some((producer, watch)) = &self.plain else {
                     return Err(SinkError::Misuse {
@@ -631,6 +465,19 @@ where
     fn pre_commit(&mut self, checkpoint_id: u64) -> Result<SinkState, SinkError> {
         match self.config.delivery {
             Delivery::ExactlyOnce => {
+                if let Some(txn) = self.open.take_if(|txn| txn.records.is_empty()) {
+                    // Opened by the restore and never written to: nothing
+                    // to keep (librdkafka has not told the broker about a
+                    // transaction without records or offsets).
+                    txn.producer
+                        .abort_transaction(self.timeout())
+                        .map_err(|source| KafkaError::client("abort_transaction", source))?;
+                }
+                if self.open.is_none() {
+                    // Opened ahead for an interval that brought no record:
+                    // the next transaction has another id.
+                    drop(txn::take_ahead(&self.id_after(self.opened_after)));
+                }
                 if let Some(mut txn) = self.open.take() {
                     let marker = Marker {
                         checkpoint_id,
@@ -639,9 +486,7 @@ where
                     };
                     let group = self.marker()?;
                     recover::send_marker(&txn.producer, group, &marker)?;
-                    txn.producer
-                        .flush(self.timeout())
-                        .map_err(|source| KafkaError::client("flush", source))?;
+                    txn::flush(&txn.producer, self.timeout())?;
                     txn.watch.check()?;
                     let pending = PendingTxn {
                         id: txn.id.clone(),
@@ -650,14 +495,17 @@ where
                     };
                     self.pending.insert(checkpoint_id, pending);
                     registry::park(txn);
+                    if !self.ended {
+                        // A busy interval: the next one likely brings
+                        // records too.
+                        txn::open_ahead(&self.config, self.id_after(checkpoint_id));
+                    }
                 }
                 self.opened_after = checkpoint_id;
             }
             Delivery::AtLeastOnce => {
                 if let Some((producer, watch)) = &self.plain {
-                    producer
-                        .flush(self.timeout())
-                        .map_err(|source| KafkaError::client("flush", source))?;
+                    txn::flush(producer, self.timeout())?;
                     watch.check()?;
                 }
             }
@@ -667,25 +515,26 @@ where
                 }
             }
         }
-        let state = TxnState {
-            opened_after: self.opened_after,
-            pending: self.pending.clone(),
-        };
-        Ok(sink_state::encode(self.subtask, &state))
+        Ok(sink_state::encode(
+            self.subtask,
+            self.opened_after,
+            &self.pending,
+        ))
     }
 
     fn commit(&mut self, checkpoint_id: u64) -> Result<(), SinkError> {
-        let due: BTreeMap<u64, PendingTxn> = self
-            .pending
-            .range(..=checkpoint_id)
-            .map(|(id, txn)| (*id, txn.clone()))
-            .collect();
+        // Moved out rather than copied (they hold an interval's records);
+        // put back on an error, so that a retry finds them.
+        let later = self.pending.split_off(&checkpoint_id.saturating_add(1));
+        let mut due = std::mem::replace(&mut self.pending, later);
         if due.is_empty() {
             return Ok(());
         }
-        self.finish_pending(&due)?;
-        self.pending.retain(|id, _| *id > checkpoint_id);
-        Ok(())
+        let finished = self.finish_pending(&due);
+        if finished.is_err() {
+            self.pending.append(&mut due);
+        }
+        Ok(finished?)
     }
 
     fn abort(&mut self) -> Result<(), SinkError> {
@@ -705,6 +554,9 @@ where
             Some(state) => Some(sink_state::decode(state, self.subtask)?),
             None => None,
         };
+        // Openings ahead of a failed incarnation of this subtask end
+        // before this restore initialises any of its ids.
+        txn::settle_ahead(&self.prefix);
         match &restored {
             Some(restored) => self.finish_pending(&restored.pending)?,
             None => {
@@ -726,11 +578,19 @@ where
             }
         }
         // Open transactions of an incarnation that died in another
-        // process.
+        // process: the first id is fenced by opening this incarnation's
+        // first transaction under it, the others by fences, all at once
+        // (one after another they cost a broker round trip each, and the
+        // first record would wait for the opening).
         let opened_after = restored.map_or(0, |restored| restored.opened_after);
-        for after in opened_after..=opened_after.saturating_add(self.config.fence_ahead) {
-            fence(&self.config, &self.id_after(after))?;
-        }
+        let later: Vec<String> = (1..=self.config.fence_ahead)
+            .map(|ahead| self.id_after(opened_after.saturating_add(ahead)))
+            .collect();
+        self.open = Some(txn::open_and_fence(
+            &self.config,
+            self.id_after(opened_after),
+            &later,
+        )?);
         self.opened_after = opened_after;
         self.pending.clear();
         Ok(())
@@ -763,10 +623,10 @@ where
     }
 
     fn finish(&mut self) -> Result<(), SinkError> {
+        // Only the final checkpoint is left: nothing to open ahead for.
+        self.ended = true;
         if let Some((producer, watch)) = &self.plain {
-            producer
-                .flush(self.timeout())
-                .map_err(|source| KafkaError::client("flush", source))?;
+            txn::flush(producer, self.timeout())?;
             watch.check()?;
         }
         Ok(())

@@ -41,19 +41,22 @@ pub(crate) struct TxnState {
 /// per record its partition `i32` (-1: none), key flag `u8`, key (`u32`
 /// length and bytes, when the flag is 1) and value (`u32` length and
 /// bytes).
-pub(crate) fn encode(subtask: usize, state: &TxnState) -> SinkState {
-    let records: usize = state
-        .pending
+pub(crate) fn encode(
+    subtask: usize,
+    opened_after: u64,
+    pending: &BTreeMap<u64, PendingTxn>,
+) -> SinkState {
+    let records: usize = pending
         .values()
         .flat_map(|txn| &txn.records)
         .map(|out| 13 + out.key.as_ref().map_or(0, Vec::len) + out.value.len())
         .sum();
-    let mut bytes = Vec::with_capacity(17 + state.pending.len() * 128 + records);
+    let mut bytes = Vec::with_capacity(17 + pending.len() * 128 + records);
     bytes.push(STATE_FORMAT);
     bytes.extend_from_slice(&u32::try_from(subtask).unwrap_or(u32::MAX).to_le_bytes());
-    bytes.extend_from_slice(&state.opened_after.to_le_bytes());
-    put_u32_len(&mut bytes, state.pending.len());
-    for (checkpoint_id, txn) in &state.pending {
+    bytes.extend_from_slice(&opened_after.to_le_bytes());
+    put_u32_len(&mut bytes, pending.len());
+    for (checkpoint_id, txn) in pending {
         bytes.extend_from_slice(&checkpoint_id.to_le_bytes());
         put_str(&mut bytes, &txn.id);
         put_str(&mut bytes, &txn.header);
@@ -202,8 +205,9 @@ mod tests {
 
     #[test]
     fn the_state_round_trips_and_hostile_bytes_are_typed_errors() {
-        let state = encode(1, &sample());
-        assert_eq!(decode(&state, 1).expect("decodes"), sample());
+        let sample = sample();
+        let state = encode(1, sample.opened_after, &sample.pending);
+        assert_eq!(decode(&state, 1).expect("decodes"), sample);
         assert!(matches!(
             decode(&state, 0),
             Err(SinkError::WrongSubtask { .. })
