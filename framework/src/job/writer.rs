@@ -23,6 +23,7 @@ use crate::storage::{
 };
 
 use super::recovery::{recover, Recovery, RecoveryOptions, SinkHooks};
+use super::shell::PendingPart;
 use super::JobError;
 
 /// Work for the writer thread.
@@ -33,7 +34,9 @@ pub(crate) enum WriterJob {
         epoch: u64,
         checkpoint: CheckpointId,
         kind: storage::CheckpointKind,
-        parts: Vec<(PartId, Vec<Segment>)>,
+        /// Encoded here, each just before it is written, when its state
+        /// was handed off at the snapshot (asynchronous snapshots).
+        parts: Vec<(PartId, PendingPart)>,
         request: CommitRequest,
     },
     /// Load the newest complete checkpoint for the start of `region`
@@ -100,7 +103,7 @@ pub(crate) fn spawn_writer(
                         parts,
                         request,
                     } => {
-                        let result = persist(store.as_ref(), checkpoint.0, kind, &parts, request);
+                        let result = persist(store.as_ref(), checkpoint.0, kind, parts, request);
                         persisted.do_send(Persisted {
                             epoch,
                             checkpoint,
@@ -126,25 +129,36 @@ pub(crate) fn spawn_writer(
     Ok((sender, thread))
 }
 
-/// Writes every part and commits; on any error the partial checkpoint is
-/// discarded, and it could never be loaded anyway: a checkpoint exists only
-/// once its metadata is committed.
+/// Encodes and writes every part, then commits; on any error (a part that
+/// does not encode included) the partial checkpoint is discarded, and it
+/// could never be loaded anyway: a checkpoint exists only once its
+/// metadata is committed. Each part is encoded just before it is written
+/// and dropped after, so at most one encoded part is held at a time.
 fn persist(
     store: &dyn CheckpointStore,
     checkpoint: u64,
     kind: storage::CheckpointKind,
-    parts: &[(PartId, Vec<Segment>)],
+    parts: Vec<(PartId, PendingPart)>,
     request: CommitRequest,
 ) -> Result<PersistedSize, StoreError> {
     store.begin(checkpoint, kind)?;
     let written = parts
-        .iter()
-        .try_for_each(|(part, segments)| match segments.as_slice() {
-            // A whole part goes the plain way, which every store has.
-            [Segment::Own(bytes)] => store.write_part(checkpoint, part, bytes).map(|_| ()),
-            segments => store
-                .write_part_segments(checkpoint, part, segments)
-                .map(|_| ()),
+        .into_iter()
+        .try_for_each(|(part, pending)| {
+            let segments = pending
+                .encode()
+                .map_err(|error| StoreError::PartNotEncoded {
+                    checkpoint,
+                    part: part.clone(),
+                    reason: error.to_string(),
+                })?;
+            match segments.as_slice() {
+                // A whole part goes the plain way, which every store has.
+                [Segment::Own(bytes)] => store.write_part(checkpoint, &part, bytes).map(|_| ()),
+                segments => store
+                    .write_part_segments(checkpoint, &part, segments)
+                    .map(|_| ()),
+            }
         })
         .and_then(|()| store.commit(checkpoint, request));
     match written {
