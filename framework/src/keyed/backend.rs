@@ -49,16 +49,24 @@ use hashbrown::HashTable;
 pub struct KeyedState<K, S> {
     max_parallelism: MaxParallelism,
     range: KeyGroupRange,
-    /// One table per owned key group, in order: copy-on-write, so that a
-    /// snapshot can take groups away in constant time ([`super::cow`]).
-    groups: Vec<GroupTable<K, S>>,
-    /// Whether each key group may have changed since [`Self::clear_dirty`].
-    /// Set on every mutable access, so it over-approximates: reading through
-    /// `get_or_default` without writing still marks the group.
-    dirty: Vec<bool>,
+    /// One slot per owned key group, in order: its copy-on-write table
+    /// (so that a snapshot can take groups away in constant time, see
+    /// [`super::cow`]) and its dirty flag, side by side so that a lookup
+    /// touches one cache line for both.
+    groups: Vec<Slot<K, S>>,
     /// Key-group tables copied because a snapshot still held them when the
     /// state wrote them.
     copies: u64,
+}
+
+/// One key group of a [`KeyedState`].
+#[derive(Debug)]
+struct Slot<K, S> {
+    table: GroupTable<K, S>,
+    /// Whether the group may have changed since [`KeyedState::clear_dirty`].
+    /// Set on every mutable access, so it over-approximates: reading
+    /// through `get_or_default` without writing still marks the group.
+    dirty: bool,
 }
 
 /// The snapshot of one subtask's keyed state: one part per key group of its
@@ -104,6 +112,18 @@ impl KeyedSnapshot {
     }
 }
 
+/// A routed key of a key group this state does not own: a routing bug.
+#[cold]
+#[inline(never)]
+fn misrouted_panic(max_parallelism: MaxParallelism, range: KeyGroupRange, hash: u64) -> ! {
+    panic!(
+        "bug: a key of key group {} was routed to the state of {:?}: a record was routed to \
+         the wrong subtask",
+        max_parallelism.key_group_of(hash),
+        range
+    )
+}
+
 /// Keeps the parts whose key group is in `range`: what a subtask takes from
 /// the union of the parts of every old subtask when restoring at another
 /// parallelism.
@@ -126,8 +146,12 @@ impl<K: StateKey, S> KeyedState<K, S> {
         Ok(KeyedState {
             max_parallelism,
             range,
-            groups: (0..range.len()).map(|_| GroupTable::default()).collect(),
-            dirty: vec![false; range.len()],
+            groups: (0..range.len())
+                .map(|_| Slot {
+                    table: GroupTable::default(),
+                    dirty: false,
+                })
+                .collect(),
             copies: 0,
         })
     }
@@ -181,7 +205,7 @@ impl<K: StateKey, S> KeyedState<K, S> {
         // Below `start` wraps to a huge index, so one comparison checks both
         // ends of the range.
         let index = key_group.wrapping_sub(self.range.start) as usize;
-        if index < self.dirty.len() {
+        if index < self.groups.len() {
             Ok(index)
         } else {
             Err(key_group)
@@ -209,6 +233,7 @@ impl<K: StateKey, S> KeyedState<K, S> {
     /// copy its group.
     fn holds(&self, index: usize, hash: u64, key: &K) -> bool {
         self.groups[index]
+            .table
             .get()
             .find(hash, |(other, _)| other == key)
             .is_some()
@@ -218,6 +243,7 @@ impl<K: StateKey, S> KeyedState<K, S> {
     pub fn get(&self, key: &K) -> Option<&S> {
         let (hash, index) = self.locate(key).ok()?;
         self.groups[index]
+            .table
             .get()
             .find(hash, |(other, _)| other == key)
             .map(|(_, state)| state)
@@ -229,8 +255,9 @@ impl<K: StateKey, S> KeyedState<K, S> {
         if !self.holds(index, hash, key) {
             return None;
         }
-        self.dirty[index] = true;
+        self.groups[index].dirty = true;
         self.groups[index]
+            .table
             .get_mut(&mut self.copies)
             .find_mut(hash, |(other, _)| other == key)
             .map(|(_, state)| state)
@@ -242,8 +269,8 @@ impl<K: StateKey, S> KeyedState<K, S> {
         let (hash, index) = self
             .locate(&key)
             .map_err(|key_group| self.foreign_key(key_group))?;
-        self.dirty[index] = true;
-        let entry = self.groups[index].get_mut(&mut self.copies).entry(
+        self.groups[index].dirty = true;
+        let entry = self.groups[index].table.get_mut(&mut self.copies).entry(
             hash,
             |(other, _)| *other == key,
             |(k, _)| key_hash(k),
@@ -266,40 +293,43 @@ impl<K: StateKey, S> KeyedState<K, S> {
             return None;
         }
         let entry = self.groups[index]
+            .table
             .get_mut(&mut self.copies)
             .find_entry(hash, |(other, _)| other == key)
             .ok()?;
         let ((_, state), _) = entry.remove();
-        self.dirty[index] = true;
+        self.groups[index].dirty = true;
         Some(state)
     }
 
     /// The number of keys with state.
     pub fn len(&self) -> usize {
-        self.groups.iter().map(|group| group.get().len()).sum()
+        self.groups.iter().map(|slot| slot.table.get().len()).sum()
     }
 
     /// Whether no key has state.
     pub fn is_empty(&self) -> bool {
-        self.groups.iter().all(|group| group.get().is_empty())
+        self.groups.iter().all(|slot| slot.table.get().is_empty())
     }
 
     /// Every key and its state, in unspecified order.
     pub fn iter(&self) -> impl Iterator<Item = (&K, &S)> + '_ {
         self.groups
             .iter()
-            .flat_map(|group| group.get().iter().map(|(key, state)| (key, state)))
+            .flat_map(|slot| slot.table.get().iter().map(|(key, state)| (key, state)))
     }
 
     /// Every key and its state for update. Marks every key group dirty
     /// (and so takes back, copying if need be, every group a snapshot
     /// still holds).
     pub fn iter_mut(&mut self) -> impl Iterator<Item = (&K, &mut S)> + '_ {
-        self.dirty.iter_mut().for_each(|dirty| *dirty = true);
         let copies = &mut self.copies;
         self.groups
             .iter_mut()
-            .map(|group| group.get_mut(copies))
+            .map(|slot| {
+                slot.dirty = true;
+                slot.table.get_mut(copies)
+            })
             .collect::<Vec<_>>()
             .into_iter()
             .flat_map(|table| table.iter_mut().map(|(key, state)| (&*key, state)))
@@ -315,7 +345,10 @@ impl<K: StateKey, S> KeyedState<K, S> {
     /// How many key groups are still shared with a snapshot they were
     /// handed to (not written since).
     pub fn shared_key_groups(&self) -> usize {
-        self.groups.iter().filter(|group| group.is_shared()).count()
+        self.groups
+            .iter()
+            .filter(|slot| slot.table.is_shared())
+            .count()
     }
 
     /// The key groups accessed mutably since the last [`Self::clear_dirty`]
@@ -323,16 +356,16 @@ impl<K: StateKey, S> KeyedState<K, S> {
     /// writes again ([`Self::snapshot_key_groups`]).
     pub fn dirty_key_groups(&self) -> impl Iterator<Item = u32> + '_ {
         let start = self.range.start;
-        self.dirty
+        self.groups
             .iter()
             .enumerate()
-            .filter(|(_, dirty)| **dirty)
+            .filter(|(_, slot)| slot.dirty)
             .map(move |(index, _)| start + index as u32)
     }
 
     /// Marks every key group clean, after a checkpoint has captured them.
     pub fn clear_dirty(&mut self) {
-        self.dirty.iter_mut().for_each(|dirty| *dirty = false);
+        self.groups.iter_mut().for_each(|slot| slot.dirty = false);
     }
 }
 
@@ -406,29 +439,21 @@ impl<K: StateKey, S: Default> KeyedState<K, S> {
             .max_parallelism
             .key_group_of(hash)
             .wrapping_sub(self.range.start) as usize;
-        if index >= self.groups.len() {
-            self.misrouted_panic(hash)
-        }
-        self.dirty[index] = true;
-        Self::find_or_insert_default(self.groups[index].get_mut(&mut self.copies), key, hash)
-    }
-
-    /// A routed key of a key group this state does not own: a routing bug.
-    #[cold]
-    #[inline(never)]
-    fn misrouted_panic(&self, hash: u64) -> ! {
-        panic!(
-            "bug: a key of key group {} was routed to the state of {:?}: a record was routed \
-             to the wrong subtask",
-            self.max_parallelism.key_group_of(hash),
-            self.range
-        )
+        let Some(slot) = self.groups.get_mut(index) else {
+            misrouted_panic(self.max_parallelism, self.range, hash)
+        };
+        slot.dirty = true;
+        Self::find_or_insert_default(slot.table.get_mut(&mut self.copies), key, hash)
     }
 
     #[inline(always)]
     fn slot_or_default(&mut self, key: &K, hash: u64, index: usize) -> &mut S {
-        self.dirty[index] = true;
-        Self::find_or_insert_default(self.groups[index].get_mut(&mut self.copies), key, hash)
+        self.groups[index].dirty = true;
+        Self::find_or_insert_default(
+            self.groups[index].table.get_mut(&mut self.copies),
+            key,
+            hash,
+        )
     }
 
     /// The state of `key` (with hash `hash`) in `table`, inserted as
@@ -478,7 +503,7 @@ impl<K: StateKey + Clone, S: Snapshot + Clone> KeyedState<K, S> {
             .iter()
             .zip(&mut self.groups)
             .filter(|(key_group, _)| include(*key_group))
-            .map(|(key_group, group)| (key_group, group.share()))
+            .map(|(key_group, slot)| (key_group, slot.table.share()))
             .collect();
         KeyGroupHandoff::new(self.max_parallelism, groups)
     }
@@ -513,10 +538,10 @@ impl<K: StateKey, S: Snapshot> KeyedState<K, S> {
         let schema = part::schema_section::<S>()?;
         let mut scratch = Vec::new();
         let mut parts = Vec::new();
-        for (key_group, group) in self.range.iter().zip(&self.groups) {
+        for (key_group, slot) in self.range.iter().zip(&self.groups) {
             if include(key_group) {
                 let bytes = part::encode_table(
-                    group.get(),
+                    slot.table.get(),
                     &schema,
                     &mut scratch,
                     self.max_parallelism,
@@ -582,7 +607,7 @@ impl<K: StateKey, S: Snapshot> KeyedState<K, S> {
         // inflate it.
         for (key_group, bytes) in &owned_parts {
             let index = (key_group - range.start) as usize;
-            let table = state.groups[index].get_mut(&mut state.copies);
+            let table = state.groups[index].table.get_mut(&mut state.copies);
             part::decode_into(bytes.as_ref(), max_parallelism, *key_group, table)?;
         }
         Ok(state)
