@@ -175,3 +175,87 @@ fn persist(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::shell::{DeferredState, PendingPart};
+    use crate::runtime::BoxError;
+    use crate::storage::MemoryCheckpointStore;
+
+    /// A handed-off state whose encoding fails, as a key or state that
+    /// does not encode would.
+    struct Failing;
+
+    impl DeferredState for Failing {
+        fn encode(self: Box<Self>) -> Result<Vec<Segment>, BoxError> {
+            Err("the state does not encode".into())
+        }
+    }
+
+    /// A handed-off state that encodes to fixed bytes.
+    struct Fixed(Vec<u8>);
+
+    impl DeferredState for Fixed {
+        fn encode(self: Box<Self>) -> Result<Vec<Segment>, BoxError> {
+            Ok(vec![Segment::Own(self.0)])
+        }
+    }
+
+    fn deferred(state: impl DeferredState) -> PendingPart {
+        PendingPart::Deferred {
+            state: Box::new(state),
+            channels: Vec::new(),
+            time: None,
+        }
+    }
+
+    fn parts(second: PendingPart) -> Vec<(PartId, PendingPart)> {
+        vec![
+            (
+                PartId::new("source", 0),
+                PendingPart::Ready(vec![Segment::Own(b"position".to_vec())]),
+            ),
+            (PartId::new("count", 0), second),
+        ]
+    }
+
+    fn request(parts: &[(PartId, PendingPart)]) -> CommitRequest {
+        CommitRequest {
+            expected_parts: Some(parts.iter().map(|(part, _)| part.clone()).collect()),
+            ..CommitRequest::default()
+        }
+    }
+
+    #[test]
+    fn a_state_that_fails_to_encode_off_thread_fails_its_checkpoint_and_commits_nothing() {
+        let store = MemoryCheckpointStore::new("writer-test").unwrap();
+        let kind = storage::CheckpointKind::Checkpoint;
+        let good = parts(deferred(Fixed(b"state".to_vec())));
+        let good_request = request(&good);
+        persist(&store, 1, kind, good, good_request).expect("checkpoint 1 persists");
+
+        let bad = parts(deferred(Failing));
+        let bad_request = request(&bad);
+        let error = persist(&store, 2, kind, bad, bad_request).unwrap_err();
+        match &error {
+            StoreError::PartNotEncoded { part, reason, .. } => {
+                assert_eq!(part, &PartId::new("count", 0));
+                assert!(reason.contains("does not encode"), "{reason}");
+            }
+            other => panic!("expected PartNotEncoded, got {other:?}"),
+        }
+        // Nothing of checkpoint 2 exists: the latest is still 1, whole.
+        let latest = store
+            .load_latest()
+            .unwrap()
+            .checkpoint
+            .expect("a checkpoint");
+        assert_eq!(latest.metadata.checkpoint, 1);
+        assert_eq!(store.list().unwrap().len(), 1);
+        // The id is free again for the next attempt.
+        let retry = parts(deferred(Fixed(b"state 3".to_vec())));
+        let retry_request = request(&retry);
+        persist(&store, 3, kind, retry, retry_request).expect("checkpoint 3 persists");
+    }
+}

@@ -8,31 +8,38 @@
 //!
 //! # Layout, and why
 //!
-//! One `hashbrown::HashTable<(K, S)>` for the whole subtask. A lookup hashes
-//! the key once with the stable hash, derives the key group from that hash
-//! (to refuse keys of foreign key groups and to mark the group dirty), and
-//! probes the table with the same hash (`HashTable` takes a precomputed
-//! hash; std's `HashMap` cannot, which is why we depend on hashbrown). An
-//! existing key costs one hash and no allocation; a new key is cloned once.
-//! Snapshots compute each key's group again and bucket the entries. The
-//! job's keyed operator, whose records a hash partitioner routed by the
-//! same key groups, uses [`KeyedState::get_or_default_routed`], which skips
-//! the per-call key group (checked in debug builds and again at snapshot).
+//! One `hashbrown::HashTable<(K, S)>` per owned key group, each behind a
+//! copy-on-write slot ([`super::cow`]), beside the group's dirty flag. A
+//! lookup hashes the key once with the stable hash, derives the key group
+//! from that hash (to refuse keys of foreign key groups, to pick the
+//! group's table and to mark it dirty), and probes that table with the
+//! same hash (`HashTable` takes a precomputed hash; std's `HashMap`
+//! cannot, which is why we depend on hashbrown). An existing key costs one
+//! hash and no allocation; a new key is cloned once. The job's keyed
+//! operator, whose records a hash partitioner routed by the same key
+//! groups, uses [`KeyedState::get_or_default_routed`], which skips the
+//! ownership check (a foreign key finds no table and panics as a bug).
 //!
-//! The alternative was one table per key group, in a `Vec` indexed by
-//! `key_group - range.start`, which makes snapshot and restore per group
-//! direct. `benches/keyed.rs` measures both on the count workload (50 M
-//! records, 10,000 keys, 128 key groups; 2 cores shared with other builds,
-//! so figures move by 10-20% between runs). In one run: the bare
-//! `HashMap<u64, u64>` with the same hasher 330 M records/s; a hand-written
-//! single table with the key group check 268 M (0.81x); `KeyedState` 241 M
-//! (0.73x; it also marks the group dirty and keeps its fields in memory
-//! rather than registers); hand-written per-group tables 223 M (0.68x:
-//! 128 small tables add a dependent load and spread the hot entries over
-//! more cache lines), and an earlier `KeyedState` built on per-group tables
-//! was slower still. std's `HashMap` with SipHash ran at 94 M (0.29x). The
-//! hot path matters more than the snapshot's one-hash-per-key bucketing
-//! pass (1 M keys snapshot in about 50 ms).
+//! Per-group tables are what asynchronous snapshots need: a snapshot
+//! takes the groups it writes by moving each table behind an `Arc` in
+//! constant time, the writer thread encodes them while the operator goes
+//! on, and a group written meanwhile is copied once (see [`super::cow`]
+//! for the memory bound). Encoding a group reads only its table, so no
+//! key is hashed again at a snapshot.
+//!
+//! The cost is on the hot path. Until issue 16's asynchronous snapshots
+//! the store was one table for the whole subtask: `benches/keyed.rs`
+//! measured, on the count workload at 10,000 keys, the single table at
+//! 0.81x of a bare `HashMap` and hand-written per-group tables at 0.68x
+//! (128 small tables add a dependent load, the group's table header,
+//! after the key-group arithmetic, and spread the hot entries over more
+//! cache lines). End to end, `keyed_count` at 10,000 keys with
+//! checkpoints off lost about 13 % (median of five alternating runs on a
+//! loaded machine, BENCHMARKS.md "Asynchronous snapshots"); at 100 k keys
+//! and more, where a lookup misses the cache anyway, the difference was
+//! within the noise, and the synchronous part of a checkpoint fell from
+//! up to a second to microseconds. std's `HashMap` with SipHash ran at
+//! 0.29x.
 
 use super::cow::{GroupTable, KeyGroupHandoff};
 use super::hash::key_hash;

@@ -7,8 +7,9 @@
 //! of one key group's snapshot ([`part`]), and collection types for large
 //! per-key values ([`MapState`], [`ListState`]). It is pure data structures:
 //! it never does I/O, never talks to actors, and never decides when to
-//! snapshot; the runtime calls [`KeyedState::snapshot`] at a barrier and
-//! hands the parts to storage.
+//! snapshot; the runtime hands the key groups to a snapshot at a barrier
+//! ([`KeyedState::hand_off_key_groups`], copy-on-write, see [`cow`]) and
+//! encodes them into parts off the operator's thread.
 //!
 //! ```
 //! use snapflow::keyed::{KeyedState, MaxParallelism};
