@@ -36,6 +36,9 @@ use crate::state::{Snapshot, StateError};
 /// `S: Clone` is known, so that the write path needs no `Clone` bound.
 type CopyTable<K, S> = fn(&HashTable<(K, S)>) -> HashTable<(K, S)>;
 
+/// A key group's table as a snapshot holds it.
+pub(crate) type SharedTable<K, S> = Arc<HashTable<(K, S)>>;
+
 /// One key group's entries: owned by the state alone, or shared with a
 /// snapshot that was handed them.
 pub(crate) enum GroupTable<K, S> {
@@ -43,7 +46,7 @@ pub(crate) enum GroupTable<K, S> {
     Owned(HashTable<(K, S)>),
     /// A snapshot may still hold the table: read in place, taken back (and
     /// copied if still held) at the first write.
-    Shared(Arc<HashTable<(K, S)>>, CopyTable<K, S>),
+    Shared(SharedTable<K, S>, CopyTable<K, S>),
 }
 
 impl<K, S> std::fmt::Debug for GroupTable<K, S> {
@@ -110,7 +113,7 @@ impl<K: Clone, S: Clone> GroupTable<K, S> {
     /// A reference to the table for a snapshot, in constant time: the
     /// table moves behind an `Arc` (on its first handoff) and the slot
     /// keeps the other reference.
-    pub(crate) fn share(&mut self) -> Arc<HashTable<(K, S)>> {
+    pub(crate) fn share(&mut self) -> SharedTable<K, S> {
         if let GroupTable::Owned(table) = self {
             let table = Arc::new(std::mem::take(table));
             *self = GroupTable::Shared(table, HashTable::clone);
@@ -131,7 +134,7 @@ impl<K: Clone, S: Clone> GroupTable<K, S> {
 pub struct KeyGroupHandoff<K, S> {
     max_parallelism: MaxParallelism,
     /// `(key group, its table)`, ascending by key group.
-    groups: Vec<(u32, Arc<HashTable<(K, S)>>)>,
+    groups: Vec<(u32, SharedTable<K, S>)>,
 }
 
 impl<K, S> std::fmt::Debug for KeyGroupHandoff<K, S> {
@@ -147,7 +150,7 @@ impl<K, S> std::fmt::Debug for KeyGroupHandoff<K, S> {
 impl<K, S> KeyGroupHandoff<K, S> {
     pub(crate) fn new(
         max_parallelism: MaxParallelism,
-        groups: Vec<(u32, Arc<HashTable<(K, S)>>)>,
+        groups: Vec<(u32, SharedTable<K, S>)>,
     ) -> Self {
         KeyGroupHandoff {
             max_parallelism,
