@@ -454,6 +454,54 @@ mod tests {
     }
 
     #[test]
+    fn writes_after_the_handoff_stay_out_of_the_encoded_snapshot() {
+        let mut state = state();
+        let keys: Vec<u64> = (0..1000).filter(|key| state.owns(key)).collect();
+        let mut ledger =
+            KeyGroupLedger::new(IncrementalCheckpoints::default(), state.range().len());
+        let mut written = Written::default();
+        for key in &keys {
+            state.get_or_default(key).count += 1;
+        }
+        let at_handoff = full_bytes(&state);
+        let handoff = ledger.snapshot(CheckpointId(1), &mut state);
+        // The operator goes on before the writer encodes: every group is
+        // written again, and each is copied once (the snapshot holds it).
+        for key in &keys {
+            state.get_or_default(key).count += 10;
+        }
+        assert_eq!(state.copied_key_groups(), state.range().len() as u64);
+        let segments = std::thread::spawn(move || handoff.encode().unwrap())
+            .join()
+            .unwrap();
+        written.record(&segments, 1);
+        assert_eq!(written.assemble(&segments), at_handoff);
+        assert_ne!(full_bytes(&state), at_handoff);
+
+        // Once 1 is confirmed at the ranges the writer gave, an untouched
+        // state refers to all of them and assembles to the same bytes.
+        ledger.on_complete(CheckpointId(1));
+        let settled = full_bytes(&state);
+        let second = ledger
+            .snapshot(CheckpointId(2), &mut state)
+            .encode()
+            .unwrap();
+        assert_eq!(
+            count_shared(&second),
+            state.range().len(),
+            "2 follows writes"
+        );
+        written.record(&second, 2);
+        ledger.on_complete(CheckpointId(2));
+        let third = ledger
+            .snapshot(CheckpointId(3), &mut state)
+            .encode()
+            .unwrap();
+        assert_eq!(count_shared(&third), 0);
+        assert_eq!(written.assemble(&third), settled);
+    }
+
+    #[test]
     fn a_savepoint_mark_names_only_the_latest_savepoint() {
         let kinds = SnapshotKinds::default();
         assert!(!kinds.is_savepoint(CheckpointId(0)));
