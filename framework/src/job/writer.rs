@@ -25,6 +25,7 @@ use crate::storage::{
 use super::recovery::{recover, Recovery, RecoveryOptions, SinkHooks};
 use super::shell::PendingPart;
 use super::JobError;
+use crate::storage::segment::total_len;
 
 /// Work for the writer thread.
 pub(crate) enum WriterJob {
@@ -61,8 +62,11 @@ pub(crate) struct Persisted {
 }
 
 /// How large a persisted checkpoint is.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct PersistedSize {
+    /// Each part's assembled size, in the order the parts were given:
+    /// known only here for a part encoded off the operator's thread.
+    pub(crate) part_bytes: Vec<u64>,
     /// All its parts, assembled: the state it holds.
     pub(crate) size_bytes: u64,
     /// What it wrote itself (see [`CheckpointMetadata::written_bytes`]).
@@ -142,6 +146,7 @@ fn persist(
     request: CommitRequest,
 ) -> Result<PersistedSize, StoreError> {
     store.begin(checkpoint, kind)?;
+    let mut part_bytes = Vec::with_capacity(parts.len());
     let written = parts
         .into_iter()
         .try_for_each(|(part, pending)| {
@@ -152,6 +157,7 @@ fn persist(
                     part: part.clone(),
                     reason: error.to_string(),
                 })?;
+            part_bytes.push(total_len(&segments));
             match segments.as_slice() {
                 // A whole part goes the plain way, which every store has.
                 [Segment::Own(bytes)] => store.write_part(checkpoint, &part, bytes).map(|_| ()),
@@ -163,6 +169,7 @@ fn persist(
         .and_then(|()| store.commit(checkpoint, request));
     match written {
         Ok(metadata) => Ok(PersistedSize {
+            part_bytes,
             size_bytes: metadata.total_bytes(),
             written_bytes: metadata.written_bytes(),
         }),

@@ -310,7 +310,7 @@ impl Supervisor {
                     alignment_max_us,
                     "checkpoint complete"
                 );
-                self.metrics_completed(checkpoint, size.size_bytes);
+                self.metrics_completed(checkpoint, size.size_bytes, &size.part_bytes);
                 self.report.checkpoints.push(CheckpointReport {
                     checkpoint: checkpoint.0,
                     duration_ms,
