@@ -645,6 +645,6 @@ impl<D> Drop for KafkaSource<D> {
 /// actor thread at the end of every job and at every restart.
 fn close_readers(readers: &[TopicReader], timeout: Duration) {
     for reader in readers {
-        close_consumer(&reader.consumer, timeout);
+        close_consumer(reader.consumer(), timeout);
     }
 }
