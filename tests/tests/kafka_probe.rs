@@ -421,3 +421,55 @@ fn a_commit_acknowledged_before_its_process_is_killed_with_the_next_open() {
          transaction is open: {seen:?}"
     );
 }
+
+/// The commit marker packs a checkpoint id into the high bits of an
+/// offset (`marker.rs`: `checkpoint << 31 | span << 23 | nonce`), so the
+/// broker must keep a transactional offset past 2^31 whole. This commits
+/// such offsets, one transaction each, and reads each back at once.
+#[test]
+fn transactional_offsets_past_two_to_the_31_are_kept_whole() {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let Some(brokers) = broker() else { return };
+    let topic = unique("probe-wide");
+    create_topic(&brokers, &topic, 1);
+    let group = unique("probe-wide-group");
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &brokers)
+        .set("transactional.id", unique("probe-wide-txn"))
+        .create()
+        .expect("a transactional producer");
+    producer.init_transactions(TIMEOUT).expect("init");
+    let metadata_consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &brokers)
+        .set("group.id", &group)
+        .create()
+        .expect("a consumer for the group metadata");
+    let metadata = metadata_consumer.group_metadata().expect("group metadata");
+    let mut seen = Vec::new();
+    for offset in [
+        5_i64,
+        (1 << 31) | 5,
+        (2 << 31) | 5,
+        (3 << 31) | 5,
+        (40 << 31) | 5,
+    ] {
+        producer.begin_transaction().expect("begin");
+        send_one(&producer, &topic, "one");
+        let mut list = rdkafka::TopicPartitionList::new();
+        list.add_partition_offset(&topic, 0, rdkafka::Offset::Offset(offset))
+            .expect("an offset list");
+        producer
+            .send_offsets_to_transaction(&list, &metadata, TIMEOUT)
+            .expect("send_offsets_to_transaction");
+        producer.commit_transaction(TIMEOUT).expect("commit");
+        seen.push((
+            offset,
+            group_offset(&brokers, &group, &topic).map(|(o, _)| o),
+        ));
+    }
+    eprintln!("committed offset and read back: {seen:?}");
+    assert!(
+        seen.iter().all(|(offset, read)| *read == Some(*offset)),
+        "the broker does not keep wide offsets: {seen:?}"
+    );
+}
