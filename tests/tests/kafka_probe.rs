@@ -24,6 +24,27 @@ fn send_one(producer: &BaseProducer, topic: &str, value: &str) {
         .expect("send");
 }
 
+/// A transactional producer with the id `id`.
+fn transactional(brokers: &str, id: &str) -> BaseProducer {
+    ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("transactional.id", id)
+        .create()
+        .expect("a transactional producer")
+}
+
+/// The metadata `send_offsets_to_transaction` needs for `group`, from a
+/// consumer that never joins it.
+fn group_metadata(brokers: &str, group: &str) -> rdkafka::consumer::ConsumerGroupMetadata {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", group)
+        .create()
+        .expect("a consumer for the group metadata");
+    consumer.group_metadata().expect("group metadata")
+}
+
 fn values(reads: &[kafka_support::Read]) -> Vec<String> {
     reads
         .iter()
@@ -36,11 +57,7 @@ fn committed_and_aborted_transactions_as_each_isolation_level_reads_them() {
     let Some(brokers) = broker() else { return };
     let topic = unique("probe");
     create_topic(&brokers, &topic, 1);
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", &brokers)
-        .set("transactional.id", unique("probe-txn"))
-        .create()
-        .expect("a transactional producer");
+    let producer = transactional(&brokers, &unique("probe-txn"));
     producer
         .init_transactions(TIMEOUT)
         .expect("init_transactions");
@@ -168,13 +185,7 @@ fn a_second_producer_with_the_same_id_fences_the_first() {
     let topic = unique("probe-fence");
     create_topic(&brokers, &topic, 1);
     let id = unique("probe-fence-txn");
-    let make = || -> BaseProducer {
-        ClientConfig::new()
-            .set("bootstrap.servers", &brokers)
-            .set("transactional.id", &id)
-            .create()
-            .expect("a transactional producer")
-    };
+    let make = || transactional(&brokers, &id);
     let first = make();
     first.init_transactions(TIMEOUT).expect("init_transactions");
     first.begin_transaction().expect("begin");
@@ -235,25 +246,13 @@ fn group_offset(brokers: &str, group: &str, topic: &str) -> Option<(i64, String)
 /// that the broker drops the offsets' metadata string.
 #[test]
 fn offsets_sent_to_a_transaction_count_only_when_it_commits() {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
     let Some(brokers) = broker() else { return };
     let topic = unique("probe-offsets");
     create_topic(&brokers, &topic, 1);
     let group = unique("probe-offsets-group");
     let id = unique("probe-offsets-txn");
-    let make = || -> BaseProducer {
-        ClientConfig::new()
-            .set("bootstrap.servers", &brokers)
-            .set("transactional.id", &id)
-            .create()
-            .expect("a transactional producer")
-    };
-    let metadata_consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &brokers)
-        .set("group.id", &group)
-        .create()
-        .expect("a consumer for the group metadata");
-    let metadata = metadata_consumer.group_metadata().expect("group metadata");
+    let make = || transactional(&brokers, &id);
+    let metadata = group_metadata(&brokers, &group);
     let offsets = |offset: i64| {
         let mut list = rdkafka::TopicPartitionList::new();
         list.add_partition_offset(&topic, 0, rdkafka::Offset::Offset(offset))
@@ -299,11 +298,7 @@ fn offsets_sent_to_a_transaction_count_only_when_it_commits() {
     let after_fence = group_offset(&brokers, &group, &topic);
     // A producer with another transactional id (the sink opens one per
     // checkpoint) commits offsets for the same group.
-    let other: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", &brokers)
-        .set("transactional.id", unique("probe-offsets-other"))
-        .create()
-        .expect("a transactional producer");
+    let other = transactional(&brokers, &unique("probe-offsets-other"));
     other.init_transactions(TIMEOUT).expect("init");
     other.begin_transaction().expect("begin");
     send_one(&other, &topic, "four");
@@ -377,11 +372,7 @@ fn offsets_after_a_kill(
         assert!(line.is_some(), "the child did not reach `{last}`");
         let offset = || group_offset(brokers, &group, &topic).map(|(offset, _)| offset);
         let at_once = offset();
-        let fencer: BaseProducer = ClientConfig::new()
-            .set("bootstrap.servers", brokers)
-            .set("transactional.id", &id)
-            .create()
-            .expect("a transactional producer");
+        let fencer = transactional(brokers, &id);
         fencer
             .init_transactions(TIMEOUT)
             .expect("the fencer initialises");
@@ -428,23 +419,13 @@ fn a_commit_acknowledged_before_its_process_is_killed_with_the_next_open() {
 /// such offsets, one transaction each, and reads each back at once.
 #[test]
 fn transactional_offsets_past_two_to_the_31_are_kept_whole() {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
     let Some(brokers) = broker() else { return };
     let topic = unique("probe-wide");
     create_topic(&brokers, &topic, 1);
     let group = unique("probe-wide-group");
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", &brokers)
-        .set("transactional.id", unique("probe-wide-txn"))
-        .create()
-        .expect("a transactional producer");
+    let producer = transactional(&brokers, &unique("probe-wide-txn"));
     producer.init_transactions(TIMEOUT).expect("init");
-    let metadata_consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &brokers)
-        .set("group.id", &group)
-        .create()
-        .expect("a consumer for the group metadata");
-    let metadata = metadata_consumer.group_metadata().expect("group metadata");
+    let metadata = group_metadata(&brokers, &group);
     let mut seen = Vec::new();
     for offset in [
         5_i64,

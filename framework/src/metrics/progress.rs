@@ -135,24 +135,10 @@ impl Drop for Progress {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::{OperatorInfo, OperatorKind};
 
     #[test]
     fn the_line_names_rates_checkpoint_and_restarts() {
-        let info = |name: &str, kind| OperatorInfo {
-            name: name.into(),
-            kind,
-            parallelism: 1,
-        };
-        let registry = MetricsRegistry::new(
-            "job".into(),
-            true,
-            vec![
-                info("in", OperatorKind::Source),
-                info("out", OperatorKind::Sink),
-            ],
-            Vec::new(),
-        );
+        let registry = crate::metrics::registry::two_operator_registry(1);
         registry.checkpoint_triggered(3, false, 2);
         registry.checkpoint_completed(3, 2048);
         let line = progress_line(&registry.snapshot());

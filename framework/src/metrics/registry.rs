@@ -487,25 +487,33 @@ fn sum_operator(info: &OperatorInfo, subtasks: Vec<SubtaskMetrics>) -> OperatorM
     }
 }
 
+/// A registry of the job `job` with a source `in` and a sink `out` of
+/// `parallelism` subtasks each, for this module's and its neighbours'
+/// unit tests.
+#[cfg(test)]
+pub(crate) fn two_operator_registry(parallelism: usize) -> MetricsRegistry {
+    let info = |name: &str, kind| OperatorInfo {
+        name: name.to_owned(),
+        kind,
+        parallelism,
+    };
+    MetricsRegistry::new(
+        "job".into(),
+        true,
+        vec![
+            info("in", OperatorKind::Source),
+            info("out", OperatorKind::Sink),
+        ],
+        Vec::new(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn registry() -> MetricsRegistry {
-        let info = |name: &str, kind| OperatorInfo {
-            name: name.to_owned(),
-            kind,
-            parallelism: 2,
-        };
-        MetricsRegistry::new(
-            "job".into(),
-            true,
-            vec![
-                info("in", OperatorKind::Source),
-                info("out", OperatorKind::Sink),
-            ],
-            Vec::new(),
-        )
+        two_operator_registry(2)
     }
 
     #[test]

@@ -227,18 +227,13 @@ pub struct Read {
 /// the first), because tansu 0.6's
 /// latest offsets are not record counts (see `kafka_probe.rs`).
 pub fn read_all(brokers: &str, topic: &str, isolation: &str) -> Vec<Read> {
-    read_all_quiet(brokers, topic, isolation, Duration::from_millis(700))
-}
-
-/// [`read_all`] stopping after `quiet` without a record (once one came):
-/// a test whose broker is busy with other runs needs longer.
-pub fn read_all_quiet(
-    brokers: &str,
-    topic: &str,
-    isolation: &str,
-    quiet_after: Duration,
-) -> Vec<Read> {
-    read_until(brokers, topic, isolation, quiet_after, |_| true)
+    read_until(
+        brokers,
+        topic,
+        isolation,
+        Duration::from_millis(700),
+        |_| true,
+    )
 }
 
 /// Every record of `topic` from its start, read at `isolation` until
