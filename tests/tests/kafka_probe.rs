@@ -454,3 +454,55 @@ fn transactional_offsets_past_two_to_the_31_are_kept_whole() {
         "the broker does not keep wide offsets: {seen:?}"
     );
 }
+
+/// What the exactly-once sink's send gate and its restore's fences
+/// (`connectors/kafka/gate.rs`, `unblock.rs`) are for. Transaction A (one
+/// id) holds a record in a partition, still open; transaction B (another
+/// id) then writes a record to the same partition with offsets for a
+/// group, and commits. Kafka applies B's offsets when B commits. tansu
+/// 0.6 decides B's commit but applies its offsets only when A ends too
+/// (here by an abort), as part of A's `EndTxn`; a third transaction's
+/// end then changes nothing. So a process that dies with A open leaves
+/// B's commit marker unapplied until someone ends A. A broker that
+/// changes this fails here: then the gate and the fences may be
+/// needless, or not enough.
+#[test]
+fn offsets_of_a_commit_behind_an_open_transaction_wait_for_a_later_end() {
+    let Some(brokers) = broker() else { return };
+    let topic = unique("probe-overlap");
+    create_topic(&brokers, &topic, 1);
+    let group = unique("probe-overlap-group");
+    let metadata = group_metadata(&brokers, &group);
+    let mut offsets = rdkafka::TopicPartitionList::new();
+    offsets
+        .add_partition_offset(&topic, 0, rdkafka::Offset::Offset(7))
+        .expect("an offset list");
+    let open = |name: &str| {
+        let producer = transactional(&brokers, &unique(name));
+        producer.init_transactions(TIMEOUT).expect("init");
+        producer.begin_transaction().expect("begin");
+        send_one(&producer, &topic, name);
+        producer.flush(TIMEOUT).expect("flush");
+        producer
+    };
+    let a = open("probe-overlap-a");
+    let b = open("probe-overlap-b");
+    b.send_offsets_to_transaction(&offsets, &metadata, TIMEOUT)
+        .expect("send_offsets_to_transaction");
+    b.commit_transaction(TIMEOUT).expect("B commits");
+    let after_b = group_offset(&brokers, &group, &topic);
+    a.abort_transaction(TIMEOUT).expect("A aborts");
+    let after_a = group_offset(&brokers, &group, &topic);
+    let c = open("probe-overlap-c");
+    c.abort_transaction(TIMEOUT).expect("C aborts");
+    let after_c = group_offset(&brokers, &group, &topic);
+    let seen = [after_b, after_a, after_c];
+    eprintln!("group offset after B's commit, A's abort, C's abort: {seen:?}");
+    let seven = Some((7, String::new()));
+    assert_eq!(
+        seen,
+        [None, seven.clone(), seven],
+        "the broker applies the offsets of a commit behind an open transaction differently \
+         (see connectors/kafka/unblock.rs)"
+    );
+}

@@ -65,6 +65,7 @@
 
 mod bytes;
 mod error;
+mod gate;
 mod marker;
 mod partition;
 mod position;
@@ -74,6 +75,7 @@ pub mod sink;
 mod sink_state;
 pub mod source;
 mod txn;
+mod unblock;
 
 pub use error::KafkaError;
 pub use sink::{

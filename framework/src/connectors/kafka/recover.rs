@@ -34,6 +34,7 @@ use super::registry;
 use super::sink::{CommitLog, KafkaSinkConfig};
 use super::sink_state::PendingTxn;
 use super::txn::{self, fence, open_txn, send, Producer_, Txn};
+use super::unblock;
 
 /// Adds `marker` to the open transaction of `producer`.
 ///
@@ -91,6 +92,7 @@ pub(crate) fn finish(
     config: &KafkaSinkConfig,
     log: &CommitLog,
     group: &MarkerGroup,
+    prefix: &str,
     listed: &BTreeMap<u64, PendingTxn>,
 ) -> Result<(), KafkaError> {
     let mut marker: Option<Option<Marker>> = None;
@@ -111,6 +113,8 @@ pub(crate) fn finish(
         let read = match marker {
             Some(read) => read,
             None => {
+                // Applies every commit the broker decided (see `unblock`).
+                unblock::nudge(config, prefix)?;
                 let read = group.read()?;
                 marker = Some(read);
                 read

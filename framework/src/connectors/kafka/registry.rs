@@ -80,6 +80,11 @@ pub(crate) fn take(id: &str) -> Option<Txn> {
     Some(txn)
 }
 
+/// Whether a producer of this process holds the transaction `id`.
+pub(crate) fn holds(id: &str) -> bool {
+    table().by_id.contains_key(id)
+}
+
 /// Takes out every transaction whose id starts with `prefix`.
 pub(crate) fn take_prefixed(prefix: &str) -> Vec<Txn> {
     let mut table = table();

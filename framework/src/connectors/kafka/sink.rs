@@ -95,10 +95,11 @@ use rdkafka::consumer::BaseConsumer;
 use rdkafka::producer::Producer;
 
 use super::error::KafkaError;
+use super::gate::{SendGate, HELD_MAX};
 use super::marker::{Marker, MarkerGroup};
 use super::sink_state::{self, PendingTxn};
 use super::txn::{self, fence, open_txn, send, DeliveryWatch, Producer_, Txn};
-use super::{client_config, partition_counts, recover, registry};
+use super::{client_config, partition_counts, recover, registry, unblock};
 use crate::sink::{Guarantee, Sink, SinkError, SinkFactory, SinkState, Visibility};
 
 /// The header every exactly-once record carries: its transaction's id
@@ -246,6 +247,7 @@ pub struct KafkaSinkFactory<T, S> {
     config: Arc<KafkaSinkConfig>,
     serialize: Arc<S>,
     log: CommitLog,
+    gate: Arc<SendGate>,
     _records: std::marker::PhantomData<fn(&T)>,
 }
 
@@ -298,6 +300,7 @@ where
             config: Arc::new(config),
             serialize: Arc::new(serialize),
             log: CommitLog::default(),
+            gate: Arc::new(SendGate::default()),
             _records: std::marker::PhantomData,
         })
     }
@@ -320,9 +323,12 @@ where
             config: Arc::clone(&self.config),
             serialize: Arc::clone(&self.serialize),
             log: self.log.clone(),
+            gate: Arc::clone(&self.gate),
+            reported_pending: 0,
             subtask,
             opened_after: 0,
             open: None,
+            held_from: 0,
             pending: BTreeMap::new(),
             marker: None,
             plain: None,
@@ -337,12 +343,19 @@ pub struct KafkaSink<T, S> {
     config: Arc<KafkaSinkConfig>,
     serialize: Arc<S>,
     log: CommitLog,
+    /// The factory's [`SendGate`], and this subtask's pending count as
+    /// last told to it.
+    gate: Arc<SendGate>,
+    reported_pending: usize,
     subtask: usize,
     /// `<prefix>-<subtask>-`: every transactional id of this subtask.
     prefix: String,
     /// The checkpoint the next transaction is named after.
     opened_after: u64,
     open: Option<Txn>,
+    /// The first record of `open` not yet sent: those after it wait for
+    /// the [`SendGate`].
+    held_from: usize,
     /// Pre-committed transactions by checkpoint id: their ids. The
     /// producers wait in the process table ([`registry`]), so that the
     /// next incarnation finds them even if this sink is never dropped
@@ -397,159 +410,13 @@ where
     fn finish_pending(&mut self, listed: &BTreeMap<u64, PendingTxn>) -> Result<(), KafkaError> {
         let config = Arc::clone(&self.config);
         let log = self.log.clone();
+        let prefix = self.prefix.clone();
         let marker = self.marker()?;
-        recover::finish(&config, &log, marker, listed)
-    }
-}
-
-impl<T, S> Sink for KafkaSink<T, S>
-where
-    S: Fn(&T) -> KafkaOut + Send + Sync + 'static,
-{
-    type Item = T;
-
-    fn write_batch(&mut self, batch: &[T]) -> Result<(), SinkError> {
-        if batch.is_empty() {
-            return Ok(());
-        }
-        let timeout = self.timeout();
-        match self.config.delivery {
-            Delivery::ExactlyOnce => {
-                if self.open.is_none() {
-                    let id = self.id_after(self.opened_after);
-                    let txn = match txn::take_ahead(&id) {
-                        Some(opened) => opened?,
-                        None => open_txn(&self.config, id)?,
-                    };
-                    self.open = Some(txn);
-                }
-                let Some(txn) = self.open.as_mut() else {
-                    return Err(SinkError::Misuse {
-                        reason: "no open transaction after opening one".to_owned(),
-                    });
-                };
-                for record in batch {
-                    let out = (self.serialize)(record);
-                    send(
-                        &txn.producer,
-                        &self.config.topic,
-                        &out,
-                        Some(&txn.header),
-                        timeout,
-                    )?;
-                    txn.records.push(out);
-                }
-                txn.producer.poll(Duration::ZERO);
-                txn.watch.check()?;
-            }
-            Delivery::AtLeastOnce | Delivery::None => {
-                if self.plain.is_none() {
-                    self.plain = Some(txn::producer(&self.config, None)?);
-                }
-                let Some((producer, watch)) = &self.plain else {
-                    return Err(SinkError::Misuse {
-                        reason: "no producer after making one".to_owned(),
-                    });
-                };
-                for record in batch {
-                    let out = (self.serialize)(record);
-                    send(producer, &self.config.topic, &out, None, timeout)?;
-                }
-                producer.poll(Duration::ZERO);
-                watch.check()?;
-            }
-        }
-        Ok(())
+        recover::finish(&config, &log, marker, &prefix, listed)
     }
 
-    fn pre_commit(&mut self, checkpoint_id: u64) -> Result<SinkState, SinkError> {
-        match self.config.delivery {
-            Delivery::ExactlyOnce => {
-                if let Some(txn) = self.open.take_if(|txn| txn.records.is_empty()) {
-                    // Opened by the restore and never written to: nothing
-                    // to keep (librdkafka has not told the broker about a
-                    // transaction without records or offsets).
-                    txn.producer
-                        .abort_transaction(self.timeout())
-                        .map_err(|source| KafkaError::client("abort_transaction", source))?;
-                }
-                if self.open.is_none() {
-                    // Opened ahead for an interval that brought no record:
-                    // the next transaction has another id.
-                    drop(txn::take_ahead(&self.id_after(self.opened_after)));
-                }
-                if let Some(mut txn) = self.open.take() {
-                    let marker = Marker {
-                        checkpoint_id,
-                        first: checkpoint_id,
-                        nonce: txn.nonce,
-                    };
-                    let group = self.marker()?;
-                    recover::send_marker(&txn.producer, group, &marker)?;
-                    txn::flush(&txn.producer, self.timeout())?;
-                    txn.watch.check()?;
-                    let pending = PendingTxn {
-                        id: txn.id.clone(),
-                        header: txn.header.clone(),
-                        records: std::mem::take(&mut txn.records),
-                    };
-                    self.pending.insert(checkpoint_id, pending);
-                    registry::park(txn);
-                    if !self.ended {
-                        // A busy interval: the next one likely brings
-                        // records too.
-                        txn::open_ahead(&self.config, self.id_after(checkpoint_id));
-                    }
-                }
-                self.opened_after = checkpoint_id;
-            }
-            Delivery::AtLeastOnce => {
-                if let Some((producer, watch)) = &self.plain {
-                    txn::flush(producer, self.timeout())?;
-                    watch.check()?;
-                }
-            }
-            Delivery::None => {
-                if let Some((producer, _)) = &self.plain {
-                    producer.poll(Duration::ZERO);
-                }
-            }
-        }
-        Ok(sink_state::encode(
-            self.subtask,
-            self.opened_after,
-            &self.pending,
-        ))
-    }
-
-    fn commit(&mut self, checkpoint_id: u64) -> Result<(), SinkError> {
-        // Moved out rather than copied (they hold an interval's records);
-        // put back on an error, so that a retry finds them.
-        let later = self.pending.split_off(&checkpoint_id.saturating_add(1));
-        let mut due = std::mem::replace(&mut self.pending, later);
-        if due.is_empty() {
-            return Ok(());
-        }
-        let finished = self.finish_pending(&due);
-        if finished.is_err() {
-            self.pending.append(&mut due);
-        }
-        Ok(finished?)
-    }
-
-    fn abort(&mut self) -> Result<(), SinkError> {
-        if let Some(txn) = self.open.take() {
-            txn.producer
-                .abort_transaction(self.timeout())
-                .map_err(|source| KafkaError::client("abort_transaction", source))?;
-        }
-        Ok(())
-    }
-
-    fn restore(&mut self, state: Option<&SinkState>) -> Result<(), SinkError> {
-        if self.config.delivery != Delivery::ExactlyOnce {
-            return Ok(());
-        }
+    /// [`Sink::restore`] of the exactly-once mode.
+    fn restore_exactly_once(&mut self, state: Option<&SinkState>) -> Result<(), SinkError> {
         let restored = match state {
             Some(state) => Some(sink_state::decode(state, self.subtask)?),
             None => None,
@@ -593,7 +460,197 @@ where
         )?);
         self.opened_after = opened_after;
         self.pending.clear();
+        self.report_pending();
+        self.held_from = 0;
         Ok(())
+    }
+
+    /// Tells the [`SendGate`] how many transactions this subtask has
+    /// pending now.
+    fn report_pending(&mut self) {
+        let now = self.pending.len();
+        self.gate.report_pending(self.reported_pending, now);
+        self.reported_pending = now;
+    }
+
+    /// Sends the records of the open transaction that wait for the gate.
+    fn send_held(&mut self) -> Result<(), KafkaError> {
+        let timeout = self.timeout();
+        let Some(txn) = self.open.as_mut() else {
+            return Ok(());
+        };
+        if self.held_from >= txn.records.len() {
+            return Ok(());
+        }
+        for out in &txn.records[self.held_from..] {
+            send(
+                &txn.producer,
+                &self.config.topic,
+                out,
+                Some(&txn.header),
+                timeout,
+            )?;
+        }
+        self.held_from = txn.records.len();
+        txn.producer.poll(Duration::ZERO);
+        txn.watch.check()
+    }
+}
+
+impl<T, S> Sink for KafkaSink<T, S>
+where
+    S: Fn(&T) -> KafkaOut + Send + Sync + 'static,
+{
+    type Item = T;
+
+    fn write_batch(&mut self, batch: &[T]) -> Result<(), SinkError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let timeout = self.timeout();
+        match self.config.delivery {
+            Delivery::ExactlyOnce => {
+                if self.open.is_none() {
+                    let id = self.id_after(self.opened_after);
+                    let txn = match txn::take_ahead(&id) {
+                        Some(opened) => opened?,
+                        None => open_txn(&self.config, id)?,
+                    };
+                    self.open = Some(txn);
+                }
+                let Some(txn) = self.open.as_mut() else {
+                    return Err(SinkError::Misuse {
+                        reason: "no open transaction after opening one".to_owned(),
+                    });
+                };
+                txn.records
+                    .extend(batch.iter().map(|record| (self.serialize)(record)));
+                let held = txn.records.len() - self.held_from;
+                if self.gate.is_open() || held >= HELD_MAX {
+                    self.send_held()?;
+                }
+            }
+            Delivery::AtLeastOnce | Delivery::None => {
+                if self.plain.is_none() {
+                    self.plain = Some(txn::producer(&self.config, None)?);
+                }
+                let Some((producer, watch)) = &self.plain else {
+                    return Err(SinkError::Misuse {
+                        reason: "no producer after making one".to_owned(),
+                    });
+                };
+                for record in batch {
+                    let out = (self.serialize)(record);
+                    send(producer, &self.config.topic, &out, None, timeout)?;
+                }
+                producer.poll(Duration::ZERO);
+                watch.check()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn pre_commit(&mut self, checkpoint_id: u64) -> Result<SinkState, SinkError> {
+        match self.config.delivery {
+            Delivery::ExactlyOnce => {
+                if let Some(txn) = self.open.take_if(|txn| txn.records.is_empty()) {
+                    // Opened by the restore and never written to: nothing
+                    // to keep (librdkafka has not told the broker about a
+                    // transaction without records or offsets).
+                    txn.producer
+                        .abort_transaction(self.timeout())
+                        .map_err(|source| KafkaError::client("abort_transaction", source))?;
+                }
+                if self.open.is_none() {
+                    // Opened ahead for an interval that brought no record:
+                    // the next transaction has another id.
+                    drop(txn::take_ahead(&self.id_after(self.opened_after)));
+                }
+                // Pre-committing is when the held records must go.
+                self.send_held()?;
+                self.held_from = 0;
+                if let Some(mut txn) = self.open.take() {
+                    let marker = Marker {
+                        checkpoint_id,
+                        first: checkpoint_id,
+                        nonce: txn.nonce,
+                    };
+                    let group = self.marker()?;
+                    recover::send_marker(&txn.producer, group, &marker)?;
+                    txn::flush(&txn.producer, self.timeout())?;
+                    txn.watch.check()?;
+                    let pending = PendingTxn {
+                        id: txn.id.clone(),
+                        header: txn.header.clone(),
+                        records: std::mem::take(&mut txn.records),
+                    };
+                    self.pending.insert(checkpoint_id, pending);
+                    self.report_pending();
+                    registry::park(txn);
+                    if !self.ended {
+                        // A busy interval: the next one likely brings
+                        // records too.
+                        txn::open_ahead(&self.config, self.id_after(checkpoint_id));
+                    }
+                }
+                self.opened_after = checkpoint_id;
+            }
+            Delivery::AtLeastOnce => {
+                if let Some((producer, watch)) = &self.plain {
+                    txn::flush(producer, self.timeout())?;
+                    watch.check()?;
+                }
+            }
+            Delivery::None => {
+                if let Some((producer, _)) = &self.plain {
+                    producer.poll(Duration::ZERO);
+                }
+            }
+        }
+        Ok(sink_state::encode(
+            self.subtask,
+            self.opened_after,
+            &self.pending,
+        ))
+    }
+
+    fn commit(&mut self, checkpoint_id: u64) -> Result<(), SinkError> {
+        // Moved out rather than copied (they hold an interval's records);
+        // put back on an error, so that a retry finds them.
+        let later = self.pending.split_off(&checkpoint_id.saturating_add(1));
+        let mut due = std::mem::replace(&mut self.pending, later);
+        if due.is_empty() {
+            return Ok(());
+        }
+        let finished = self.finish_pending(&due);
+        if finished.is_err() {
+            self.pending.append(&mut due);
+        }
+        self.report_pending();
+        finished?;
+        if self.gate.is_open() {
+            self.send_held()?;
+        }
+        Ok(())
+    }
+
+    fn abort(&mut self) -> Result<(), SinkError> {
+        self.held_from = 0;
+        if let Some(txn) = self.open.take() {
+            txn::abort_flushed(&txn.producer, self.timeout())?;
+        }
+        Ok(())
+    }
+
+    fn restore(&mut self, state: Option<&SinkState>) -> Result<(), SinkError> {
+        if self.config.delivery != Delivery::ExactlyOnce {
+            return Ok(());
+        }
+        let restored = self.restore_exactly_once(state);
+        // Whatever happened, this subtask no longer holds the others'
+        // records back.
+        self.gate.set_restoring(self.subtask, false);
+        restored
     }
 
     fn check_restore(
@@ -601,11 +658,12 @@ where
         restored: Option<u64>,
         state: Option<&SinkState>,
     ) -> Result<Visibility, SinkError> {
-        if let Some(state) = state {
-            // Bytes this sink did not write fail the start here, before
-            // any actor runs.
-            sink_state::decode(state, self.subtask)?;
-        }
+        // Bytes this sink did not write fail the start here, before any
+        // actor runs.
+        let decoded = match state {
+            Some(state) => Some(sink_state::decode(state, self.subtask)?),
+            None => None,
+        };
         if self.config.delivery != Delivery::ExactlyOnce {
             return Ok(Visibility::Unknown);
         }
@@ -613,8 +671,23 @@ where
         // run's (a job started again on an empty store): it says nothing
         // about this run.
         let Some(restored) = restored else {
+            self.gate.set_restoring(self.subtask, false);
             return Ok(Visibility::Unknown);
         };
+        // Every subtask's check runs before any restore: so the dead
+        // process's transactions of all subtasks end before any restore
+        // reads its marker (see `unblock`).
+        let reads_marker = match &decoded {
+            Some(decoded) => {
+                unblock::end_dead(&self.config, &self.prefix, decoded)?;
+                decoded
+                    .pending
+                    .values()
+                    .any(|pending| !registry::holds(&pending.id))
+            }
+            None => false,
+        };
+        self.gate.set_restoring(self.subtask, reads_marker);
         let marker = self.marker()?.read()?;
         Ok(Visibility::Known(match marker {
             Some(marker) if marker.checkpoint_id > restored => vec![marker.checkpoint_id],
@@ -646,7 +719,9 @@ impl<T, S> Drop for KafkaSink<T, S> {
         // drop it now rather than at its time-out. Errors are moot here
         // (a restore fences the id anyway).
         if let Some(txn) = self.open.take() {
-            let _ = txn.producer.abort_transaction(Duration::from_millis(1_000));
+            let _ = txn::abort_flushed(&txn.producer, Duration::from_millis(1_000));
         }
+        self.gate.report_pending(self.reported_pending, 0);
+        self.reported_pending = 0;
     }
 }

@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 
 use rdkafka::client::ClientContext;
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
+use rdkafka::producer::{
+    BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext, PurgeConfig,
+};
 use rdkafka::types::RDKafkaErrorCode;
 
 use super::error::{code_is_retryable, KafkaError};
@@ -151,6 +153,30 @@ pub(crate) fn open_txn(config: &KafkaSinkConfig, id: String) -> Result<Txn, Kafk
         watch,
         records: Vec::new(),
     })
+}
+
+/// Aborts `producer`'s open transaction once nothing of it is on the
+/// way to the broker: records not yet sent are dropped, and those sent
+/// are waited for (at most `timeout`).
+///
+/// Why not `abort_transaction` alone: librdkafka sends the abort to the
+/// transaction coordinator while records may still be on their way to
+/// the partition leader, and tansu 0.6 files a record that comes after
+/// the abort under the ended transaction, which then holds back every
+/// later commit in that partition for good (seen in its metadata:
+/// an aborted transaction that still lists records).
+///
+/// # Errors
+///
+/// [`KafkaError::Client`] when the records are not acknowledged in time
+/// (then nothing is aborted: a restore fences the id) or the abort
+/// fails.
+pub(crate) fn abort_flushed(producer: &Producer_, timeout: Duration) -> Result<(), KafkaError> {
+    producer.purge(PurgeConfig::default().queue());
+    flush(producer, timeout)?;
+    producer
+        .abort_transaction(timeout)
+        .map_err(|source| KafkaError::client("abort_transaction", source))
 }
 
 /// Makes the broker abort any transaction left open under `id`.
