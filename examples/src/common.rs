@@ -51,6 +51,11 @@ pub enum ExampleError {
         /// a lost connection).
         retryable: bool,
     },
+    /// The Kafka connector refused (a missing broker or topic, bad
+    /// settings).
+    #[cfg(feature = "kafka")]
+    #[error("kafka: {0}")]
+    Kafka(#[from] snapflow::connectors::kafka::KafkaError),
     /// The job ran but its result differs from a direct computation.
     #[error("MISMATCH: {0}")]
     Mismatch(String),
@@ -70,6 +75,8 @@ impl ExampleError {
             ExampleError::Job(error) => error.is_retryable(),
             ExampleError::Store(error) => error.is_retryable(),
             ExampleError::Database { retryable, .. } => *retryable,
+            #[cfg(feature = "kafka")]
+            ExampleError::Kafka(error) => error.is_retryable(),
             ExampleError::Usage(_) | ExampleError::Decode(_) | ExampleError::Mismatch(_) => false,
         }
     }

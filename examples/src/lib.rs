@@ -14,6 +14,8 @@ pub mod bank_snapshots;
 pub mod clickstream;
 pub mod common;
 pub mod dedup;
+#[cfg(feature = "kafka")]
+pub mod kafka_wordcount;
 pub mod lines;
 pub mod online_model;
 pub mod progress;

@@ -203,3 +203,60 @@ fn clickstream_smoke() {
         check(options, |options| &mut options.common, clickstream::run);
     }
 }
+
+/// The Kafka word count against the broker `.ci/run` starts
+/// (`SNAPFLOW_KAFKA_BROKERS`, with `SNAPFLOW_TANSU_BIN` to create its
+/// topics), on topics of its own; without it the test says how to start
+/// one and passes, except in CI, where it fails.
+#[cfg(feature = "kafka")]
+#[test]
+fn kafka_wordcount_smoke() {
+    use snapflow_examples::kafka_wordcount::{run, Options, TEXT};
+    let brokers = std::env::var("SNAPFLOW_KAFKA_BROKERS")
+        .ok()
+        .filter(|b| !b.is_empty());
+    let tansu = std::env::var("SNAPFLOW_TANSU_BIN")
+        .ok()
+        .filter(|b| !b.is_empty());
+    let (Some(brokers), Some(tansu)) = (brokers, tansu) else {
+        assert!(
+            std::env::var("CI").map_or(true, |value| value != "true"),
+            "SNAPFLOW_KAFKA_BROKERS and SNAPFLOW_TANSU_BIN are not set, and CI must not skip \
+             the Kafka example: .ci/run starts the broker"
+        );
+        eprintln!(
+            "skipped: SNAPFLOW_KAFKA_BROKERS is not set; start a broker with \
+             `eval \"$(.ci/kafka.sh start)\"`, or run examples/kafka_wordcount/run.sh"
+        );
+        return;
+    };
+    let suffix = format!(
+        "{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_nanos())
+    );
+    let options = Options {
+        lines_topic: format!("smoke-lines-{suffix}"),
+        counts_topic: format!("smoke-counts-{suffix}"),
+        job: format!("smoke-kafka-wordcount-{suffix}"),
+        brokers,
+        ..Options::from_env()
+    };
+    for topic in [&options.lines_topic, &options.counts_topic] {
+        let status = std::process::Command::new(&tansu)
+            .args(["topic", "create", "--broker"])
+            .arg(format!("tcp://{}", options.brokers))
+            .args(["--partitions", "2"])
+            .arg(topic)
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("the broker's command line runs");
+        assert!(status.success(), "creating the topic {topic} failed");
+    }
+    let summary = run(&options).unwrap_or_else(|error| panic!("the example failed: {error}"));
+    let words = TEXT.iter().flat_map(|line| line.split_whitespace()).count() as u64;
+    assert_eq!(summary.counts.values().sum::<u64>(), words);
+    assert!(summary.transactions > 0, "it committed no transaction");
+}

@@ -381,13 +381,14 @@ pub fn missing(want: &[(u64, u64)], got: &[((u64, u64), String)]) -> usize {
 /// `want` (sorted) is among the committed ones and nothing more arrived
 /// for `quiet_after`, or until [`READ_LIMIT`]: see [`read_until`].
 ///
-/// It reads at `read_uncommitted`: tansu 0.6 shows aborted records to
-/// `read_committed` readers anyway (`kafka_probe.rs`), so the committed
-/// headers are what proves a record committed, and its last stable
-/// offset sometimes stays behind a transaction of a failed incarnation
-/// of the sink, which holds a `read_committed` reader back past the
-/// limit while every wanted record is there under a committed header
-/// (seen in `kafka.rs` under load; ARCHITECTURE.md, Kafka, known gaps).
+/// It reads at `read_uncommitted`, with the committed headers as the
+/// proof that a record committed (tansu 0.6 shows aborted records to
+/// `read_committed` readers anyway: `kafka_probe.rs`). Why not
+/// `read_committed`: after in-process failovers on a loaded machine,
+/// tansu's last stable offset still sometimes stays behind a
+/// transaction for good, although the sink's send gate and its
+/// restore's fences (`connectors/kafka/gate.rs`, `unblock.rs`) ended
+/// that in the SIGKILL runs (ARCHITECTURE.md, Kafka, known gaps).
 pub fn read_results(
     brokers: &str,
     topic: &str,

@@ -202,6 +202,39 @@ pub(crate) fn committed_here(header: &str) -> bool {
     committed().headers.contains(header)
 }
 
+/// The subtasks (by their id prefix) that have a restored sink alive in
+/// this process, with how many: a restore of another region checks every
+/// sink subtask, and must not fence the transactions of one that runs
+/// (see [`unblock`](super::unblock)). Bounded by the sink subtasks of the
+/// process's jobs: each one counts once, and its drop takes it out.
+fn live() -> MutexGuard<'static, BTreeMap<String, usize>> {
+    static LIVE: OnceLock<Mutex<BTreeMap<String, usize>>> = OnceLock::new();
+    let live = LIVE.get_or_init(|| Mutex::new(BTreeMap::new()));
+    // As above: every operation leaves the table consistent.
+    live.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Counts a restored sink of the subtask `prefix` as alive.
+pub(crate) fn add_live(prefix: &str) {
+    *live().entry(prefix.to_owned()).or_default() += 1;
+}
+
+/// Takes one restored sink of the subtask `prefix` out (its drop).
+pub(crate) fn remove_live(prefix: &str) {
+    let mut live = live();
+    if let Some(count) = live.get_mut(prefix) {
+        *count -= 1;
+        if *count == 0 {
+            live.remove(prefix);
+        }
+    }
+}
+
+/// Whether a restored sink of the subtask `prefix` is alive here.
+pub(crate) fn is_live(prefix: &str) -> bool {
+    live().contains_key(prefix)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

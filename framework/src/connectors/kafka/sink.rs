@@ -54,12 +54,13 @@
 //! So a process crash between a checkpoint's completion and its commit
 //! loses nothing: the next run writes that interval's output again when
 //! the marker shows it was not committed (tested by SIGKILL in
-//! `tests/tests/kafka_crash.rs`). **Known gap, seen on the test broker
-//! only:** on tansu 0.6 a process killed right after
-//! `commit_transaction` returned sometimes leaves that commit's marker
-//! unseen by the next run, which then writes the interval again, so its
-//! results are committed twice (whole intervals, never a loss; see
-//! ARCHITECTURE.md). Flink resumes the
+//! `tests/tests/kafka_crash.rs`). Records written after a pre-commit
+//! wait in the sink until the factory's pending commits are done
+//! ([`gate`](super::gate)), and a restore in a new process ends the dead
+//! process's transactions before it reads the marker
+//! ([`unblock`](super::unblock)): the test broker, tansu 0.6, applies a
+//! commit's marker only once every overlapping transaction has ended
+//! (see ARCHITECTURE.md). Flink resumes the
 //! transaction itself by producer id and epoch; librdkafka offers no
 //! such call, hence the records in the state. Their cost: a checkpoint
 //! holds the sink's output of one interval (more while commits lag).
@@ -105,6 +106,10 @@ use crate::sink::{Guarantee, Sink, SinkError, SinkFactory, SinkState, Visibility
 /// The header every exactly-once record carries: its transaction's id
 /// and the producing incarnation, `<transactional id>#<nonce>`.
 pub const TXN_HEADER: &str = "snapflow-txn";
+
+/// How long a dropped sink waits for its open transaction's records
+/// before it aborts it.
+const DROP_FLUSH_MAX_MS: u64 = 10_000;
 
 /// At most this many committed transactions are remembered by a
 /// [`CommitLog`]; older ones are forgotten first.
@@ -333,6 +338,7 @@ where
             marker: None,
             plain: None,
             ended: false,
+            live: false,
             _records: std::marker::PhantomData,
         })
     }
@@ -369,6 +375,9 @@ pub struct KafkaSink<T, S> {
     /// Whether the input ended (`finish`): no transaction is opened
     /// ahead after that.
     ended: bool,
+    /// Whether this sink was restored and counts as alive in the process
+    /// table ([`registry::add_live`]).
+    live: bool,
     _records: std::marker::PhantomData<fn(&T)>,
 }
 
@@ -646,6 +655,10 @@ where
         if self.config.delivery != Delivery::ExactlyOnce {
             return Ok(());
         }
+        if !self.live {
+            registry::add_live(&self.prefix);
+            self.live = true;
+        }
         let restored = self.restore_exactly_once(state);
         // Whatever happened, this subtask no longer holds the others'
         // records back.
@@ -719,7 +732,15 @@ impl<T, S> Drop for KafkaSink<T, S> {
         // drop it now rather than at its time-out. Errors are moot here
         // (a restore fences the id anyway).
         if let Some(txn) = self.open.take() {
-            let _ = txn::abort_flushed(&txn.producer, Duration::from_millis(1_000));
+            // Long enough for a busy broker: a record that reached it
+            // after the abort would block the partition on tansu (see
+            // `txn::abort_flushed`); the drop runs on the thread that
+            // stops a failed generation, not on an actor.
+            let wait_ms = self.config.request_timeout_ms.min(DROP_FLUSH_MAX_MS);
+            let _ = txn::abort_flushed(&txn.producer, Duration::from_millis(wait_ms));
+        }
+        if self.live {
+            registry::remove_live(&self.prefix);
         }
         self.gate.report_pending(self.reported_pending, 0);
         self.reported_pending = 0;

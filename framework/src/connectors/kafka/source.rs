@@ -374,6 +374,21 @@ pub struct KafkaSource<D> {
     failed: Option<KafkaError>,
 }
 
+/// The partitions of `topic` (with `count` partitions now) that
+/// `subtask` of `parallelism` owns and does not read yet (`known`): what
+/// a discovery adds. A partition added later never moves an existing one.
+fn unknown_owned(
+    topic: &str,
+    count: i32,
+    subtask: usize,
+    parallelism: usize,
+    known: impl Fn(i32) -> bool,
+) -> Vec<i32> {
+    (0..count)
+        .filter(|&partition| owner(topic, partition, parallelism) == subtask && !known(partition))
+        .collect()
+}
+
 impl<D> KafkaSource<D> {
     /// Adds the partitions this subtask owns and does not know yet,
     /// starting at `start`.
@@ -387,14 +402,11 @@ impl<D> KafkaSource<D> {
                 self.config.request_timeout_ms,
             )?;
             let count = counts.get(&reader.topic).copied().unwrap_or(0);
-            for partition in 0..count {
-                let reader = &self.readers[index];
-                if owner(&reader.topic, partition, self.parallelism) != self.subtask
-                    || reader.partitions.contains_key(&partition)
-                {
-                    continue;
-                }
-                let offsets = self.first_offsets(reader, partition, start)?;
+            let found = unknown_owned(&reader.topic, count, self.subtask, self.parallelism, |p| {
+                reader.partitions.contains_key(&p)
+            });
+            for partition in found {
+                let offsets = self.first_offsets(&self.readers[index], partition, start)?;
                 self.add(index, partition, offsets);
             }
         }
@@ -646,5 +658,38 @@ impl<D> Drop for KafkaSource<D> {
 fn close_readers(readers: &[TopicReader], timeout: Duration) {
     for reader in readers {
         close_consumer(reader.consumer(), timeout);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Discovery without a broker that can add partitions (tansu 0.6 has
+    /// no `CreatePartitions`): a topic grown from 3 to 8 partitions gives
+    /// each subtask exactly the new partitions it owns, the old ones stay
+    /// where they were, and every partition has one owner.
+    #[test]
+    fn a_grown_topic_adds_only_new_partitions_to_their_owners() {
+        for parallelism in 1..=3 {
+            let mut known: Vec<Vec<i32>> = (0..parallelism)
+                .map(|subtask| unknown_owned("t", 3, subtask, parallelism, |_| false))
+                .collect();
+            let before = known.clone();
+            for (subtask, owned) in known.iter_mut().enumerate() {
+                let added = unknown_owned("t", 8, subtask, parallelism, |p| owned.contains(&p));
+                assert!(
+                    added.iter().all(|&p| p >= 3),
+                    "only new partitions are added"
+                );
+                owned.extend(added);
+            }
+            for (owned, old) in known.iter().zip(&before) {
+                assert!(old.iter().all(|p| owned.contains(p)), "nothing moves");
+            }
+            let mut all: Vec<i32> = known.concat();
+            all.sort_unstable();
+            assert_eq!(all, (0..8).collect::<Vec<_>>(), "each partition once");
+        }
     }
 }

@@ -53,6 +53,11 @@ pub(crate) fn end_dead(
     prefix: &str,
     state: &TxnState,
 ) -> Result<(), KafkaError> {
+    if registry::is_live(prefix) {
+        // The subtask runs in this process (in a region that is not being
+        // restored): its transactions are its own.
+        return Ok(());
+    }
     // An opening ahead of a failed incarnation of this process must not
     // initialise an id after the fence did.
     txn::settle_ahead(prefix);
