@@ -40,8 +40,8 @@ use snapflow_tests::slow_commit::HOLDING;
 use snapflow_tests::{seeds, TestRng};
 
 use support::{
-    broker, committed_results, create_topic, missing, produce, read_results, txn_header, unique,
-    Read,
+    broker, committed_results, create_topic, locate_missing, missing, produce, read_results,
+    txn_header, unique, Read,
 };
 
 /// Keys of the count (as `kafka_runner` counts).
@@ -146,8 +146,9 @@ impl Case {
             .collect();
         if missing > 0 || unique != want || !doubled.is_empty() {
             eprintln!(
-                "{replay}: {}\nevents:\n{}",
+                "{replay}: {}\n{}events:\n{}",
                 describe_extra(&all, &committed),
+                locate_missing(&all, &committed, &want),
                 self.events()
             );
         }

@@ -690,15 +690,17 @@ where
         // Every subtask's check runs before any restore: so the dead
         // process's transactions of all subtasks end before any restore
         // reads its marker (see `unblock`).
+        // A subtask that runs in this process (another region restores)
+        // keeps its transactions and reads no marker.
         let reads_marker = match &decoded {
-            Some(decoded) => {
+            Some(decoded) if !registry::is_live(&self.prefix) => {
                 unblock::end_dead(&self.config, &self.prefix, decoded)?;
                 decoded
                     .pending
                     .values()
                     .any(|pending| !registry::holds(&pending.id))
             }
-            None => false,
+            _ => false,
         };
         self.gate.set_restoring(self.subtask, reads_marker);
         let marker = self.marker()?.read()?;
