@@ -39,6 +39,10 @@ pub(crate) struct SendGate {
     /// Subtasks whose restore must still read the commit marker.
     restoring: Mutex<BTreeSet<usize>>,
     restoring_count: AtomicUsize,
+    /// Whether a restore must end a nudge transaction before the first
+    /// marker read (see [`unblock`](super::unblock)): one per recovery
+    /// is enough, after every subtask's check fenced its ids.
+    nudge_needed: Mutex<bool>,
 }
 
 impl SendGate {
@@ -72,6 +76,35 @@ impl SendGate {
     }
 }
 
+impl SendGate {
+    /// Asks for one nudge before the next marker read.
+    pub(crate) fn need_nudge(&self) {
+        *self.lock_nudge() = true;
+    }
+
+    /// Runs `nudge` if one is needed, once: a restore that reads its
+    /// marker meanwhile waits for it here, so that no marker is read
+    /// before the nudge ended.
+    ///
+    /// # Errors
+    ///
+    /// `nudge`'s error; the next caller tries again.
+    pub(crate) fn nudge_once<E>(&self, nudge: impl FnOnce() -> Result<(), E>) -> Result<(), E> {
+        let mut needed = self.lock_nudge();
+        if *needed {
+            nudge()?;
+            *needed = false;
+        }
+        Ok(())
+    }
+
+    fn lock_nudge(&self) -> std::sync::MutexGuard<'_, bool> {
+        self.nudge_needed
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -88,5 +121,27 @@ mod tests {
         gate.set_restoring(1, true);
         gate.set_restoring(1, false);
         assert!(gate.is_open());
+    }
+
+    #[test]
+    fn a_nudge_runs_once_when_needed_and_again_after_a_failure() {
+        let gate = SendGate::default();
+        let mut runs = 0;
+        gate.nudge_once(|| -> Result<(), ()> {
+            runs += 1;
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(runs, 0, "not needed");
+        gate.need_nudge();
+        assert!(gate.nudge_once(|| Err(())).is_err());
+        for _ in 0..2 {
+            gate.nudge_once(|| -> Result<(), ()> {
+                runs += 1;
+                Ok(())
+            })
+            .unwrap();
+        }
+        assert_eq!(runs, 1, "once after the failed one");
     }
 }

@@ -29,6 +29,7 @@ use std::time::Duration;
 use rdkafka::producer::Producer;
 
 use super::error::KafkaError;
+use super::gate::SendGate;
 use super::marker::{Committed, Marker, MarkerGroup};
 use super::registry;
 use super::sink::{CommitLog, KafkaSinkConfig};
@@ -82,6 +83,13 @@ pub(crate) fn reset_marker(
         .map_err(|source| KafkaError::client("commit_transaction (marker reset)", source))
 }
 
+/// What a marker read needs first: the factory's gate, which knows
+/// whether a nudge is due, and the subtask's id prefix to nudge under.
+pub(crate) struct Nudge<'a> {
+    pub(crate) gate: &'a SendGate,
+    pub(crate) prefix: &'a str,
+}
+
 /// Finishes `listed` (ascending by checkpoint) as the module describes.
 ///
 /// # Errors
@@ -92,7 +100,7 @@ pub(crate) fn finish(
     config: &KafkaSinkConfig,
     log: &CommitLog,
     group: &MarkerGroup,
-    prefix: &str,
+    nudge: &Nudge<'_>,
     listed: &BTreeMap<u64, PendingTxn>,
 ) -> Result<(), KafkaError> {
     let mut marker: Option<Option<Marker>> = None;
@@ -114,7 +122,9 @@ pub(crate) fn finish(
             Some(read) => read,
             None => {
                 // Applies every commit the broker decided (see `unblock`).
-                unblock::nudge(config, prefix)?;
+                nudge
+                    .gate
+                    .nudge_once(|| unblock::nudge(config, nudge.prefix))?;
                 let read = group.read()?;
                 marker = Some(read);
                 read

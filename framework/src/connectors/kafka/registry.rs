@@ -235,6 +235,43 @@ pub(crate) fn is_live(prefix: &str) -> bool {
     live().contains_key(prefix)
 }
 
+/// At most this many fenced ids wait for their restore; past it the
+/// oldest are forgotten (their restore fences them again).
+pub(crate) const FENCED_MAX: usize = 4_096;
+
+/// Ids a restore's check fenced, which its restore then need not fence
+/// again (see [`unblock`](super::unblock)).
+fn fenced() -> MutexGuard<'static, VecDeque<String>> {
+    static FENCED: OnceLock<Mutex<VecDeque<String>>> = OnceLock::new();
+    let fenced = FENCED.get_or_init(|| Mutex::new(VecDeque::new()));
+    // As above: every operation leaves the table consistent.
+    fenced
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Notes that `ids` were fenced and nothing opened them since.
+pub(crate) fn note_fenced(ids: &[String]) {
+    let mut fenced = fenced();
+    for id in ids {
+        if !fenced.contains(id) {
+            fenced.push_back(id.clone());
+        }
+    }
+    while fenced.len() > FENCED_MAX {
+        fenced.pop_front();
+    }
+}
+
+/// Whether `id` was fenced with nothing opening it since; it is
+/// forgotten either way (its restore opens or fences it now).
+pub(crate) fn take_fenced(id: &str) -> bool {
+    let mut fenced = fenced();
+    let before = fenced.len();
+    fenced.retain(|fenced| fenced != id);
+    fenced.len() != before
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

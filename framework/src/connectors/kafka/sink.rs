@@ -420,8 +420,13 @@ where
         let config = Arc::clone(&self.config);
         let log = self.log.clone();
         let prefix = self.prefix.clone();
+        let gate = Arc::clone(&self.gate);
         let marker = self.marker()?;
-        recover::finish(&config, &log, marker, &prefix, listed)
+        let nudge = recover::Nudge {
+            gate: &gate,
+            prefix: &prefix,
+        };
+        recover::finish(&config, &log, marker, &nudge, listed)
     }
 
     /// [`Sink::restore`] of the exactly-once mode.
@@ -459,8 +464,13 @@ where
         // (one after another they cost a broker round trip each, and the
         // first record would wait for the opening).
         let opened_after = restored.map_or(0, |restored| restored.opened_after);
+        // Those the checks fenced already (`unblock::end_dead`) are not
+        // fenced twice: on a busy broker each is a round trip. The first
+        // is opened here either way, so it leaves the table too.
+        registry::take_fenced(&self.id_after(opened_after));
         let later: Vec<String> = (1..=self.config.fence_ahead)
             .map(|ahead| self.id_after(opened_after.saturating_add(ahead)))
+            .filter(|id| !registry::take_fenced(id))
             .collect();
         self.open = Some(txn::open_and_fence(
             &self.config,
@@ -703,6 +713,9 @@ where
             _ => false,
         };
         self.gate.set_restoring(self.subtask, reads_marker);
+        if reads_marker {
+            self.gate.need_nudge();
+        }
         let marker = self.marker()?.read()?;
         Ok(Visibility::Known(match marker {
             Some(marker) if marker.checkpoint_id > restored => vec![marker.checkpoint_id],

@@ -18,13 +18,17 @@
 //!    this process holds (its pending ones and the ids it may have
 //!    opened after the restored checkpoint): the broker aborts each
 //!    still open, which is right, since none of them is committed;
-//! 2. the restore of a subtask that must read its marker first ends one
-//!    more transaction of its own, with one record in every partition of
-//!    the topic, by aborting it ([`nudge`]): its end applies every
-//!    decided commit before it in those partitions, now that none is
-//!    open. Its records are aborted (a `read_committed` reader of Kafka
-//!    never sees them; tansu shows them, under a header no commit log
-//!    lists).
+//! 2. before the first marker read of the recovery, one restore ends one
+//!    more transaction, with one record in every partition of the
+//!    topic, by aborting it ([`nudge`], once per recovery through the
+//!    factory's [`SendGate`](super::gate::SendGate); the other restores
+//!    wait for it): its end applies every decided commit before it in
+//!    those partitions, now that none is open. Its records are aborted
+//!    (a `read_committed` reader of Kafka never sees them; tansu shows
+//!    them, under a header no commit log lists).
+//!
+//! The ids the checks fenced are noted ([`registry::note_fenced`]), so
+//! that the restore does not fence them a second time.
 //!
 //! On Kafka, whose `EndTxn` applies the offsets by itself, both steps
 //! cost round trips and change nothing. This module never decides what
@@ -70,7 +74,9 @@ pub(crate) fn end_dead(
         .collect();
     ids.sort_unstable();
     ids.dedup();
-    txn::fence_all(config, &ids)
+    txn::fence_all(config, &ids)?;
+    registry::note_fenced(&ids);
+    Ok(())
 }
 
 /// Opens a transaction under `<prefix>nudge`, writes one empty record to
