@@ -26,10 +26,10 @@ use crate::protocol::CheckpointId;
 use crate::runtime::BoxError;
 use crate::state::{blob, Snapshot, StateError};
 
-use super::incremental::{full_segments, IncrementalCheckpoints, KeyGroupLedger, SnapshotKinds};
+use super::incremental::{FullHandoff, IncrementalCheckpoints, KeyGroupLedger, SnapshotKinds};
 use super::operator::Operator;
 use super::route::Collector;
-use super::shell::{Core, Data};
+use super::shell::{Core, Data, DeferredState, TakenState};
 use super::snapshots::{Requests, Waiting};
 use crate::sink::{Sink, SinkError, SinkState};
 use crate::source::Guarantee;
@@ -178,7 +178,7 @@ impl<K: Key, S, In: 'static, Out: Send + 'static, F: ?Sized, KF: ?Sized>
 impl<K, S, In, Out, F, KF> Core<In, Out> for KeyedCore<K, S, In, Out, F, KF>
 where
     K: Key,
-    S: Snapshot + Default + Clone + 'static,
+    S: Snapshot + Default + Clone + Send + Sync + 'static,
     In: Data,
     Out: Data,
     F: Fn(&K, &mut S, In, &mut Collector<'_, Out>) -> Result<(), BoxError> + ?Sized + 'static,
@@ -201,12 +201,24 @@ where
     }
 
     fn snapshot_segments(&mut self, checkpoint: CheckpointId) -> Result<Vec<Segment>, BoxError> {
-        match &mut self.incremental {
-            Some(incremental) if !incremental.kinds.is_savepoint(checkpoint) => {
-                incremental.ledger.snapshot(checkpoint, &mut self.states)
-            }
-            _ => full_segments(&self.states),
+        match self.take_state(checkpoint)? {
+            TakenState::Segments(segments) => Ok(segments),
+            TakenState::Deferred(state) => state.encode(),
         }
+    }
+
+    /// The asynchronous snapshot: the key groups to write are handed off
+    /// copy-on-write (constant time per group) and encoded by the
+    /// checkpoint writer; a savepoint or a job without incremental
+    /// checkpoints hands off every group.
+    fn take_state(&mut self, checkpoint: CheckpointId) -> Result<TakenState, BoxError> {
+        let state: Box<dyn DeferredState> = match &mut self.incremental {
+            Some(incremental) if !incremental.kinds.is_savepoint(checkpoint) => {
+                Box::new(incremental.ledger.snapshot(checkpoint, &mut self.states))
+            }
+            _ => Box::new(FullHandoff(self.states.hand_off())),
+        };
+        Ok(TakenState::Deferred(state))
     }
 
     fn on_complete(&mut self, checkpoint: CheckpointId) -> Result<(), BoxError> {
