@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::keyed::{key_hash, parts_in_range, KeyedState, MaxParallelism};
+use crate::keyed::{parts_in_range, KeyedState, MaxParallelism, RoutedKey};
 use crate::protocol::CheckpointId;
 use crate::runtime::BoxError;
 use crate::state::{blob, Snapshot, StateError};
@@ -99,6 +99,10 @@ pub(crate) struct KeyedCore<
     /// Where its key groups were last written, when checkpoints are
     /// incremental.
     pub(crate) incremental: Option<Incremental>,
+    /// The batch being processed, each record's key, hash and group slot
+    /// computed ahead ([`KeyedState::route_batch`]); empty between
+    /// batches and reused, so it holds at most one batch.
+    pub(crate) routed: Vec<RoutedKey<K>>,
     pub(crate) _records: PhantomData<fn(In) -> Out>,
 }
 
@@ -170,6 +174,7 @@ impl<K: Key, S, In: 'static, Out: Send + 'static, F: ?Sized, KF: ?Sized>
             states,
             publish,
             incremental,
+            routed: Vec::new(),
             _records: PhantomData,
         }
     }
@@ -185,14 +190,22 @@ where
     KF: Fn(&In) -> K + ?Sized + 'static,
 {
     fn process(&mut self, batch: Vec<In>, out: &mut Collector<'_, Out>) -> Result<(), BoxError> {
-        for record in batch {
-            let key = (self.key_of)(&record);
-            // The hash partitioner upstream routed this record here by the
-            // key group of this very hash, so the lookup need not check it.
-            let state = self.states.get_or_default_routed(&key, key_hash(&key));
-            (self.function)(&key, state, record, out)?;
+        // The hash partitioner upstream routed these records here by the
+        // key group of these very hashes, so the lookups need not check
+        // them; keys, hashes and groups come first, in one pass.
+        let mut routed = std::mem::take(&mut self.routed);
+        self.states.route_batch(&batch, &*self.key_of, &mut routed);
+        let mut result = Ok(());
+        for (record, (key, hash, index)) in batch.into_iter().zip(routed.drain(..)) {
+            let state = self.states.get_or_default_at(&key, hash, index);
+            result = (self.function)(&key, state, record, out);
+            if result.is_err() {
+                break;
+            }
         }
-        Ok(())
+        routed.clear();
+        self.routed = routed;
+        result
     }
 
     fn snapshot(&mut self, _checkpoint: CheckpointId) -> Result<Vec<u8>, BoxError> {

@@ -43,7 +43,7 @@
 
 use super::cow::{GroupTable, KeyGroupHandoff};
 use super::hash::key_hash;
-use super::key_group::{KeyGroupError, KeyGroupRange, MaxParallelism};
+use super::key_group::{KeyGroupError, KeyGroupOf, KeyGroupRange, MaxParallelism};
 use super::part;
 use super::{KeyedError, StateKey};
 use crate::state::{Snapshot, StateError};
@@ -55,6 +55,9 @@ use hashbrown::HashTable;
 #[derive(Debug)]
 pub struct KeyedState<K, S> {
     max_parallelism: MaxParallelism,
+    /// `max_parallelism`'s key-group formula with its scaling chosen once:
+    /// the group picks the table, so it is on every lookup's critical path.
+    key_group_of: KeyGroupOf,
     range: KeyGroupRange,
     /// One slot per owned key group, in order: its copy-on-write table
     /// (so that a snapshot can take groups away in constant time, see
@@ -65,6 +68,10 @@ pub struct KeyedState<K, S> {
     /// state wrote them.
     copies: u64,
 }
+
+/// A routed record's key, its [`key_hash`] and the index of its group's
+/// slot, computed ahead by [`KeyedState::route_batch`].
+pub(crate) type RoutedKey<K> = (K, u64, usize);
 
 /// One key group of a [`KeyedState`].
 #[derive(Debug)]
@@ -152,6 +159,7 @@ impl<K: StateKey, S> KeyedState<K, S> {
         max_parallelism.check_range(range)?;
         Ok(KeyedState {
             max_parallelism,
+            key_group_of: KeyGroupOf::new(max_parallelism),
             range,
             groups: (0..range.len())
                 .map(|_| Slot {
@@ -208,7 +216,7 @@ impl<K: StateKey, S> KeyedState<K, S> {
     /// that key group when this state does not own it.
     #[inline]
     fn locate_hash(&self, hash: u64) -> Result<usize, u32> {
-        let key_group = self.max_parallelism.key_group_of(hash);
+        let key_group = self.key_group_of.key_group_of(hash);
         // Below `start` wraps to a huge index, so one comparison checks both
         // ends of the range.
         let index = key_group.wrapping_sub(self.range.start) as usize;
@@ -442,10 +450,50 @@ impl<K: StateKey, S: Default> KeyedState<K, S> {
             self.max_parallelism.key_group_of(hash),
             self.range
         );
-        let index = self
-            .max_parallelism
+        let index = self.routed_index(hash);
+        self.get_or_default_at(key, hash, index)
+    }
+
+    /// The index of the slot of a routed key's group (see
+    /// [`Self::get_or_default_routed`]): computed ahead, for a whole batch
+    /// before its records, it takes the key-group arithmetic off each
+    /// lookup's chain of dependent loads. The index of a foreign group
+    /// is out of bounds and panics when used.
+    #[inline(always)]
+    pub(crate) fn routed_index(&self, hash: u64) -> usize {
+        self.key_group_of
             .key_group_of(hash)
-            .wrapping_sub(self.range.start) as usize;
+            .wrapping_sub(self.range.start) as usize
+    }
+
+    /// Appends to `routed` each record's key (from `key_of`), its
+    /// [`key_hash`] and its [`Self::routed_index`], in order: the first
+    /// pass of a keyed operator over a batch of records a hash partitioner
+    /// routed here. The second pass looks each up with
+    /// [`Self::get_or_default_at`]. Split so, the hash and the key-group
+    /// arithmetic of a record are not on its lookup's chain of dependent
+    /// loads (the group's table, its control bytes, the entry): the
+    /// per-group tables cost one dependent load more than a single table
+    /// would, and this takes more than that off the chain.
+    #[inline]
+    pub(crate) fn route_batch<In>(
+        &self,
+        records: &[In],
+        key_of: impl Fn(&In) -> K,
+        routed: &mut Vec<RoutedKey<K>>,
+    ) {
+        routed.extend(records.iter().map(|record| {
+            let key = key_of(record);
+            let hash = key_hash(&key);
+            let index = self.routed_index(hash);
+            (key, hash, index)
+        }));
+    }
+
+    /// [`Self::get_or_default_routed`] with the key's
+    /// [`Self::routed_index`] computed ahead.
+    #[inline(always)]
+    pub(crate) fn get_or_default_at(&mut self, key: &K, hash: u64, index: usize) -> &mut S {
         let Some(slot) = self.groups.get_mut(index) else {
             misrouted_panic(self.max_parallelism, self.range, hash)
         };

@@ -70,6 +70,7 @@ pub mod part;
 
 mod backend;
 
+pub(crate) use backend::RoutedKey;
 pub use backend::{parts_in_range, KeyGroupPart, KeyedSnapshot, KeyedState};
 pub use collections::{ListState, MapState};
 pub use cow::KeyGroupHandoff;
