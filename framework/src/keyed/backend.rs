@@ -27,19 +27,27 @@
 //! for the memory bound). Encoding a group reads only its table, so no
 //! key is hashed again at a snapshot.
 //!
-//! The cost is on the hot path. Until issue 16's asynchronous snapshots
-//! the store was one table for the whole subtask: `benches/keyed.rs`
-//! measured, on the count workload at 10,000 keys, the single table at
-//! 0.81x of a bare `HashMap` and hand-written per-group tables at 0.68x
-//! (128 small tables add a dependent load, the group's table header,
-//! after the key-group arithmetic, and spread the hot entries over more
-//! cache lines). End to end, `keyed_count` at 10,000 keys with
-//! checkpoints off lost about 13 % (median of five alternating runs on a
-//! loaded machine, BENCHMARKS.md "Asynchronous snapshots"); at 100 k keys
-//! and more, where a lookup misses the cache anyway, the difference was
-//! within the noise, and the synchronous part of a checkpoint fell from
-//! up to a second to microseconds. std's `HashMap` with SipHash ran at
-//! 0.29x.
+//! The cost is on the hot path: a lookup loads the group's table header
+//! (control pointer, mask) before it can probe, one dependent load more
+//! than a single table, whose header sits at a fixed place. Until issue
+//! 16's asynchronous snapshots the store was one table for the whole
+//! subtask, and `benches/keyed.rs` measured on the count workload at
+//! 10,000 keys the single table at 0.81x of a bare `HashMap` and
+//! hand-written per-group tables at 0.68x. The first per-group
+//! `KeyedState` made it worse by computing the key group with the
+//! general formula (two dependent multiplies, the max parallelism read
+//! from memory) at the head of that chain; the single table had needed
+//! the group only for the dirty flag, off the chain. Two things take it
+//! back (BENCHMARKS.md, "The per-record cost of copy-on-write key
+//! groups"): [`KeyGroupOf`] makes the group a shift of the mixed hash at
+//! a power-of-two max parallelism (the default), and the job's keyed
+//! cores compute every record's key, hash and group slot in one pass over
+//! the batch ([`KeyedState::route_batch`]) before the lookups
+//! ([`KeyedState::get_or_default_at`]), so a lookup's chain starts at its
+//! group's table header. The copy-on-write check itself is one
+//! predictable branch on the table's pointer (the slot's enum uses it as
+//! its niche) and no atomic operation. std's `HashMap` with SipHash ran
+//! at 0.29x.
 
 use super::cow::{GroupTable, KeyGroupHandoff};
 use super::hash::key_hash;
