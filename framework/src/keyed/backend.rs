@@ -499,9 +499,17 @@ impl<K: StateKey, S: Default> KeyedState<K, S> {
     }
 
     /// [`Self::get_or_default_routed`] with the key's
-    /// [`Self::routed_index`] computed ahead.
+    /// [`Self::routed_index`] computed ahead: `hash` must be
+    /// `key_hash(key)` and `index` its `routed_index` (debug builds
+    /// assert both), or the key lands in another group's table.
     #[inline(always)]
     pub(crate) fn get_or_default_at(&mut self, key: &K, hash: u64, index: usize) -> &mut S {
+        debug_assert_eq!(hash, key_hash(key), "the hash given is not the key's");
+        debug_assert_eq!(
+            index,
+            self.routed_index(hash),
+            "the index is not the hash's"
+        );
         let Some(slot) = self.groups.get_mut(index) else {
             misrouted_panic(self.max_parallelism, self.range, hash)
         };
