@@ -480,9 +480,11 @@ impl<K: StateKey, S: Default> KeyedState<K, S> {
     /// routed here. The second pass looks each up with
     /// [`Self::get_or_default_at`]. Split so, the hash and the key-group
     /// arithmetic of a record are not on its lookup's chain of dependent
-    /// loads (the group's table, its control bytes, the entry): the
+    /// loads (the group's table, its control bytes, the entry). The
     /// per-group tables cost one dependent load more than a single table
-    /// would, and this takes more than that off the chain.
+    /// would; in the window benchmark's timed core this split more than
+    /// made up for it, in the plain keyed count's lighter core about
+    /// nothing (BENCHMARKS.md).
     #[inline]
     pub(crate) fn route_batch<In>(
         &self,
