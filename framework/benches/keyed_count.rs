@@ -562,12 +562,14 @@ fn run_loop(options: &Options) -> Result<f64, String> {
 /// What the live metrics cost one actor per slice of work on this
 /// machine, in nanoseconds: the end of a slice as `runtime::stage` does it
 /// (two clock reads, the busy time, a flush into the cell) plus one
-/// backpressure period's start and end (a third clock read), which is the
-/// most a slice adds. Timed alone, so the machine's load barely moves it.
+/// backpressure period's start and end (a third clock read), and a
+/// source's connector figures (a lag stored, bytes added, the clock read
+/// of its once-a-second split positions), which is the most a slice adds.
+/// Timed alone, so the machine's load barely moves it.
 fn metrics_ns_per_slice() -> f64 {
     const SLICES: u64 = 2_000_000;
     let cell = Arc::new(SubtaskCell::new(Instant::now()));
-    let mut recorder = SubtaskRecorder::new(cell);
+    let mut recorder = SubtaskRecorder::new(Arc::clone(&cell));
     let started = Instant::now();
     for slice in 0..SLICES {
         let begin = Instant::now();
@@ -577,6 +579,9 @@ fn metrics_ns_per_slice() -> f64 {
         recorder.backpressure_started(end);
         recorder.backpressure_ended(Instant::now());
         recorder.flush(black_box(slice * 1024));
+        cell.set_pending(black_box(Some(SLICES - slice)), None);
+        cell.add_bytes_in(black_box(1024 * 16));
+        black_box(started.elapsed());
     }
     started.elapsed().as_nanos() as f64 / SLICES as f64
 }

@@ -82,6 +82,12 @@ pub trait StageLogic: Unpin + 'static {
         Ok(())
     }
 
+    /// The end of a slice of work while live metrics are on: the logic
+    /// adds what it counts itself (a connector's bytes, a source's lag)
+    /// to its subtask's cell. Once per slice, never per batch; does
+    /// nothing unless overridden.
+    fn record_metrics(&mut self) {}
+
     /// How often the stage calls [`StageLogic::on_tick`], asked once at
     /// start. `None` (the default): never, and the stage has no timer at
     /// all, so a logic without ticks pays nothing for them.
@@ -259,6 +265,7 @@ impl<L: StageLogic> StageActor<L> {
         }
         if let (Some(metrics), Some(started)) = (&mut self.metrics, started) {
             record_slice(metrics, &self.outputs, started);
+            self.logic.record_metrics();
         }
         if self.failed {
             context.stop();

@@ -65,6 +65,7 @@
 
 mod bytes;
 mod error;
+mod lag;
 mod marker;
 mod partition;
 mod position;

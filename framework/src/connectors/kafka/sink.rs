@@ -327,6 +327,7 @@ where
             marker: None,
             plain: None,
             ended: false,
+            bytes_written: 0,
             _records: std::marker::PhantomData,
         })
     }
@@ -356,7 +357,18 @@ pub struct KafkaSink<T, S> {
     /// Whether the input ended (`finish`): no transaction is opened
     /// ahead after that.
     ended: bool,
+    /// Bytes of the records produced so far: keys, values and headers
+    /// (an aborted transaction's too, as they were sent).
+    bytes_written: u64,
     _records: std::marker::PhantomData<fn(&T)>,
+}
+
+/// The bytes of one produced record as [`Sink::bytes_written`] counts
+/// them: key, value and, with a transaction, the header's name and value.
+fn record_bytes(out: &KafkaOut, header: Option<&str>) -> u64 {
+    let key = out.key.as_ref().map_or(0, Vec::len);
+    let header = header.map_or(0, |value| TXN_HEADER.len() + value.len());
+    (key + out.value.len() + header) as u64
 }
 
 impl<T, S> fmt::Debug for KafkaSink<T, S> {
@@ -437,6 +449,7 @@ where
                         Some(&txn.header),
                         timeout,
                     )?;
+                    self.bytes_written += record_bytes(&out, Some(&txn.header));
                     txn.records.push(out);
                 }
                 txn.producer.poll(Duration::ZERO);
@@ -454,6 +467,7 @@ where
                 for record in batch {
                     let out = (self.serialize)(record);
                     send(producer, &self.config.topic, &out, None, timeout)?;
+                    self.bytes_written += record_bytes(&out, None);
                 }
                 producer.poll(Duration::ZERO);
                 watch.check()?;
@@ -630,6 +644,10 @@ where
             watch.check()?;
         }
         Ok(())
+    }
+
+    fn bytes_written(&self) -> Option<u64> {
+        Some(self.bytes_written)
     }
 
     fn guarantee(&self) -> Guarantee {
