@@ -41,13 +41,15 @@ pub(crate) struct SourceMeter {
 }
 
 impl SourceMeter {
-    /// Adds what `figures` bring to `cell`, and when a second passed since
-    /// the last time (or `now_too`, at the source's end) the positions
+    /// Adds what `figures` bring to `cell`, and when a second passed
+    /// since the last time by `now` (the slice's end, so no clock is
+    /// read here), or `now_too` (at the source's end), the positions
     /// `positions` appends.
     pub(crate) fn record(
         &mut self,
         cell: &SubtaskCell,
         figures: SourceFigures,
+        now: Instant,
         now_too: bool,
         positions: impl FnOnce(&mut Vec<SplitPosition>),
     ) {
@@ -55,14 +57,14 @@ impl SourceMeter {
             cell.add_bytes_in(self.bytes.delta(total));
         }
         cell.set_pending(figures.pending_records, figures.pending_bytes);
-        let due = self
-            .splits_at
-            .map_or(true, |at| at.elapsed() >= SPLITS_REFRESH);
+        let due = self.splits_at.map_or(true, |at| {
+            now.saturating_duration_since(at) >= SPLITS_REFRESH
+        });
         if due || now_too {
             self.splits.clear();
             positions(&mut self.splits);
             cell.set_splits(&self.splits);
-            self.splits_at = Some(Instant::now());
+            self.splits_at = Some(now);
         }
     }
 }
@@ -95,21 +97,27 @@ mod tests {
             position,
             pending_records: Some(7),
         };
-        meter.record(&cell, figures, false, |out| out.push(split(3)));
+        meter.record(&cell, figures, Instant::now(), false, |out| {
+            out.push(split(3))
+        });
         assert_eq!(cell.totals(Instant::now()).bytes_in, Some(0), "known at 0");
         let figures = SourceFigures {
             bytes_read: Some(100),
             ..figures
         };
         // Within the second: the bytes and lag move, the positions wait.
-        meter.record(&cell, figures, false, |out| out.push(split(9)));
+        meter.record(&cell, figures, Instant::now(), false, |out| {
+            out.push(split(9))
+        });
         assert_eq!(cell.totals(Instant::now()).bytes_in, Some(100));
         assert_eq!(
             (cell.pending_records(), cell.pending_bytes()),
             (Some(7), None)
         );
         assert_eq!(cell.splits(), [split(3)]);
-        meter.record(&cell, figures, true, |out| out.push(split(9)));
+        meter.record(&cell, figures, Instant::now(), true, |out| {
+            out.push(split(9))
+        });
         assert_eq!(cell.splits(), [split(9)], "the end copies them at once");
     }
 }

@@ -3,6 +3,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Instant;
 
 use crate::protocol::{NodeAction, NodeMachine};
 use crate::runtime::channel::Outputs;
@@ -248,14 +249,15 @@ impl<T: Data> SourceLogic for SourceShell<T> {
 
     /// The source's bytes read, lag and (at most once a second, and at
     /// its end) split positions, into the subtask's cell.
-    fn record_metrics(&mut self) {
+    fn record_metrics(&mut self, now: Instant) {
         let (Some(cell), Some(reader)) = (&self.env.metrics, self.reader.as_deref_mut()) else {
             return;
         };
         let figures = reader.figures();
-        self.meter.record(cell, figures, self.exhausted, |out| {
-            reader.split_positions(out);
-        });
+        self.meter
+            .record(cell, figures, now, self.exhausted, |out| {
+                reader.split_positions(out);
+            });
     }
 
     fn on_injected(

@@ -397,7 +397,7 @@ impl<In: Data, Out: Data> StageLogic for StageShell<In, Out> {
 
     /// A sink's bytes written, into the subtask's cell (other cores
     /// count none: records are not serialized between operators).
-    fn record_metrics(&mut self) {
+    fn record_metrics(&mut self, _now: Instant) {
         if let (Some(cell), Some(total)) = (&self.env.metrics, self.core.bytes_written()) {
             cell.add_bytes_out(self.bytes_out.delta(total));
         }
