@@ -6,7 +6,8 @@
 //! generation; a restarted subtask's new actor adds to the same cell), so
 //! every write is an uncontended relaxed `fetch_add` or `store` on a cache
 //! line no other actor writes. Nothing here takes a lock on the record
-//! path; the two mutexes are touched once per checkpoint.
+//! path; two mutexes are touched once per checkpoint, and a source's
+//! split positions at most once a second.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
