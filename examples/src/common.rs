@@ -587,6 +587,14 @@ impl<T: Clone> Source for PacedReader<T> {
     fn seek(&mut self, position: &SourcePosition) -> Result<(), SourceError> {
         self.inner.seek(position)
     }
+
+    fn figures(&mut self) -> snapflow::source::SourceFigures {
+        self.inner.figures()
+    }
+
+    fn split_positions(&self, out: &mut Vec<snapflow::source::SplitPosition>) {
+        self.inner.split_positions(out);
+    }
 }
 
 /// Opens the file store for `job` under `root` after deleting what an

@@ -92,4 +92,12 @@ impl Source for FileWithOffsetsReader {
     fn seek(&mut self, position: &SourcePosition) -> Result<(), SourceError> {
         self.inner.seek(position)
     }
+
+    fn figures(&mut self) -> snapflow::source::SourceFigures {
+        self.inner.figures()
+    }
+
+    fn split_positions(&self, out: &mut Vec<snapflow::source::SplitPosition>) {
+        self.inner.split_positions(out);
+    }
 }

@@ -311,6 +311,14 @@ pub mod pipeline {
         fn seek(&mut self, position: &SourcePosition) -> Result<(), SourceError> {
             self.inner.seek(position)
         }
+
+        fn figures(&mut self) -> snapflow::source::SourceFigures {
+            self.inner.figures()
+        }
+
+        fn split_positions(&self, out: &mut Vec<snapflow::source::SplitPosition>) {
+            self.inner.split_positions(out);
+        }
     }
 
     /// A [`CollectHandle`] whose first pre-commit, across every subtask and

@@ -107,6 +107,10 @@ pub struct LoggedCommit<S> {
 impl<S: Sink> Sink for LoggedCommit<S> {
     type Item = S::Item;
 
+    fn bytes_written(&self) -> Option<u64> {
+        self.inner.bytes_written()
+    }
+
     fn write_batch(&mut self, batch: &[S::Item]) -> Result<(), SinkError> {
         self.inner.write_batch(batch)
     }

@@ -91,6 +91,10 @@ pub struct SlowCommit<S> {
 impl<S: Sink> Sink for SlowCommit<S> {
     type Item = S::Item;
 
+    fn bytes_written(&self) -> Option<u64> {
+        self.inner.bytes_written()
+    }
+
     fn write_batch(&mut self, batch: &[S::Item]) -> Result<(), SinkError> {
         self.wrote |= !batch.is_empty();
         if self.write_delay_ms > 0 {

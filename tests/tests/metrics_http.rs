@@ -158,6 +158,13 @@ fn the_api_and_the_exposition_show_the_running_job() {
     assert!(value("snapflow_checkpoints_completed_total", None)[0] >= 2.0);
     assert_eq!(value("snapflow_backpressured_ms_per_second", None).len(), 8);
     assert!(!value("snapflow_channel_fill", None).is_empty());
+    // The in-memory source knows its records left; nothing here counts
+    // bytes (memory and the collect sink are not outside the job).
+    let left = value("snapflow_source_pending_records", Some("numbers"));
+    assert_eq!(left.len(), 2, "one sample per source subtask: {text}");
+    assert!(left.iter().all(|&left| left <= 8_000.0));
+    assert!(value("snapflow_bytes_in_total", None).is_empty());
+    assert!(scrape.docs.contains_key("snapflow_bytes_out"));
     assert_eq!(
         scrape.docs.get("snapflow_restarts").map(String::as_str),
         Some("Restarts of failover regions.")

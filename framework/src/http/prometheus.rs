@@ -15,7 +15,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use crate::metrics::JobMetrics;
+use crate::metrics::{JobMetrics, SubtaskMetrics};
 
 /// The content type of the exposition.
 pub(super) const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -52,6 +52,12 @@ struct SubtaskFamilies {
     idle: Gauges,
     backpressured: Gauges,
     watermark: Gauges,
+    bytes_in: Counters,
+    bytes_out: Counters,
+    pending_records: Gauges,
+    pending_bytes: Gauges,
+    split_position: Gauges,
+    split_pending_records: Gauges,
 }
 
 impl SubtaskFamilies {
@@ -79,6 +85,66 @@ impl SubtaskFamilies {
                 "snapflow_watermark_ms",
                 "The event-time watermark the subtask sent on last",
             ),
+            bytes_in: counter(
+                registry,
+                "snapflow_bytes_in",
+                "Bytes a source read from outside the job",
+            ),
+            bytes_out: counter(
+                registry,
+                "snapflow_bytes_out",
+                "Bytes a sink wrote outside the job",
+            ),
+            pending_records: gauge(
+                registry,
+                "snapflow_source_pending_records",
+                "Records a source knows exist and has not read yet (its lag)",
+            ),
+            pending_bytes: gauge(
+                registry,
+                "snapflow_source_pending_bytes",
+                "Bytes a source knows exist and has not read yet",
+            ),
+            split_position: gauge(
+                registry,
+                "snapflow_source_split_position",
+                "The position of a split's next record (a Kafka offset, a byte offset)",
+            ),
+            split_pending_records: gauge(
+                registry,
+                "snapflow_source_split_pending_records",
+                "Records of a split not read yet",
+            ),
+        }
+    }
+
+    /// The figures only sources and sinks have.
+    fn fill_connector(&self, labels: &Labels, subtask: &SubtaskMetrics) {
+        if let Some(bytes) = subtask.bytes_in {
+            self.bytes_in.get_or_create(labels).inc_by(bytes);
+        }
+        if let Some(bytes) = subtask.bytes_out {
+            self.bytes_out.get_or_create(labels).inc_by(bytes);
+        }
+        if let Some(records) = subtask.pending_records {
+            self.pending_records
+                .get_or_create(labels)
+                .set(records as f64);
+        }
+        if let Some(bytes) = subtask.pending_bytes {
+            self.pending_bytes.get_or_create(labels).set(bytes as f64);
+        }
+        for split in &subtask.splits {
+            let mut labels = labels.clone();
+            labels.push(("split".into(), split.split.clone()));
+            self.split_position
+                .get_or_create(&labels)
+                .set(split.position as f64);
+            if let Some(records) = split.pending_records {
+                self.split_pending_records
+                    .get_or_create(&labels)
+                    .set(records as f64);
+            }
         }
     }
 
@@ -106,6 +172,7 @@ impl SubtaskFamilies {
                         .get_or_create(&labels)
                         .set(watermark_ms as f64);
                 }
+                self.fill_connector(&labels, subtask);
             }
         }
     }

@@ -533,6 +533,10 @@ impl<T: Data> Core<T, ()> for SinkCore<T> {
             .as_ref()
             .map_or(Guarantee::ExactlyOnce, |sink| sink.guarantee())
     }
+
+    fn bytes_written(&self) -> Option<u64> {
+        self.sink.as_ref().and_then(|sink| sink.bytes_written())
+    }
 }
 
 #[cfg(test)]

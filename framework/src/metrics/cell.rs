@@ -6,12 +6,15 @@
 //! generation; a restarted subtask's new actor adds to the same cell), so
 //! every write is an uncontended relaxed `fetch_add` or `store` on a cache
 //! line no other actor writes. Nothing here takes a lock on the record
-//! path; the two mutexes are touched once per checkpoint.
+//! path; two mutexes are touched once per checkpoint, and a source's
+//! split positions at most once a second.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
+
+use crate::source::SplitPosition;
 
 /// How many checkpoints' synchronous parts a cell remembers until the
 /// supervisor reads them at the ack (more in flight than this is
@@ -40,8 +43,20 @@ pub struct SubtaskCell {
     backpressured_since_ns: AtomicU64,
     /// The output watermark plus one; 0 before the first one.
     watermark_ms: AtomicU64,
+    /// Bytes read from outside the job (a source's) plus one; 0 while
+    /// the subtask does not count them.
+    bytes_in: AtomicU64,
+    /// Bytes written outside the job (a sink's) plus one; 0 while the
+    /// subtask does not count them.
+    bytes_out: AtomicU64,
+    /// A source's records not read yet, plus one; 0: unknown.
+    pending_records: AtomicU64,
+    /// A source's bytes not read yet, plus one; 0: unknown.
+    pending_bytes: AtomicU64,
     /// The source position taken with the newest checkpoint, as text.
     position: Mutex<Option<String>>,
+    /// A source's splits as numbers, written at most once a second.
+    splits: Mutex<Vec<SplitPosition>>,
     /// (checkpoint, synchronous part in microseconds), newest last.
     sync_parts: Mutex<VecDeque<(u64, u64)>>,
 }
@@ -54,6 +69,8 @@ pub(crate) struct CellTotals {
     pub(crate) records_out: u64,
     pub(crate) busy_ns: u64,
     pub(crate) backpressured_ns: u64,
+    pub(crate) bytes_in: Option<u64>,
+    pub(crate) bytes_out: Option<u64>,
 }
 
 impl SubtaskCell {
@@ -69,7 +86,12 @@ impl SubtaskCell {
             backpressured_ns: AtomicU64::new(0),
             backpressured_since_ns: AtomicU64::new(0),
             watermark_ms: AtomicU64::new(0),
+            bytes_in: AtomicU64::new(0),
+            bytes_out: AtomicU64::new(0),
+            pending_records: AtomicU64::new(0),
+            pending_bytes: AtomicU64::new(0),
             position: Mutex::new(None),
+            splits: Mutex::new(Vec::new()),
             sync_parts: Mutex::new(VecDeque::new()),
         }
     }
@@ -92,7 +114,48 @@ impl SubtaskCell {
             records_out: self.records_out.load(Ordering::Relaxed),
             busy_ns: self.busy_ns.load(Ordering::Relaxed),
             backpressured_ns,
+            bytes_in: plus_one(&self.bytes_in),
+            bytes_out: plus_one(&self.bytes_out),
         }
+    }
+
+    /// Adds `bytes` read from outside the job (a source's); from the
+    /// first call on the subtask shows its bytes in, 0 included.
+    pub fn add_bytes_in(&self, bytes: u64) {
+        add_plus_one(&self.bytes_in, bytes);
+    }
+
+    /// Adds `bytes` written outside the job (a sink's).
+    pub fn add_bytes_out(&self, bytes: u64) {
+        add_plus_one(&self.bytes_out, bytes);
+    }
+
+    /// Sets a source's lag: records and bytes not read yet, when known.
+    pub fn set_pending(&self, records: Option<u64>, bytes: Option<u64>) {
+        store_plus_one(&self.pending_records, records);
+        store_plus_one(&self.pending_bytes, bytes);
+    }
+
+    /// A source's records not read yet, if it knows.
+    pub fn pending_records(&self) -> Option<u64> {
+        plus_one(&self.pending_records)
+    }
+
+    /// A source's bytes not read yet, if it knows.
+    pub fn pending_bytes(&self) -> Option<u64> {
+        plus_one(&self.pending_bytes)
+    }
+
+    /// Sets where a source's splits are (called at most once a second).
+    pub fn set_splits(&self, splits: &[SplitPosition]) {
+        let mut kept = lock(&self.splits);
+        kept.clear();
+        kept.extend_from_slice(splits);
+    }
+
+    /// Where the source's splits were at the last [`SubtaskCell::set_splits`].
+    pub fn splits(&self) -> Vec<SplitPosition> {
+        lock(&self.splits).clone()
     }
 
     /// Sets the watermark the subtask sent on (its output watermark).
@@ -135,6 +198,31 @@ impl SubtaskCell {
         found
             .and_then(|index| parts.remove(index))
             .map_or(0, |(_, sync_us)| sync_us)
+    }
+}
+
+/// The value of a counter or gauge kept plus one (0: none).
+fn plus_one(value: &AtomicU64) -> Option<u64> {
+    value.load(Ordering::Relaxed).checked_sub(1)
+}
+
+/// Adds to a counter kept plus one, making it known on the first add
+/// (a zero add after that writes nothing). The first add's load and add
+/// are two steps; only one actor writes a cell at a time, so none races
+/// it.
+fn add_plus_one(value: &AtomicU64, add: u64) {
+    let known = value.load(Ordering::Relaxed) > 0;
+    let add = if known { add } else { add.saturating_add(1) };
+    if add > 0 {
+        value.fetch_add(add, Ordering::Relaxed);
+    }
+}
+
+/// Sets a gauge kept plus one.
+fn store_plus_one(value: &AtomicU64, to: Option<u64>) {
+    let new = to.map_or(0, |to| to.saturating_add(1));
+    if value.load(Ordering::Relaxed) != new {
+        value.store(new, Ordering::Relaxed);
     }
 }
 

@@ -83,6 +83,8 @@ impl History {
 struct Rates {
     records_in: f64,
     records_out: f64,
+    bytes_in: f64,
+    bytes_out: f64,
     busy_ms: f64,
     backpressured_ms: f64,
 }
@@ -468,6 +470,13 @@ impl MetricsRegistry {
             backpressured_ms: totals.backpressured_ns / 1_000_000,
             watermark_ms: cell.watermark_ms(),
             position: cell.position(),
+            bytes_in: totals.bytes_in,
+            bytes_out: totals.bytes_out,
+            bytes_in_per_second: rates.bytes_in,
+            bytes_out_per_second: rates.bytes_out,
+            pending_records: cell.pending_records(),
+            pending_bytes: cell.pending_bytes(),
+            splits: cell.splits(),
         }
     }
 }
@@ -478,9 +487,12 @@ fn rates_between(old: &CellTotals, new: &CellTotals, window: Duration) -> Rates 
         return Rates::default();
     }
     let per_second = |old: u64, new: u64| new.saturating_sub(old) as f64 / seconds;
+    let bytes = |old: Option<u64>, new: Option<u64>| per_second(old.unwrap_or(0), new.unwrap_or(0));
     Rates {
         records_in: per_second(old.records_in, new.records_in),
         records_out: per_second(old.records_out, new.records_out),
+        bytes_in: bytes(old.bytes_in, new.bytes_in),
+        bytes_out: bytes(old.bytes_out, new.bytes_out),
         // Nanoseconds per second to milliseconds per second, at most 1000.
         busy_ms: (per_second(old.busy_ns, new.busy_ns) / 1e6).min(1000.0),
         backpressured_ms: (per_second(old.backpressured_ns, new.backpressured_ns) / 1e6)
@@ -506,8 +518,21 @@ fn sum_operator(info: &OperatorInfo, subtasks: Vec<SubtaskMetrics>) -> OperatorM
         backpressured_ms_per_second_max: max(|s| s.backpressured_ms_per_second),
         busy_ms_per_second_max: max(|s| s.busy_ms_per_second),
         watermark_ms,
+        bytes_in: sum_known(&subtasks, |s| s.bytes_in),
+        bytes_out: sum_known(&subtasks, |s| s.bytes_out),
+        bytes_in_per_second: subtasks.iter().map(|s| s.bytes_in_per_second).sum(),
+        bytes_out_per_second: subtasks.iter().map(|s| s.bytes_out_per_second).sum(),
+        pending_records: sum_known(&subtasks, |s| s.pending_records),
+        pending_bytes: sum_known(&subtasks, |s| s.pending_bytes),
         subtasks,
     }
+}
+
+/// The sum over the subtasks that know a figure; `None` when none does.
+fn sum_known(subtasks: &[SubtaskMetrics], get: fn(&SubtaskMetrics) -> Option<u64>) -> Option<u64> {
+    subtasks.iter().filter_map(get).fold(None, |sum, value| {
+        Some(sum.unwrap_or(0).saturating_add(value))
+    })
 }
 
 /// A registry of the job `job` with a source `in` and a sink `out` of

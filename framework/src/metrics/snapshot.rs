@@ -4,6 +4,8 @@
 
 use serde::Serialize;
 
+use crate::source::SplitPosition;
+
 /// A snapshot of a running job's metrics.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct JobMetrics {
@@ -92,6 +94,23 @@ pub struct OperatorMetrics {
     pub busy_ms_per_second_max: f64,
     /// The lowest output watermark of its subtasks, once each has one.
     pub watermark_ms: Option<u64>,
+    /// Bytes read from outside the job, summed over the subtasks that
+    /// count them (see [`SubtaskMetrics::bytes_in`]); `None` when none
+    /// does.
+    pub bytes_in: Option<u64>,
+    /// Bytes written outside the job, summed over the subtasks that count
+    /// them (see [`SubtaskMetrics::bytes_out`]).
+    pub bytes_out: Option<u64>,
+    /// Bytes read per second, summed over subtasks.
+    pub bytes_in_per_second: f64,
+    /// Bytes written per second, summed over subtasks.
+    pub bytes_out_per_second: f64,
+    /// A source's records not read yet, summed over the subtasks that
+    /// know (Flink's `pendingRecords`).
+    pub pending_records: Option<u64>,
+    /// A source's bytes not read yet, summed over the subtasks that know
+    /// (Flink's `pendingBytes`).
+    pub pending_bytes: Option<u64>,
 }
 
 /// One operator instance's figures.
@@ -125,6 +144,35 @@ pub struct SubtaskMetrics {
     pub watermark_ms: Option<u64>,
     /// For a source: its position at the newest checkpoint.
     pub position: Option<String>,
+    /// Bytes read from outside the job, over every generation, as Flink
+    /// counts `numBytesIn` at a serialization boundary: a source's input
+    /// (the file source: the lines with their endings; the Kafka source:
+    /// each message's key, value and headers). `None` for an operator
+    /// that reads nothing from outside: records pass between snapflow's
+    /// operators in memory, unserialized, as between Flink's chained
+    /// operators, so they have no size to count.
+    pub bytes_in: Option<u64>,
+    /// Bytes written outside the job, over every generation: a sink's
+    /// output (the file sink: the encoded lines; the Kafka sink: each
+    /// record's key, value and headers). `None` for a sink that does not
+    /// count them (PostgreSQL, print, collect) and for every other
+    /// operator.
+    pub bytes_out: Option<u64>,
+    /// Bytes read per second over the last sampling window.
+    pub bytes_in_per_second: f64,
+    /// Bytes written per second over the last sampling window.
+    pub bytes_out_per_second: f64,
+    /// For a source that knows: records not read yet, its lag (the Kafka
+    /// source: high watermark minus next offset, summed over its
+    /// partitions; in-memory sources: the records left).
+    pub pending_records: Option<u64>,
+    /// For a source that knows: bytes not read yet (the file source: its
+    /// split's end minus its next line).
+    pub pending_bytes: Option<u64>,
+    /// For a source that reports them: each split's position as a number
+    /// (a Kafka partition's next offset, a file's byte offset), copied at
+    /// most once a second while it runs and at its end.
+    pub splits: Vec<SplitPosition>,
 }
 
 /// One logical edge.

@@ -53,6 +53,14 @@ pub trait SourceLogic: Unpin + 'static {
         outputs: &mut Outputs<Self::Out, Self::Control>,
     ) -> Result<SourcePoll, BoxError>;
 
+    /// The end of a slice of work at `now` while live metrics are on:
+    /// the logic adds what it counts itself (a connector's bytes, a
+    /// source's lag) to its subtask's cell. Once per slice, never per
+    /// batch; does nothing unless overridden.
+    fn record_metrics(&mut self, now: Instant) {
+        let _ = now;
+    }
+
     /// Handles a control item injected from outside the graph (e.g. a
     /// checkpoint trigger). Ignores it unless overridden.
     fn on_injected(
@@ -170,7 +178,8 @@ impl<L: SourceLogic> SourceActor<L> {
             }
         }
         if let (Some(metrics), Some(started)) = (&mut self.metrics, started) {
-            record_slice(metrics, &self.outputs, started);
+            let now = record_slice(metrics, &self.outputs, started);
+            self.logic.record_metrics(now);
         }
         self.linger.arm(&self.outputs, context, Self::linger_fired);
         self.stop_if_done(context);

@@ -82,6 +82,14 @@ pub trait StageLogic: Unpin + 'static {
         Ok(())
     }
 
+    /// The end of a slice of work at `now` while live metrics are on:
+    /// the logic adds what it counts itself (a connector's bytes, a
+    /// source's lag) to its subtask's cell. Once per slice, never per
+    /// batch; does nothing unless overridden.
+    fn record_metrics(&mut self, now: Instant) {
+        let _ = now;
+    }
+
     /// How often the stage calls [`StageLogic::on_tick`], asked once at
     /// start. `None` (the default): never, and the stage has no timer at
     /// all, so a logic without ticks pays nothing for them.
@@ -258,7 +266,8 @@ impl<L: StageLogic> StageActor<L> {
             processed += 1;
         }
         if let (Some(metrics), Some(started)) = (&mut self.metrics, started) {
-            record_slice(metrics, &self.outputs, started);
+            let now = record_slice(metrics, &self.outputs, started);
+            self.logic.record_metrics(now);
         }
         if self.failed {
             context.stop();
@@ -337,18 +346,20 @@ impl<L: StageLogic> StageActor<L> {
 
 /// The end of a slice of work that began at `started`: its busy time, the
 /// output records, and the start of a backpressure period if an output
-/// is out of credit now. Two clock reads per slice, not per batch.
+/// is out of credit now. Two clock reads per slice, not per batch; the
+/// second (the slice's end) is returned for the logic's own figures.
 pub(super) fn record_slice<T: Send + 'static, C: Send + 'static>(
     metrics: &mut SubtaskRecorder,
     outputs: &Outputs<T, C>,
     started: Instant,
-) {
+) -> Instant {
     let now = Instant::now();
     metrics.busy(started, now);
     if !outputs.has_credit() {
         metrics.backpressure_started(now);
     }
     metrics.flush(outputs.records_sent());
+    now
 }
 
 /// Every output has credit again: a running backpressure period ends,

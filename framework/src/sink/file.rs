@@ -165,6 +165,7 @@ impl<T, F: Fn(&T, &mut Vec<u8>) + Clone> SinkFactory for FileSinkFactory<T, F> {
             pending: BTreeMap::new(),
             finished: false,
             last_pre_commit: None,
+            bytes_written: 0,
             _records: PhantomData,
         })
     }
@@ -237,6 +238,8 @@ pub struct FileSink<T, F> {
     pending: BTreeMap<u64, Digest>,
     finished: bool,
     last_pre_commit: Option<u64>,
+    /// Bytes written to transaction files so far (an aborted one's too).
+    bytes_written: u64,
     _records: PhantomData<fn(&T)>,
 }
 
@@ -276,6 +279,7 @@ impl<T, F> FileSink<T, F> {
             file.write_all(&self.buffer)
                 .map_err(io_error("writing", &path))?;
             self.written.add(&self.buffer);
+            self.bytes_written += self.buffer.len() as u64;
         }
         self.buffer.clear();
         Ok(())
@@ -492,6 +496,10 @@ impl<T, F: Fn(&T, &mut Vec<u8>)> Sink for FileSink<T, F> {
     fn finish(&mut self) -> Result<(), SinkError> {
         self.finished = true;
         self.write_buffer()
+    }
+
+    fn bytes_written(&self) -> Option<u64> {
+        Some(self.bytes_written)
     }
 }
 

@@ -274,6 +274,16 @@ pub trait Sink {
         Ok(())
     }
 
+    /// Bytes this sink object wrote to the system outside the job since
+    /// it was made, for the live metrics (Flink's `numBytesOut` of a
+    /// sink): the file sink's encoded lines, the Kafka sink's keys, values
+    /// and headers. The runtime asks once per slice of batches while
+    /// metrics are on, so return a counter the sink keeps. The default
+    /// (`None`) does not count.
+    fn bytes_written(&self) -> Option<u64> {
+        None
+    }
+
     /// What this sink guarantees after a restore. The default is
     /// exactly-once, which is true only if the sink follows the contract.
     fn guarantee(&self) -> Guarantee {

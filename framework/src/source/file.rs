@@ -14,7 +14,10 @@ use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
-use super::{split_range, Source, SourceError, SourceFactory, SourcePoll, SourcePosition};
+use super::{
+    split_range, Source, SourceError, SourceFactory, SourceFigures, SourcePoll, SourcePosition,
+    SplitPosition,
+};
 
 /// The default bound on one line's length, without its line ending: 1 MiB.
 pub const DEFAULT_MAX_LINE_BYTES: usize = 1 << 20;
@@ -80,6 +83,7 @@ impl SourceFactory for FileLinesSourceFactory {
             next: start,
             max_line_bytes: self.max_line_bytes,
             line: Vec::new(),
+            bytes_read: 0,
         })
     }
 }
@@ -122,6 +126,9 @@ pub struct FileLinesSource {
     /// Reused for every line, so reading costs no allocation per line
     /// beyond the `String` handed out.
     line: Vec<u8>,
+    /// Bytes of the lines handed out, line endings included (a line read
+    /// again after a seek back counts again, as a re-read does).
+    bytes_read: u64,
 }
 
 impl FileLinesSource {
@@ -226,6 +233,7 @@ impl Source for FileLinesSource {
                 Ok((text, after)) => {
                     out.push(text);
                     produced += 1;
+                    self.bytes_read += after - self.next;
                     self.next = after;
                 }
                 Err(error) => {
@@ -244,6 +252,25 @@ impl Source for FileLinesSource {
 
     fn position(&self) -> SourcePosition {
         SourcePosition::from_index(self.next)
+    }
+
+    /// The bytes of the lines read, and the bytes of this split not read
+    /// yet (the split's end is fixed when the source is made).
+    fn figures(&mut self) -> SourceFigures {
+        SourceFigures {
+            bytes_read: Some(self.bytes_read),
+            pending_records: None,
+            pending_bytes: Some(self.end.saturating_sub(self.next)),
+        }
+    }
+
+    /// One split: the file, at the byte offset of its next line.
+    fn split_positions(&self, out: &mut Vec<SplitPosition>) {
+        out.push(SplitPosition {
+            split: self.path.display().to_string(),
+            position: self.next,
+            pending_records: None,
+        });
     }
 
     fn seek(&mut self, position: &SourcePosition) -> Result<(), SourceError> {

@@ -7,7 +7,9 @@
 
 use std::ops::Range;
 
-use super::{split_range, Source, SourceError, SourceFactory, SourcePoll, SourcePosition};
+use super::{
+    split_range, Source, SourceError, SourceFactory, SourceFigures, SourcePoll, SourcePosition,
+};
 
 /// Gives each subtask a contiguous share of the index range.
 ///
@@ -76,6 +78,14 @@ impl<T, F: Fn(u64) -> T> Source for GeneratorSource<F> {
         let produced = (stop - self.next) as usize;
         self.next = stop;
         Ok(SourcePoll::Produced(produced))
+    }
+
+    /// The records of this share not read yet.
+    fn figures(&mut self) -> SourceFigures {
+        SourceFigures {
+            pending_records: Some(self.end.saturating_sub(self.next)),
+            ..SourceFigures::default()
+        }
     }
 
     fn position(&self) -> SourcePosition {

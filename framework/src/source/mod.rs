@@ -84,11 +84,13 @@
 mod file;
 mod generator;
 mod iter;
+mod progress;
 mod vec;
 
 pub use file::{FileLinesSource, FileLinesSourceFactory, DEFAULT_MAX_LINE_BYTES};
 pub use generator::{GeneratorSource, GeneratorSourceFactory};
 pub use iter::{IterSource, IterSourceFactory};
+pub use progress::{SourceFigures, SplitPosition};
 pub use vec::{VecSource, VecSourceFactory};
 
 use std::io;
@@ -242,6 +244,23 @@ pub trait Source {
     /// call, so that each split's generator sees only its own. Default 0.
     fn last_split(&self) -> SplitId {
         0
+    }
+
+    /// This source's own figures for the live metrics: the bytes it read
+    /// from outside and its lag (see [`SourceFigures`]). The runtime asks
+    /// once per slice of polls (a few dozen batches) while metrics are on,
+    /// so it must be cheap: return counters the source keeps anyway. The
+    /// default knows nothing.
+    fn figures(&mut self) -> SourceFigures {
+        SourceFigures::default()
+    }
+
+    /// Appends where each of this source's splits is, as numbers, to
+    /// `out`. The runtime asks at most once a second and when the source
+    /// ends, while metrics are on. The default appends nothing (the
+    /// metrics then show the position stored at the newest checkpoint).
+    fn split_positions(&self, out: &mut Vec<SplitPosition>) {
+        let _ = out;
     }
 
     /// What this source can guarantee after a restore.

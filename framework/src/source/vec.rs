@@ -5,7 +5,9 @@
 
 use std::sync::Arc;
 
-use super::{split_range, Source, SourceError, SourceFactory, SourcePoll, SourcePosition};
+use super::{
+    split_range, Source, SourceError, SourceFactory, SourceFigures, SourcePoll, SourcePosition,
+};
 
 /// Gives each subtask a contiguous share of a vector.
 ///
@@ -72,6 +74,14 @@ impl<T: Clone> Source for VecSource<T> {
         let produced = stop - self.next;
         self.next = stop;
         Ok(SourcePoll::Produced(produced))
+    }
+
+    /// The records of this share not read yet.
+    fn figures(&mut self) -> SourceFigures {
+        SourceFigures {
+            pending_records: Some((self.end.saturating_sub(self.next)) as u64),
+            ..SourceFigures::default()
+        }
     }
 
     fn position(&self) -> SourcePosition {

@@ -66,6 +66,7 @@
 mod bytes;
 mod error;
 mod gate;
+mod lag;
 mod marker;
 mod partition;
 mod position;

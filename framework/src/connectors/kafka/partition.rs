@@ -34,10 +34,11 @@ use std::time::Duration;
 use rdkafka::consumer::base_consumer::PartitionQueue;
 use rdkafka::consumer::{BaseConsumer, Consumer, DefaultConsumerContext};
 use rdkafka::error::KafkaError as ClientError;
-use rdkafka::message::{BorrowedMessage, Message};
+use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::error::{code_is_retryable, KafkaError};
+use super::lag::PartitionKey;
 use super::position::PartitionOffsets;
 use crate::source::SplitId;
 
@@ -80,6 +81,12 @@ pub(super) struct OwnedPartition {
     pub(super) split: SplitId,
     /// Its queue while it is assigned.
     queue: Option<PartitionQueue<DefaultConsumerContext>>,
+    /// The high watermark the lag probe last got from the broker, as
+    /// [`TopicReader::refresh_highs`] took it (`None` before any).
+    high: Option<i64>,
+    /// The consumer's own position then: past transaction markers, which
+    /// are never delivered and so never move `offsets.next`.
+    consumed: Option<i64>,
 }
 
 /// Whether a bounded partition has nothing left to read.
@@ -96,6 +103,23 @@ pub(super) struct TopicReader {
     /// Whether the consumer reads from `partitions`' next offsets; cleared
     /// by a seek, a new partition or a record on the consumer's own queue.
     assigned: bool,
+    /// Bytes of the messages read (keys, values, headers), for the live
+    /// metrics.
+    pub(super) bytes_read: u64,
+}
+
+/// The bytes of one message as the source's metrics count them: key,
+/// value and every header's name and value.
+fn message_bytes(message: &BorrowedMessage<'_>) -> u64 {
+    let key = message.key().map_or(0, <[u8]>::len);
+    let value = message.payload().map_or(0, <[u8]>::len);
+    let headers = message.headers().map_or(0, |headers| {
+        headers
+            .iter()
+            .map(|header| header.key.len() + header.value.map_or(0, <[u8]>::len))
+            .sum()
+    });
+    (key + value + headers) as u64
 }
 
 impl TopicReader {
@@ -105,7 +129,44 @@ impl TopicReader {
             consumer: Arc::new(consumer),
             partitions: BTreeMap::new(),
             assigned: false,
+            bytes_read: 0,
         }
+    }
+
+    /// Takes every owned partition's high watermark from `highs` (the lag
+    /// probe's answers for reader `index`) and the consumer's own
+    /// positions, which are local (no request), for the lag.
+    pub(super) fn refresh_highs(&mut self, index: usize, highs: &BTreeMap<PartitionKey, i64>) {
+        let positions = self.consumer.position().ok();
+        for (&partition, owned) in &mut self.partitions {
+            if let Some(&high) = highs.get(&(index, partition)).filter(|high| **high >= 0) {
+                owned.high = Some(high);
+            }
+            owned.consumed = positions
+                .as_ref()
+                .and_then(|list| list.find_partition(&self.topic, partition))
+                .and_then(|entry| match entry.offset() {
+                    Offset::Offset(at) => Some(at),
+                    _ => None,
+                });
+        }
+    }
+
+    /// The consumer, for the lag probe's thread.
+    pub(super) fn shared_consumer(&self) -> Arc<BaseConsumer> {
+        Arc::clone(&self.consumer)
+    }
+
+    /// Offsets of `owned` not read yet: up to its end when bounded, else
+    /// up to the probe's high watermark (`None` before one is known), from
+    /// its next offset or the consumer's position past markers.
+    pub(super) fn pending(owned: &OwnedPartition) -> Option<u64> {
+        let target = owned.offsets.end.or(owned.high)?;
+        let from = owned
+            .consumed
+            .filter(|&at| at <= target)
+            .map_or(owned.offsets.next, |at| at.max(owned.offsets.next));
+        Some(u64::try_from(target.saturating_sub(from)).unwrap_or(0))
     }
 
     pub(super) fn consumer(&self) -> &BaseConsumer {
@@ -122,6 +183,8 @@ impl TopicReader {
                 offsets,
                 split,
                 queue: None,
+                high: None,
+                consumed: None,
             });
         self.assigned = false;
     }
@@ -219,6 +282,7 @@ impl TopicReader {
             consumer,
             partitions,
             assigned,
+            bytes_read,
         } = self;
         let Some(owned) = partitions.get_mut(&partition) else {
             return Ok(read);
@@ -268,6 +332,7 @@ impl TopicReader {
                 continue;
             }
             place.next = offset + 1;
+            *bytes_read += message_bytes(&message);
             match take(&message) {
                 Taken::Record => read.produced += 1,
                 // Counted like the other events that are not records, so

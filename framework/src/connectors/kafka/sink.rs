@@ -339,6 +339,7 @@ where
             plain: None,
             ended: false,
             live: false,
+            bytes_written: 0,
             _records: std::marker::PhantomData,
         })
     }
@@ -378,7 +379,18 @@ pub struct KafkaSink<T, S> {
     /// Whether this sink was restored and counts as alive in the process
     /// table ([`registry::add_live`]).
     live: bool,
+    /// Bytes of the records produced so far: keys, values and headers
+    /// (an aborted transaction's too, as they were sent).
+    bytes_written: u64,
     _records: std::marker::PhantomData<fn(&T)>,
+}
+
+/// The bytes of one produced record as [`Sink::bytes_written`] counts
+/// them: key, value and, with a transaction, the header's name and value.
+fn record_bytes(out: &KafkaOut, header: Option<&str>) -> u64 {
+    let key = out.key.as_ref().map_or(0, Vec::len);
+    let header = header.map_or(0, |value| TXN_HEADER.len() + value.len());
+    (key + out.value.len() + header) as u64
 }
 
 impl<T, S> fmt::Debug for KafkaSink<T, S> {
@@ -509,6 +521,7 @@ where
                 Some(&txn.header),
                 timeout,
             )?;
+            self.bytes_written += record_bytes(out, Some(&txn.header));
         }
         self.held_from = txn.records.len();
         txn.producer.poll(Duration::ZERO);
@@ -561,6 +574,7 @@ where
                 for record in batch {
                     let out = (self.serialize)(record);
                     send(producer, &self.config.topic, &out, None, timeout)?;
+                    self.bytes_written += record_bytes(&out, None);
                 }
                 producer.poll(Duration::ZERO);
                 watch.check()?;
@@ -731,6 +745,10 @@ where
             watch.check()?;
         }
         Ok(())
+    }
+
+    fn bytes_written(&self) -> Option<u64> {
+        Some(self.bytes_written)
     }
 
     fn guarantee(&self) -> Guarantee {

@@ -58,12 +58,23 @@ use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::error::KafkaError;
+use super::lag::LagProbe;
 use super::partition::{self, Taken, TopicReader};
 use super::position::{self, Offsets, PartitionOffsets};
 use super::{client_config, close_consumer, partition_counts};
 use crate::source::{
-    check_split, Source, SourceError, SourceFactory, SourcePoll, SourcePosition, SplitId,
+    check_split, Source, SourceError, SourceFactory, SourceFigures, SourcePoll, SourcePosition,
+    SplitId, SplitPosition,
 };
+
+/// How often the lag probe's answers are taken over (it asks the broker
+/// once a second): the live metrics ask once per slice of polls, and this
+/// keeps its locks and the consumer's positions off most of them.
+const HIGHS_REFRESH: Duration = Duration::from_secs(1);
+
+/// How soon the source looks again while the probe has no answer yet
+/// (just started): its first one then shows within milliseconds.
+const FIRST_ANSWER_POLL: Duration = Duration::from_millis(10);
 
 /// Where a partition without a stored offset starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -326,6 +337,8 @@ where
             last_split: 0,
             next_split: 0,
             last_discovery: Instant::now(),
+            lag_due: None,
+            lag: None,
             failed: None,
         };
         source.discover(self.config.start)?;
@@ -369,6 +382,12 @@ pub struct KafkaSource<D> {
     /// watermark generator.
     next_split: SplitId,
     last_discovery: Instant,
+    /// When the lag probe's answers are taken over next (`None`: at the
+    /// first [`Source::figures`]).
+    lag_due: Option<Instant>,
+    /// The high watermarks' thread, started at the first
+    /// [`Source::figures`] of an unbounded source (metrics on).
+    lag: Option<LagProbe>,
     /// A bad record found while filling a batch, returned by the next
     /// poll (the records before it are delivered first).
     failed: Option<KafkaError>,
@@ -476,6 +495,36 @@ impl<D> KafkaSource<D> {
 
     fn finished(&self) -> bool {
         self.config.bounded && self.readers.iter().all(TopicReader::finished)
+    }
+
+    /// Starts the lag probe if it does not run, tells it the partitions
+    /// owned now and takes over its answers.
+    fn refresh_lag(&mut self) {
+        match &self.lag {
+            Some(probe) => probe.want(&self.order),
+            None => {
+                let consumers = self
+                    .readers
+                    .iter()
+                    .map(|reader| (reader.topic.clone(), reader.shared_consumer()))
+                    .collect();
+                let timeout = Duration::from_millis(self.config.request_timeout_ms.min(1_000));
+                self.lag = LagProbe::start(consumers, &self.order, timeout);
+            }
+        }
+        if let Some(probe) = &self.lag {
+            let highs = probe.highs();
+            for (index, reader) in self.readers.iter_mut().enumerate() {
+                reader.refresh_highs(index, &highs);
+            }
+        }
+        let answered = self.lag.as_ref().is_some_and(LagProbe::answered);
+        let wait = if answered {
+            HIGHS_REFRESH
+        } else {
+            FIRST_ANSWER_POLL
+        };
+        self.lag_due = Some(Instant::now() + wait);
     }
 
     /// Discovery when it is due, assignments that are due, and the
@@ -610,6 +659,45 @@ where
         self.last_split
     }
 
+    /// The bytes of the messages read, and the offsets not read yet
+    /// summed over the owned partitions: up to a bounded partition's end,
+    /// else up to its high watermark as the lag probe last got it from
+    /// the broker (taken over at most once a second; a partition whose
+    /// high watermark is not known yet leaves the lag unknown).
+    fn figures(&mut self) -> SourceFigures {
+        let due = self.lag_due.map_or(true, |at| Instant::now() >= at);
+        if due && !self.config.bounded {
+            self.refresh_lag();
+        }
+        let mut pending = Some(0_u64);
+        for reader in &self.readers {
+            for owned in reader.partitions.values() {
+                pending = pending
+                    .zip(TopicReader::pending(owned))
+                    .map(|(sum, more)| sum.saturating_add(more));
+            }
+        }
+        SourceFigures {
+            bytes_read: Some(self.readers.iter().map(|reader| reader.bytes_read).sum()),
+            pending_records: pending,
+            pending_bytes: None,
+        }
+    }
+
+    /// Every owned partition as `topic/partition` at its next offset,
+    /// with its own lag.
+    fn split_positions(&self, out: &mut Vec<SplitPosition>) {
+        for reader in &self.readers {
+            for (partition, owned) in &reader.partitions {
+                out.push(SplitPosition {
+                    split: format!("{}/{partition}", reader.topic),
+                    position: u64::try_from(owned.offsets.next).unwrap_or(0),
+                    pending_records: TopicReader::pending(owned),
+                });
+            }
+        }
+    }
+
     fn seek(&mut self, position: &SourcePosition) -> Result<(), SourceError> {
         let stored = position::decode(position)?;
         for index in 0..self.readers.len() {
@@ -647,6 +735,8 @@ where
 
 impl<D> Drop for KafkaSource<D> {
     fn drop(&mut self) {
+        // The probe's thread uses the consumers: it stops first.
+        drop(self.lag.take());
         let timeout = Duration::from_millis(self.config.request_timeout_ms.min(1_000));
         close_readers(&self.readers, timeout);
     }

@@ -62,6 +62,11 @@ pub(crate) trait Core<In, Out: Send + 'static>: 'static {
     fn guarantee(&self) -> Guarantee {
         Guarantee::ExactlyOnce
     }
+    /// Bytes a sink wrote outside the job so far ([`crate::sink::Sink::bytes_written`]);
+    /// `None` for every other core.
+    fn bytes_written(&self) -> Option<u64> {
+        None
+    }
     /// A checkpoint is complete (sinks commit).
     fn on_complete(&mut self, checkpoint: CheckpointId) -> Result<(), BoxError> {
         let _ = checkpoint;

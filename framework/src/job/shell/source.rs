@@ -3,6 +3,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Instant;
 
 use crate::protocol::{NodeAction, NodeMachine};
 use crate::runtime::channel::Outputs;
@@ -16,6 +17,7 @@ use super::pending::PendingPart;
 use super::snapshot::{SnapshotDriver, SnapshotHost};
 use super::taken::TakenStates;
 use crate::job::route::Router;
+use crate::metrics::SourceMeter;
 use crate::source::{Source, SourceError, SourcePoll as ReadStatus, SourcePosition, SplitId};
 use crate::storage::Segment;
 use crate::time::{SourceSignal, SourceWatermarks};
@@ -54,6 +56,8 @@ pub(crate) struct SourceShell<T: Data> {
     /// Snapshots that are not checkpoints (see `snapshot.rs`); a source
     /// has no inputs, so it only starts and joins them.
     snapshots: SnapshotDriver<T>,
+    /// The source's own figures on their way to the live metrics.
+    meter: SourceMeter,
 }
 
 impl<T: Data> SourceShell<T> {
@@ -82,6 +86,7 @@ impl<T: Data> SourceShell<T> {
             read_batch: read_batch.max(1),
             exhausted: false,
             taken: TakenStates::default(),
+            meter: SourceMeter::default(),
         }
     }
 
@@ -241,6 +246,19 @@ impl<T: Data> SourceLogic for SourceShell<T> {
                 SourcePoll::Exhausted
             }
         })
+    }
+
+    /// The source's bytes read, lag and (at most once a second, and at
+    /// its end) split positions, into the subtask's cell.
+    fn record_metrics(&mut self, now: Instant) {
+        let (Some(cell), Some(reader)) = (&self.env.metrics, self.reader.as_deref_mut()) else {
+            return;
+        };
+        let figures = reader.figures();
+        self.meter
+            .record(cell, figures, now, self.exhausted, |out| {
+                reader.split_positions(out);
+            });
     }
 
     fn on_injected(

@@ -16,6 +16,7 @@ use super::pending::{PendingPart, TakenState};
 use super::snapshot::{SnapshotDriver, SnapshotHost};
 use super::taken::TakenStates;
 use crate::job::route::{Collector, Router};
+use crate::metrics::BytesSeen;
 use crate::source::Guarantee;
 use crate::time::{Advance, InputWatermarks, WATERMARK_MAX_MS};
 
@@ -102,6 +103,8 @@ pub(crate) struct StageShell<In: Data, Out: Data> {
     trigger_requested: bool,
     /// Snapshots that are not checkpoints (see `snapshot.rs`).
     snapshots: SnapshotDriver<In>,
+    /// A sink's bytes written on their way to the live metrics.
+    bytes_out: BytesSeen,
 }
 
 impl<In: Data, Out: Data> StageShell<In, Out> {
@@ -136,6 +139,7 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
             watermarks: InputWatermarks::new(back_edge),
             inputs_ended: false,
             trigger_requested: false,
+            bytes_out: BytesSeen::default(),
         }
     }
 
@@ -391,6 +395,14 @@ impl<In: Data, Out: Data> StageLogic for StageShell<In, Out> {
     type In = In;
     type Out = Out;
     type Control = Control;
+
+    /// A sink's bytes written, into the subtask's cell (other cores
+    /// count none: records are not serialized between operators).
+    fn record_metrics(&mut self, _now: Instant) {
+        if let (Some(cell), Some(total)) = (&self.env.metrics, self.core.bytes_written()) {
+            cell.add_bytes_out(self.bytes_out.delta(total));
+        }
+    }
 
     fn on_batch(
         &mut self,
