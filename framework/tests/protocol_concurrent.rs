@@ -16,6 +16,8 @@ mod exhaustive;
 mod machine;
 #[path = "protocol_concurrent/random.rs"]
 mod random;
+#[path = "protocol_concurrent/reduction.rs"]
+mod reduction;
 #[path = "protocol_concurrent/ring.rs"]
 mod ring;
 #[path = "protocol_concurrent/sim.rs"]
