@@ -1,9 +1,10 @@
 //! A sound partial-order reduction for the exhaustive explorer: in every
-//! state it picks, when it can, one enabled step that is independent of
-//! every other step that could ever run before it, and explores only that
-//! step (a persistent set of size one). It owns the choice of that step and
-//! the argument why the choice loses nothing; it never changes how a step
-//! is carried out (that is `sim.rs`) and never checks anything itself.
+//! state it picks, when it can, a small set of enabled steps such that
+//! every step that could run before one of them commutes with all of them
+//! (a persistent set), and explores only those. It owns the choice of that
+//! set and the argument why the choice loses nothing; it never changes how
+//! a step is carried out (that is `sim.rs`) and never checks anything
+//! itself.
 //!
 //! # The safe steps
 //!
@@ -21,6 +22,15 @@
 //!    can ever happen at `r` before it: `r` may start no snapshot, end no
 //!    output and send nothing (no send is left, or its outputs ended), and
 //!    every other input of `r` has ended.
+//!
+//! Where no step is safe, the second kind of set is every enabled delivery
+//! into one node `r` whose inputs are *closed off*: `r` may start no
+//! snapshot, every input of `r` is non-empty or has ended (so every
+//! delivery into `r` that can ever happen before one of these is one of
+//! these), and, if one of the heads is the first marker of a snapshot at
+//! `r`, `r` may neither send nor end its outputs. Of all such nodes the one
+//! with the fewest deliveries is taken; where there is none, every enabled
+//! step is explored.
 //!
 //! The reduction is off (every enabled step is explored) when the bound on
 //! concurrent snapshots is below the number of snapshots, because then a
@@ -60,6 +70,13 @@
 //!   by its conditions no other step at `r` can run before it, so only
 //!   steps at other nodes remain, which commute as above.
 //!
+//! For a set of deliveries into a closed-off `r`, every step outside the
+//! set that can run before them is a step at another node (which commutes
+//! as above) or a send or end of outputs at `r`; those touch no machine and
+//! commute with the delivery of data, of a known marker or of an end of
+//! input, and the conditions rule them out when a first marker is among
+//! the heads. No start at `r` can run, and no other delivery into `r`.
+//!
 //! For the world to be equal in both orders, the simulator names each
 //! message by its sender and the sender's count of sends, and keeps the
 //! completed and declined snapshots and each node's received message ids
@@ -84,7 +101,10 @@
 //!   checked on exactly the same terminal states;
 //! - every snapshot's outcome (balances at the snapshot points, recorded
 //!   channel states), because a swap changes neither step's effect;
-//! - every oracle verdict: a snapshot's cut is consistent, and its channel
+//! - every oracle verdict (the swaps below are those of the safe steps; for
+//!   the second kind, the swaps at `r` are of a send, an end of outputs or
+//!   another node's step with a delivery into `r` that takes no snapshot
+//!   point): a snapshot's cut is consistent, and its channel
 //!   states exact, depending only on which side of each process's snapshot
 //!   point each send and receive falls. A swap of two steps of different
 //!   processes keeps each process's own order of events. The only swaps at
@@ -112,26 +132,62 @@ pub fn applies(max_concurrent: usize, snapshots: u32) -> bool {
     max_concurrent >= snapshots as usize
 }
 
-/// Whether no check can ever fail later than `world` unless it fails in
-/// `world` itself: no node may start a snapshot and every started one is
-/// finished. With nothing declined (the reduction applies), every node then
-/// reported its part of every snapshot, so it tracks none and no marker is
-/// in flight; the only steps left are sends and deliveries of data, which
-/// complete, decline and check nothing and leave every machine idle. So
-/// every terminal state reachable from `world` passes the terminal checks
-/// exactly when `world` does, and the explorer may treat `world` as
-/// terminal.
-pub fn quiescent(world: &World) -> bool {
-    world.starts_left.iter().all(|&left| left == 0) && world.collecting.is_empty()
+/// A persistent set of `world`'s enabled steps smaller than all of them,
+/// if one of the two kinds in the module documentation applies: a safe
+/// step alone (the delivery on the lowest numbered channel whose head is
+/// safe), or else the deliveries into the node with the fewest enabled
+/// deliveries whose inputs are all closed off. A function of the world
+/// alone, so the reduced graph does not depend on the search order.
+pub fn persistent_steps(world: &World, ctx: &Ctx<'_>) -> Option<Vec<Step>> {
+    if let Some(edge) = (0..world.channels.len()).find(|&edge| is_safe(world, ctx, edge)) {
+        return Some(vec![Step::Deliver(edge)]);
+    }
+    let graph = &ctx.setup.graph;
+    (0..graph.node_count())
+        .filter(|&node| inputs_closed_off(world, ctx, node))
+        .map(|node| {
+            graph
+                .inputs(node)
+                .iter()
+                .filter(|&&edge| !world.channels[edge].is_empty())
+                .map(|&edge| Step::Deliver(edge))
+                .collect::<Vec<_>>()
+        })
+        .filter(|steps| !steps.is_empty())
+        .min_by_key(Vec::len)
 }
 
-/// A safe step of `world`, if there is one: the delivery on the lowest
-/// numbered channel whose head is safe to deliver. A function of the world
-/// alone, so the reduced graph does not depend on the search order.
-pub fn safe_step(world: &World, ctx: &Ctx<'_>) -> Option<Step> {
-    (0..world.channels.len())
-        .find(|&edge| is_safe(world, ctx, edge))
-        .map(Step::Deliver)
+/// The second kind of persistent set: every delivery into `node` that can
+/// ever happen before one of them is enabled now, and nothing outside them
+/// fails to commute with them. So `node` may start no snapshot, each of its
+/// inputs is non-empty or has ended, and, if a head is the first marker of
+/// a snapshot at `node`, `node` may neither send nor end its outputs.
+fn inputs_closed_off(world: &World, ctx: &Ctx<'_>, node: usize) -> bool {
+    let graph = &ctx.setup.graph;
+    let machine = &world.machines[node];
+    if world.starts_left[node] > 0 {
+        return false;
+    }
+    let mut first_marker = false;
+    for (channel, &edge) in graph.inputs(node).iter().enumerate() {
+        match world.channels[edge].front() {
+            None if machine.input_ended(channel) => {}
+            None => return false,
+            Some(Item::Marker(id)) if !knows(world, node, *id) => first_marker = true,
+            Some(_) => {}
+        }
+    }
+    !first_marker || (!world.may_end[node] && cannot_send(world, ctx, node))
+}
+
+fn cannot_send(world: &World, ctx: &Ctx<'_>, node: usize) -> bool {
+    world.sends_left == 0
+        || ctx
+            .setup
+            .graph
+            .outputs(node)
+            .iter()
+            .all(|&output| world.output_ended[output])
 }
 
 /// Whether delivering the head of `edge` is safe (the module
@@ -153,15 +209,9 @@ fn is_safe(world: &World, ctx: &Ctx<'_>, edge: usize) -> bool {
 /// else at `node`, so it is safe only when nothing else can happen there:
 /// no start, no send, no end of outputs, and no other open input.
 fn first_marker_is_safe(world: &World, ctx: &Ctx<'_>, edge: usize, node: usize) -> bool {
-    let graph = &ctx.setup.graph;
-    let cannot_send = world.sends_left == 0
-        || graph
-            .outputs(node)
-            .iter()
-            .all(|&output| world.output_ended[output]);
     world.starts_left[node] == 0
         && !world.may_end[node]
-        && cannot_send
+        && cannot_send(world, ctx, node)
         && others_ended(world, ctx, edge, node)
 }
 
