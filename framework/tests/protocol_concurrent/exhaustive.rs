@@ -45,12 +45,13 @@
 //! | 2-cycle, a b, two snapshots each | 28,224, 1.2 s | 14,360, 0.1 s | 2.0x |
 //! | 3-ring, a c | 3,424, 0.13 s | 2,114, 28 ms | 1.6x |
 //! | 3-ring, a b c | 36,003, 1.9 s | 19,824, 0.2 s | 1.8x |
-//! | complete 3, a c | 3,017,852, 270 s | 170,555, 1.9 s | 17.7x |
+//! | complete 3, a c | 3,017,852, 108 s | 170,555, 1.7 s | 17.7x |
 //! | complete 3, a b c | not run (hours) | 5,262,176, 65 s | |
 //!
 //! The full column is `the_matrix_in_full` (`#[ignore]`d, which also
-//! cross-checks each case), with this simulator. Before, at c672bd7 (a global message counter, lists in arrival
-//! order, full exploration only), CI ran fewer sends: 2-cycle a b with 4
+//! cross-checks each case), with this simulator. Before, at c672bd7 (a
+//! global message counter, lists in arrival order, full exploration
+//! only), CI ran fewer sends: 2-cycle a b with 4
 //! sends 7,153 states; 3-ring a c with 4 sends 31,882; 3-ring a b c with 3
 //! sends 97,330 (1.1 s); complete 3 a c with 2 sends 721,474 (13.4 s);
 //! complete 3 a b c with 1 send 1,656,492 (48 s), with 2 sends 40,154,934
@@ -66,9 +67,8 @@
 //! | complete 3, a c, 2 sends | 428,292 (12 s) | 28,037 (0.3 s) | 15.3x |
 //! | complete 3, a b c, 1 send | 1,653,916 (68 s) | 42,823 (0.7 s) | 38.6x |
 //!
-//! Times are wall clock on a 2-core machine shared with other builds, so
-//! they vary by about 2x.
-//!
+//! Times are wall clock on a 2-core machine shared with other builds; they
+//! varied up to 2x between runs.
 
 use std::collections::{BTreeSet, HashSet};
 use std::time::{Duration, Instant};

@@ -91,8 +91,9 @@
 //! the Verification of Concurrent Systems*, 1996, chapter 4), every path
 //! `w` from `s` to a terminal state contains a step of `T` (a step of `T`
 //! is enabled at `s` and nothing outside `T` disables it, so no state
-//! without it is terminal), and moving that step to the front across the
-//! independent steps before it gives a path with the same end state. By
+//! without it is terminal), and moving the first such step to the front
+//! across the steps before it, each independent of it, gives a path with
+//! the same end state. By
 //! induction on the length of `w`, the reduced graph holds, for every full
 //! path to a terminal state, a path that differs from it only by swaps of
 //! adjacent independent steps. Such swaps keep
@@ -120,9 +121,9 @@
 //! directly: for the small cases they run both explorations and compare the
 //! sets of snapshot outcomes and of terminal states.
 
-use crate::exhaustive::Step;
 use snapflow::protocol::SnapshotId;
 
+use crate::exhaustive::Step;
 use crate::sim::{Ctx, Item, World};
 
 /// Whether the reduction may be used for a case with `snapshots` snapshots
@@ -132,8 +133,8 @@ pub fn applies(max_concurrent: usize, snapshots: u32) -> bool {
     max_concurrent >= snapshots as usize
 }
 
-/// A persistent set of `world`'s enabled steps smaller than all of them,
-/// if one of the two kinds in the module documentation applies: a safe
+/// A persistent set of `world`'s enabled steps, if one of the two kinds in
+/// the module documentation applies: a safe
 /// step alone (the delivery on the lowest numbered channel whose head is
 /// safe), or else the deliveries into the node with the fewest enabled
 /// deliveries whose inputs are all closed off. A function of the world
