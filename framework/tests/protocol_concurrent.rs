@@ -1,8 +1,9 @@
 //! Tests of concurrent Chandy-Lamport snapshots (`ConcurrentMachine`)
 //! through the public API: exhaustive interleavings of small graphs with
-//! several initiators, the ring case of issue 15 step by step, seeded random
-//! strongly connected graphs, the bound on concurrent snapshots, and the
-//! machine's driving contract.
+//! several initiators (under a partial-order reduction, `reduction.rs`,
+//! checked against the full exploration), the ring case of issue 15 step
+//! by step, seeded random strongly connected graphs, the bound on
+//! concurrent snapshots, and the machine's driving contract.
 //!
 //! Every test drives the machines through the simulator in
 //! `protocol_concurrent/sim.rs` and checks each completed snapshot with the
@@ -16,6 +17,8 @@ mod exhaustive;
 mod machine;
 #[path = "protocol_concurrent/random.rs"]
 mod random;
+#[path = "protocol_concurrent/reduction.rs"]
+mod reduction;
 #[path = "protocol_concurrent/ring.rs"]
 mod ring;
 #[path = "protocol_concurrent/sim.rs"]

@@ -10,7 +10,7 @@
 //! snapshot's own label, and conservation of money (balances at the
 //! snapshot points plus recorded channel money equal the initial total).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::hash::{Hash, Hasher};
 
 use snapflow::protocol::graph::LogicalGraph;
@@ -74,6 +74,17 @@ pub struct Finished {
     pub recorded: RecordedChannels,
 }
 
+/// What one completed snapshot recorded: the balance of every node at its
+/// snapshot point and, per edge, the ids of the recorded messages in order.
+/// The exhaustive explorer collects these to compare its full and reduced
+/// explorations.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Outcome {
+    pub id: SnapshotId,
+    pub balances: Vec<i64>,
+    pub channels: Vec<Vec<u64>>,
+}
+
 /// Static facts of one simulated graph.
 #[derive(Debug, Clone)]
 pub struct Setup {
@@ -125,6 +136,8 @@ pub struct Ctx<'a> {
     pub total: i64,
     pub finished: Vec<Finished>,
     pub keep_finished: bool,
+    /// When set, the outcome of every completed snapshot is added here.
+    pub outcomes: Option<BTreeSet<Outcome>>,
 }
 
 impl<'a> Ctx<'a> {
@@ -150,6 +163,7 @@ impl<'a> Ctx<'a> {
             total,
             finished: Vec::new(),
             keep_finished: false,
+            outcomes: None,
         }
     }
 }
@@ -163,14 +177,20 @@ pub struct World {
     pub output_ended: Vec<bool>,
     pub sent_ids: Vec<Vec<u64>>,
     pub received_ids: Vec<Vec<u64>>,
-    pub next_message: u64,
+    /// Per node, how many messages it has sent. A message's id is its
+    /// sender and this count, so that sends at different nodes, in either
+    /// order, reach the same world.
+    pub next_message: Vec<u64>,
     pub sends_left: u32,
     /// Per node, how many snapshots it may still start.
     pub starts_left: Vec<u32>,
     /// Per node, whether it may still end its outputs (exhaustive step).
     pub may_end: Vec<bool>,
     pub collecting: BTreeMap<SnapshotId, Collected>,
+    /// Sorted, so that the order in which independent snapshots finish
+    /// does not tell two worlds apart.
     pub completed: Vec<SnapshotId>,
+    /// Sorted, likewise.
     pub declined: Vec<SnapshotId>,
 }
 
@@ -194,7 +214,7 @@ impl World {
             output_ended: vec![false; graph.edges().len()],
             sent_ids: vec![Vec::new(); count],
             received_ids: vec![Vec::new(); count],
-            next_message: 0,
+            next_message: vec![0; count],
             sends_left: sends,
             starts_left: starts,
             may_end: vec![false; count],
@@ -222,8 +242,8 @@ impl World {
     pub fn send(&mut self, ctx: &mut Ctx<'_>, edge: usize, amount: i64) {
         let node = ctx.setup.graph.edges()[edge].from;
         assert!(!self.output_ended[edge], "send on an ended output");
-        let id = self.next_message;
-        self.next_message += 1;
+        let id = ((node as u64) << 32) | self.next_message[node];
+        self.next_message[node] += 1;
         self.balances[node] -= amount;
         self.sent_ids[node].push(id);
         ctx.trace.events.push(TraceEvent::Send {
@@ -337,7 +357,10 @@ impl World {
 
     fn receive(&mut self, ctx: &mut Ctx<'_>, node: usize, token: Token) {
         self.balances[node] += token.amount;
-        self.received_ids[node].push(token.id);
+        // Sorted, not in arrival order: only the set enters a cut, and the
+        // reduced explorer needs two orders of independent deliveries to
+        // reach the same world (see `reduction.rs`).
+        insert_sorted(&mut self.received_ids[node], token.id);
         ctx.trace.events.push(TraceEvent::Receive {
             process: node,
             message: token.id,
@@ -410,12 +433,12 @@ impl World {
         }
         let collected = self.collecting.remove(&id).expect("collected");
         if collected.answers.contains(&Some(Answer::Declined)) {
-            self.declined.push(id);
+            insert_sorted(&mut self.declined, id);
             ctx.stats.declined += 1;
             return Ok(());
         }
         self.check_completed(ctx, id, collected)?;
-        self.completed.push(id);
+        insert_sorted(&mut self.completed, id);
         ctx.stats.completed += 1;
         Ok(())
     }
@@ -470,9 +493,27 @@ impl World {
                 ctx.total
             ));
         }
+        if let Some(outcomes) = ctx.outcomes.as_mut() {
+            outcomes.insert(Outcome {
+                id,
+                balances: done.balances.clone(),
+                channels: done
+                    .recorded
+                    .channels
+                    .iter()
+                    .map(|(_, m)| m.clone())
+                    .collect(),
+            });
+        }
         if ctx.keep_finished {
             ctx.finished.push(done);
         }
         Ok(())
     }
+}
+
+/// Inserts `value` into the sorted `list`, keeping it sorted.
+fn insert_sorted<T: Ord>(list: &mut Vec<T>, value: T) {
+    let at = list.partition_point(|present| *present < value);
+    list.insert(at, value);
 }
