@@ -146,10 +146,14 @@ fn kafka_bytes_positions_and_lag_of_a_bounded_source_and_the_sink() {
     });
     assert!(behind, "the lag showed while the source was held back");
 
+    // At `read_uncommitted`, as every reader of the sink's output in
+    // these tests: tansu 0.6's last stable offset sometimes stays behind
+    // (ARCHITECTURE.md, Kafka, known gaps); a run without failures
+    // aborts nothing, so every record read is a committed one.
     let read = read_until(
         &brokers,
         &to,
-        "read_committed",
+        "read_uncommitted",
         Duration::from_millis(700),
         |read| read.len() as u64 >= records,
     );
