@@ -23,18 +23,15 @@
 //! instance starts with nothing written, so its first checkpoint is full.
 //! Savepoints are written whole and change nothing here.
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
 
-use crate::keyed::{KeyGroupHandoff, KeyedState};
+use crate::keyed::KeyedState;
 use crate::protocol::CheckpointId;
 use crate::runtime::BoxError;
 use crate::state::Snapshot;
 use crate::storage::{Segment, SharedRange};
 
 use super::ops::{encode_keyed_state, Key, KeyGroupParts};
-use super::shell::DeferredState;
 
 /// How keyed operators checkpoint: incrementally (the default) or in full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,24 +92,11 @@ impl SnapshotKinds {
 
 /// Where one key group's current bytes were last written.
 #[derive(Debug, Clone, Copy)]
-enum Written {
-    /// By the snapshot of `checkpoint`, not yet confirmed complete: the
-    /// `fresh`-th group that snapshot wrote (its range is known once the
-    /// writer encoded it).
-    Pending { checkpoint: u64, fresh: usize },
-    /// In a checkpoint confirmed complete (durable), at this range.
-    Confirmed(SharedRange),
+struct Written {
+    range: SharedRange,
+    /// Its checkpoint completed and is durable.
+    confirmed: bool,
 }
-
-/// Where the groups a snapshot wrote landed in its shared file, in the
-/// order it wrote them: set by the writer thread when it encodes the
-/// snapshot, read by the ledger when the checkpoint is confirmed.
-type Landed = Arc<OnceLock<Vec<SharedRange>>>;
-
-/// How many snapshots' [`Landed`] a ledger keeps while their checkpoints
-/// are not confirmed. An older one is dropped: its groups then stay
-/// unconfirmed and are written again, which is always safe.
-const MAX_PENDING_SNAPSHOTS: usize = 16;
 
 /// One keyed operator instance's record of where each of its key groups
 /// was last written, and the choice at each checkpoint of which to write.
@@ -124,9 +108,6 @@ pub(crate) struct KeyGroupLedger {
     next_position: u32,
     /// Per key group of the instance's range, in order.
     written: Vec<Option<Written>>,
-    /// The snapshots taken and not yet confirmed, oldest first, at most
-    /// [`MAX_PENDING_SNAPSHOTS`].
-    pending: VecDeque<(CheckpointId, Landed)>,
 }
 
 impl KeyGroupLedger {
@@ -136,7 +117,6 @@ impl KeyGroupLedger {
             full_every: settings.full_every.max(1),
             next_position: 0,
             written: vec![None; key_groups],
-            pending: VecDeque::new(),
         }
     }
 
@@ -144,54 +124,25 @@ impl KeyGroupLedger {
     pub(crate) fn reset(&mut self) {
         self.next_position = 0;
         self.written.iter_mut().for_each(|written| *written = None);
-        self.pending.clear();
     }
 
-    /// `checkpoint` completed: the groups it wrote may be referred to, at
-    /// the ranges the writer gave them. Snapshots older than it never
-    /// will be, and are forgotten.
+    /// `checkpoint` completed: the groups it wrote may be referred to.
     pub(crate) fn on_complete(&mut self, checkpoint: CheckpointId) {
-        let mut landed = None;
-        while let Some((id, _)) = self.pending.front() {
-            if *id > checkpoint {
-                break;
-            }
-            let (id, ranges) = self.pending.pop_front().expect("a front entry");
-            if id == checkpoint {
-                landed = Some(ranges);
-            }
-        }
-        // A checkpoint completes only after the writer encoded every part,
-        // so its ranges are set; if not, its groups stay unconfirmed and
-        // are written again.
-        let Some(ranges) = landed.as_deref().and_then(OnceLock::get) else {
-            return;
-        };
-        for written in &mut self.written {
-            if let Some(Written::Pending {
-                checkpoint: id,
-                fresh,
-            }) = *written
-            {
-                if id == checkpoint.0 {
-                    if let Some(range) = ranges.get(fresh) {
-                        *written = Some(Written::Confirmed(*range));
-                    }
-                }
+        for written in self.written.iter_mut().flatten() {
+            if written.range.checkpoint == checkpoint.0 {
+                written.confirmed = true;
             }
         }
     }
 
-    /// The snapshot of `state` for checkpoint `checkpoint`, in the
-    /// keyed-state envelope's layout once encoded: changed or unconfirmed
-    /// groups handed off to be written shared, the others referred to.
-    /// Takes time proportional to the number of key groups; nothing is
-    /// encoded here. Clears the dirty flags.
-    pub(crate) fn snapshot<K: Key, S: Snapshot + Clone>(
+    /// The segments of `state`'s snapshot for checkpoint `checkpoint`, in
+    /// the keyed-state envelope's layout: changed or unconfirmed groups
+    /// written shared, the others referred to. Clears the dirty flags.
+    pub(crate) fn snapshot<K: Key, S: Snapshot>(
         &mut self,
         checkpoint: CheckpointId,
         state: &mut KeyedState<K, S>,
-    ) -> IncrementalHandoff<K, S> {
+    ) -> Result<Vec<Segment>, BoxError> {
         let start = state.range().start;
         let full = self.next_position == 0;
         self.next_position = (self.next_position + 1) % self.full_every;
@@ -199,115 +150,54 @@ impl KeyGroupLedger {
         for key_group in state.dirty_key_groups() {
             fresh[(key_group - start) as usize] = true;
         }
-        let mut layout = Vec::with_capacity(self.written.len());
-        let mut fresh_count = 0;
-        for (fresh, written) in fresh.iter_mut().zip(&mut self.written) {
-            match written {
-                Some(Written::Confirmed(range)) if !*fresh => layout.push(Some(*range)),
-                _ => {
-                    *fresh = true;
-                    *written = Some(Written::Pending {
-                        checkpoint: checkpoint.0,
-                        fresh: fresh_count,
-                    });
-                    fresh_count += 1;
-                    layout.push(None);
-                }
-            }
+        for (fresh, written) in fresh.iter_mut().zip(&self.written) {
+            *fresh |= !written.is_some_and(|written| written.confirmed);
         }
-        let groups = state.hand_off_key_groups(|key_group| fresh[(key_group - start) as usize]);
+        let parts = state.snapshot_key_groups(|key_group| fresh[(key_group - start) as usize])?;
         state.clear_dirty();
-        let landed = Landed::default();
-        self.pending.push_back((checkpoint, Arc::clone(&landed)));
-        if self.pending.len() > MAX_PENDING_SNAPSHOTS {
-            self.pending.pop_front();
-        }
-        IncrementalHandoff {
-            checkpoint,
-            start,
-            layout,
-            groups,
-            landed,
-        }
-    }
-}
-
-/// An incremental snapshot of one keyed state, taken at the handoff and
-/// encoded on the checkpoint writer's thread.
-pub(crate) struct IncrementalHandoff<K, S> {
-    checkpoint: CheckpointId,
-    /// The first key group of the state's range.
-    start: u32,
-    /// Per key group of the range, in order: the range it is referred to
-    /// at, or `None` when it is written (it is in `groups`).
-    layout: Vec<Option<SharedRange>>,
-    groups: KeyGroupHandoff<K, S>,
-    landed: Landed,
-}
-
-impl<K: Key, S: Snapshot + Send + Sync + 'static> IncrementalHandoff<K, S> {
-    /// The segments of the snapshot: the envelope's framing as own bytes,
-    /// each written group as shared bytes (from offset 0 in order), each
-    /// other group referred to. Tells the ledger where the written groups
-    /// landed.
-    pub(crate) fn encode(self) -> Result<Vec<Segment>, BoxError> {
-        let mut parts = self.groups.encode()?.into_iter();
+        let mut parts = parts.into_iter().peekable();
         let mut segments = vec![Segment::Own(postcard::to_allocvec(
-            &(self.layout.len() as u64),
+            &(self.written.len() as u64),
         )?)];
-        let mut landed = Vec::with_capacity(self.layout.len());
         let mut offset = 0u64;
-        for (key_group, layout) in (self.start..).zip(self.layout) {
-            let (len, tail) = match layout {
-                Some(range) => (range.len, Segment::Reuse(range)),
-                None => {
-                    let part = parts
-                        .next()
-                        .filter(|part| part.key_group == key_group)
-                        .ok_or_else(|| {
-                            format!("bug: key group {key_group} was handed off but not encoded")
-                        })?;
+        for (index, key_group) in state.range().iter().enumerate() {
+            let fresh_part = parts.next_if(|part| part.key_group == key_group);
+            let (len, tail) = match (fresh_part, self.written[index]) {
+                (Some(part), _) => {
                     let range = SharedRange {
-                        checkpoint: self.checkpoint.0,
+                        checkpoint: checkpoint.0,
                         offset,
                         len: part.bytes.len() as u64,
                         crc32: crc32fast::hash(&part.bytes),
                     };
                     offset += range.len;
-                    landed.push(range);
+                    self.written[index] = Some(Written {
+                        range,
+                        confirmed: false,
+                    });
                     (range.len, Segment::Shared(part.bytes))
+                }
+                (None, Some(written)) => (written.range.len, Segment::Reuse(written.range)),
+                (None, None) => {
+                    return Err(
+                        format!("bug: key group {key_group} was neither written nor kept").into(),
+                    )
                 }
             };
             push_own(&mut segments, postcard::to_allocvec(&(key_group, len))?);
             segments.push(tail);
         }
-        // Set once: this handoff is encoded once.
-        let _ = self.landed.set(landed);
         Ok(segments)
     }
 }
 
-impl<K: Key, S: Snapshot + Send + Sync + 'static> DeferredState for IncrementalHandoff<K, S> {
-    fn encode(self: Box<Self>) -> Result<Vec<Segment>, BoxError> {
-        (*self).encode()
-    }
-}
-
-/// A whole snapshot of one keyed state (a savepoint, or a job without
-/// incremental checkpoints), taken at the handoff and encoded on the
-/// checkpoint writer's thread as one own segment.
-pub(crate) struct FullHandoff<K, S>(pub(crate) KeyGroupHandoff<K, S>);
-
-impl<K: Key, S: Snapshot + Send + Sync + 'static> DeferredState for FullHandoff<K, S> {
-    fn encode(self: Box<Self>) -> Result<Vec<Segment>, BoxError> {
-        let parts: KeyGroupParts = self
-            .0
-            .encode()?
-            .into_iter()
-            .map(|part| (part.key_group, part.bytes))
-            .collect();
-        Ok(vec![Segment::Own(encode_keyed_state(&parts)?)])
-    }
+/// The whole snapshot of `state` as one segment of its own, the form of a
+/// savepoint or of a job without incremental checkpoints.
+pub(crate) fn full_segments<K: Key, S: Snapshot>(
+    state: &KeyedState<K, S>,
+) -> Result<Vec<Segment>, BoxError> {
+    let parts: KeyGroupParts = state.snapshot()?.into_parts().collect();
+    Ok(vec![Segment::Own(encode_keyed_state(&parts)?)])
 }
 
 /// Appends `bytes` to the last segment when it is an own one, so that the
@@ -402,10 +292,7 @@ mod tests {
         for key in &keys {
             state.get_or_default(key).count += 1;
         }
-        let first = ledger
-            .snapshot(CheckpointId(1), &mut state)
-            .encode()
-            .unwrap();
+        let first = ledger.snapshot(CheckpointId(1), &mut state).unwrap();
         written.record(&first, 1);
         assert_eq!(
             count_shared(&first),
@@ -416,89 +303,29 @@ mod tests {
 
         // Not yet confirmed: everything is written again.
         state.get_or_default(&keys[0]).count += 1;
-        let second = ledger
-            .snapshot(CheckpointId(2), &mut state)
-            .encode()
-            .unwrap();
+        let second = ledger.snapshot(CheckpointId(2), &mut state).unwrap();
         written.record(&second, 2);
         assert_eq!(count_shared(&second), state.range().len());
         ledger.on_complete(CheckpointId(2));
 
         // Confirmed: only the touched group is written.
         state.get_or_default(&keys[1]).count += 1;
-        let third = ledger
-            .snapshot(CheckpointId(3), &mut state)
-            .encode()
-            .unwrap();
+        let third = ledger.snapshot(CheckpointId(3), &mut state).unwrap();
         written.record(&third, 3);
         assert_eq!(count_shared(&third), 1);
         assert_eq!(written.assemble(&third), full_bytes(&state));
         ledger.on_complete(CheckpointId(3));
 
         // Nothing touched: nothing written but the framing.
-        let fourth = ledger
-            .snapshot(CheckpointId(4), &mut state)
-            .encode()
-            .unwrap();
+        let fourth = ledger.snapshot(CheckpointId(4), &mut state).unwrap();
         assert_eq!(count_shared(&fourth), 0);
         assert_eq!(written.assemble(&fourth), full_bytes(&state));
         ledger.on_complete(CheckpointId(4));
 
         // 1 started the chain and 2, 3 and 4 continued it: with
         // `full_every` 4, checkpoint 5 is full again.
-        let fifth = ledger
-            .snapshot(CheckpointId(5), &mut state)
-            .encode()
-            .unwrap();
+        let fifth = ledger.snapshot(CheckpointId(5), &mut state).unwrap();
         assert_eq!(count_shared(&fifth), state.range().len());
-    }
-
-    #[test]
-    fn writes_after_the_handoff_stay_out_of_the_encoded_snapshot() {
-        let mut state = state();
-        let keys: Vec<u64> = (0..1000).filter(|key| state.owns(key)).collect();
-        let mut ledger =
-            KeyGroupLedger::new(IncrementalCheckpoints::default(), state.range().len());
-        let mut written = Written::default();
-        for key in &keys {
-            state.get_or_default(key).count += 1;
-        }
-        let at_handoff = full_bytes(&state);
-        let handoff = ledger.snapshot(CheckpointId(1), &mut state);
-        // The operator goes on before the writer encodes: every group is
-        // written again, and each is copied once (the snapshot holds it).
-        for key in &keys {
-            state.get_or_default(key).count += 10;
-        }
-        assert_eq!(state.copied_key_groups(), state.range().len() as u64);
-        let segments = std::thread::spawn(move || handoff.encode().unwrap())
-            .join()
-            .unwrap();
-        written.record(&segments, 1);
-        assert_eq!(written.assemble(&segments), at_handoff);
-        assert_ne!(full_bytes(&state), at_handoff);
-
-        // Once 1 is confirmed at the ranges the writer gave, an untouched
-        // state refers to all of them and assembles to the same bytes.
-        ledger.on_complete(CheckpointId(1));
-        let settled = full_bytes(&state);
-        let second = ledger
-            .snapshot(CheckpointId(2), &mut state)
-            .encode()
-            .unwrap();
-        assert_eq!(
-            count_shared(&second),
-            state.range().len(),
-            "2 follows writes"
-        );
-        written.record(&second, 2);
-        ledger.on_complete(CheckpointId(2));
-        let third = ledger
-            .snapshot(CheckpointId(3), &mut state)
-            .encode()
-            .unwrap();
-        assert_eq!(count_shared(&third), 0);
-        assert_eq!(written.assemble(&third), settled);
     }
 
     #[test]

@@ -21,15 +21,15 @@ use std::sync::{Arc, Mutex};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::keyed::{parts_in_range, KeyedState, MaxParallelism, RoutedKey};
+use crate::keyed::{key_hash, parts_in_range, KeyedState, MaxParallelism};
 use crate::protocol::CheckpointId;
 use crate::runtime::BoxError;
 use crate::state::{blob, Snapshot, StateError};
 
-use super::incremental::{FullHandoff, IncrementalCheckpoints, KeyGroupLedger, SnapshotKinds};
+use super::incremental::{full_segments, IncrementalCheckpoints, KeyGroupLedger, SnapshotKinds};
 use super::operator::Operator;
 use super::route::Collector;
-use super::shell::{Core, Data, DeferredState, TakenState};
+use super::shell::{Core, Data};
 use super::snapshots::{Requests, Waiting};
 use crate::sink::{Sink, SinkError, SinkState};
 use crate::source::Guarantee;
@@ -99,10 +99,6 @@ pub(crate) struct KeyedCore<
     /// Where its key groups were last written, when checkpoints are
     /// incremental.
     pub(crate) incremental: Option<Incremental>,
-    /// The batch being processed, each record's key, hash and group slot
-    /// computed ahead ([`KeyedState::route_batch`]); empty between
-    /// batches and reused, so it holds at most one batch.
-    pub(crate) routed: Vec<RoutedKey<K>>,
     pub(crate) _records: PhantomData<fn(In) -> Out>,
 }
 
@@ -174,7 +170,6 @@ impl<K: Key, S, In: 'static, Out: Send + 'static, F: ?Sized, KF: ?Sized>
             states,
             publish,
             incremental,
-            routed: Vec::new(),
             _records: PhantomData,
         }
     }
@@ -183,29 +178,21 @@ impl<K: Key, S, In: 'static, Out: Send + 'static, F: ?Sized, KF: ?Sized>
 impl<K, S, In, Out, F, KF> Core<In, Out> for KeyedCore<K, S, In, Out, F, KF>
 where
     K: Key,
-    S: Snapshot + Default + Clone + Send + Sync + 'static,
+    S: Snapshot + Default + Clone + 'static,
     In: Data,
     Out: Data,
     F: Fn(&K, &mut S, In, &mut Collector<'_, Out>) -> Result<(), BoxError> + ?Sized + 'static,
     KF: Fn(&In) -> K + ?Sized + 'static,
 {
     fn process(&mut self, batch: Vec<In>, out: &mut Collector<'_, Out>) -> Result<(), BoxError> {
-        // The hash partitioner upstream routed these records here by the
-        // key group of these very hashes, so the lookups need not check
-        // them; keys, hashes and groups come first, in one pass.
-        let mut routed = std::mem::take(&mut self.routed);
-        self.states.route_batch(&batch, &*self.key_of, &mut routed);
-        let mut result = Ok(());
-        for (record, (key, hash, index)) in batch.into_iter().zip(routed.drain(..)) {
-            let state = self.states.get_or_default_at(&key, hash, index);
-            result = (self.function)(&key, state, record, out);
-            if result.is_err() {
-                break;
-            }
+        for record in batch {
+            let key = (self.key_of)(&record);
+            // The hash partitioner upstream routed this record here by the
+            // key group of this very hash, so the lookup need not check it.
+            let state = self.states.get_or_default_routed(&key, key_hash(&key));
+            (self.function)(&key, state, record, out)?;
         }
-        routed.clear();
-        self.routed = routed;
-        result
+        Ok(())
     }
 
     fn snapshot(&mut self, _checkpoint: CheckpointId) -> Result<Vec<u8>, BoxError> {
@@ -214,24 +201,12 @@ where
     }
 
     fn snapshot_segments(&mut self, checkpoint: CheckpointId) -> Result<Vec<Segment>, BoxError> {
-        match self.take_state(checkpoint)? {
-            TakenState::Segments(segments) => Ok(segments),
-            TakenState::Deferred(state) => state.encode(),
-        }
-    }
-
-    /// The asynchronous snapshot: the key groups to write are handed off
-    /// copy-on-write (constant time per group) and encoded by the
-    /// checkpoint writer; a savepoint or a job without incremental
-    /// checkpoints hands off every group.
-    fn take_state(&mut self, checkpoint: CheckpointId) -> Result<TakenState, BoxError> {
-        let state: Box<dyn DeferredState> = match &mut self.incremental {
+        match &mut self.incremental {
             Some(incremental) if !incremental.kinds.is_savepoint(checkpoint) => {
-                Box::new(incremental.ledger.snapshot(checkpoint, &mut self.states))
+                incremental.ledger.snapshot(checkpoint, &mut self.states)
             }
-            _ => Box::new(FullHandoff(self.states.hand_off())),
-        };
-        Ok(TakenState::Deferred(state))
+            _ => full_segments(&self.states),
+        }
     }
 
     fn on_complete(&mut self, checkpoint: CheckpointId) -> Result<(), BoxError> {

@@ -7,9 +7,8 @@
 //! of one key group's snapshot ([`part`]), and collection types for large
 //! per-key values ([`MapState`], [`ListState`]). It is pure data structures:
 //! it never does I/O, never talks to actors, and never decides when to
-//! snapshot; the runtime hands the key groups to a snapshot at a barrier
-//! ([`KeyedState::hand_off_key_groups`], copy-on-write, see [`cow`]) and
-//! encodes them into parts off the operator's thread.
+//! snapshot; the runtime calls [`KeyedState::snapshot`] at a barrier and
+//! hands the parts to storage.
 //!
 //! ```
 //! use snapflow::keyed::{KeyedState, MaxParallelism};
@@ -43,12 +42,14 @@
 //!
 //! # Known gaps
 //!
-//! - Copy-on-write is per key group ([`cow`]), not per entry as in
-//!   Flink's heap backend: a group written while a snapshot holds it is
-//!   copied whole, so with every group written between checkpoints the
-//!   operator's thread copies its whole state once per checkpoint (spread
-//!   over the records that first touch each group, never in the
-//!   synchronous part).
+//! - Snapshots of the whole store are full; incremental checkpoints
+//!   (`job/incremental.rs`) read [`KeyedState::dirty_key_groups`] and
+//!   encode only the groups they need with
+//!   [`KeyedState::snapshot_key_groups`], but that pass still hashes every
+//!   key to find its group.
+//! - The snapshot is synchronous: it serializes on the caller's thread.
+//!   Flink's hashmap backend copies on write to snapshot asynchronously; we
+//!   do not.
 //! - State cannot be read from other threads while the job runs (Flink's
 //!   queryable state); that would need a concurrent map such as dashmap.
 //! - The key hash runs over what the key's `std::hash::Hash` impl feeds
@@ -63,17 +64,14 @@
 //!   but a key type with the same encoding and hash would be accepted.
 
 pub mod collections;
-pub mod cow;
 pub mod hash;
 pub mod key_group;
 pub mod part;
 
 mod backend;
 
-pub(crate) use backend::RoutedKey;
 pub use backend::{parts_in_range, KeyGroupPart, KeyedSnapshot, KeyedState};
 pub use collections::{ListState, MapState};
-pub use cow::KeyGroupHandoff;
 pub use hash::{key_hash, BuildStableHasher, StableHasher};
 pub use key_group::{
     key_group_of, range_for_subtask, subtask_for_key_group, KeyGroupError, KeyGroupRange,

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::job::{Collector, Core, Data, Key};
-use crate::keyed::{parts_in_range, KeyedState, MaxParallelism, RoutedKey};
+use crate::keyed::{key_hash, parts_in_range, KeyedState, MaxParallelism};
 use crate::protocol::CheckpointId;
 use crate::runtime::BoxError;
 use crate::state::Snapshot;
@@ -347,10 +347,6 @@ pub(crate) struct TimedKeyedCore<
     fired_processing_ms: Option<u64>,
     time: ProcessingTime,
     ops: Vec<TimerOp>,
-    /// The batch being processed, each record's key, hash and group slot
-    /// computed ahead; empty between batches and reused, so it holds at
-    /// most one batch.
-    routed: Vec<RoutedKey<K>>,
     _records: PhantomData<fn(In) -> Out>,
 }
 
@@ -383,7 +379,6 @@ impl<
             fired_processing_ms: None,
             time,
             ops: Vec::new(),
-            routed: Vec::new(),
             _records: PhantomData,
         }
     }
@@ -498,14 +493,9 @@ where
         + 'static,
 {
     fn process(&mut self, batch: Vec<In>, out: &mut Collector<'_, Out>) -> Result<(), BoxError> {
-        // Keys, hashes and groups first, in one pass (see
-        // `KeyedState::route_batch`), then the records.
-        let mut routed = std::mem::take(&mut self.routed);
-        self.states
-            .route_batch(&batch, &*self.fns.key_of, &mut routed);
-        let mut result = Ok(());
-        for (record, (key, hash, index)) in batch.into_iter().zip(routed.drain(..)) {
-            let state = self.states.get_or_default_at(&key, hash, index);
+        for record in batch {
+            let key = (self.fns.key_of)(&record);
+            let state = self.states.get_or_default_routed(&key, key_hash(&key));
             let mut timers = Timers {
                 ops: &mut self.ops,
                 watermark_ms: self.watermark_ms,
@@ -513,19 +503,15 @@ where
                 fired_processing_ms: self.fired_processing_ms,
                 firing: None,
             };
-            result = (self.fns.on_record)(&key, state, record, &mut timers, out);
+            let result = (self.fns.on_record)(&key, state, record, &mut timers, out);
             // Most records register nothing (a window's timers come with
             // its first record): no call for them.
             if !self.ops.is_empty() {
                 self.apply_ops(&key);
             }
-            if result.is_err() {
-                break;
-            }
+            result?;
         }
-        routed.clear();
-        self.routed = routed;
-        result
+        Ok(())
     }
 
     fn on_watermark(

@@ -89,7 +89,7 @@ where
             + 'static,
     ) -> Stream<'j, U>
     where
-        S: Snapshot + Default + Clone + Send + Sync + 'static,
+        S: Snapshot + Default + Clone + Send + 'static,
         U: Data,
     {
         self.process_inner(name, function, None)
@@ -106,7 +106,7 @@ where
             + 'static,
     ) -> (Stream<'j, U>, KeyedStateHandle<K, S>)
     where
-        S: Snapshot + Default + Clone + Send + Sync + 'static,
+        S: Snapshot + Default + Clone + Send + 'static,
         U: Data,
     {
         let states: FinalStates<K, S> = Arc::new(Mutex::new(HashMap::new()));
@@ -124,12 +124,7 @@ where
         self,
         name: &str,
         function: impl Fn(&T, T) -> T + Send + Sync + 'static,
-    ) -> Stream<'j, T>
-    where
-        // The reduced value is keyed state, encoded off the operator's
-        // thread (asynchronous snapshots).
-        T: Sync,
-    {
+    ) -> Stream<'j, T> {
         self.process_inner(
             name,
             move |_key: &K, state: &mut Reduced<T>, record: T, out| {
@@ -261,7 +256,7 @@ where
         publish: Option<FinalStates<K, S>>,
     ) -> Stream<'j, U>
     where
-        S: Snapshot + Default + Clone + Send + Sync + 'static,
+        S: Snapshot + Default + Clone + Send + 'static,
         U: Data,
     {
         let key_of = self.key_of;
