@@ -12,6 +12,7 @@ pub mod damage;
 pub mod kafka_count;
 pub mod logged_commits;
 pub mod postgres;
+pub mod sampled;
 pub mod servers;
 pub mod shared_files;
 pub mod slow_commit;

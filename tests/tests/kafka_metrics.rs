@@ -16,8 +16,6 @@
 #[path = "kafka/support.rs"]
 mod support;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -25,8 +23,8 @@ use snapflow::connectors::kafka::{
     KafkaOut, KafkaRecord, KafkaSinkConfig, KafkaSinkFactory, KafkaSourceConfig, KafkaSourceFactory,
 };
 use snapflow::job::{Job, JobConfig, JobError};
-use snapflow::metrics::{JobMetrics, MetricsRegistry};
 use snapflow::sink::CollectHandle;
+use snapflow_tests::sampled::{run_sampled, Sampled};
 use snapflow_tests::slow_commit::SlowCommits;
 
 use support::{broker, create_topic, produce, read_until, unique};
@@ -51,23 +49,6 @@ fn input_bytes(rows: &[(i32, Vec<u8>, Vec<u8>)]) -> u64 {
 
 fn value_of(record: &KafkaRecord<'_>) -> Result<Vec<u8>, String> {
     Ok(record.value().unwrap_or_default().to_vec())
-}
-
-/// Samples the registry every 10 ms until `ended`.
-fn sample_until(
-    registry: Arc<MetricsRegistry>,
-    ended: Arc<AtomicBool>,
-) -> thread::JoinHandle<Vec<JobMetrics>> {
-    thread::spawn(move || {
-        let mut during = Vec::new();
-        // Bounded by the job's end and, should it never come, two minutes.
-        let deadline = Instant::now() + Duration::from_secs(120);
-        while !ended.load(Ordering::Acquire) && Instant::now() < deadline {
-            during.push(registry.snapshot());
-            thread::sleep(Duration::from_millis(10));
-        }
-        during
-    })
 }
 
 fn job_config(parallelism: usize) -> JobConfig {
@@ -110,14 +91,7 @@ fn kafka_bytes_positions_and_lag_of_a_bounded_source_and_the_sink() {
         SlowCommits::new(sink, 0, false).with_write_delay_ms(1),
     );
     let running = job.start().expect("the job starts");
-    let registry = running.metrics_registry();
-    let ended = Arc::new(AtomicBool::new(false));
-    let sampler = sample_until(Arc::clone(&registry), Arc::clone(&ended));
-    let report = running.wait();
-    ended.store(true, Ordering::Release);
-    report.expect("the job runs");
-    let during = sampler.join().expect("the sampler ran");
-    let last = registry.snapshot();
+    let Sampled { during, last } = run_sampled(running, Duration::from_secs(120));
 
     let source = last.operator("in").expect("listed");
     assert_eq!(source.records_out, records);

@@ -9,15 +9,13 @@
 //! source shows its records left as its lag.
 
 use std::io::Write;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use snapflow::job::{Job, JobConfig};
 use snapflow::metrics::JobMetrics;
 use snapflow::sink::{committed_files, CollectHandle, FileSinkFactory, DEFAULT_PREFIX};
 use snapflow::source::{FileLinesSourceFactory, VecSourceFactory};
+use snapflow_tests::sampled::{run_sampled, Sampled};
 use snapflow_tests::slow_commit::SlowCommits;
 
 const LINES: usize = 1_200;
@@ -32,23 +30,6 @@ fn input_text() -> String {
         })
         .collect();
     lines.join("\n")
-}
-
-/// Samples the registry every 10 ms until `ended`, and once after.
-fn sample_until(
-    registry: Arc<snapflow::metrics::MetricsRegistry>,
-    ended: Arc<AtomicBool>,
-) -> thread::JoinHandle<Vec<JobMetrics>> {
-    thread::spawn(move || {
-        let mut during = Vec::new();
-        // Bounded by the job's end and, should it never come, a minute.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !ended.load(Ordering::Acquire) && Instant::now() < deadline {
-            during.push(registry.snapshot());
-            thread::sleep(Duration::from_millis(10));
-        }
-        during
-    })
 }
 
 fn check_file_bytes(parallelism: usize) {
@@ -76,14 +57,7 @@ fn check_file_bytes(parallelism: usize) {
             SlowCommits::new(sink, 0, false).with_write_delay_ms(1),
         );
     let running = job.start().expect("the job starts");
-    let registry = running.metrics_registry();
-    let ended = Arc::new(AtomicBool::new(false));
-    let sampler = sample_until(Arc::clone(&registry), Arc::clone(&ended));
-    let report = running.wait();
-    ended.store(true, Ordering::Release);
-    report.expect("the job runs");
-    let during = sampler.join().expect("the sampler ran");
-    let last = registry.snapshot();
+    let Sampled { during, last } = run_sampled(running, Duration::from_secs(60));
 
     let source = last.operator("lines").expect("listed");
     assert_eq!(
@@ -223,14 +197,7 @@ fn an_in_memory_source_shows_the_records_left() {
             SlowCommits::new(output, 0, false).with_write_delay_ms(1),
         );
     let running = job.start().expect("the job starts");
-    let registry = running.metrics_registry();
-    let ended = Arc::new(AtomicBool::new(false));
-    let sampler = sample_until(Arc::clone(&registry), Arc::clone(&ended));
-    let report = running.wait();
-    ended.store(true, Ordering::Release);
-    report.expect("the job runs");
-    let during = sampler.join().expect("the sampler ran");
-    let last = registry.snapshot();
+    let Sampled { during, last } = run_sampled(running, Duration::from_secs(60));
     let source = last.operator("numbers").expect("listed");
     assert_eq!(source.pending_records, Some(0));
     assert_eq!(source.bytes_in, None, "memory is not outside the job");

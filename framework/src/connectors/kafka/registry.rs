@@ -45,14 +45,18 @@ struct Table {
     order: VecDeque<String>,
 }
 
+/// The table in `cell`, made at the first use. A panic while holding a
+/// table's lock leaves it consistent (every operation on any of them is
+/// one insert or remove, or a count), so a poisoned lock is taken anyway.
+fn lock<T: Default>(cell: &'static OnceLock<Mutex<T>>) -> MutexGuard<'static, T> {
+    cell.get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn table() -> MutexGuard<'static, Table> {
     static TABLE: OnceLock<Mutex<Table>> = OnceLock::new();
-    let table = TABLE.get_or_init(|| Mutex::new(Table::default()));
-    // A panic while holding the lock leaves a table that is still
-    // consistent (every operation is one insert or remove).
-    table
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+    lock(&TABLE)
 }
 
 /// Keeps `txn` under its transactional id.
@@ -117,11 +121,7 @@ pub(crate) const OPENINGS_MAX: usize = 256;
 
 fn openings() -> MutexGuard<'static, BTreeMap<String, Opening>> {
     static OPENINGS: OnceLock<Mutex<BTreeMap<String, Opening>>> = OnceLock::new();
-    let openings = OPENINGS.get_or_init(|| Mutex::new(BTreeMap::new()));
-    // As above: every operation leaves the table consistent.
-    openings
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+    lock(&OPENINGS)
 }
 
 /// Whether another opening may start: the table holds fewer than
@@ -175,11 +175,7 @@ struct Committed {
 
 fn committed() -> MutexGuard<'static, Committed> {
     static COMMITTED: OnceLock<Mutex<Committed>> = OnceLock::new();
-    let committed = COMMITTED.get_or_init(|| Mutex::new(Committed::default()));
-    // As above: every operation leaves the table consistent.
-    committed
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+    lock(&COMMITTED)
 }
 
 /// Notes that `commit_transaction` returned success in this process for
@@ -209,9 +205,7 @@ pub(crate) fn committed_here(header: &str) -> bool {
 /// process's jobs: each one counts once, and its drop takes it out.
 fn live() -> MutexGuard<'static, BTreeMap<String, usize>> {
     static LIVE: OnceLock<Mutex<BTreeMap<String, usize>>> = OnceLock::new();
-    let live = LIVE.get_or_init(|| Mutex::new(BTreeMap::new()));
-    // As above: every operation leaves the table consistent.
-    live.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    lock(&LIVE)
 }
 
 /// Counts a restored sink of the subtask `prefix` as alive.
@@ -243,11 +237,7 @@ pub(crate) const FENCED_MAX: usize = 4_096;
 /// again (see [`unblock`](super::unblock)).
 fn fenced() -> MutexGuard<'static, VecDeque<String>> {
     static FENCED: OnceLock<Mutex<VecDeque<String>>> = OnceLock::new();
-    let fenced = FENCED.get_or_init(|| Mutex::new(VecDeque::new()));
-    // As above: every operation leaves the table consistent.
-    fenced
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+    lock(&FENCED)
 }
 
 /// Notes that `ids` were fenced and nothing opened them since.
