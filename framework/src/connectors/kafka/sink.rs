@@ -493,6 +493,7 @@ where
         self.pending.clear();
         self.report_pending();
         self.held_from = 0;
+        tracing::debug!(subtask = self.subtask, opened_after, "Kafka sink restored");
         Ok(())
     }
 
@@ -603,6 +604,12 @@ where
                 self.send_held()?;
                 self.held_from = 0;
                 if let Some(mut txn) = self.open.take() {
+                    tracing::debug!(
+                        checkpoint_id,
+                        id = %txn.id,
+                        records = txn.records.len(),
+                        "Kafka sink pre-commit"
+                    );
                     let marker = Marker {
                         checkpoint_id,
                         first: checkpoint_id,
@@ -655,6 +662,11 @@ where
         if due.is_empty() {
             return Ok(());
         }
+        tracing::debug!(
+            checkpoint_id,
+            ids = ?due.values().map(|pending| pending.id.as_str()).collect::<Vec<_>>(),
+            "Kafka sink commit"
+        );
         let finished = self.finish_pending(&due);
         if finished.is_err() {
             self.pending.append(&mut due);

@@ -466,6 +466,13 @@ impl<D> KafkaSource<D> {
             }
         };
         let end = self.config.bounded.then_some(high);
+        tracing::debug!(
+            topic = %reader.topic,
+            partition,
+            next,
+            ?end,
+            "Kafka source starts a partition without a stored offset"
+        );
         Ok(PartitionOffsets { next, end })
     }
 
