@@ -93,11 +93,19 @@ fn committed_and_aborted_transactions_as_each_isolation_level_reads_them() {
 
 /// The offsets the broker reports for a partition after 40 records written
 /// in one batch: the records get offsets 0 to 39, but tansu 0.6 answers
-/// the "latest offset" request with 1 (the last batch's base offset plus
-/// one, it seems), where Kafka answers 40. The bounded source stops at
-/// that offset, so the tests write their input one record per batch
-/// (`support::produce` writes the last record of each partition in a batch
-/// of its own, which makes the answer right).
+/// the "latest offset" request with 1, where Kafka answers 40. Its source
+/// (`tansu-storage`, `dynostore.rs`, `list_offsets`) shows why: "latest"
+/// is the base offset plus one of the batch object stored *last in time*,
+/// and "earliest" the base offset of the one stored *first in time*; a
+/// tie keeps the lower offset. So with one writer "latest" is right only
+/// when the last batch is stored strictly after the others, and with
+/// concurrent writers (the sink's subtasks) neither answer need be: a
+/// reader from "earliest" once missed a partition's first 32 records, and
+/// on S3 storage a bounded source's end fell 3 records short. The bounded
+/// source stops at "latest", so the tests write the last record of each
+/// input partition in a batch of its own, after the others are
+/// acknowledged (`support::produce`); readers and the source's
+/// `StartFrom::Earliest` start at offset 0.
 #[test]
 fn the_high_watermark_counts_every_record() {
     let Some(brokers) = broker() else { return };

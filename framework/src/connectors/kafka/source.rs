@@ -304,7 +304,11 @@ fn consumer(config: &KafkaSourceConfig) -> Result<BaseConsumer, KafkaError> {
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set("enable.partition.eof", "true")
-        .set("isolation.level", "read_committed");
+        .set("isolation.level", "read_committed")
+        // An offset the broker no longer has (deleted by retention) is
+        // read from the log's start, never skipped to its end (the
+        // client's default): nothing that is still there is left unread.
+        .set("auto.offset.reset", "earliest");
     for (key, value) in &config.client_options {
         client.set(key, value);
     }
@@ -443,11 +447,18 @@ impl<D> KafkaSource<D> {
     ) -> Result<PartitionOffsets, KafkaError> {
         let timeout = Duration::from_millis(self.config.request_timeout_ms);
         let consumer = reader.consumer();
-        let (low, high) = consumer
+        let (_, high) = consumer
             .fetch_watermarks(&reader.topic, partition, timeout)
             .map_err(|source| KafkaError::client("fetching offsets", source))?;
         let next = match start {
-            StartFrom::Earliest => low,
+            // Offset 0, not the broker's earliest: tansu 0.6 answers
+            // "earliest" with the first offset of the batch it stored first
+            // in time, which under concurrent writers is not the lowest (a
+            // test once lost a partition's first 32 records so). On Kafka,
+            // whose earliest is exact, offset 0 is out of range once
+            // retention has deleted it, and `auto.offset.reset=earliest`
+            // moves the read to the log's start.
+            StartFrom::Earliest => 0,
             StartFrom::Latest => high,
             StartFrom::TimestampMs(at_ms) => {
                 let mut list = TopicPartitionList::new();
