@@ -16,6 +16,7 @@ pub mod sampled;
 pub mod servers;
 pub mod shared_files;
 pub mod slow_commit;
+pub mod tansu;
 pub mod tenths;
 pub mod window_pipeline;
 
