@@ -420,6 +420,16 @@ fn unknown_owned(
         .collect()
 }
 
+/// Whether a discovery is due `elapsed` after the last one, every
+/// `interval_ms` (`None` or `Some(0)`: never, as Flink's non-positive
+/// `partition.discovery.interval.ms`).
+fn discovery_due(interval_ms: Option<u64>, elapsed: Duration) -> bool {
+    match interval_ms {
+        Some(interval_ms) if interval_ms > 0 => elapsed >= Duration::from_millis(interval_ms),
+        _ => false,
+    }
+}
+
 impl<D> KafkaSource<D> {
     /// Adds the partitions this subtask owns and does not know yet,
     /// starting at `start`.
@@ -542,14 +552,11 @@ impl<D> KafkaSource<D> {
     /// Discovery when it is due, assignments that are due, and the
     /// consumers' own queues.
     fn prepare(&mut self) -> Result<(), KafkaError> {
-        if !self.config.bounded {
-            if let Some(interval_ms) = self.config.discovery_interval_ms.filter(|&ms| ms > 0) {
-                if self.last_discovery.elapsed() >= Duration::from_millis(interval_ms) {
-                    // New partitions start at their first record, so none
-                    // of their records is skipped (as Flink does).
-                    self.discover(StartFrom::Earliest)?;
-                }
-            }
+        let interval_ms = self.config.discovery_interval_ms;
+        if !self.config.bounded && discovery_due(interval_ms, self.last_discovery.elapsed()) {
+            // New partitions start at their first record, so none of
+            // their records is skipped (as Flink does).
+            self.discover(StartFrom::Earliest)?;
         }
         for reader in &mut self.readers {
             if !reader.assigned() {
@@ -766,6 +773,24 @@ fn close_readers(readers: &[TopicReader], timeout: Duration) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Discovery runs once its interval passed, and never when it is off
+    /// (`None`, or `0` as in Flink).
+    #[test]
+    fn discovery_is_due_after_its_interval_and_never_when_off() {
+        let second = Duration::from_secs(1);
+        assert!(!discovery_due(Some(1_000), second / 2));
+        assert!(discovery_due(Some(1_000), second));
+        assert!(!discovery_due(None, second * 1_000));
+        assert!(!discovery_due(Some(0), second * 1_000));
+        let config = KafkaSourceConfig::new("localhost:9092", &["t"]);
+        assert_eq!(
+            config.discovery_interval_ms,
+            Some(DISCOVERY_INTERVAL_DEFAULT_MS),
+            "Flink's default of 5 minutes"
+        );
+        assert_eq!(DISCOVERY_INTERVAL_DEFAULT_MS, 300_000);
+    }
 
     /// The ownership rule of discovery alone (`tests/tests/kafka_discovery.rs`
     /// grows a topic on a real broker): a topic grown from 3 to 8
