@@ -28,7 +28,9 @@
 //!   more records go to all four partitions: it reads exactly the new
 //!   ones (a discovered partition missing from the snapshot would start
 //!   again at its first record and be read twice), and the restored state
-//!   plus the new records equals the direct count over everything.
+//!   plus the new records equals the direct count over everything; the
+//!   sink's committed output over both runs holds each key's every count
+//!   exactly once.
 //!
 //! Records are written one per produce request: tansu on S3 storage
 //! serves a partition only up to the last batch's first offset plus one
@@ -119,9 +121,19 @@ fn job_config(store: &Arc<dyn CheckpointStore>) -> JobConfig {
     }
 }
 
-/// Declares source → record the id → count per key on `job`, every
-/// operator at `parallelism`.
-fn declare(job: &Job, brokers: &str, topic: &str, parallelism: usize, reads: &Reads) {
+/// The job's sink: it outlives a run, as an external system does, so a
+/// resumed run finds the transactions the savepoint lists.
+type Output = CollectHandle<(u64, u64)>;
+
+/// Declares source → record the id → count per key → `output` on `job`,
+/// every operator at `parallelism`.
+fn declare(
+    job: &Job,
+    (brokers, topic): (&str, &str),
+    parallelism: usize,
+    reads: &Reads,
+    output: &Output,
+) {
     let reads = reads.clone();
     let (counted, _state) = job
         .source("in", source(brokers, topic))
@@ -137,9 +149,7 @@ fn declare(job: &Job, brokers: &str, topic: &str, parallelism: usize, reads: &Re
             out.emit((*key, count.seen));
             Ok(())
         });
-    counted
-        .parallelism(parallelism)
-        .sink("out", CollectHandle::new());
+    counted.parallelism(parallelism).sink("out", output.clone());
 }
 
 /// Writes each id to partition `id % partitions`, one produce request
@@ -189,6 +199,14 @@ fn direct_count(ids: std::ops::Range<u64>) -> BTreeMap<u64, u64> {
     counts
 }
 
+/// Every `(key, n)` for `n` from 1 to the key's count, sorted.
+fn every_count(counts: &BTreeMap<u64, u64>) -> Vec<(u64, u64)> {
+    counts
+        .iter()
+        .flat_map(|(&key, &count)| (1..=count).map(move |n| (key, n)))
+        .collect()
+}
+
 /// Each key's count in the state of the count operator in `savepoint`
 /// (an unbounded job never ends its input, so the state is read from
 /// the checkpoint store, not from a `KeyedStateHandle`).
@@ -216,7 +234,8 @@ fn check(parallelism: usize, resumed_parallelism: usize) {
 
     let reads = Reads::default();
     let job = Job::new(&job_name, job_config(&store));
-    declare(&job, &brokers, &topic, parallelism, &reads);
+    let output = Output::new();
+    declare(&job, (&brokers, &topic), parallelism, &reads, &output);
     let running = job.start().expect("the job starts");
     let read_first = await_reads(&reads, RECORDS_FIRST as usize);
     broker.add_partitions(&topic, PARTITIONS_GROWN);
@@ -246,7 +265,13 @@ fn check(parallelism: usize, resumed_parallelism: usize) {
     // partitions go on from their stored offsets.
     let resumed_reads = Reads::default();
     let job = Job::new(&job_name, job_config(&store));
-    declare(&job, &brokers, &topic, resumed_parallelism, &resumed_reads);
+    declare(
+        &job,
+        (&brokers, &topic),
+        resumed_parallelism,
+        &resumed_reads,
+        &output,
+    );
     let running = job.start().expect("the job resumes");
     let end = total + RECORDS_RESUMED;
     produce(&brokers, &topic, total..end, PARTITIONS_GROWN);
@@ -267,10 +292,14 @@ fn check(parallelism: usize, resumed_parallelism: usize) {
         "{at}: the resumed job reads exactly the records written after the savepoint"
     );
     let last = report.savepoint.expect("a savepoint");
+    let want = direct_count(0..end);
+    assert_eq!(saved_state(&store, last), want, "{at}: state");
+    let mut committed = output.committed();
+    committed.sort_unstable();
     assert_eq!(
-        saved_state(&store, last),
-        direct_count(0..end),
-        "{at}: state"
+        committed,
+        every_count(&want),
+        "{at}: the committed output holds each key's every count once"
     );
 }
 
