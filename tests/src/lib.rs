@@ -5,7 +5,8 @@
 //! injection that fires each planned fault exactly once (with a panic hook
 //! that keeps injected panics quiet), the keyed test pipeline, and the
 //! sinks and the windowed pipeline the process-crash tests run in a child
-//! process.
+//! process, and a tansu broker of a test's own on S3 storage whose topics
+//! can grow (`tansu`).
 
 pub mod crash;
 pub mod damage;
@@ -16,6 +17,7 @@ pub mod sampled;
 pub mod servers;
 pub mod shared_files;
 pub mod slow_commit;
+pub mod tansu;
 pub mod tenths;
 pub mod window_pipeline;
 

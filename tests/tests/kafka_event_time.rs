@@ -25,7 +25,9 @@
 //! - A partition added to the topic while the job runs is discovered and
 //!   gets a generator of its own: once the job read it, it holds the
 //!   windows back at its watermark while the older partition runs ahead.
-//!   Ignored: tansu 0.6 cannot add partitions (`UnsupportedFeature`).
+//!   tansu 0.6 has no `CreatePartitions`: this test runs a broker of its
+//!   own on S3 storage (`.ci/s3.sh`) and raises the partition count in
+//!   the broker's stored metadata (`snapflow_tests::tansu`).
 //!
 //! Seeds (the out-of-order jitter of the first test):
 //! `SNAPFLOW_KAFKA_EVENT_TIME_SEEDS` (default 2) from 1 on;
@@ -46,6 +48,7 @@ use snapflow::connectors::kafka::{KafkaRecord, KafkaSourceConfig, KafkaSourceFac
 use snapflow::job::{Job, JobConfig, JobError, RunningJob, Stream};
 use snapflow::sink::CollectHandle;
 use snapflow::time::{LateRecords, ManualClock, WatermarkStrategy, Windowed, Windows};
+use snapflow_tests::tansu::TansuBroker;
 use snapflow_tests::{seeds, TestRng};
 
 use support::{broker, create_topic, produce_timed, producer, unique};
@@ -510,32 +513,16 @@ fn an_idle_partition_does_not_stall_the_windows() {
     );
 }
 
-/// Grows `topic` to `partitions` partitions.
-fn add_partitions(brokers: &str, topic: &str, partitions: usize) {
-    use rdkafka::admin::{AdminClient, AdminOptions, NewPartitions};
-    use rdkafka::client::DefaultClientContext;
-    use rdkafka::config::ClientConfig;
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create()
-        .expect("an admin client");
-    let grow = NewPartitions::new(topic, partitions);
-    let results = support::block_on(admin.create_partitions(&[grow], &AdminOptions::new()))
-        .expect("create_partitions answers");
-    for result in results {
-        result.expect("the partitions are created");
-    }
-}
-
-/// Ignored: tansu 0.6, the broker CI runs, answers `CreatePartitions`
-/// with `UnsupportedFeature`, so a topic cannot grow there. Run it with
-/// `-- --ignored` against a broker that can.
+/// The topic grows on a tansu broker of the test's own, on S3 storage
+/// (`snapflow_tests::tansu`): tansu has no `CreatePartitions`, and the
+/// partition count is raised in its stored metadata instead (see
+/// `kafka_discovery.rs`).
 #[test]
-#[ignore = "tansu 0.6 does not support CreatePartitions"]
 fn a_partition_discovered_later_holds_the_windows_back_with_its_own_watermark() {
-    let Some(brokers) = broker() else {
+    let Some(broker) = TansuBroker::from_env("Kafka event time (discovery)") else {
         return;
     };
+    let brokers = broker.address();
     let topic = unique("kafka-event-time-grow");
     create_topic(&brokers, &topic, 1);
     // Partition 0 first holds 0..5000 ms.
@@ -568,7 +555,7 @@ fn a_partition_discovered_later_holds_the_windows_back_with_its_own_watermark() 
     // it, partition 0 runs on to 20000 ms. The new partition's own
     // generator (at 9399) holds the subtask back: the windows up to
     // 9000 fire, and none later.
-    add_partitions(&brokers, &topic, 2);
+    broker.add_partitions(&topic, 2);
     let grown: Vec<Row> = (50..100).map(|i| (1, i * 100, i % KEYS)).collect();
     produce_rows(&brokers, &topic, &grown);
     fired = fired && wait_for(|| watch.read_to_ms(1) >= 9_900);

@@ -4,9 +4,9 @@
 //! back, and completes with the committed output exactly once and the
 //! state equal to the direct computation.
 //!
-//! Each test starts a broker of its own (`SNAPFLOW_TANSU_BIN`, the tansu
-//! binary `.ci/kafka.sh` installs) on a free loopback port, and takes it
-//! away in one of two ways (`Outage`):
+//! Each test starts a broker of its own (`snapflow_tests::tansu`, with
+//! `SNAPFLOW_TANSU_BIN`, the tansu binary `.ci/kafka.sh` installs) on a
+//! free loopback port, and takes it away in one of two ways (`Outage`):
 //!
 //! - **Paused** (`SIGSTOP`, then `SIGCONT` after a pause longer than the
 //!   job's request time-out), on tansu's memory storage. The broker
@@ -40,9 +40,6 @@
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread;
@@ -55,6 +52,7 @@ use snapflow::job::{Job, JobConfig, RestartStrategy};
 use snapflow::Snapshot;
 use snapflow_tests::kafka_count::{decode_id as decode, encode_count as encode};
 use snapflow_tests::servers::server_from_env;
+use snapflow_tests::tansu::{TansuBroker, TANSU_BIN_VAR};
 
 use support::{committed_results, create_topic, read_results, unique};
 
@@ -88,121 +86,6 @@ enum Outage {
     Killed,
 }
 
-/// A tansu broker of this test's own: on memory storage, or on S3
-/// storage in a bucket of its own (`s3` is then the endpoint).
-struct Broker {
-    binary: String,
-    /// The S3 endpoint and bucket, for a broker that must survive a kill.
-    s3: Option<(String, String)>,
-    port: u16,
-    child: Option<Child>,
-}
-
-impl Broker {
-    fn new(binary: String, s3: Option<String>) -> Broker {
-        let s3 = s3.map(|endpoint| {
-            let bucket = unique("tansu").to_lowercase();
-            create_bucket(&endpoint, &bucket);
-            (endpoint, bucket)
-        });
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|listener| listener.local_addr())
-            .expect("a free port")
-            .port();
-        let mut broker = Broker {
-            binary,
-            s3,
-            port,
-            child: None,
-        };
-        broker.start();
-        broker
-    }
-
-    fn address(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
-    }
-
-    fn start(&mut self) {
-        let url = format!("tcp://{}", self.address());
-        let mut command = Command::new(&self.binary);
-        command.args([
-            "broker",
-            "--listener-url",
-            &url,
-            "--advertised-listener-url",
-            &url,
-        ]);
-        match &self.s3 {
-            Some((endpoint, bucket)) => command
-                .arg("--storage-engine")
-                .arg(format!("s3://{bucket}/"))
-                .env("AWS_ENDPOINT", endpoint)
-                .env("AWS_ALLOW_HTTP", "true")
-                .env("AWS_ACCESS_KEY_ID", "snapflow")
-                .env("AWS_SECRET_ACCESS_KEY", "snapflow")
-                .env("AWS_DEFAULT_REGION", "us-east-1"),
-            None => command.args(["--storage-engine", "memory://tansu/"]),
-        };
-        let child = command
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("the broker starts");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(self.address()).is_err() {
-            assert!(Instant::now() < deadline, "the broker never listened");
-            thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// Takes the broker away for `down` and brings it back.
-    fn outage(&mut self, outage: Outage, down: Duration) {
-        match outage {
-            Outage::Paused => {
-                self.signal("STOP");
-                thread::sleep(down);
-                self.signal("CONT");
-            }
-            Outage::Killed => {
-                self.kill();
-                thread::sleep(down);
-                self.start();
-            }
-        }
-    }
-
-    fn signal(&self, name: &str) {
-        let child = self.child.as_ref().expect("the broker runs");
-        let status = Command::new("kill")
-            .arg(format!("-{name}"))
-            .arg(child.id().to_string())
-            .status()
-            .expect("kill runs");
-        assert!(status.success(), "kill -{name} the broker");
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            // A paused broker must go on to die.
-            let _ = Command::new("kill")
-                .arg("-CONT")
-                .arg(child.id().to_string())
-                .status();
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
 /// Waits until the broker's latest offset of each partition of `topic`
 /// counts all of `records` there.
 fn wait_for_latest(brokers: &str, topic: &str, records: &[(i32, String)]) {
@@ -230,51 +113,25 @@ fn wait_for_latest(brokers: &str, topic: &str, records: &[(i32, String)]) {
     }
 }
 
-/// Creates `bucket` with a plain HTTP `PUT` (no S3 client needed).
-fn create_bucket(endpoint: &str, bucket: &str) {
-    let host = endpoint.trim_start_matches("http://").trim_end_matches('/');
-    let mut stream = TcpStream::connect(host).expect("the S3 server answers");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("a read time-out");
-    write!(
-        stream,
-        "PUT /{bucket} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    )
-    .expect("the request is sent");
-    let mut answer = String::new();
-    let _ = stream.read_to_string(&mut answer);
-    assert!(
-        answer.starts_with("HTTP/1.1 200"),
-        "creating bucket {bucket}: {}",
-        answer.lines().next().unwrap_or_default()
-    );
-}
-
 #[test]
 fn the_broker_paused_mid_job_fails_it_over_and_it_completes_exactly_once() {
-    let Some(binary) = server_from_env("SNAPFLOW_TANSU_BIN", "Kafka restart", ".ci/kafka.sh")
-    else {
+    let Some(binary) = server_from_env(TANSU_BIN_VAR, "Kafka restart", ".ci/kafka.sh") else {
         return;
     };
-    check(Broker::new(binary, None), Outage::Paused);
+    check(TansuBroker::start_in_memory(binary), Outage::Paused);
 }
 
 #[test]
 fn the_broker_restarting_mid_job_fails_it_over_and_it_completes_exactly_once() {
-    let Some(binary) = server_from_env("SNAPFLOW_TANSU_BIN", "Kafka restart", ".ci/kafka.sh")
-    else {
+    let Some(broker) = TansuBroker::from_env("Kafka restart") else {
         return;
     };
-    let Some(s3) = server_from_env("SNAPFLOW_S3_ENDPOINT", "Kafka restart", ".ci/s3.sh") else {
-        return;
-    };
-    check(Broker::new(binary, Some(s3)), Outage::Killed);
+    check(broker, Outage::Killed);
 }
 
 /// Runs the job against `broker`, takes the broker away once a quarter of
 /// the input is parsed, and checks the committed output and the state.
-fn check(mut broker: Broker, outage: Outage) {
+fn check(mut broker: TansuBroker, outage: Outage) {
     if let Ok(filter) = std::env::var("SNAPFLOW_TEST_LOG") {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(filter)
@@ -379,11 +236,18 @@ fn check(mut broker: Broker, outage: Outage) {
         thread::sleep(Duration::from_millis(5));
     }
     let killed_at = seen.load(Ordering::Relaxed);
-    let down_ms = match outage {
-        Outage::Paused => PAUSED_MS,
-        Outage::Killed => DOWN_MS,
-    };
-    broker.outage(outage, Duration::from_millis(down_ms));
+    match outage {
+        Outage::Paused => {
+            broker.pause();
+            thread::sleep(Duration::from_millis(PAUSED_MS));
+            broker.resume();
+        }
+        Outage::Killed => {
+            broker.kill();
+            thread::sleep(Duration::from_millis(DOWN_MS));
+            broker.start();
+        }
+    }
     let report = done
         .recv_timeout(WAIT_LIMIT)
         .expect("the job ends in time")

@@ -84,7 +84,7 @@ pub use sink::{
 };
 pub use source::{
     BadRecords, DroppedRecords, KafkaRecord, KafkaSource, KafkaSourceConfig, KafkaSourceFactory,
-    StartFrom,
+    StartFrom, DISCOVERY_INTERVAL_DEFAULT_MS,
 };
 
 use std::collections::BTreeMap;

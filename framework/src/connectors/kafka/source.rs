@@ -76,6 +76,12 @@ const HIGHS_REFRESH: Duration = Duration::from_secs(1);
 /// (just started): its first one then shows within milliseconds.
 const FIRST_ANSWER_POLL: Duration = Duration::from_millis(10);
 
+/// How often an unbounded source looks for new partitions unless told
+/// otherwise: 5 minutes, Flink's default for `partition.discovery.interval.ms`
+/// (since its Kafka connector 3.1, FLIP-288). Each look is one metadata
+/// request per topic and subtask.
+pub const DISCOVERY_INTERVAL_DEFAULT_MS: u64 = 300_000;
+
 /// Where a partition without a stored offset starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StartFrom {
@@ -113,8 +119,14 @@ pub struct KafkaSourceConfig {
     pub bounded: bool,
     /// What to do with records the deserialiser rejects.
     pub bad_records: BadRecords,
-    /// How often an unbounded source asks the broker for new partitions;
-    /// `None` turns discovery off. Bounded sources never discover.
+    /// How often an unbounded source asks the broker for new partitions
+    /// (Flink's `partition.discovery.interval.ms`, with its default of
+    /// 5 minutes, [`DISCOVERY_INTERVAL_DEFAULT_MS`]); `None` or `Some(0)`
+    /// turns discovery off (Flink: a non-positive value). Bounded
+    /// sources never discover. A partition found by a discovery starts at
+    /// its earliest offset whatever [`KafkaSourceConfig::start`] says
+    /// (Flink's FLIP-288), so none of its records is skipped; `start`
+    /// applies to the partitions there when the job first starts.
     pub discovery_interval_ms: Option<u64>,
     /// How long a metadata or offset request may take before it fails
     /// (retryably).
@@ -127,7 +139,7 @@ pub struct KafkaSourceConfig {
 
 impl KafkaSourceConfig {
     /// A source over `topics` from their earliest records, unbounded,
-    /// failing on bad records, discovering partitions every 10 s.
+    /// failing on bad records, discovering partitions every 5 minutes.
     pub fn new(brokers: &str, topics: &[&str]) -> KafkaSourceConfig {
         KafkaSourceConfig {
             brokers: brokers.to_owned(),
@@ -135,7 +147,7 @@ impl KafkaSourceConfig {
             start: StartFrom::Earliest,
             bounded: false,
             bad_records: BadRecords::Fail,
-            discovery_interval_ms: Some(10_000),
+            discovery_interval_ms: Some(DISCOVERY_INTERVAL_DEFAULT_MS),
             request_timeout_ms: 10_000,
             client_options: Vec::new(),
         }
@@ -412,6 +424,16 @@ fn unknown_owned(
         .collect()
 }
 
+/// Whether a discovery is due `elapsed` after the last one, every
+/// `interval_ms` (`None` or `Some(0)`: never, as Flink's non-positive
+/// `partition.discovery.interval.ms`).
+fn discovery_due(interval_ms: Option<u64>, elapsed: Duration) -> bool {
+    match interval_ms {
+        Some(interval_ms) if interval_ms > 0 => elapsed >= Duration::from_millis(interval_ms),
+        _ => false,
+    }
+}
+
 impl<D> KafkaSource<D> {
     /// Adds the partitions this subtask owns and does not know yet,
     /// starting at `start`.
@@ -548,14 +570,11 @@ impl<D> KafkaSource<D> {
     /// Discovery when it is due, assignments that are due, and the
     /// consumers' own queues.
     fn prepare(&mut self) -> Result<(), KafkaError> {
-        if !self.config.bounded {
-            if let Some(interval_ms) = self.config.discovery_interval_ms {
-                if self.last_discovery.elapsed() >= Duration::from_millis(interval_ms) {
-                    // New partitions start at their first record, so none
-                    // of their records is skipped (as Flink does).
-                    self.discover(StartFrom::Earliest)?;
-                }
-            }
+        let interval_ms = self.config.discovery_interval_ms;
+        if !self.config.bounded && discovery_due(interval_ms, self.last_discovery.elapsed()) {
+            // New partitions start at their first record, so none of
+            // their records is skipped (as Flink does).
+            self.discover(StartFrom::Earliest)?;
         }
         for reader in &mut self.readers {
             if !reader.assigned() {
@@ -773,10 +792,29 @@ fn close_readers(readers: &[TopicReader], timeout: Duration) {
 mod tests {
     use super::*;
 
-    /// Discovery without a broker that can add partitions (tansu 0.6 has
-    /// no `CreatePartitions`): a topic grown from 3 to 8 partitions gives
-    /// each subtask exactly the new partitions it owns, the old ones stay
-    /// where they were, and every partition has one owner.
+    /// Discovery runs once its interval passed, and never when it is off
+    /// (`None`, or `0` as in Flink).
+    #[test]
+    fn discovery_is_due_after_its_interval_and_never_when_off() {
+        let second = Duration::from_secs(1);
+        assert!(!discovery_due(Some(1_000), second / 2));
+        assert!(discovery_due(Some(1_000), second));
+        assert!(!discovery_due(None, second * 1_000));
+        assert!(!discovery_due(Some(0), second * 1_000));
+        let config = KafkaSourceConfig::new("localhost:9092", &["t"]);
+        assert_eq!(
+            config.discovery_interval_ms,
+            Some(DISCOVERY_INTERVAL_DEFAULT_MS),
+            "Flink's default of 5 minutes"
+        );
+        assert_eq!(DISCOVERY_INTERVAL_DEFAULT_MS, 300_000);
+    }
+
+    /// The ownership rule of discovery alone (`tests/tests/kafka_discovery.rs`
+    /// grows a topic on a real broker): a topic grown from 3 to 8
+    /// partitions gives each subtask exactly the new partitions it owns,
+    /// the old ones stay where they were, and every partition has one
+    /// owner.
     #[test]
     fn a_grown_topic_adds_only_new_partitions_to_their_owners() {
         for parallelism in 1..=3 {
