@@ -642,3 +642,101 @@ fn a_source_starts_at_the_earliest_the_latest_or_a_timestamp() {
         (5..10).collect::<Vec<_>>()
     );
 }
+
+/// Every `(key, count)` record of `topic`, sorted, read until each of
+/// `want` (sorted) is there at least once.
+fn every_result(brokers: &str, topic: &str, want: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let parse = |read: &support::Read| -> Option<(u64, u64)> {
+        let text = std::str::from_utf8(&read.value).ok()?;
+        let (key, count) = text.split_once(':')?;
+        Some((key.parse().ok()?, count.parse().ok()?))
+    };
+    let all = support::read_until(
+        brokers,
+        topic,
+        "read_uncommitted",
+        Duration::from_millis(700),
+        |reads| {
+            let got: BTreeSet<(u64, u64)> = reads.iter().filter_map(parse).collect();
+            want.iter().all(|result| got.contains(result))
+        },
+    );
+    let mut got: Vec<(u64, u64)> = all.iter().filter_map(parse).collect();
+    got.sort_unstable();
+    got
+}
+
+/// The sink at `delivery` (not exactly-once), at `parallelism`, with one
+/// panic when `panic` says so: the state equals the direct computation,
+/// and the output holds every result, at least once after a restart
+/// (the at-least-once mode writes again what the restored checkpoint did
+/// not cover), exactly once without one.
+fn check_delivery(delivery: Delivery, parallelism: usize, panic: bool) {
+    let Some(brokers) = broker() else { return };
+    quiet_injected_panics();
+    let what = format!("{delivery:?} at parallelism {parallelism}, panic {panic}");
+    let records = 200;
+    let (input, output, job_name) = (unique("in"), unique("out"), unique("job"));
+    create_topic(&brokers, &input, 3);
+    create_topic(&brokers, &output, 2);
+    fill(&brokers, &input, 3, records);
+    let faults = Faults::new(if panic {
+        vec![("parse", records / 2, FaultKind::Panic)]
+    } else {
+        Vec::new()
+    });
+    let mut config = KafkaSinkConfig::new(&brokers, &output, &job_name, "out");
+    config.checkpoint_interval_ms = Some(INTERVAL_MS);
+    config.delivery = delivery;
+    let sink = KafkaSinkFactory::new(config, encode_output as Encode).expect("the sink's checks");
+    let job = Job::new(&job_name, job_config(None, 10));
+    let seen = Arc::new(AtomicU64::new(0));
+    let source = source_factory(&brokers, &input, BadRecords::Fail);
+    let state = declare(
+        &job,
+        source,
+        sink,
+        parallelism,
+        parallelism,
+        &faults,
+        200,
+        &seen,
+    );
+    let report = job
+        .run()
+        .unwrap_or_else(|error| panic!("{what}: the job failed: {error}"));
+    let (want, want_state) = expected(0..records);
+    assert_eq!(final_state(&state), want_state, "{what}: state");
+    let got = every_result(&brokers, &output, &want);
+    let distinct: Vec<(u64, u64)> = got
+        .iter()
+        .copied()
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    assert!(distinct == want, "{what}: {}", difference(&distinct, &want));
+    assert_eq!(report.restarts.is_empty(), !panic, "{what}: restarts");
+    if !panic {
+        assert!(got == want, "{what}: {}", difference(&got, &want));
+    }
+    eprintln!(
+        "{what}: {} results written for {} wanted, {} restarts",
+        got.len(),
+        want.len(),
+        report.restarts.len()
+    );
+}
+
+#[test]
+fn at_least_once_loses_nothing_across_a_restart() {
+    for parallelism in 1..=3 {
+        check_delivery(Delivery::AtLeastOnce, parallelism, true);
+    }
+}
+
+#[test]
+fn delivery_none_writes_each_result_once_without_failures() {
+    for parallelism in 1..=3 {
+        check_delivery(Delivery::None, parallelism, false);
+    }
+}
