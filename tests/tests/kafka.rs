@@ -230,6 +230,33 @@ fn final_state(state: &KeyedStateHandle<u64, Count>) -> BTreeMap<u64, u64> {
         .collect()
 }
 
+/// Runs source → parse → count → sink over `input` as job `job_name`
+/// (`(brokers, input, job_name)`), everything at `parallelism`, up to 10
+/// restarts, `parse` failing as `faults` plan and sleeping `pause_us` per
+/// record.
+fn run_count(
+    (brokers, input, job_name): (&str, &str, &str),
+    sink: OutSink,
+    parallelism: usize,
+    faults: &Faults,
+    pause_us: u64,
+) -> Result<(JobReport, KeyedStateHandle<u64, Count>), JobError> {
+    let job = Job::new(job_name, job_config(None, 10));
+    let seen = Arc::new(AtomicU64::new(0));
+    let source = source_factory(brokers, input, BadRecords::Fail);
+    let state = declare(
+        &job,
+        source,
+        sink,
+        parallelism,
+        parallelism,
+        faults,
+        pause_us,
+        &seen,
+    );
+    Ok((job.run()?, state))
+}
+
 /// One seeded run: random record and partition counts, two panics; the
 /// committed output and the state must equal the direct computation.
 fn check(parallelism: usize, seed: u64) {
@@ -252,22 +279,14 @@ fn check(parallelism: usize, seed: u64) {
     ]);
     let sink = sink_factory(&brokers, &output, &job_name);
     let log = sink.commit_log();
-    let job = Job::new(&job_name, job_config(None, 10));
-    let seen = Arc::new(AtomicU64::new(0));
-    let source = source_factory(&brokers, &input, BadRecords::Fail);
-    let state = declare(
-        &job,
-        source,
+    let (report, state) = run_count(
+        (&brokers, &input, &job_name),
         sink,
-        parallelism,
         parallelism,
         &faults,
         20,
-        &seen,
-    );
-    let report = job
-        .run()
-        .unwrap_or_else(|error| panic!("{replay}: the job failed: {error}"));
+    )
+    .unwrap_or_else(|error| panic!("{replay}: the job failed: {error}"));
     let ran_ms = started.elapsed().as_millis() - filled_ms;
     let (want, want_state) = expected(0..records);
     let (got, total) = committed_output(&brokers, &output, &log, &want);
@@ -689,22 +708,14 @@ fn check_delivery(delivery: Delivery, parallelism: usize, panic: bool) {
     config.checkpoint_interval_ms = Some(INTERVAL_MS);
     config.delivery = delivery;
     let sink = KafkaSinkFactory::new(config, encode_output as Encode).expect("the sink's checks");
-    let job = Job::new(&job_name, job_config(None, 10));
-    let seen = Arc::new(AtomicU64::new(0));
-    let source = source_factory(&brokers, &input, BadRecords::Fail);
-    let state = declare(
-        &job,
-        source,
+    let (report, state) = run_count(
+        (&brokers, &input, &job_name),
         sink,
-        parallelism,
         parallelism,
         &faults,
         200,
-        &seen,
-    );
-    let report = job
-        .run()
-        .unwrap_or_else(|error| panic!("{what}: the job failed: {error}"));
+    )
+    .unwrap_or_else(|error| panic!("{what}: the job failed: {error}"));
     let (want, want_state) = expected(0..records);
     assert_eq!(final_state(&state), want_state, "{what}: state");
     let got = every_result(&brokers, &output, &want);
