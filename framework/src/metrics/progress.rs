@@ -77,15 +77,18 @@ pub fn progress_line(metrics: &JobMetrics) -> String {
         }
     };
     let mut line = format!(
-        "[{:.1} s] {}: sources {}, sinks {}",
+        "[{:.1} s] {}: sources {}",
         metrics.uptime_ms as f64 / 1000.0,
         metrics.job,
         per_second(rate(OperatorKind::Source, true)),
-        per_second(rate(OperatorKind::Sink, false)),
     );
     if let Some(lag) = sources_lag(metrics) {
         line.push_str(&format!(", lag {lag}"));
     }
+    line.push_str(&format!(
+        ", sinks {}",
+        per_second(rate(OperatorKind::Sink, false))
+    ));
     match metrics.last_completed_checkpoint() {
         Some(last) => line.push_str(&format!(
             ", checkpoint {} ({} ms, {})",
