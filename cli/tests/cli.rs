@@ -533,3 +533,44 @@ fn delete_keeps_the_newest_checkpoint_unless_forced_and_prune_keeps_n() {
     assert!(forced.status.success(), "{}", stderr(&forced));
     assert!(ids(root).is_empty());
 }
+
+/// `verify` follows every reference: a flipped byte in a shared file of
+/// the incremental checkpoints (outside every checkpoint's directory)
+/// makes each checkpoint that refers to it damaged, naming the file.
+#[test]
+fn verify_finds_a_damaged_shared_file_that_checkpoints_refer_to() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    run_job(dir.path(), 2);
+    let root = dir.path().to_str().expect("a UTF-8 path");
+    let verified = snapflow(&["verify", root, "tally"]);
+    assert!(verified.status.success(), "{}", stdout(&verified));
+    let shared: Vec<_> = walk(dir.path())
+        .into_iter()
+        .filter(|path| path.extension().is_some_and(|ext| ext == "shared"))
+        .collect();
+    let file = shared
+        .first()
+        .expect("incremental checkpoints wrote shared files");
+    let mut bytes = std::fs::read(file).expect("the shared file reads");
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x40;
+    std::fs::write(file, bytes).expect("the shared file writes");
+    let verified = snapflow(&["verify", root, "tally", "--json"]);
+    assert_eq!(verified.status.code(), Some(1), "{}", stdout(&verified));
+    let verdicts = json(&verified);
+    let name = file
+        .file_name()
+        .and_then(|name| name.to_str())
+        .expect("a name");
+    let damaged: Vec<_> = verdicts
+        .as_array()
+        .expect("verdicts")
+        .iter()
+        .filter(|verdict| verdict["ok"] == false)
+        .collect();
+    assert!(!damaged.is_empty(), "{verdicts}");
+    for verdict in damaged {
+        let problem = verdict["problem"].as_str().expect("a reason");
+        assert!(problem.contains(name), "the reason names {name}: {problem}");
+    }
+}
