@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use serde::Serialize;
-use snapflow::job::inspect::{describe_position, CheckpointView, OperatorRole};
+use snapflow::job::inspect::{CheckpointView, OperatorRole};
 use snapflow::storage::{CheckpointKind, LoadedCheckpoint};
 
 use crate::state::{PositionRow, StateRow};
@@ -198,15 +198,10 @@ fn source_positions(
     let mut positions: BTreeMap<String, PositionRow> = view
         .parts()
         .filter(|part| view.operator_role(&part.id().operator) == Some(OperatorRole::Source))
-        .map(|part| {
-            (
-                part.id().to_string(),
-                PositionRow::of(part.stored_position()),
-            )
-        })
+        .map(|part| (part.id().to_string(), PositionRow::of(part.state_bytes())))
         .collect();
     for (part, bytes) in &metadata.source_positions {
-        positions.insert(part.to_string(), PositionRow::of(describe_position(bytes)));
+        positions.insert(part.to_string(), PositionRow::of(bytes));
     }
     positions
 }

@@ -13,7 +13,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 use snapflow::job::inspect::{
-    OperatorRole, PartView, StoredPosition, StoredSinkState, StoredState,
+    describe_position, OperatorRole, PartView, StoredPosition, StoredSinkState, StoredState,
 };
 use snapflow::keyed::part::PartDescription;
 use snapflow::state::StoredSchema;
@@ -154,9 +154,9 @@ fn unknown_text(bytes: usize, crc32: &str) -> String {
 }
 
 impl PositionRow {
-    /// The row of `position`.
-    pub fn of(position: StoredPosition) -> PositionRow {
-        match position {
+    /// The row of a source subtask's stored position `bytes`.
+    pub fn of(bytes: &[u8]) -> PositionRow {
+        match describe_position(bytes) {
             StoredPosition::Index(next) => PositionRow::Index { next },
             StoredPosition::Kafka(partitions) => PositionRow::Kafka {
                 partitions: partitions
@@ -174,10 +174,10 @@ impl PositionRow {
                 crc32: crc(crc32),
             },
             // `StoredPosition` may grow; what this tool does not know
-            // yet has no length to show.
+            // yet is shown as unknown.
             _ => PositionRow::Unknown {
-                bytes: 0,
-                crc32: crc(0),
+                bytes: bytes.len(),
+                crc32: crc(crc32fast::hash(bytes)),
             },
         }
     }
@@ -217,7 +217,7 @@ impl StateRow {
     pub fn of(part: &PartView, role: Option<OperatorRole>) -> StateRow {
         match role {
             Some(OperatorRole::Source) => StateRow::Source {
-                position: PositionRow::of(part.stored_position()),
+                position: PositionRow::of(part.state_bytes()),
             },
             Some(OperatorRole::Sink) => {
                 StateRow::of_sink(part).unwrap_or_else(|| Self::stored(part))
