@@ -1,7 +1,8 @@
 //! `snapflow`: the command-line tool for a store directory. It lists the
 //! checkpoints and savepoints of every job, shows one (operators, parts
-//! with sizes and checksums, key groups, source positions, the stored
-//! schema of state blobs) and verifies one or all (every part present,
+//! with sizes and checksums, key groups, source positions with Kafka
+//! offsets per partition, sink states with their pending transactions,
+//! the stored schema of state blobs) and verifies one or all (every part present,
 //! every size and checksum right). Text by default, JSON with `--json`.
 //!
 //! It deletes an entry or prunes old checkpoints only when told to, the
@@ -19,6 +20,7 @@
 //! ```
 
 mod report;
+mod state;
 mod store;
 
 use std::path::PathBuf;

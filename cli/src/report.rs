@@ -7,11 +7,10 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use serde::Serialize;
-use snapflow::job::inspect::{CheckpointView, StoredState};
-use snapflow::keyed::part::PartDescription;
-use snapflow::state::StoredSchema;
+use snapflow::job::inspect::{CheckpointView, OperatorRole};
 use snapflow::storage::{CheckpointKind, LoadedCheckpoint};
 
+use crate::state::{PositionRow, StateRow};
 use crate::store::JobEntries;
 
 /// One entry of a listing.
@@ -109,172 +108,6 @@ pub struct PartRow {
     pub state: StateRow,
 }
 
-/// An operator state described without its types.
-#[derive(Debug, Serialize)]
-#[serde(tag = "layout", rename_all = "snake_case")]
-pub enum StateRow {
-    /// No state (map, filter, flat_map).
-    Empty,
-    /// One state blob.
-    Blob {
-        /// Its stored schema.
-        schema: SchemaRow,
-    },
-    /// Keyed state.
-    Keyed {
-        /// Key groups in the part.
-        key_groups: usize,
-        /// (key, state) entries over them.
-        entries: u64,
-        /// The distinct schemas of the key groups (one, unless the part
-        /// is corrupt or mixes writers).
-        schemas: Vec<SchemaRow>,
-    },
-    /// A timed keyed operator (timers, windows, state time-to-live).
-    Timed {
-        /// Key groups in the part.
-        key_groups: usize,
-        /// (key, state) entries over them: for windows, keys with open
-        /// windows.
-        entries: u64,
-        /// Keys that have at least one timer.
-        keys_with_timers: u64,
-        /// The watermark the operator last saw.
-        watermark_ms: Option<u64>,
-        /// The distinct schemas of the user state's key groups.
-        schemas: Vec<SchemaRow>,
-    },
-    /// A custom operator's instance.
-    Operator {
-        /// Whether its input had ended.
-        ended: bool,
-        /// The instance's stored schema.
-        schema: SchemaRow,
-    },
-    /// A layout only its writer reads (a source position, a sink's
-    /// state).
-    Opaque,
-}
-
-impl StateRow {
-    fn of(state: StoredState) -> StateRow {
-        match state {
-            StoredState::Empty => StateRow::Empty,
-            StoredState::Blob(schema) => StateRow::Blob {
-                schema: SchemaRow::of(schema),
-            },
-            StoredState::Keyed(groups) => StateRow::Keyed {
-                key_groups: groups.len(),
-                entries: entries(&groups),
-                schemas: schemas(&groups),
-            },
-            StoredState::Timed {
-                state,
-                timers,
-                watermark_ms,
-            } => StateRow::Timed {
-                key_groups: state.len(),
-                entries: entries(&state),
-                keys_with_timers: entries(&timers),
-                watermark_ms,
-                schemas: schemas(&state),
-            },
-            StoredState::Operator { ended, schema } => StateRow::Operator {
-                ended,
-                schema: SchemaRow::of(schema),
-            },
-            // `StoredState` may grow; what this tool does not know is
-            // shown as opaque.
-            _ => StateRow::Opaque,
-        }
-    }
-
-    fn text(&self) -> String {
-        match self {
-            StateRow::Empty => "no state".to_string(),
-            StateRow::Blob { schema } => format!("blob {}", schema.text()),
-            StateRow::Keyed {
-                key_groups,
-                entries,
-                schemas,
-            } => {
-                let schemas: Vec<String> = schemas.iter().map(SchemaRow::text).collect();
-                format!(
-                    "keyed: {key_groups} key groups, {entries} entries, {}",
-                    schemas.join("; ")
-                )
-            }
-            StateRow::Timed {
-                key_groups,
-                entries,
-                keys_with_timers,
-                watermark_ms,
-                schemas,
-            } => {
-                let schemas: Vec<String> = schemas.iter().map(SchemaRow::text).collect();
-                let watermark = watermark_ms.map_or("none".to_string(), |ms| ms.to_string());
-                format!(
-                    "timed: {key_groups} key groups, {entries} entries, {keys_with_timers} keys \
-                     with timers, watermark {watermark}, {}",
-                    schemas.join("; ")
-                )
-            }
-            StateRow::Operator { ended, schema } => {
-                format!("operator (input ended: {ended}) {}", schema.text())
-            }
-            StateRow::Opaque => "opaque (read by its writer only)".to_string(),
-        }
-    }
-}
-
-/// The entries over key groups.
-fn entries(groups: &[PartDescription]) -> u64 {
-    groups.iter().map(|group| group.entries).sum()
-}
-
-/// The distinct schemas of key groups, in order of first appearance (one,
-/// unless the part is corrupt or mixes writers).
-fn schemas(groups: &[PartDescription]) -> Vec<SchemaRow> {
-    let mut schemas: Vec<SchemaRow> = Vec::new();
-    for group in groups {
-        let schema = SchemaRow::of(group.schema.clone());
-        if !schemas.contains(&schema) {
-            schemas.push(schema);
-        }
-    }
-    schemas
-}
-
-/// A state blob's stored schema.
-#[derive(Debug, PartialEq, Eq, Serialize)]
-pub struct SchemaRow {
-    /// The writer's type name.
-    pub type_name: String,
-    /// The writer's version.
-    pub version: u32,
-    /// `name: type` lines.
-    pub fields: Vec<String>,
-}
-
-impl SchemaRow {
-    fn of(schema: StoredSchema) -> SchemaRow {
-        SchemaRow {
-            type_name: schema.type_name,
-            version: schema.version,
-            fields: schema.fields,
-        }
-    }
-
-    fn text(&self) -> String {
-        format!(
-            "{} v{} {{ {} }}",
-            self.type_name,
-            self.version,
-            self.fields.join(", ")
-        )
-    }
-}
-
 /// The report of `show`.
 #[derive(Debug, Serialize)]
 pub struct Shown {
@@ -294,10 +127,17 @@ pub struct Shown {
     pub key_groups: u32,
     /// Each operator's parallelism when it was taken.
     pub operators: BTreeMap<String, u32>,
+    /// The sources and sinks among them, as the checkpoint records them
+    /// (`source` or `sink`; absent in checkpoints written before roles
+    /// were recorded).
+    pub roles: BTreeMap<String, &'static str>,
     /// Every part, sorted.
     pub parts: Vec<PartRow>,
-    /// Each source subtask's position as hex.
-    pub source_positions: BTreeMap<String, String>,
+    /// Each source subtask's position (from its part, and from the
+    /// metadata's positions where a writer put them there), decoded where
+    /// its layout is known (a built-in source's index, Kafka offsets per
+    /// partition).
+    pub source_positions: BTreeMap<String, PositionRow>,
     /// Free user metadata.
     pub user: BTreeMap<String, String>,
 }
@@ -324,7 +164,7 @@ pub fn shown(loaded: LoadedCheckpoint, directory: &Path) -> Result<Shown, String
                 crc32: format!("{:08x}", info.crc32),
                 state_bytes: part.state_bytes().len(),
                 recorded_channels: part.channels().count(),
-                state: StateRow::of(part.stored_state()),
+                state: StateRow::of(part, view.operator_role(&info.part.operator)),
             })
         })
         .collect::<Result<Vec<_>, String>>()?;
@@ -337,22 +177,38 @@ pub fn shown(loaded: LoadedCheckpoint, directory: &Path) -> Result<Shown, String
         bytes: metadata.total_bytes(),
         key_groups: metadata.key_groups.max_parallelism,
         operators: metadata.key_groups.operator_parallelism.clone(),
-        parts,
-        source_positions: metadata
-            .source_positions
-            .iter()
-            .map(|(part, bytes)| (part.to_string(), hex(bytes)))
+        roles: metadata
+            .key_groups
+            .operator_parallelism
+            .keys()
+            .filter_map(|operator| Some((operator.clone(), view.operator_role(operator)?.name())))
             .collect(),
+        parts,
+        source_positions: source_positions(&view, &metadata),
         user: metadata.user.clone(),
     })
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().fold(String::new(), |mut text, byte| {
-        let _ = write!(text, "{byte:02x}");
-        text
-    })
+/// Every source subtask's position: its part's state, and what the
+/// metadata lists.
+fn source_positions(
+    view: &CheckpointView,
+    metadata: &snapflow::storage::CheckpointMetadata,
+) -> BTreeMap<String, PositionRow> {
+    let mut positions: BTreeMap<String, PositionRow> = view
+        .parts()
+        .filter(|part| view.operator_role(&part.id().operator) == Some(OperatorRole::Source))
+        .map(|part| (part.id().to_string(), PositionRow::of(part.state_bytes())))
+        .collect();
+    for (part, bytes) in &metadata.source_positions {
+        positions.insert(part.to_string(), PositionRow::of(bytes));
+    }
+    positions
 }
+
+/// Metadata the job layer writes for tools (operator roles), shown as
+/// roles rather than as user metadata.
+const ROLE_PREFIX: &str = "snapflow.role.";
 
 /// `show` as text.
 pub fn shown_text(shown: &Shown) -> String {
@@ -369,7 +225,14 @@ pub fn shown_text(shown: &Shown) -> String {
         shown.directory
     );
     for (operator, parallelism) in &shown.operators {
-        let _ = writeln!(text, "  operator {operator}: parallelism {parallelism}");
+        let role = shown
+            .roles
+            .get(operator)
+            .map_or(String::new(), |role| format!(", {role}"));
+        let _ = writeln!(
+            text,
+            "  operator {operator}: parallelism {parallelism}{role}"
+        );
     }
     for part in &shown.parts {
         let _ = writeln!(
@@ -385,9 +248,13 @@ pub fn shown_text(shown: &Shown) -> String {
         let _ = writeln!(text, "    state: {}", part.state.text());
     }
     for (part, position) in &shown.source_positions {
-        let _ = writeln!(text, "  source position {part}: {position}");
+        let _ = writeln!(text, "  source position {part}: {}", position.text());
     }
-    for (key, value) in &shown.user {
+    for (key, value) in shown
+        .user
+        .iter()
+        .filter(|(key, _)| !key.starts_with(ROLE_PREFIX))
+    {
         let _ = writeln!(text, "  metadata {key} = {value}");
     }
     text

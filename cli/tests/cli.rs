@@ -1,13 +1,23 @@
 //! The `snapflow` tool on a real store: a keyed job writes checkpoints,
 //! then the binary lists, shows and verifies them, as text and as JSON,
-//! and finds a checkpoint damaged by a flipped byte. Paths that are not a
+//! and finds a checkpoint damaged by a flipped byte. `show` decodes what
+//! the parts hold: source positions (a built-in source's index, a Kafka
+//! source's offsets per partition, against a broker when
+//! `SNAPFLOW_KAFKA_BROKERS` names one), sink states (pending
+//! transactions, the file sink's staged files with their sizes and
+//! checksums) and the stored schema of keyed and windowed state. Paths that are not a
 //! store, unknown jobs and bad arguments give clear errors.
 
 use std::path::Path;
 use std::process::{Command, Output};
 
+// The Kafka tests' helpers (topics, records, finding the broker).
+#[path = "../../tests/tests/kafka/support.rs"]
+mod kafka;
+
+use snapflow::connectors::kafka::{KafkaRecord, KafkaSourceConfig, KafkaSourceFactory};
 use snapflow::job::{Job, JobConfig};
-use snapflow::sink::CollectHandle;
+use snapflow::sink::{committed_files, CollectHandle, FileSinkFactory, DEFAULT_PREFIX};
 use snapflow::source::VecSourceFactory;
 use snapflow::time::{WatermarkStrategy, Windows};
 use snapflow::Snapshot;
@@ -103,9 +113,22 @@ fn check(parallelism: usize) {
         })
         .sum();
     assert_eq!(entries, 7, "one entry per key over the subtasks");
+    check_source_and_sink(&shown, parallelism);
     let text = stdout(&snapflow(&["show", root, "tally", &id.to_string()]));
     assert!(text.contains("part count[0]"), "{text}");
     assert!(text.contains("keyed:"), "{text}");
+    assert!(
+        text.contains("source position numbers[0]: next record or offset "),
+        "{text}"
+    );
+    assert!(
+        text.contains("state: sink state of subtask 0: pending checkpoints"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("unknown format"),
+        "every part decodes: {text}"
+    );
 
     let verified = snapflow(&["verify", root, "tally"]);
     assert!(verified.status.success(), "{}", stdout(&verified));
@@ -132,6 +155,42 @@ fn check(parallelism: usize) {
         problem.contains("count"),
         "the reason names the part: {problem}"
     );
+}
+
+/// The final checkpoint of the keyed job: every source subtask's
+/// position is its next index (the last one's is the input's end), in
+/// the metadata and in its part, and the collect sink's parts list their
+/// pending checkpoints.
+fn check_source_and_sink(shown: &serde_json::Value, parallelism: usize) {
+    let positions = shown["source_positions"]
+        .as_object()
+        .expect("source positions");
+    assert_eq!(positions.len(), parallelism);
+    let nexts: Vec<u64> = positions
+        .values()
+        .map(|position| {
+            assert_eq!(position["format"], "index", "{position}");
+            position["next"].as_u64().expect("a number")
+        })
+        .collect();
+    assert_eq!(nexts.iter().max(), Some(&2_000), "{nexts:?}");
+    let parts = shown["parts"].as_array().expect("parts");
+    for part in parts.iter().filter(|part| part["operator"] == "numbers") {
+        let name = format!("numbers[{}]", part["subtask"]);
+        assert_eq!(part["state"]["layout"], "source", "{part}");
+        assert_eq!(part["state"]["position"], positions[&name], "{part}");
+    }
+    let sinks: Vec<_> = parts
+        .iter()
+        .filter(|part| part["operator"] == "out")
+        .collect();
+    assert_eq!(sinks.len(), parallelism);
+    for part in sinks {
+        let state = &part["state"];
+        assert_eq!(state["layout"], "sink_pending", "{part}");
+        assert_eq!(state["subtask"], part["subtask"], "{part}");
+        assert!(state["pending_checkpoints"].is_array(), "{part}");
+    }
 }
 
 /// Flips one byte of a part file of `count` in the checkpoint directory
@@ -242,8 +301,145 @@ fn a_window_operators_state_shows_its_keys_and_timers() {
         with_timers, 5,
         "every key with an open window has its timers"
     );
+    for part in &windows {
+        let fields = &part["state"]["schemas"][0]["fields"];
+        assert!(
+            fields.as_array().is_some_and(|fields| !fields.is_empty()),
+            "the open windows' stored schema: {part}"
+        );
+    }
     let text = stdout(&snapflow(&["show", root, "windows", &id.to_string()]));
     assert!(text.contains("timed: "), "{text}");
+    assert!(text.contains(" v1 { "), "the schema as text: {text}");
+    assert!(
+        !text.contains("unknown format"),
+        "every part decodes: {text}"
+    );
+}
+
+/// A job into the file sink: its parts show the staged files with the
+/// size and CRC-32 of each, which equal the committed files'.
+#[test]
+fn a_file_sinks_state_shows_its_staged_files() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let output = tempfile::tempdir().expect("a temporary directory");
+    let config = JobConfig {
+        checkpoint_interval_ms: Some(5),
+        default_parallelism: 2,
+        ..JobConfig::default()
+    }
+    .with_store_dir(dir.path(), "files")
+    .expect("the store opens");
+    let job = Job::new("files", config);
+    job.source("numbers", VecSourceFactory::new((0..2_000_u64).collect()))
+        .map("pace", |n: u64| {
+            std::thread::sleep(std::time::Duration::from_micros(50));
+            n.to_string()
+        })
+        .sink(
+            "files",
+            FileSinkFactory::lines(output.path()).expect("a sink"),
+        );
+    job.run().expect("the job runs");
+    let root = dir.path().to_str().expect("a UTF-8 path");
+    let committed = committed_files(output.path(), DEFAULT_PREFIX).expect("listed");
+    let mut staged_seen = 0;
+    for id in ids(root) {
+        let shown = json(&snapflow(&[
+            "show",
+            root,
+            "files",
+            &id.to_string(),
+            "--json",
+        ]));
+        let sinks = shown["parts"].as_array().expect("parts").clone();
+        for part in sinks.iter().filter(|part| part["operator"] == "files") {
+            let state = &part["state"];
+            assert_eq!(state["layout"], "sink_staged_files", "{part}");
+            assert_eq!(state["subtask"], part["subtask"]);
+            for file in state["files"].as_array().expect("files") {
+                let name = format!(
+                    "{DEFAULT_PREFIX}-{}-{}",
+                    part["subtask"], file["checkpoint"]
+                );
+                let path = committed
+                    .iter()
+                    .find(|path| {
+                        path.file_name()
+                            .is_some_and(|n| n.to_string_lossy() == name)
+                    })
+                    .unwrap_or_else(|| panic!("{name} is committed: {committed:?}"));
+                let bytes = std::fs::read(path).expect("reads");
+                assert_eq!(file["bytes"], bytes.len() as u64, "{name}");
+                assert_eq!(
+                    file["crc32"],
+                    format!("{:08x}", crc32fast::hash(&bytes)),
+                    "{name}"
+                );
+                staged_seen += 1;
+            }
+        }
+        let text = stdout(&snapflow(&["show", root, "files", &id.to_string()]));
+        assert!(
+            text.contains("file sink state of subtask 1: staged files "),
+            "{text}"
+        );
+    }
+    assert!(staged_seen > 0, "some checkpoint lists a staged file");
+}
+
+fn value_of(record: &KafkaRecord<'_>) -> Result<Vec<u8>, String> {
+    Ok(record.value().unwrap_or_default().to_vec())
+}
+
+/// A bounded Kafka source over two partitions: the final checkpoint
+/// shows each partition's next offset (and end), which add up to the
+/// records written. Needs a broker (`SNAPFLOW_KAFKA_BROKERS`): skipped
+/// outside CI with a message, a failure in CI.
+#[test]
+fn a_kafka_sources_position_shows_each_partitions_next_offset() {
+    let Some(brokers) = kafka::broker() else {
+        return;
+    };
+    let topic = kafka::unique("cli-in");
+    kafka::create_topic(&brokers, &topic, 2);
+    let rows: Vec<(i32, Vec<u8>, Vec<u8>)> = (0..30_u32)
+        .map(|n| ((n % 2) as i32, Vec::new(), n.to_string().into_bytes()))
+        .collect();
+    kafka::produce(&brokers, &topic, &rows);
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let name = kafka::unique("cli-job");
+    let config = JobConfig {
+        checkpoint_interval_ms: Some(50),
+        ..JobConfig::default()
+    }
+    .with_store_dir(dir.path(), &name)
+    .expect("the store opens");
+    let mut source = KafkaSourceConfig::new(&brokers, &[&topic]);
+    source.bounded = true;
+    let source = KafkaSourceFactory::new(source, value_of).expect("the source's checks pass");
+    let job = Job::new(&name, config);
+    job.source("kafka", source)
+        .sink("out", CollectHandle::new());
+    job.run().expect("the job runs");
+    let root = dir.path().to_str().expect("a UTF-8 path");
+    let id = newest_id(root);
+    let shown = snapflow(&["show", root, &name, &id.to_string(), "--json"]);
+    assert!(shown.status.success(), "{}", stderr(&shown));
+    let shown = json(&shown);
+    let position = &shown["source_positions"]["kafka[0]"];
+    assert_eq!(position["format"], "kafka", "{shown}");
+    let partitions = position["partitions"].as_array().expect("partitions");
+    assert_eq!(partitions.len(), 2, "{position}");
+    for (index, place) in partitions.iter().enumerate() {
+        assert_eq!(place["topic"], topic.as_str());
+        assert_eq!(place["partition"], index as u64);
+        assert_eq!(place["next_offset"], 15, "every record read: {place}");
+        assert_eq!(place["end_offset"], 15, "bounded at the end: {place}");
+    }
+    let text = stdout(&snapflow(&["show", root, &name, &id.to_string()]));
+    let expected = format!("kafka: {topic}/0 -> next offset 15 (end 15), {topic}/1 -> next");
+    assert!(text.contains(&expected), "{text}");
 }
 
 #[test]
@@ -336,4 +532,45 @@ fn delete_keeps_the_newest_checkpoint_unless_forced_and_prune_keeps_n() {
     let forced = snapflow(&["delete", root, "tally", &newest.to_string(), "--force"]);
     assert!(forced.status.success(), "{}", stderr(&forced));
     assert!(ids(root).is_empty());
+}
+
+/// `verify` follows every reference: a flipped byte in a shared file of
+/// the incremental checkpoints (outside every checkpoint's directory)
+/// makes each checkpoint that refers to it damaged, naming the file.
+#[test]
+fn verify_finds_a_damaged_shared_file_that_checkpoints_refer_to() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    run_job(dir.path(), 2);
+    let root = dir.path().to_str().expect("a UTF-8 path");
+    let verified = snapflow(&["verify", root, "tally"]);
+    assert!(verified.status.success(), "{}", stdout(&verified));
+    let shared: Vec<_> = walk(dir.path())
+        .into_iter()
+        .filter(|path| path.extension().is_some_and(|ext| ext == "shared"))
+        .collect();
+    let file = shared
+        .first()
+        .expect("incremental checkpoints wrote shared files");
+    let mut bytes = std::fs::read(file).expect("the shared file reads");
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x40;
+    std::fs::write(file, bytes).expect("the shared file writes");
+    let verified = snapflow(&["verify", root, "tally", "--json"]);
+    assert_eq!(verified.status.code(), Some(1), "{}", stdout(&verified));
+    let verdicts = json(&verified);
+    let name = file
+        .file_name()
+        .and_then(|name| name.to_str())
+        .expect("a name");
+    let damaged: Vec<_> = verdicts
+        .as_array()
+        .expect("verdicts")
+        .iter()
+        .filter(|verdict| verdict["ok"] == false)
+        .collect();
+    assert!(!damaged.is_empty(), "{verdicts}");
+    for verdict in damaged {
+        let problem = verdict["problem"].as_str().expect("a reason");
+        assert!(problem.contains(name), "the reason names {name}: {problem}");
+    }
 }

@@ -1,8 +1,9 @@
 //! The web dashboard in a real browser: the wordcount example runs with
 //! `--http`, headless Chromium (driven by chromedriver over WebDriver)
 //! opens its page, and the test checks that the graph shows every
-//! operator with its parallelism, that a new checkpoint row appears while
-//! it watches, and that the savepoint button puts a savepoint into the
+//! operator with its parallelism, that the source's rows show its bytes
+//! read and its lag (bytes left) as figures (and the in-memory sink no
+//! bytes written), that a new checkpoint row appears while it watches, and that the savepoint button puts a savepoint into the
 //! store; then the stop button ends the example with a savepoint. A
 //! screenshot goes to `target/dashboard/dashboard.png` (CI keeps it).
 //!
@@ -209,6 +210,88 @@ fn checkpoint_rows(driver: &Driver) -> Vec<(u64, String, String)> {
         .collect()
 }
 
+/// A text of 33,334 lines of 12 words, as the example generates, written
+/// into `directory`.
+fn input_file(directory: &Path) -> PathBuf {
+    let lines: Vec<String> = (0..33_334_u64)
+        .map(|line| {
+            let words: Vec<String> = (0..12)
+                .map(|word| format!("w{}", (line * 12 + word) % 997))
+                .collect();
+            words.join(" ")
+        })
+        .collect();
+    let path = directory.join("input.txt");
+    std::fs::write(&path, lines.join("\n")).expect("the input is written");
+    path
+}
+
+/// The operator table's rows as (operator, bytes in, bytes out, lag),
+/// the cells found by their column's heading, read in one script run.
+fn byte_columns(driver: &Driver) -> Vec<(String, String, String, String)> {
+    let script = "const heads = Array.from(document.querySelectorAll('#operators thead th'))\
+            .map(th => th.textContent.trim());\
+        const at = (cells, name) => { const i = heads.indexOf(name); \
+            return i < 0 || i >= cells.length ? '' : cells[i].textContent; };\
+        return Array.from(document.querySelectorAll('#operators tbody tr')).map(tr => {\
+            const cells = Array.from(tr.children);\
+            return [tr.getAttribute('data-operator') || '', at(cells, 'bytes in'),\
+                at(cells, 'bytes out'), at(cells, 'lag')]; });";
+    let rows = driver.call(
+        "POST",
+        "/execute/sync",
+        json!({"script": script, "args": []}),
+    );
+    let text = |cell: &Value| cell.as_str().unwrap_or_default().to_owned();
+    rows.as_array()
+        .map(|rows| {
+            rows.iter()
+                .map(|row| (text(&row[0]), text(&row[1]), text(&row[2]), text(&row[3])))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A figure the page wrote as a number with a unit (`12.5 KiB`, `300 B`,
+/// `1,200 records`), not the dash of an absent one.
+fn is_figure(cell: &str) -> bool {
+    cell.chars()
+        .next()
+        .is_some_and(|first| first.is_ascii_digit())
+}
+
+/// The source's rows show bytes in and a lag in bytes above 0 while the
+/// paced example reads its file; the sink's rows (a collect sink, which
+/// writes nothing outside the job) show no bytes out.
+fn check_bytes_and_lag(driver: &Driver, graph: &Value) {
+    let named = |kind: &str| -> Vec<String> {
+        graph["operators"]
+            .as_array()
+            .expect("operators")
+            .iter()
+            .filter(|o| o["kind"] == kind)
+            .filter_map(|o| o["name"].as_str().map(str::to_owned))
+            .collect()
+    };
+    let (sources, sinks) = (named("source"), named("sink"));
+    assert!(!sources.is_empty() && !sinks.is_empty(), "{graph}");
+    eventually(20, "the bytes and lag columns", || {
+        let rows = byte_columns(driver);
+        let source_rows: Vec<_> = rows.iter().filter(|r| sources.contains(&r.0)).collect();
+        let sink_rows: Vec<_> = rows.iter().filter(|r| sinks.contains(&r.0)).collect();
+        let sources_shown = !source_rows.is_empty()
+            && source_rows.iter().all(|(_, bytes_in, _, lag)| {
+                is_figure(bytes_in) && bytes_in != "0 B" && is_figure(lag) && lag.ends_with('B')
+            });
+        let lag_above_zero = source_rows.iter().any(|(_, _, _, lag)| lag != "0 B");
+        // The example's sink collects into memory, outside nothing: its
+        // column shows the dash of a figure nobody counts.
+        let sinks_shown =
+            !sink_rows.is_empty() && sink_rows.iter().all(|(_, _, out, _)| out == "–");
+        (sources_shown && lag_above_zero && sinks_shown).then_some(())
+    });
+}
+
 #[test]
 fn the_dashboard_shows_the_job_and_takes_a_savepoint() {
     let Some((chromium, chromedriver)) = browser() else {
@@ -217,7 +300,10 @@ fn the_dashboard_shows_the_job_and_takes_a_savepoint() {
     let directory = tempfile::tempdir().expect("a directory");
     let port = free_port();
     let mut options = wordcount::Options::full();
-    options.words = 400_000;
+    // A file, not generated text: the file source counts its bytes read
+    // and knows its lag in bytes, which the page must show.
+    let text = tempfile::tempdir().expect("a directory");
+    options.input = Some(input_file(text.path()));
     options.common.records_per_second = 1_500;
     options.common.crashes = CrashSpec::None;
     options.common.progress = false;
@@ -253,6 +339,7 @@ fn the_dashboard_shows_the_job_and_takes_a_savepoint() {
         (shown.len() == expected.len()).then_some(shown)
     });
     assert_eq!(shown, expected, "the graph shows every operator");
+    check_bytes_and_lag(&driver, &graph);
 
     let first = eventually(20, "a checkpoint row", || {
         checkpoint_rows(&driver).iter().map(|row| row.0).max()

@@ -6,14 +6,18 @@
 //! one included), the sink's bytes out equal the committed files' total
 //! size, the map counts no bytes (records pass in memory), and the lag
 //! shown while running was above 0 and is 0 at the end. The in-memory
-//! source shows its records left as its lag.
+//! source shows its records left as its lag. A print sink's bytes out
+//! equal what it printed to its writer.
 
 use std::io::Write;
 use std::time::Duration;
 
 use snapflow::job::{Job, JobConfig};
 use snapflow::metrics::JobMetrics;
-use snapflow::sink::{committed_files, CollectHandle, FileSinkFactory, DEFAULT_PREFIX};
+use snapflow::sink::{
+    committed_files, CollectHandle, FileSinkFactory, PrintSink, SinkError, SinkFactory,
+    DEFAULT_PREFIX,
+};
 use snapflow::source::{FileLinesSourceFactory, VecSourceFactory};
 use snapflow_tests::sampled::{run_sampled, Sampled};
 use snapflow_tests::slow_commit::SlowCommits;
@@ -210,4 +214,79 @@ fn an_in_memory_source_shows_the_records_left() {
         "the records left while running: {seen:?}"
     );
     assert_eq!(last.operator("out").expect("listed").bytes_out, None);
+}
+
+/// A writer shared by every print sink subtask of a test, so that the
+/// test reads what was printed.
+#[derive(Clone, Default)]
+struct SharedWriter(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Write for SharedWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut printed = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        printed.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Print sinks writing into one [`SharedWriter`].
+#[derive(Clone)]
+struct PrintInto(SharedWriter);
+
+impl SinkFactory for PrintInto {
+    type Sink = PrintSink<String, SharedWriter>;
+
+    fn create(&self, _subtask: usize, _parallelism: usize) -> Result<Self::Sink, SinkError> {
+        Ok(PrintSink::new(self.0.clone()))
+    }
+}
+
+fn check_print_bytes(parallelism: usize) {
+    let job = Job::new(
+        "printed",
+        JobConfig {
+            default_parallelism: parallelism,
+            checkpoint_interval_ms: Some(20),
+            batch_size_max: 8,
+            arbiters: Some(2),
+            ..JobConfig::default()
+        },
+    );
+    let printed = SharedWriter::default();
+    job.source("numbers", VecSourceFactory::new((0..3_000_u64).collect()))
+        // Lines of varied lengths, some with multi-byte characters.
+        .map("words", |n: u64| {
+            "é".repeat((n % 4) as usize) + &n.to_string()
+        })
+        .sink("print", PrintInto(printed.clone()));
+    let running = job.start().expect("the job starts");
+    let Sampled { last, .. } = run_sampled(running, Duration::from_secs(60));
+    let printed = printed.0.lock().expect("not poisoned").clone();
+    assert_eq!(
+        printed.iter().filter(|&&byte| byte == b'\n').count(),
+        3_000,
+        "bug in the test: every record printed once"
+    );
+    let sink = last.operator("print").expect("listed");
+    assert_eq!(
+        sink.bytes_out,
+        Some(printed.len() as u64),
+        "p={parallelism}: the print sink's bytes out are what it printed"
+    );
+    let per_subtask: u64 = sink.subtasks.iter().filter_map(|s| s.bytes_out).sum();
+    assert_eq!(per_subtask, printed.len() as u64);
+}
+
+#[test]
+fn print_sink_bytes_at_parallelism_1() {
+    check_print_bytes(1);
+}
+
+#[test]
+fn print_sink_bytes_at_parallelism_3() {
+    check_print_bytes(3);
 }

@@ -3,7 +3,8 @@
 //! Prometheus exposition parses with a Prometheus text parser and carries
 //! the counts; the actions are refused unless enabled, and when enabled a
 //! savepoint lands in the store, stop ends the job with a savepoint and
-//! cancel cancels it.
+//! cancel cancels it. Without configuration there is no server, and the
+//! default address is loopback with the actions off.
 
 use std::net::SocketAddr;
 use std::thread;
@@ -232,4 +233,18 @@ fn enabled_cancel_cancels_the_job() {
     let (status, _, body) = call("POST", &format!("{base}/api/cancel"));
     assert_eq!(status, 202, "{body}");
     assert!(matches!(running.wait(), Err(JobError::Cancelled)));
+}
+
+/// What a job gets without asking: no server, and when one is asked for
+/// with the default address, it binds to loopback with the actions off.
+#[test]
+fn the_defaults_bind_to_loopback_with_the_actions_off() {
+    let config = JobConfig::default();
+    assert_eq!(config.http_addr, None, "no server unless configured");
+    assert!(!config.http_actions, "actions are off unless enabled");
+    assert!(
+        snapflow::job::DEFAULT_HTTP_ADDR.ip().is_loopback(),
+        "{}",
+        snapflow::job::DEFAULT_HTTP_ADDR
+    );
 }

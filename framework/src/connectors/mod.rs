@@ -6,7 +6,14 @@
 //! never decides when a checkpoint happens and never drives actors: a
 //! connector implements the [`Sink`](crate::sink::Sink) (or source)
 //! contract and the job calls it.
-//! Without any connector feature this module is empty.
+//!
+//! Without any connector feature this module holds only what reading a
+//! stored checkpoint needs: the Kafka source's position layout
+//! (`kafka_position`, with its byte reader), so that the `snapflow` tool
+//! and [`crate::job::inspect`] show Kafka offsets without librdkafka.
+
+pub(crate) mod bytes;
+pub(crate) mod kafka_position;
 
 #[cfg(feature = "postgres")]
 pub mod postgres;

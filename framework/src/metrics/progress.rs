@@ -32,7 +32,40 @@ fn size(bytes: u64) -> String {
     }
 }
 
-/// One line: the sources' output rate, the sinks' input rate, the newest
+fn count(value: u64) -> String {
+    if value >= 1_000_000 {
+        format!("{:.2} M", value as f64 / 1e6)
+    } else if value >= 1_000 {
+        format!("{:.1} k", value as f64 / 1e3)
+    } else {
+        value.to_string()
+    }
+}
+
+/// The sources' lag, summed over the sources that know theirs (records
+/// left, bytes left, or both); `None` when no source knows.
+fn sources_lag(metrics: &JobMetrics) -> Option<String> {
+    let sources = || {
+        metrics
+            .operators
+            .iter()
+            .filter(|o| o.kind == OperatorKind::Source)
+    };
+    let sum = |values: Vec<u64>| (!values.is_empty()).then(|| values.iter().sum::<u64>());
+    let records = sum(sources().filter_map(|o| o.pending_records).collect());
+    let bytes = sum(sources().filter_map(|o| o.pending_bytes).collect());
+    let parts: Vec<String> = [
+        records.map(|records| format!("{} records", count(records))),
+        bytes.map(size),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    (!parts.is_empty()).then(|| parts.join(", "))
+}
+
+/// One line: the sources' output rate and, where a source knows it, its
+/// lag (records or bytes not read yet), the sinks' input rate, the newest
 /// completed checkpoint, restarts, and the most backpressured operator
 /// when any is above 100 ms/s.
 pub fn progress_line(metrics: &JobMetrics) -> String {
@@ -44,12 +77,18 @@ pub fn progress_line(metrics: &JobMetrics) -> String {
         }
     };
     let mut line = format!(
-        "[{:.1} s] {}: sources {}, sinks {}",
+        "[{:.1} s] {}: sources {}",
         metrics.uptime_ms as f64 / 1000.0,
         metrics.job,
         per_second(rate(OperatorKind::Source, true)),
-        per_second(rate(OperatorKind::Sink, false)),
     );
+    if let Some(lag) = sources_lag(metrics) {
+        line.push_str(&format!(", lag {lag}"));
+    }
+    line.push_str(&format!(
+        ", sinks {}",
+        per_second(rate(OperatorKind::Sink, false))
+    ));
     match metrics.last_completed_checkpoint() {
         Some(last) => line.push_str(&format!(
             ", checkpoint {} ({} ms, {})",
@@ -145,8 +184,26 @@ mod tests {
         assert!(line.contains("job: sources 0/s, sinks 0/s"), "{line}");
         assert!(line.contains("checkpoint 3 ("), "{line}");
         assert!(line.contains("2.0 KiB), restarts 0"), "{line}");
+        assert!(!line.contains("lag"), "no source knows its lag: {line}");
         let progress = Progress::start(Arc::new(registry), 100);
         assert!(progress.is_running());
         drop(progress);
+    }
+
+    #[test]
+    fn the_line_shows_the_sources_lag_summed_over_subtasks() {
+        let registry = crate::metrics::registry::two_operator_registry(2);
+        let source = |subtask| registry.cell(0, subtask).expect("a source cell");
+        source(0).set_pending(Some(1_500), None);
+        source(1).set_pending(Some(700), None);
+        let line = progress_line(&registry.snapshot());
+        assert!(
+            line.contains("sources 0/s, lag 2.2 k records, sinks"),
+            "{line}"
+        );
+        source(0).set_pending(Some(0), Some(3 << 20));
+        source(1).set_pending(Some(4), Some(0));
+        let line = progress_line(&registry.snapshot());
+        assert!(line.contains(", lag 4 records, 3.0 MiB, sinks"), "{line}");
     }
 }

@@ -276,8 +276,9 @@ pub trait Sink {
 
     /// Bytes this sink object wrote to the system outside the job since
     /// it was made, for the live metrics (Flink's `numBytesOut` of a
-    /// sink): the file sink's encoded lines, the Kafka sink's keys, values
-    /// and headers. The runtime asks once per slice of batches while
+    /// sink): the file sink's encoded lines, the print sink's lines, the
+    /// Kafka sink's keys, values and headers, the PostgreSQL sink's
+    /// parameter values in PostgreSQL's binary encoding. The runtime asks once per slice of batches while
     /// metrics are on, so return a counter the sink keeps. The default
     /// (`None`) does not count.
     fn bytes_written(&self) -> Option<u64> {

@@ -63,7 +63,9 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-mod bytes;
+// The little-endian reader is shared with the position layout, which is
+// compiled without this feature (`connectors::kafka_position`).
+use super::bytes;
 mod error;
 mod gate;
 mod lag;

@@ -11,8 +11,9 @@ use std::collections::BTreeSet;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
+use bytes::BytesMut;
 use postgres::error::SqlState;
-use postgres::types::ToSql;
+use postgres::types::{IsNull, ToSql, Type};
 
 use crate::sink::{
     check_ascending, subtask_u32, Guarantee, PendingTransactions, Sink, SinkError, SinkFactory,
@@ -168,6 +169,7 @@ impl<T, F: Fn(&T) -> Params + Clone> SinkFactory for PostgresSinkFactory<T, F> {
             pending: BTreeSet::new(),
             last_pre_commit: None,
             finished: false,
+            bytes_written: 0,
             _records: PhantomData,
         })
     }
@@ -190,6 +192,9 @@ pub struct PostgresSink<T, F> {
     pending: BTreeSet<u64>,
     last_pre_commit: Option<u64>,
     finished: bool,
+    /// The bytes of the parameter values sent so far, in PostgreSQL's
+    /// binary encoding ([`Sink::bytes_written`]).
+    bytes_written: u64,
     _records: PhantomData<fn(&T)>,
 }
 
@@ -205,7 +210,8 @@ impl<T, F> PostgresSink<T, F> {
         // Counted as open before the call: after a failure the server
         // may hold the transaction, and `abort` must roll it back.
         self.open = true;
-        self.worker
+        self.bytes_written += self
+            .worker
             .call(move |session| send_rows(session, open, &statement, rows))?;
         Ok(())
     }
@@ -239,13 +245,16 @@ impl<T, F> PostgresSink<T, F> {
 }
 
 /// Runs the rows on the connection thread, opening the transaction
-/// first if `open` says none is.
+/// first if `open` says none is; returns the bytes of the parameter
+/// values the statements ran with (see [`encoded_bytes`]).
 fn send_rows(
     session: &mut Session,
     open: bool,
     statement: &RowStatement,
     rows: Vec<Params>,
-) -> Result<(), PostgresError> {
+) -> Result<u64, PostgresError> {
+    let mut sent = 0;
+    let mut buffer = BytesMut::new();
     if !open {
         session
             .client
@@ -256,10 +265,12 @@ fn send_rows(
         RowStatement::PerRow(sql) => {
             let prepared = session.statement(sql)?;
             for row in &rows {
+                let params = params_of(row);
                 session
                     .client
-                    .execute(&prepared, &params_of(row))
+                    .execute(&prepared, &params)
                     .map_err(sql_error(format!("running `{sql}`")))?;
+                sent += encoded_bytes(prepared.params(), &params, &mut buffer);
             }
         }
         RowStatement::MultiRow(insert) => {
@@ -293,10 +304,29 @@ fn send_rows(
                             source,
                         }
                     })?;
+                sent += encoded_bytes(prepared.params(), &params, &mut buffer);
             }
         }
     }
-    Ok(())
+    Ok(sent)
+}
+
+/// The bytes of `values` in PostgreSQL's binary encoding for the
+/// statement's parameter `types` (a NULL counts 0): what the sink counts
+/// as written, the values' share of the Bind messages the client sends,
+/// without the protocol's framing, the statement text or the
+/// transaction commands. Each value is encoded once more for this,
+/// after the statement ran (the client keeps its own encoding to
+/// itself); a value its type refuses was refused by the statement too.
+fn encoded_bytes(types: &[Type], values: &[&(dyn ToSql + Sync)], buffer: &mut BytesMut) -> u64 {
+    let mut total = 0;
+    for (ty, value) in types.iter().zip(values) {
+        buffer.clear();
+        if let Ok(IsNull::No) = value.to_sql_checked(ty, buffer) {
+            total += buffer.len() as u64;
+        }
+    }
+    total
 }
 
 /// A row's values as the client takes them.
@@ -441,6 +471,10 @@ impl<T, F: Fn(&T) -> Params> Sink for PostgresSink<T, F> {
     fn finish(&mut self) -> Result<(), SinkError> {
         self.finished = true;
         self.flush()
+    }
+
+    fn bytes_written(&self) -> Option<u64> {
+        Some(self.bytes_written)
     }
 
     fn guarantee(&self) -> Guarantee {

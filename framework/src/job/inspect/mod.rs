@@ -19,6 +19,13 @@
 //! | map, filter, flat_map | nothing | — |
 //! | a state written with [`crate::state::blob::encode`] | a blob | [`PartView::state`] |
 //!
+//! Tools without the job's types describe a part instead:
+//! [`PartView::stored_state`] (the stored schema of every state blob,
+//! key groups, timers), [`PartView::stored_position`] (a built-in
+//! source's index, the Kafka source's offsets per partition) and
+//! [`PartView::stored_sink_state`] (the built-in sinks' pending
+//! transactions).
+//!
 //! Recorded channel states (unaligned checkpoints, and the feedback edges
 //! of loops) are per receiving subtask and input channel:
 //! [`PartView::channel_records`] and [`CheckpointView::channel_records`].
@@ -81,8 +88,14 @@ use crate::storage::{
     LoadedCheckpoint, PartId, StoreError,
 };
 
+mod connector_state;
 mod layout;
 
+pub(crate) use connector_state::role_key;
+pub use connector_state::{
+    describe_position, describe_sink_state, KafkaPartitionPosition, OperatorRole, StagedFile,
+    StoredPosition, StoredSinkState,
+};
 pub use layout::{describe_state, StoredState};
 
 use super::operator::Operator;
@@ -311,6 +324,20 @@ impl PartView {
         SourcePosition::from_bytes(self.state.clone())
     }
 
+    /// A source subtask's position described without its type (see
+    /// [`StoredPosition`]): for tools that show a checkpoint. Only
+    /// meaningful for a source's part.
+    pub fn stored_position(&self) -> StoredPosition {
+        describe_position(&self.state)
+    }
+
+    /// A sink subtask's state described without its type (see
+    /// [`StoredSinkState`]); `None` when it stored no bytes. Only
+    /// meaningful for a sink's part.
+    pub fn stored_sink_state(&self) -> Option<StoredSinkState> {
+        describe_sink_state(&self.state)
+    }
+
     /// The state a sink subtask pre-committed. Only meaningful for a
     /// sink's part; the built-in sinks' state reads back with
     /// [`crate::sink::PendingTransactions::decode`].
@@ -487,6 +514,16 @@ impl CheckpointView {
     /// The checkpoint's metadata as stored.
     pub fn metadata(&self) -> &CheckpointMetadata {
         &self.metadata
+    }
+
+    /// Whether `operator` is a source or a sink, as the checkpoint
+    /// records it; `None` for an operator in between, and for every
+    /// operator of a checkpoint written before snapflow recorded roles.
+    pub fn operator_role(&self, operator: &str) -> Option<OperatorRole> {
+        self.metadata
+            .user
+            .get(&role_key(operator))
+            .and_then(|name| OperatorRole::parse(name))
     }
 
     /// The names of the operators with parts, in name order.

@@ -8,6 +8,8 @@
 //! actor and never blocks it: store work goes to the writer thread.
 
 use super::*;
+use crate::job::inspect::{role_key, OperatorRole};
+use std::collections::BTreeMap;
 
 impl Supervisor {
     /// The span of one checkpoint's events, under the job's span: the one
@@ -247,6 +249,7 @@ impl Supervisor {
             ..CommitRequest::default()
         };
         let mut request = request;
+        record_roles(&self.plan, &mut request.user);
         if self.final_from.is_some_and(|first| checkpoint >= first) {
             // Every input had ended: a later run on this store has nothing
             // left to do (see `recovery`).
@@ -379,5 +382,21 @@ impl Supervisor {
         self.carry_out(context);
         // Only a `FailJob` of this very call takes the error.
         self.persist_failure = None;
+    }
+}
+
+/// Records which operators are sources and which are sinks in a
+/// checkpoint's user metadata, so that a tool without the job's code
+/// knows a source's part holds its position and a sink's its state
+/// (`job::inspect::CheckpointView::operator_role`).
+fn record_roles(plan: &PhysicalPlan, user: &mut BTreeMap<String, String>) {
+    let kinds = super::metrics::operator_kinds(plan);
+    for (operator, kind) in plan.operators.iter().zip(kinds) {
+        let role = match kind {
+            crate::metrics::OperatorKind::Source => OperatorRole::Source,
+            crate::metrics::OperatorKind::Sink => OperatorRole::Sink,
+            crate::metrics::OperatorKind::Operator => continue,
+        };
+        user.insert(role_key(&operator.name), role.name().to_owned());
     }
 }

@@ -8,17 +8,35 @@
 use super::*;
 use crate::metrics::{EdgeMetrics, MetricsRegistry, OperatorInfo, OperatorKind, RestartMetrics};
 
-/// The registry of a planned job: its operators (with their kind found
-/// from the edges) and its logical edges.
-pub(super) fn registry(name: &str, plan: &PhysicalPlan) -> MetricsRegistry {
+/// Each operator's kind, found from the edges: no input makes a source,
+/// inputs and no output a sink. The registry shows it, and each
+/// checkpoint records the sources and sinks (`checkpoints.rs`) for tools
+/// that read their parts.
+pub(super) fn operator_kinds(plan: &PhysicalPlan) -> Vec<OperatorKind> {
     let operator_count = plan.operators.len();
     let (mut has_input, mut has_output) =
         (vec![false; operator_count], vec![false; operator_count]);
+    for edge in &plan.edges {
+        has_output[plan.nodes[edge.from].0] = true;
+        has_input[plan.nodes[edge.to].0] = true;
+    }
+    has_input
+        .into_iter()
+        .zip(has_output)
+        .map(|kind| match kind {
+            (false, _) => OperatorKind::Source,
+            (true, false) => OperatorKind::Sink,
+            (true, true) => OperatorKind::Operator,
+        })
+        .collect()
+}
+
+/// The registry of a planned job: its operators (with their kind found
+/// from the edges) and its logical edges.
+pub(super) fn registry(name: &str, plan: &PhysicalPlan) -> MetricsRegistry {
     let mut edges: Vec<(usize, EdgeMetrics)> = Vec::new();
     for edge in &plan.edges {
         let (from, to) = (plan.nodes[edge.from].0, plan.nodes[edge.to].0);
-        has_output[from] = true;
-        has_input[to] = true;
         if edges.iter().any(|(logical, _)| *logical == edge.logical) {
             continue;
         }
@@ -36,14 +54,10 @@ pub(super) fn registry(name: &str, plan: &PhysicalPlan) -> MetricsRegistry {
     let operators = plan
         .operators
         .iter()
-        .enumerate()
-        .map(|(index, operator)| OperatorInfo {
+        .zip(operator_kinds(plan))
+        .map(|(operator, kind)| OperatorInfo {
             name: operator.name.clone(),
-            kind: match (has_input[index], has_output[index]) {
-                (false, _) => OperatorKind::Source,
-                (true, false) => OperatorKind::Sink,
-                (true, true) => OperatorKind::Operator,
-            },
+            kind,
             parallelism: operator.parallelism,
         })
         .collect();

@@ -1,5 +1,8 @@
 //! A bounds-checked little-endian reader and the matching string writer
-//! for the connector's two byte formats (source positions, sink states).
+//! for the Kafka connector's two byte formats (source positions, sink
+//! states). Compiled without the `kafka` feature too, because the
+//! position layout ([`super::kafka_position`]) is read by tools that do
+//! not build librdkafka; what only the sink state uses is then unused.
 //!
 //! This module owns only the mechanics of reading fixed-size numbers and
 //! length-prefixed strings from untrusted bytes: every read checks the
@@ -39,6 +42,7 @@ impl<'a> Reader<'a> {
         self.take().map(i32::from_le_bytes)
     }
 
+    #[cfg_attr(not(feature = "kafka"), allow(dead_code))]
     pub(crate) fn u64(&mut self) -> Result<u64, &'static str> {
         self.take().map(u64::from_le_bytes)
     }
@@ -61,6 +65,7 @@ impl<'a> Reader<'a> {
     }
 
     /// Bytes written as a `u32` length and the bytes.
+    #[cfg_attr(not(feature = "kafka"), allow(dead_code))]
     pub(crate) fn bytes(&mut self) -> Result<Vec<u8>, &'static str> {
         let length = self.u32()? as usize;
         if self.rest.len() < length {
@@ -72,6 +77,7 @@ impl<'a> Reader<'a> {
     }
 
     /// How many bytes are left to read.
+    #[cfg_attr(not(feature = "kafka"), allow(dead_code))]
     pub(crate) fn remaining(&self) -> usize {
         self.rest.len()
     }
@@ -89,6 +95,7 @@ impl<'a> Reader<'a> {
 /// Appends `text` as a `u16` length and its bytes. Kafka topic names and
 /// the sink's transactional ids are far below 64 KiB; a longer text is
 /// cut at a character boundary below the limit rather than misframed.
+#[cfg_attr(not(feature = "kafka"), allow(dead_code))]
 pub(crate) fn put_str(bytes: &mut Vec<u8>, text: &str) {
     let mut length = text.len().min(usize::from(u16::MAX));
     while !text.is_char_boundary(length) {
