@@ -16,9 +16,14 @@
 //!
 //! - Eviction picks keys in the table's memory order, not by recency (see
 //!   [`SpillingState::enforce_budget`]).
-//! - The budget is in entries, not bytes; the store's own memory (an
-//!   8 MiB block cache and up to 16 MiB of write buffers per instance) is
-//!   on top of it.
+//! - The budget is in entries, not bytes, and the store's own memory is on
+//!   top of it and not bounded by it: at 10 M keys with 100,000 in memory
+//!   per subtask the process peaked at the in-memory backend's RSS
+//!   (memtables, bloom filters and block indexes of fjall; see
+//!   BENCHMARKS.md, "Spilling keyed state").
+//! - A lookup that misses memory always asks the disk table, even for a
+//!   key never evicted (no filter of spilled keys), and fjall's memtable
+//!   skip list then dominates the profile: 0.04-0.26 M records/s.
 //! - A snapshot writes every in-memory entry of a dirty key group back to
 //!   disk and then reads each dirty group's range back into its part, on
 //!   the operator's thread; the parts are written to the checkpoint store
