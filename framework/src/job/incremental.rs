@@ -25,13 +25,12 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::keyed::KeyedState;
+use crate::keyed::store::KeyGroupSnapshots;
 use crate::protocol::CheckpointId;
 use crate::runtime::BoxError;
-use crate::state::Snapshot;
 use crate::storage::{Segment, SharedRange};
 
-use super::ops::{encode_keyed_state, Key, KeyGroupParts};
+use super::ops::{encode_keyed_state, KeyGroupParts};
 
 /// How keyed operators checkpoint: incrementally (the default) or in full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,29 +137,29 @@ impl KeyGroupLedger {
     /// The segments of `state`'s snapshot for checkpoint `checkpoint`, in
     /// the keyed-state envelope's layout: changed or unconfirmed groups
     /// written shared, the others referred to. Clears the dirty flags.
-    pub(crate) fn snapshot<K: Key, S: Snapshot>(
+    pub(crate) fn snapshot(
         &mut self,
         checkpoint: CheckpointId,
-        state: &mut KeyedState<K, S>,
+        state: &mut impl KeyGroupSnapshots,
     ) -> Result<Vec<Segment>, BoxError> {
-        let start = state.range().start;
+        let start = state.key_groups().start;
         let full = self.next_position == 0;
         self.next_position = (self.next_position + 1) % self.full_every;
         let mut fresh = vec![full; self.written.len()];
-        for key_group in state.dirty_key_groups() {
+        for key_group in state.changed_key_groups() {
             fresh[(key_group - start) as usize] = true;
         }
         for (fresh, written) in fresh.iter_mut().zip(&self.written) {
             *fresh |= !written.is_some_and(|written| written.confirmed);
         }
-        let parts = state.snapshot_key_groups(|key_group| fresh[(key_group - start) as usize])?;
-        state.clear_dirty();
+        let parts = state.parts_of(&mut |key_group| fresh[(key_group - start) as usize])?;
+        state.forget_changes();
         let mut parts = parts.into_iter().peekable();
         let mut segments = vec![Segment::Own(postcard::to_allocvec(
             &(self.written.len() as u64),
         )?)];
         let mut offset = 0u64;
-        for (index, key_group) in state.range().iter().enumerate() {
+        for (index, key_group) in state.key_groups().iter().enumerate() {
             let fresh_part = parts.next_if(|part| part.key_group == key_group);
             let (len, tail) = match (fresh_part, self.written[index]) {
                 (Some(part), _) => {
@@ -193,10 +192,8 @@ impl KeyGroupLedger {
 
 /// The whole snapshot of `state` as one segment of its own, the form of a
 /// savepoint or of a job without incremental checkpoints.
-pub(crate) fn full_segments<K: Key, S: Snapshot>(
-    state: &KeyedState<K, S>,
-) -> Result<Vec<Segment>, BoxError> {
-    let parts: KeyGroupParts = state.snapshot()?.into_parts().collect();
+pub(crate) fn full_segments(state: &mut impl KeyGroupSnapshots) -> Result<Vec<Segment>, BoxError> {
+    let parts: KeyGroupParts = state.all_parts()?;
     Ok(vec![Segment::Own(encode_keyed_state(&parts)?)])
 }
 
@@ -231,7 +228,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::keyed::MaxParallelism;
+    use crate::keyed::{KeyedState, MaxParallelism};
 
     #[derive(crate::Snapshot, Default, Debug, Clone, PartialEq)]
     #[snapshot(crate = "crate")]

@@ -80,6 +80,7 @@ mod stream;
 mod supervisor;
 mod writer;
 
+pub use crate::keyed::KeyedBackend;
 use crate::time::{Clock, SystemClock};
 use std::path::Path;
 use std::sync::Arc;
@@ -196,6 +197,12 @@ pub struct JobConfig {
     /// checkpoint, and how often one is full. On by default; savepoints
     /// are always full and self-contained.
     pub incremental_checkpoints: IncrementalCheckpoints,
+    /// Where keyed operators (`process`, `reduce`, `aggregate`) keep their
+    /// per-key state: in memory (the default) or, with cargo feature
+    /// `spill`, spilling to local disk beyond a number of keys per subtask
+    /// ([`KeyedBackend::Spilling`]). Both write the same checkpoints, so a
+    /// job may change backend between a checkpoint and its restore.
+    pub keyed_backend: KeyedBackend,
 }
 
 /// The loopback address and port a job's HTTP server is usually given
@@ -234,11 +241,18 @@ impl Default for JobConfig {
             http_addr: None,
             http_actions: false,
             incremental_checkpoints: IncrementalCheckpoints::default(),
+            keyed_backend: KeyedBackend::Memory,
         }
     }
 }
 
 impl JobConfig {
+    /// Sets [`JobConfig::keyed_backend`].
+    pub fn with_keyed_backend(mut self, backend: KeyedBackend) -> Self {
+        self.keyed_backend = backend;
+        self
+    }
+
     /// Uses a file-system store under `root` for job `job`.
     pub fn with_store_dir(mut self, root: impl AsRef<Path>, job: &str) -> Result<Self, JobError> {
         self.store = Some(Arc::new(FsCheckpointStore::open(root, job)?));

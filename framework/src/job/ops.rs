@@ -21,7 +21,8 @@ use std::sync::{Arc, Mutex};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::keyed::{key_hash, parts_in_range, KeyedState, MaxParallelism};
+use crate::keyed::store::{KeyGroupSnapshots, KeyedStore};
+use crate::keyed::{key_hash, KeyedBackend, MaxParallelism};
 use crate::protocol::CheckpointId;
 use crate::runtime::BoxError;
 use crate::state::{blob, Snapshot, StateError};
@@ -94,7 +95,7 @@ pub(crate) struct KeyedCore<
     pub(crate) subtask: usize,
     pub(crate) key_of: Arc<KF>,
     pub(crate) function: Arc<F>,
-    pub(crate) states: KeyedState<K, S>,
+    pub(crate) states: KeyedStore<K, S>,
     pub(crate) publish: Option<FinalStates<K, S>>,
     /// Where its key groups were last written, when checkpoints are
     /// incremental.
@@ -139,7 +140,15 @@ pub(crate) fn merge_keyed_states(states: &[Vec<u8>]) -> Result<Vec<u8>, String> 
     encode_keyed_state(&merged).map_err(|error| error.to_string())
 }
 
-impl<K: Key, S, In: 'static, Out: Send + 'static, F: ?Sized, KF: ?Sized>
+/// Where a keyed core keeps its state: the job's backend and the
+/// operator's name (which names the spilling backend's directory).
+#[derive(Debug, Clone)]
+pub(crate) struct StatePlan {
+    pub(crate) backend: KeyedBackend,
+    pub(crate) operator: String,
+}
+
+impl<K: Key, S: Snapshot + Default, In: 'static, Out: Send + 'static, F: ?Sized, KF: ?Sized>
     KeyedCore<K, S, In, Out, F, KF>
 {
     /// Empty state for `subtask` of `parallelism`.
@@ -147,7 +156,10 @@ impl<K: Key, S, In: 'static, Out: Send + 'static, F: ?Sized, KF: ?Sized>
     /// # Panics
     ///
     /// If `subtask` or `parallelism` do not fit `max_parallelism`: the plan
-    /// checked both before anything started, so this is a bug.
+    /// checked both before anything started, so this is a bug. (The
+    /// spilling backend opens its disk table only when it first needs it,
+    /// so no I/O happens here.)
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         max_parallelism: MaxParallelism,
         parallelism: usize,
@@ -156,11 +168,18 @@ impl<K: Key, S, In: 'static, Out: Send + 'static, F: ?Sized, KF: ?Sized>
         function: Arc<F>,
         publish: Option<FinalStates<K, S>>,
         incremental: Option<(IncrementalCheckpoints, Arc<SnapshotKinds>)>,
+        plan: &StatePlan,
     ) -> Self {
-        let states = KeyedState::for_subtask(max_parallelism, parallelism as u32, subtask as u32)
-            .unwrap_or_else(|error| panic!("bug: the plan let through {error}"));
+        let states = KeyedStore::for_subtask(
+            &plan.backend,
+            &plan.operator,
+            max_parallelism,
+            parallelism as u32,
+            subtask as u32,
+        )
+        .unwrap_or_else(|error| panic!("bug: the plan let through {error}"));
         let incremental = incremental.map(|(settings, kinds)| Incremental {
-            ledger: KeyGroupLedger::new(settings, states.range().len()),
+            ledger: KeyGroupLedger::new(settings, states.key_groups().len()),
             kinds,
         });
         KeyedCore {
@@ -185,18 +204,29 @@ where
     KF: Fn(&In) -> K + ?Sized + 'static,
 {
     fn process(&mut self, batch: Vec<In>, out: &mut Collector<'_, Out>) -> Result<(), BoxError> {
-        for record in batch {
-            let key = (self.key_of)(&record);
-            // The hash partitioner upstream routed this record here by the
-            // key group of this very hash, so the lookup need not check it.
-            let state = self.states.get_or_default_routed(&key, key_hash(&key));
-            (self.function)(&key, state, record, out)?;
+        // One match per batch, and a loop per backend: the in-memory loop
+        // is the one it was before the spilling backend existed.
+        match &mut self.states {
+            KeyedStore::Memory(states) => {
+                for record in batch {
+                    let key = (self.key_of)(&record);
+                    // The hash partitioner upstream routed this record here
+                    // by the key group of this very hash, so the lookup need
+                    // not check it.
+                    let state = states.get_or_default_routed(&key, key_hash(&key));
+                    (self.function)(&key, state, record, out)?;
+                }
+            }
+            #[cfg(feature = "spill")]
+            KeyedStore::Spilling(states) => {
+                spilling_batch(states, &*self.key_of, &*self.function, batch, out)?;
+            }
         }
         Ok(())
     }
 
     fn snapshot(&mut self, _checkpoint: CheckpointId) -> Result<Vec<u8>, BoxError> {
-        let parts: KeyGroupParts = self.states.snapshot()?.into_parts().collect();
+        let parts: KeyGroupParts = self.states.all_parts()?;
         Ok(encode_keyed_state(&parts)?)
     }
 
@@ -205,7 +235,7 @@ where
             Some(incremental) if !incremental.kinds.is_savepoint(checkpoint) => {
                 incremental.ledger.snapshot(checkpoint, &mut self.states)
             }
-            _ => full_segments(&self.states),
+            _ => full_segments(&mut self.states),
         }
     }
 
@@ -230,10 +260,7 @@ where
         let Some(state) = state else {
             return Ok(());
         };
-        let parts = decode_keyed_state(state)?;
-        let (max_parallelism, range) = (self.states.max_parallelism(), self.states.range());
-        self.states = KeyedState::restore(max_parallelism, range, parts_in_range(range, parts))?;
-        Ok(())
+        self.states.restore(decode_keyed_state(state)?)
     }
 
     fn on_end(&mut self, _out: &mut Collector<'_, Out>) -> Result<(), BoxError> {
@@ -241,15 +268,41 @@ where
             let mut published = publish
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
-            let states = self
-                .states
-                .iter()
-                .map(|(key, state)| (key.clone(), state.clone()))
-                .collect();
+            let mut states = HashMap::new();
+            self.states.for_each(|key, state| {
+                states.insert(key.clone(), state.clone());
+            })?;
             published.insert(self.subtask, states);
         }
         Ok(())
     }
+}
+
+/// The spilling backend's batch loop, out of line so that the keyed core's
+/// `process` keeps only the in-memory loop inline (a second loop in it
+/// measured slower on the keyed count, by code layout).
+#[cfg(feature = "spill")]
+#[inline(never)]
+fn spilling_batch<K, S, In, Out, F, KF>(
+    states: &mut crate::keyed::spill::SpillingState<K, S>,
+    key_of: &KF,
+    function: &F,
+    batch: Vec<In>,
+    out: &mut Collector<'_, Out>,
+) -> Result<(), BoxError>
+where
+    K: Key,
+    S: Snapshot + Default,
+    Out: Send + 'static,
+    F: Fn(&K, &mut S, In, &mut Collector<'_, Out>) -> Result<(), BoxError> + ?Sized,
+    KF: Fn(&In) -> K + ?Sized,
+{
+    for record in batch {
+        let key = key_of(&record);
+        let state = states.get_or_default_routed(&key, key_hash(&key))?;
+        function(&key, state, record, out)?;
+    }
+    Ok(states.enforce_budget()?)
 }
 
 /// The per-key state of [`KeyedStream::reduce`](super::KeyedStream::reduce):

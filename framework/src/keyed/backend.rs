@@ -111,6 +111,37 @@ pub fn parts_in_range<B>(
         .filter(move |(key_group, _)| range.contains(*key_group))
 }
 
+/// The parts of `parts`, checked to hold exactly one part per key group of
+/// `range` and nothing else: what every restore of keyed state, in memory
+/// or spilling, requires before it decodes anything.
+pub(crate) fn parts_covering<B>(
+    range: KeyGroupRange,
+    parts: impl IntoIterator<Item = (u32, B)>,
+) -> Result<Vec<(u32, B)>, KeyedError> {
+    // Checked while collecting, so at most one part per owned key group
+    // is ever held, whatever the iterator yields.
+    let mut seen = vec![false; range.len()];
+    let mut owned_parts: Vec<(u32, B)> = Vec::with_capacity(range.len());
+    for (key_group, bytes) in parts {
+        if !range.contains(key_group) {
+            return Err(KeyedError::ForeignKeyGroup { key_group, range });
+        }
+        if std::mem::replace(&mut seen[(key_group - range.start) as usize], true) {
+            return Err(KeyedError::DuplicateKeyGroup { key_group });
+        }
+        owned_parts.push((key_group, bytes));
+    }
+    let missing = seen.iter().filter(|seen| !**seen).count();
+    if let Some(first) = seen.iter().position(|seen| !*seen) {
+        return Err(KeyedError::MissingKeyGroups {
+            range,
+            missing,
+            first_missing: range.start + first as u32,
+        });
+    }
+    Ok(owned_parts)
+}
+
 impl<K: StateKey, S> KeyedState<K, S> {
     /// Empty state owning the key groups in `range`.
     pub fn new(
@@ -284,6 +315,31 @@ impl<K: StateKey, S> KeyedState<K, S> {
     /// Marks every key group clean, after a checkpoint has captured them.
     pub fn clear_dirty(&mut self) {
         self.dirty.iter_mut().for_each(|dirty| *dirty = false);
+    }
+
+    /// Whether `key` (with [`key_hash`] `hash`) has state here, without
+    /// marking anything dirty: the spilling backend asks before it looks on
+    /// disk.
+    #[cfg(feature = "spill")]
+    #[inline]
+    pub(crate) fn contains_hashed(&self, key: &K, hash: u64) -> bool {
+        self.table.find(hash, |(other, _)| other == key).is_some()
+    }
+
+    /// Takes up to `count` entries out of the table, in its memory order
+    /// (which follows the hash, so it is an arbitrary choice of keys), without
+    /// marking anything dirty: the spilling backend moves them to disk, so
+    /// the logical state does not change.
+    #[cfg(feature = "spill")]
+    pub(crate) fn take_entries(&mut self, count: usize) -> Vec<(K, S)> {
+        let mut left = count;
+        self.table
+            .extract_if(|_| {
+                let take = left > 0;
+                left = left.saturating_sub(1);
+                take
+            })
+            .collect()
     }
 }
 
@@ -522,28 +578,7 @@ impl<K: StateKey, S: Snapshot> KeyedState<K, S> {
         parts: impl IntoIterator<Item = (u32, B)>,
     ) -> Result<Self, KeyedError> {
         let mut state = Self::new(max_parallelism, range)?;
-        // Checked while collecting, so at most one part per owned key group
-        // is ever held, whatever the iterator yields.
-        let mut seen = vec![false; range.len()];
-        let mut owned_parts: Vec<(u32, B)> = Vec::with_capacity(range.len());
-        for (key_group, bytes) in parts {
-            if !range.contains(key_group) {
-                return Err(KeyedError::ForeignKeyGroup { key_group, range });
-            }
-            if std::mem::replace(&mut seen[(key_group - range.start) as usize], true) {
-                return Err(KeyedError::DuplicateKeyGroup { key_group });
-            }
-            owned_parts.push((key_group, bytes));
-        }
-        let parts = owned_parts;
-        let missing = seen.iter().filter(|seen| !**seen).count();
-        if let Some(first) = seen.iter().position(|seen| !*seen) {
-            return Err(KeyedError::MissingKeyGroups {
-                range,
-                missing,
-                first_missing: range.start + first as u32,
-            });
-        }
+        let parts = parts_covering(range, parts)?;
         // Size the table once instead of growing it through every power of
         // two; the claim of each part is capped by its length (see
         // `part::plausible_entries`), so hostile headers cannot inflate it.

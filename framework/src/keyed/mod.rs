@@ -69,6 +69,9 @@ pub mod key_group;
 pub mod part;
 
 mod backend;
+#[cfg(feature = "spill")]
+pub mod spill;
+pub(crate) mod store;
 
 pub use backend::{parts_in_range, KeyGroupPart, KeyedSnapshot, KeyedState};
 pub use collections::{ListState, MapState};
@@ -77,6 +80,7 @@ pub use key_group::{
     key_group_of, range_for_subtask, subtask_for_key_group, KeyGroupError, KeyGroupRange,
     MaxParallelism, DEFAULT_MAX_PARALLELISM, UPPER_BOUND_MAX_PARALLELISM,
 };
+pub use store::KeyedBackend;
 
 use crate::state::StateError;
 use serde::{de::DeserializeOwned, Serialize};

@@ -143,6 +143,24 @@ impl PartWriter {
         Ok(())
     }
 
+    /// Appends one entry whose key is already in postcard (`key`) and whose
+    /// state is already a payload (`payload`): the spilling backend keeps
+    /// both forms on disk, so its snapshot copies them without decoding.
+    #[cfg(feature = "spill")]
+    pub(crate) fn push_encoded(&mut self, key: &[u8], payload: &[u8]) -> Result<(), StateError> {
+        self.out.extend_from_slice(key);
+        let out = std::mem::take(&mut self.out);
+        self.out = postcard::to_extend(&(payload.len() as u64), out).map_err(|error| {
+            StateError::Encode {
+                type_name: "payload length",
+                reason: error.to_string(),
+            }
+        })?;
+        self.out.extend_from_slice(payload);
+        self.entry_count += 1;
+        Ok(())
+    }
+
     /// Writes the header and returns the part's bytes.
     pub(crate) fn finish(mut self, max_parallelism: MaxParallelism, key_group: u32) -> Vec<u8> {
         let header = PartHeader {

@@ -212,6 +212,10 @@ impl Job {
             );
             config.checkpoint_interval_ms = Some(DEFAULT_CHECKPOINT_INTERVAL_MS);
         }
+        config
+            .keyed_backend
+            .check()
+            .map_err(JobError::InvalidConfig)?;
         if config.default_parallelism == 0 {
             return Err(JobError::InvalidConfig(
                 "default_parallelism must be at least 1".into(),

@@ -14,7 +14,7 @@ use super::builder::Job;
 use super::graph::{EdgeKind, Producer};
 use super::typed::Stream;
 use crate::job::operator::Aggregator;
-use crate::job::ops::{FinalStates, Key, KeyedCore, Reduced};
+use crate::job::ops::{FinalStates, Key, KeyedCore, Reduced, StatePlan};
 use crate::job::physical::Rescale;
 use crate::job::route::{Collector, KeyHash};
 use crate::job::shell::{Core, Data};
@@ -269,6 +269,10 @@ where
         let max_parallelism =
             MaxParallelism::new(self.job.config.max_parallelism).unwrap_or_default();
         let incremental = self.job.incremental();
+        let plan = StatePlan {
+            backend: self.job.config.keyed_backend.clone(),
+            operator: name.to_string(),
+        };
         let make_core = Arc::new(move |subtask: usize, parallelism: usize| {
             Box::new(KeyedCore::new(
                 max_parallelism,
@@ -278,6 +282,7 @@ where
                 Arc::clone(&function),
                 publish.clone(),
                 incremental.clone(),
+                &plan,
             )) as Box<dyn Core<T, U>>
         });
         let producers = hash_producers(&self.producers);

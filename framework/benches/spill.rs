@@ -1,0 +1,226 @@
+//! The keyed count with state larger than memory (issue 16, part 3): the
+//! keyed count of `keyed_count.rs` (key = i % K) over many keys, with the
+//! spilling keyed-state backend (`KeyedBackend::Spilling`) or, for
+//! comparison, the in-memory one. Run it under a memory limit (see
+//! BENCHMARKS.md, "Spilling keyed state") to show that the spilling
+//! backend completes where the in-memory one cannot.
+//!
+//! It prints throughput, peak RSS, the checkpoints' figures and how much
+//! the working directory held at its largest (sampled). Exactness is
+//! checked without holding every key: each key emits one record when its
+//! count reaches the exact final count, so the sink must commit exactly K
+//! records (a key whose state was lost on the way to disk would end below
+//! its count and emit nothing). It asserts nothing about speed.
+//!
+//! Run: `cargo bench -p snapflow --features spill --bench spill --
+//! --keys 10000000 --records 20000000 --memory-entries 1000000 --dir DIR`
+//! (see `--help`).
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use snapflow::job::{Job, JobConfig, KeyedBackend};
+
+use support::{
+    bench_main, expected_count, mega_per_second, parse_number, peak_rss_kb, periodic_figures,
+    print_optional, quantile, sequence, Count, DiscardSink,
+};
+
+const USAGE: &str = "spill [--records N] [--keys K] [--parallelism P] \
+[--backend spilling|memory] [--memory-entries M] [--checkpoint-interval-ms MS|off] \
+[--dir DIR] [--smoke]";
+
+/// The command line.
+#[derive(Debug, Clone)]
+struct Options {
+    records: u64,
+    keys: u64,
+    parallelism: usize,
+    spilling: bool,
+    memory_entries: usize,
+    interval_ms: Option<u64>,
+    /// The working directory's parent (the spilling backend's and the
+    /// checkpoint store's); a temporary directory inside it is used.
+    dir: PathBuf,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            records: 20_000_000,
+            keys: 10_000_000,
+            parallelism: 2,
+            spilling: true,
+            memory_entries: 1_000_000,
+            interval_ms: None,
+            dir: std::env::temp_dir(),
+        }
+    }
+}
+
+fn parse(arguments: impl IntoIterator<Item = String>) -> Result<Options, String> {
+    let mut options = Options::default();
+    let mut arguments = arguments.into_iter();
+    while let Some(flag) = arguments.next() {
+        let value = |arguments: &mut dyn Iterator<Item = String>| arguments.next();
+        match flag.as_str() {
+            "--records" => options.records = parse_number(&flag, value(&mut arguments).as_deref())?,
+            "--keys" => options.keys = parse_number(&flag, value(&mut arguments).as_deref())?,
+            "--parallelism" => {
+                options.parallelism = parse_number(&flag, value(&mut arguments).as_deref())?
+            }
+            "--memory-entries" => {
+                options.memory_entries = parse_number(&flag, value(&mut arguments).as_deref())?
+            }
+            "--backend" => {
+                options.spilling = match value(&mut arguments).as_deref() {
+                    Some("spilling") => true,
+                    Some("memory") => false,
+                    other => return Err(format!("--backend: spilling or memory, got {other:?}")),
+                }
+            }
+            "--checkpoint-interval-ms" => {
+                options.interval_ms = match value(&mut arguments).as_deref() {
+                    Some("off") => None,
+                    other => Some(parse_number(&flag, other)?),
+                }
+            }
+            "--dir" => {
+                options.dir = value(&mut arguments)
+                    .map(PathBuf::from)
+                    .ok_or("--dir needs a directory")?
+            }
+            "--smoke" => {
+                options.records = 200_000;
+                options.keys = 50_000;
+                options.memory_entries = 1_000;
+                options.interval_ms = Some(50);
+            }
+            "--bench" => {}
+            "--help" | "-h" => return Err(USAGE.to_string()),
+            other => return Err(format!("unknown flag `{other}`\nusage: {USAGE}")),
+        }
+    }
+    if options.keys == 0 || options.parallelism == 0 || options.memory_entries == 0 {
+        return Err("--keys, --parallelism and --memory-entries must be at least 1".into());
+    }
+    Ok(options)
+}
+
+/// The bytes under `dir`, recursively (files that vanish meanwhile count 0).
+fn disk_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|entry| match entry.metadata() {
+            Ok(metadata) if metadata.is_dir() => disk_bytes(&entry.path()),
+            Ok(metadata) => metadata.len(),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+/// Samples `disk_bytes(dir)` every 500 ms until `done`, keeping the largest.
+fn sample_disk(dir: PathBuf, done: Arc<AtomicBool>, largest: Arc<AtomicU64>) {
+    while !done.load(Ordering::Relaxed) {
+        largest.fetch_max(disk_bytes(&dir), Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+fn run(options: &Options) -> Result<(), String> {
+    let work = tempfile::tempdir_in(&options.dir)
+        .map_err(|error| format!("a directory in {}: {error}", options.dir.display()))?;
+    let spill_dir = work.path().join("spill");
+    let backend = if options.spilling {
+        KeyedBackend::Spilling {
+            dir: spill_dir.clone(),
+            memory_entries: options.memory_entries,
+        }
+    } else {
+        KeyedBackend::Memory
+    };
+    let mut config = JobConfig {
+        checkpoint_interval_ms: options.interval_ms,
+        default_parallelism: options.parallelism,
+        keyed_backend: backend.clone(),
+        ..JobConfig::default()
+    };
+    if options.interval_ms.is_some() {
+        config = config
+            .with_store_dir(work.path().join("checkpoints"), "spill")
+            .map_err(|error| format!("store: {error}"))?;
+    }
+    let job = Job::new("spill", config);
+    let sink = DiscardSink::<(u64, u64)>::default();
+    let (records, keys) = (options.records, options.keys);
+    job.source("sequence", sequence(records))
+        .key_by(move |i: &u64| i % keys)
+        .process(
+            "count",
+            move |key: &u64, state: &mut Count, _i: u64, out| {
+                state.count += 1;
+                if state.count == expected_count(records, keys, *key) {
+                    out.emit((*key, state.count));
+                }
+                Ok(())
+            },
+        )
+        .sink("discard", sink.clone());
+    let done = Arc::new(AtomicBool::new(false));
+    let largest = Arc::new(AtomicU64::new(0));
+    let sampler = {
+        let (dir, done, largest) = (spill_dir, Arc::clone(&done), Arc::clone(&largest));
+        std::thread::spawn(move || sample_disk(dir, done, largest))
+    };
+    let started = Instant::now();
+    let report = job.run();
+    let elapsed = started.elapsed();
+    done.store(true, Ordering::Relaxed);
+    let _ = sampler.join();
+    let report = report.map_err(|error| format!("the job failed: {error}"))?;
+    let distinct = keys.min(records);
+    if sink.committed() != distinct {
+        return Err(format!(
+            "{} keys reached their exact count, expected {distinct}",
+            sink.committed()
+        ));
+    }
+    println!("spill: {backend:?}");
+    println!(
+        "records {records}, keys {keys}, parallelism {}, {}",
+        options.parallelism,
+        support::describe(options.interval_ms)
+    );
+    println!(
+        "throughput: {:.2} M records/s ({:.1} s)",
+        mega_per_second(records, elapsed),
+        elapsed.as_secs_f64()
+    );
+    print_optional("peak RSS", peak_rss_kb().map(|kb| kb / 1024), "MB");
+    println!(
+        "spill directory at its largest (sampled): {:.1} MB",
+        largest.load(Ordering::Relaxed) as f64 / 1e6
+    );
+    let durations = periodic_figures([&report], |checkpoint| checkpoint.duration_ms);
+    let written = periodic_figures([&report], |checkpoint| checkpoint.written_bytes);
+    println!(
+        "periodic checkpoints: {}, duration p50 {:?} ms / p99 {:?} ms, written p50 {:?} bytes",
+        durations.len(),
+        quantile(&durations, 0.5),
+        quantile(&durations, 0.99),
+        quantile(&written, 0.5)
+    );
+    println!("every key's count exact: {distinct} keys");
+    Ok(())
+}
+
+fn main() -> std::process::ExitCode {
+    bench_main("spill", parse, run)
+}

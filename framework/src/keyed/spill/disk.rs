@@ -1,0 +1,133 @@
+//! [`DiskTable`]: the on-disk half of the spilling backend, one fjall
+//! keyspace with one partition per operator instance.
+//!
+//! This module owns the key layout on disk and every call into fjall. It
+//! never decides which keys are hot and never reads a part.
+//!
+//! # Layout
+//!
+//! A key is its key group (4 bytes, big-endian, so one key group's keys are
+//! one contiguous range of the LSM tree) followed by the user key in
+//! postcard, exactly the bytes a part's entry starts with; a value is the
+//! state's payload ([`crate::state::Snapshot::encode_payload`]). A snapshot
+//! therefore copies both into a part without decoding them.
+//!
+//! Nothing here is durable on purpose: the journal is never synced
+//! (`manual_journal_persist`) and the directory is deleted when the table is
+//! dropped (`temporary`), because the checkpoint store holds the durable
+//! copy and a restarted instance restores from it into a fresh directory.
+
+use std::path::{Path, PathBuf};
+
+use fjall::{Config, Keyspace, PartitionCreateOptions, PartitionHandle};
+
+use super::SpillError;
+
+/// The block cache of one instance's keyspace, in bytes. fjall's default
+/// is 32 MiB per keyspace; several instances per process and a memory
+/// budget the user sets in entries make a smaller one the safer choice.
+const CACHE_BYTES: u64 = 8 * 1024 * 1024;
+
+/// The write buffer (memtables) of one instance's keyspace, in bytes,
+/// before fjall flushes them to a segment (default 64 MiB).
+const WRITE_BUFFER_BYTES: u64 = 16 * 1024 * 1024;
+
+/// One operator instance's table on disk.
+pub(crate) struct DiskTable {
+    dir: PathBuf,
+    /// Kept so that the keyspace's background threads live as long as the
+    /// partition.
+    _keyspace: Keyspace,
+    items: PartitionHandle,
+}
+
+impl std::fmt::Debug for DiskTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DiskTable").field("dir", &self.dir).finish()
+    }
+}
+
+impl DiskTable {
+    /// An empty table in `dir`, which must not hold one already (each
+    /// instance's directory name is unique in the process).
+    pub(crate) fn open(dir: &Path) -> Result<Self, SpillError> {
+        let error = |source| SpillError::Store {
+            dir: dir.to_path_buf(),
+            source,
+        };
+        std::fs::create_dir_all(dir).map_err(|source| SpillError::Dir {
+            dir: dir.to_path_buf(),
+            source,
+        })?;
+        let keyspace = Config::new(dir)
+            .temporary(true)
+            .manual_journal_persist(true)
+            .flush_workers(1)
+            .compaction_workers(1)
+            .cache_size(CACHE_BYTES)
+            .max_write_buffer_size(WRITE_BUFFER_BYTES)
+            .open()
+            .map_err(error)?;
+        let items = keyspace
+            .open_partition("state", PartitionCreateOptions::default())
+            .map_err(error)?;
+        Ok(DiskTable {
+            dir: dir.to_path_buf(),
+            _keyspace: keyspace,
+            items,
+        })
+    }
+
+    fn error(&self, source: fjall::Error) -> SpillError {
+        SpillError::Store {
+            dir: self.dir.clone(),
+            source,
+        }
+    }
+
+    /// The value stored under `key`, if any.
+    pub(crate) fn get(&self, key: &[u8]) -> Result<Option<fjall::Slice>, SpillError> {
+        self.items.get(key).map_err(|source| self.error(source))
+    }
+
+    /// Stores every `(key, value)` in one batch, replacing what was there.
+    pub(crate) fn put_all(
+        &self,
+        entries: impl IntoIterator<Item = (Vec<u8>, Vec<u8>)>,
+    ) -> Result<(), SpillError> {
+        let mut batch = self._keyspace.batch();
+        for (key, value) in entries {
+            batch.insert(&self.items, key, value);
+        }
+        batch.commit().map_err(|source| self.error(source))
+    }
+
+    /// Calls `f` with every `(key, value)` of `key_group`, in key order.
+    pub(crate) fn scan_key_group(
+        &self,
+        key_group: u32,
+        f: impl FnMut(&[u8], &[u8]) -> Result<(), SpillError>,
+    ) -> Result<(), SpillError> {
+        self.scan(self.items.prefix(key_group.to_be_bytes()), f)
+    }
+
+    /// Calls `f` with every `(key, value)` of the table, in key order.
+    pub(crate) fn scan_all(
+        &self,
+        f: impl FnMut(&[u8], &[u8]) -> Result<(), SpillError>,
+    ) -> Result<(), SpillError> {
+        self.scan(self.items.iter(), f)
+    }
+
+    fn scan(
+        &self,
+        entries: impl Iterator<Item = fjall::Result<fjall::KvPair>>,
+        mut f: impl FnMut(&[u8], &[u8]) -> Result<(), SpillError>,
+    ) -> Result<(), SpillError> {
+        for entry in entries {
+            let (key, value) = entry.map_err(|source| self.error(source))?;
+            f(&key, &value)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,108 @@
+//! The spilling keyed-state backend (cargo feature `spill`): per-key state
+//! larger than memory, with a bounded number of keys in memory and the
+//! rest on local disk in an embedded LSM store (fjall).
+//!
+//! This module owns [`SpillingState`] and its disk table. It is the one
+//! part of the keyed layer that does I/O, and only to its own working
+//! directory, never to the checkpoint store: its snapshots are parts of
+//! exactly the in-memory backend's format ([`crate::keyed::part`]), so
+//! storage, incremental checkpoints, restore, rescale and `job::inspect`
+//! see no difference, and a checkpoint written by one backend restores
+//! into the other. It never decides when to snapshot and never talks to
+//! actors. A job selects it with `JobConfig::keyed_backend`
+//! ([`crate::keyed::KeyedBackend::Spilling`]).
+//!
+//! # Known gaps
+//!
+//! - Eviction picks keys in the table's memory order, not by recency (see
+//!   [`SpillingState::enforce_budget`]).
+//! - The budget is in entries, not bytes, and the store's own memory is on
+//!   top of it and not bounded by it: at 10 M keys with 100,000 in memory
+//!   per subtask the process peaked at the in-memory backend's RSS
+//!   (memtables, bloom filters and block indexes of fjall; see
+//!   BENCHMARKS.md, "Spilling keyed state").
+//! - A lookup that misses memory always asks the disk table, even for a
+//!   key never evicted (no filter of spilled keys), and fjall's memtable
+//!   skip list then dominates the profile: 0.04-0.26 M records/s.
+//! - A snapshot writes every in-memory entry of a dirty key group back to
+//!   disk and then reads each dirty group's range back into its part, on
+//!   the operator's thread; the parts are written to the checkpoint store
+//!   whole, not as references to the store's immutable segment files.
+//! - Only the keyed operators of `process`, `reduce` and `aggregate` use
+//!   it; timers, windows and time-to-live keep their state in memory.
+//! - A process killed without unwinding leaves its instance directories
+//!   behind (each is deleted when its instance is dropped).
+
+mod disk;
+mod state;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+pub use state::SpillingState;
+
+use super::KeyedError;
+use crate::state::StateError;
+
+/// Why the spilling backend failed. Disk and store errors are worth a
+/// restart (the instance starts again in a fresh directory); a state that
+/// does not encode or decode is not.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SpillError {
+    /// The working directory could not be created.
+    #[error("the spilling backend could not create its directory {dir}: {source}")]
+    Dir {
+        /// The directory.
+        dir: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The embedded store failed.
+    #[error("the spilling backend's store in {dir} failed: {source}")]
+    Store {
+        /// The store's directory.
+        dir: PathBuf,
+        /// fjall's error.
+        source: fjall::Error,
+    },
+    /// A state did not encode or decode.
+    #[error(transparent)]
+    State(#[from] StateError),
+    /// A key, key group or part was refused.
+    #[error(transparent)]
+    Keyed(#[from] KeyedError),
+    /// A bug: something this backend wrote did not read back.
+    #[error("the spilling backend: {0}")]
+    Internal(String),
+}
+
+impl From<super::KeyGroupError> for SpillError {
+    fn from(error: super::KeyGroupError) -> Self {
+        SpillError::Keyed(KeyedError::KeyGroup(error))
+    }
+}
+
+/// Distinguishes the directories of instances of the same operator and
+/// subtask in one process (a restarted region's new instance may open its
+/// table before the old one is dropped).
+static INSTANCE: AtomicU64 = AtomicU64::new(0);
+
+/// A directory beside `dir` that no table has used: a restore starts a
+/// fresh table there rather than waiting for the old one's deletion.
+pub(crate) fn fresh_dir(dir: &Path) -> PathBuf {
+    let instance = INSTANCE.fetch_add(1, Ordering::Relaxed);
+    let mut name = dir.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".{instance}"));
+    dir.with_file_name(name)
+}
+
+/// The directory of one operator instance under the job's working
+/// directory `root`: `<operator>-<subtask>-<process id>-<instance>`.
+pub(crate) fn instance_dir(root: &Path, operator: &str, subtask: u32) -> PathBuf {
+    let instance = INSTANCE.fetch_add(1, Ordering::Relaxed);
+    root.join(format!(
+        "{operator}-{subtask}-{}-{instance}",
+        std::process::id()
+    ))
+}

@@ -1,0 +1,511 @@
+//! [`SpillingState`]: per-key state with a bounded set of keys in memory
+//! and the rest in a [`DiskTable`].
+//!
+//! This module owns the movement of entries between memory and disk (load
+//! on a miss, eviction over the budget, write-back at a snapshot) and
+//! turning the union into parts of exactly [`crate::keyed::part`]'s format.
+//! It never decides when to snapshot.
+//!
+//! # The rule (why a snapshot is right)
+//!
+//! The logical state is the in-memory table over the disk table: a key in
+//! memory has its current value there, a key only on disk has it on disk.
+//! An entry loaded from disk stays on disk too (possibly stale) until a
+//! write-back replaces it. A snapshot of some key groups first writes back
+//! every in-memory entry of those groups, so that the disk table then holds
+//! the logical state of each of them, and then copies each group's range
+//! of the disk table into its part. Dirty key groups are the in-memory
+//! table's own flags: every access through it marks its group, and loading
+//! or evicting does not change the logical state.
+
+use std::path::PathBuf;
+
+use super::disk::DiskTable;
+use super::SpillError;
+use crate::keyed::backend::{parts_covering, KeyGroupPart, KeyedState};
+use crate::keyed::key_group::{KeyGroupRange, MaxParallelism};
+use crate::keyed::part::{self, PartWriter};
+use crate::keyed::store::KeyGroupSnapshots;
+use crate::keyed::{key_hash, KeyedError, StateKey};
+use crate::state::{Snapshot, StateError};
+
+/// The per-key state of one subtask of a keyed operator, with at most
+/// `memory_entries` keys in memory (checked after each batch) and the rest
+/// on local disk.
+#[derive(Debug)]
+pub struct SpillingState<K, S> {
+    hot: KeyedState<K, S>,
+    memory_entries: usize,
+    dir: PathBuf,
+    /// Opened at the first eviction or restore: state that fits in memory
+    /// never touches the disk.
+    disk: Option<DiskTable>,
+    /// Reused for the on-disk form of one key (key group, then postcard).
+    key_scratch: Vec<u8>,
+    /// How many entries were written to disk by eviction.
+    evicted: u64,
+}
+
+impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
+    /// Empty state owning `range`, keeping at most `memory_entries` keys in
+    /// memory and the others in a table under `dir` (created when first
+    /// needed, deleted when this state is dropped).
+    pub fn new(
+        max_parallelism: MaxParallelism,
+        range: KeyGroupRange,
+        dir: PathBuf,
+        memory_entries: usize,
+    ) -> Result<Self, SpillError> {
+        Ok(SpillingState {
+            hot: KeyedState::new(max_parallelism, range)?,
+            memory_entries: memory_entries.max(1),
+            dir,
+            disk: None,
+            key_scratch: Vec::new(),
+            evicted: 0,
+        })
+    }
+
+    /// The key groups owned.
+    pub fn range(&self) -> KeyGroupRange {
+        self.hot.range()
+    }
+
+    /// How many keys are in memory now.
+    pub fn len_in_memory(&self) -> usize {
+        self.hot.len()
+    }
+
+    /// How many entries eviction has written to disk so far.
+    pub fn evicted_entries(&self) -> u64 {
+        self.evicted
+    }
+
+    /// The state of `key`, read from disk when it is not in memory and
+    /// created with `S::default()` when it is nowhere. Fails for a key this
+    /// subtask does not own or when the disk cannot be read. Call
+    /// [`Self::enforce_budget`] after a batch of these.
+    pub fn get_or_default(&mut self, key: &K) -> Result<&mut S, SpillError> {
+        if !self.hot.owns(key) {
+            return Err(SpillError::Keyed(KeyedError::ForeignKey {
+                key_group: self.hot.key_group_of(key),
+                range: self.hot.range(),
+            }));
+        }
+        self.get_or_default_routed(key, key_hash(key))
+    }
+
+    /// [`Self::get_or_default`] for a key routed here by its key group,
+    /// with its [`key_hash`] `hash` (the keyed operator's path).
+    #[inline]
+    pub(crate) fn get_or_default_routed(
+        &mut self,
+        key: &K,
+        hash: u64,
+    ) -> Result<&mut S, SpillError> {
+        if !self.hot.contains_hashed(key, hash) {
+            self.load(key)?;
+        }
+        Ok(self.hot.get_or_default_routed(key, hash))
+    }
+
+    /// Brings `key`'s value from disk into memory, if it is there.
+    #[cold]
+    fn load(&mut self, key: &K) -> Result<(), SpillError> {
+        let Some(disk) = &self.disk else {
+            return Ok(());
+        };
+        encode_key(self.hot.key_group_of(key), key, &mut self.key_scratch)?;
+        let Some(payload) = disk.get(&self.key_scratch)? else {
+            return Ok(());
+        };
+        let state = S::decode_payload(&payload)?;
+        self.hot.insert(key.clone(), state)?;
+        Ok(())
+    }
+
+    /// Moves keys to disk while more than the budget are in memory: down to
+    /// three quarters of it, so that eviction runs in batches rather than
+    /// for every new key. Which keys go is the table's memory order (an
+    /// arbitrary choice by hash): no recency is tracked, because that would
+    /// cost a store per access (a known gap: hot keys may be evicted and
+    /// read back).
+    pub fn enforce_budget(&mut self) -> Result<(), SpillError> {
+        if self.hot.len() <= self.memory_entries {
+            return Ok(());
+        }
+        let keep = self.memory_entries - self.memory_entries / 4;
+        let entries = self.hot.take_entries(self.hot.len() - keep);
+        self.evicted += entries.len() as u64;
+        let encoded = self.encode_entries(entries.iter().map(|(key, state)| (key, state)))?;
+        self.disk()?.put_all(encoded)
+    }
+
+    /// The disk table, opened now if it was not.
+    fn disk(&mut self) -> Result<&DiskTable, SpillError> {
+        if self.disk.is_none() {
+            self.disk = Some(DiskTable::open(&self.dir)?);
+        }
+        self.disk
+            .as_ref()
+            .ok_or_else(|| SpillError::Internal("the disk table did not open".into()))
+    }
+
+    /// The on-disk form of each entry.
+    fn encode_entries<'a>(
+        &self,
+        entries: impl Iterator<Item = (&'a K, &'a S)>,
+    ) -> Result<Vec<DiskEntry>, SpillError>
+    where
+        K: 'a,
+        S: 'a,
+    {
+        entries
+            .map(|(key, state)| {
+                let mut key_bytes = Vec::new();
+                encode_key(self.hot.key_group_of(key), key, &mut key_bytes)?;
+                let mut payload = Vec::new();
+                state.encode_payload(&mut payload)?;
+                Ok((key_bytes, payload))
+            })
+            .collect()
+    }
+
+    /// Writes every in-memory entry whose key group `include` picks to
+    /// disk, so that the disk table holds those groups' whole state.
+    fn write_back(&mut self, include: &[bool]) -> Result<(), SpillError> {
+        let start = self.hot.range().start;
+        let picked = self
+            .hot
+            .iter()
+            .filter(|(key, _)| include[(self.hot.key_group_of(key) - start) as usize]);
+        let encoded = self.encode_entries(picked)?;
+        self.disk()?.put_all(encoded)
+    }
+
+    /// The parts of the key groups `include` picks, ascending.
+    fn parts(
+        &mut self,
+        include: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<Vec<KeyGroupPart>, SpillError> {
+        if self.disk.is_none() {
+            // Nothing ever left memory: the in-memory table is the state.
+            return Ok(self.hot.snapshot_key_groups(include)?);
+        }
+        let range = self.hot.range();
+        let picked: Vec<bool> = range.iter().map(&mut *include).collect();
+        self.write_back(&picked)?;
+        let schema = part::schema_section::<S>()?;
+        let max_parallelism = self.hot.max_parallelism();
+        let disk = self.disk()?;
+        let mut parts = Vec::new();
+        for (key_group, _) in range.iter().zip(&picked).filter(|(_, picked)| **picked) {
+            let mut writer = PartWriter::new(&schema);
+            disk.scan_key_group(key_group, |key, payload| {
+                Ok(writer.push_encoded(&key[4..], payload)?)
+            })?;
+            parts.push(KeyGroupPart {
+                key_group,
+                bytes: writer.finish(max_parallelism, key_group),
+            });
+        }
+        Ok(parts)
+    }
+
+    /// Replaces the state with `parts` (exactly one per key group of its
+    /// range, written by either backend at any parallelism). Each part is
+    /// decoded on its own and written to a fresh disk table, so at most one
+    /// key group's entries are in memory at a time (the encoded parts
+    /// themselves are held by the caller).
+    pub fn restore<B: AsRef<[u8]>>(
+        &mut self,
+        parts: impl IntoIterator<Item = (u32, B)>,
+    ) -> Result<(), SpillError> {
+        let range = self.hot.range();
+        let max_parallelism = self.hot.max_parallelism();
+        let parts = parts_covering(range, parts)?;
+        // The old table deletes its directory when dropped, perhaps after
+        // its background threads end; the new one starts elsewhere.
+        if self.disk.take().is_some() {
+            self.dir = super::fresh_dir(&self.dir);
+        }
+        self.hot = KeyedState::new(max_parallelism, range)?;
+        if parts
+            .iter()
+            .all(|(_, bytes)| part::plausible_entries(bytes.as_ref()) == 0)
+        {
+            return Ok(());
+        }
+        for (key_group, bytes) in parts {
+            let one = KeyGroupRange::new(key_group, key_group + 1);
+            let group: KeyedState<K, S> =
+                KeyedState::restore(max_parallelism, one, [(key_group, bytes)])?;
+            let encoded = self.encode_entries(group.iter())?;
+            self.disk()?.put_all(encoded)?;
+        }
+        Ok(())
+    }
+
+    /// Calls `f` with every key and its state, from memory and disk, in
+    /// unspecified order. Writes every in-memory entry back first.
+    pub fn for_each(&mut self, mut f: impl FnMut(&K, &S)) -> Result<(), SpillError> {
+        if self.disk.is_none() {
+            self.hot.iter().for_each(|(key, state)| f(key, state));
+            return Ok(());
+        }
+        let all = vec![true; self.hot.range().len()];
+        self.write_back(&all)?;
+        self.disk()?.scan_all(|key, payload| {
+            let key: K = postcard::from_bytes(&key[4..]).map_err(|error| {
+                SpillError::Internal(format!("a key on disk does not decode: {error}"))
+            })?;
+            f(&key, &S::decode_payload(payload)?);
+            Ok(())
+        })
+    }
+
+    /// Every part, as a full snapshot writes them.
+    pub fn snapshot_parts(&mut self) -> Result<Vec<KeyGroupPart>, SpillError> {
+        self.parts(&mut |_| true)
+    }
+}
+
+/// One entry in its on-disk form: the key (key group, then postcard) and
+/// the state's payload.
+type DiskEntry = (Vec<u8>, Vec<u8>);
+
+/// The on-disk form of `key`: its key group big-endian, then postcard.
+fn encode_key<K: serde::Serialize>(
+    key_group: u32,
+    key: &K,
+    out: &mut Vec<u8>,
+) -> Result<(), SpillError> {
+    out.clear();
+    out.extend_from_slice(&key_group.to_be_bytes());
+    let bytes = std::mem::take(out);
+    *out = postcard::to_extend(key, bytes).map_err(|error| {
+        SpillError::State(StateError::Encode {
+            type_name: std::any::type_name::<K>(),
+            reason: error.to_string(),
+        })
+    })?;
+    Ok(())
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+impl<K: StateKey, S: Snapshot + Default> KeyGroupSnapshots for SpillingState<K, S> {
+    fn key_groups(&self) -> KeyGroupRange {
+        self.hot.range()
+    }
+
+    fn changed_key_groups(&self) -> Vec<u32> {
+        self.hot.dirty_key_groups().collect()
+    }
+
+    fn forget_changes(&mut self) {
+        self.hot.clear_dirty();
+    }
+
+    fn parts_of(
+        &mut self,
+        include: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<Vec<KeyGroupPart>, BoxError> {
+        Ok(self.parts(include)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    #[derive(crate::Snapshot, Default, Debug, Clone, PartialEq)]
+    #[snapshot(crate = "crate")]
+    struct Count {
+        count: u64,
+    }
+
+    const MAX: u32 = 16;
+
+    fn range(parallelism: u32, subtask: u32) -> KeyGroupRange {
+        MaxParallelism::new(MAX)
+            .unwrap()
+            .range_for_subtask(parallelism, subtask)
+            .unwrap()
+    }
+
+    fn spilling(dir: &std::path::Path, budget: usize) -> SpillingState<u64, Count> {
+        SpillingState::new(
+            MaxParallelism::new(MAX).unwrap(),
+            range(2, 1),
+            dir.join("instance"),
+            budget,
+        )
+        .unwrap()
+    }
+
+    fn memory() -> KeyedState<u64, Count> {
+        KeyedState::new(MaxParallelism::new(MAX).unwrap(), range(2, 1)).unwrap()
+    }
+
+    /// The entries that `parts` hold, read back by the in-memory backend.
+    fn contents(parts: Vec<KeyGroupPart>) -> BTreeMap<u64, u64> {
+        let restored: KeyedState<u64, Count> = KeyedState::restore(
+            MaxParallelism::new(MAX).unwrap(),
+            range(2, 1),
+            parts.into_iter().map(|part| (part.key_group, part.bytes)),
+        )
+        .unwrap();
+        restored
+            .iter()
+            .map(|(key, count)| (*key, count.count))
+            .collect()
+    }
+
+    /// Adds `key` to both backends `times` times.
+    fn touch(
+        spilled: &mut SpillingState<u64, Count>,
+        plain: &mut KeyedState<u64, Count>,
+        keys: impl Iterator<Item = u64>,
+    ) {
+        for key in keys {
+            spilled.get_or_default(&key).unwrap().count += key + 1;
+            plain.get_or_default(&key).count += key + 1;
+            spilled.enforce_budget().unwrap();
+        }
+    }
+
+    fn owned_keys(count: usize) -> Vec<u64> {
+        let plain = memory();
+        (0..u64::MAX)
+            .filter(|key| plain.owns(key))
+            .take(count)
+            .collect()
+    }
+
+    #[test]
+    fn most_keys_go_to_disk_and_the_parts_hold_the_same_state() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut spilled, mut plain) = (spilling(dir.path(), 10), memory());
+        let keys = owned_keys(500);
+        touch(&mut spilled, &mut plain, keys.iter().copied());
+        // Again, so that evicted keys are read back and changed.
+        touch(
+            &mut spilled,
+            &mut plain,
+            keys.iter().rev().step_by(3).copied(),
+        );
+        assert!(spilled.len_in_memory() <= 10);
+        assert!(spilled.evicted_entries() >= 490);
+        let want = contents(plain.snapshot().unwrap().parts);
+        assert_eq!(contents(spilled.snapshot_parts().unwrap()), want);
+        // Each part is a valid part of its key group for the in-memory
+        // backend, with the same entries per group.
+        let picked = spilled
+            .parts_of(&mut |key_group| key_group % 2 == 0)
+            .unwrap();
+        let expected = plain
+            .snapshot_key_groups(|key_group| key_group % 2 == 0)
+            .unwrap();
+        assert_eq!(
+            picked.iter().map(|part| part.key_group).collect::<Vec<_>>(),
+            expected
+                .iter()
+                .map(|part| part.key_group)
+                .collect::<Vec<_>>()
+        );
+        for (got, want) in picked.iter().zip(&expected) {
+            assert_eq!(
+                got.bytes.len(),
+                want.bytes.len(),
+                "key group {}",
+                got.key_group
+            );
+        }
+    }
+
+    #[test]
+    fn state_that_fits_never_opens_the_disk_and_writes_identical_parts() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut spilled, mut plain) = (spilling(dir.path(), 1_000), memory());
+        touch(&mut spilled, &mut plain, owned_keys(100).into_iter());
+        assert_eq!(
+            spilled.snapshot_parts().unwrap(),
+            plain.snapshot().unwrap().parts
+        );
+        assert!(!dir.path().join("instance").exists());
+    }
+
+    #[test]
+    fn a_restore_reads_parts_of_either_backend_and_drops_what_was_there() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut spilled, mut plain) = (spilling(dir.path(), 4), memory());
+        let keys = owned_keys(200);
+        touch(&mut spilled, &mut plain, keys.iter().copied());
+        let memory_parts = plain.snapshot().unwrap().parts;
+        let want = contents(memory_parts.clone());
+        // Changes after the snapshot are gone after the restore.
+        touch(&mut spilled, &mut memory(), keys.iter().copied());
+        spilled
+            .restore(
+                memory_parts
+                    .iter()
+                    .map(|part| (part.key_group, &part.bytes)),
+            )
+            .unwrap();
+        assert_eq!(spilled.len_in_memory(), 0);
+        assert_eq!(contents(spilled.snapshot_parts().unwrap()), want);
+        for key in &keys {
+            assert_eq!(spilled.get_or_default(key).unwrap().count, key + 1);
+        }
+        let mut restored = spilling(dir.path(), 4);
+        let spill_parts = spilled.snapshot_parts().unwrap();
+        restored
+            .restore(spill_parts.iter().map(|part| (part.key_group, &part.bytes)))
+            .unwrap();
+        assert_eq!(contents(restored.snapshot_parts().unwrap()), want);
+        let mut visited = BTreeMap::new();
+        restored
+            .for_each(|key, count| {
+                visited.insert(*key, count.count);
+            })
+            .unwrap();
+        assert_eq!(visited, want);
+    }
+
+    #[test]
+    fn a_restore_refuses_a_missing_key_group_and_a_foreign_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spilled = spilling(dir.path(), 4);
+        let parts = memory().snapshot().unwrap().parts;
+        let missing = spilled.restore(
+            parts
+                .iter()
+                .skip(1)
+                .map(|part| (part.key_group, &part.bytes)),
+        );
+        assert!(matches!(
+            missing,
+            Err(SpillError::Keyed(KeyedError::MissingKeyGroups { .. }))
+        ));
+        let foreign = (0..u64::MAX).find(|key| !memory().owns(key)).unwrap();
+        assert!(matches!(
+            spilled.get_or_default(&foreign),
+            Err(SpillError::Keyed(KeyedError::ForeignKey { .. }))
+        ));
+    }
+
+    #[test]
+    fn only_key_groups_touched_since_the_last_snapshot_are_dirty() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut spilled, mut plain) = (spilling(dir.path(), 4), memory());
+        let keys = owned_keys(100);
+        touch(&mut spilled, &mut plain, keys.iter().copied());
+        spilled.forget_changes();
+        touch(&mut spilled, &mut plain, keys[..1].iter().copied());
+        let group = plain.key_group_of(&keys[0]);
+        assert_eq!(spilled.changed_key_groups(), vec![group]);
+    }
+}
