@@ -80,13 +80,15 @@ pub enum StateRow {
         /// Per pending checkpoint, its staged file.
         files: Vec<StagedFileRow>,
     },
-    /// The Kafka sink's state, which only the sink reads (it holds the
-    /// pending transactions' records).
+    /// The exactly-once Kafka sink's state: its pre-committed
+    /// transactions, whose records it holds.
     SinkKafka {
-        /// Its length.
-        bytes: usize,
-        /// Its CRC-32.
-        crc32: String,
+        /// The subtask that wrote it.
+        subtask: u32,
+        /// The checkpoint its next transaction's id is derived from.
+        opened_after: u64,
+        /// The pending transactions, by checkpoint ascending.
+        pending: Vec<KafkaTransactionRow>,
     },
     /// A layout this tool does not know.
     Unknown {
@@ -95,6 +97,21 @@ pub enum StateRow {
         /// Its CRC-32.
         crc32: String,
     },
+}
+
+/// One pre-committed transaction of the Kafka sink.
+#[derive(Debug, Serialize)]
+pub struct KafkaTransactionRow {
+    /// The checkpoint it was pre-committed at.
+    pub checkpoint: u64,
+    /// Its transactional id.
+    pub transactional_id: String,
+    /// The `snapflow-txn` header its records carry.
+    pub header: String,
+    /// How many records it holds.
+    pub records: usize,
+    /// Their keys' and values' bytes.
+    pub record_bytes: u64,
 }
 
 /// One staged file of the file sink.
@@ -286,9 +303,23 @@ impl StateRow {
                     })
                     .collect(),
             },
-            StoredSinkState::Kafka { bytes, crc32 } => StateRow::SinkKafka {
-                bytes,
-                crc32: crc(crc32),
+            StoredSinkState::Kafka {
+                subtask,
+                opened_after,
+                pending,
+            } => StateRow::SinkKafka {
+                subtask,
+                opened_after,
+                pending: pending
+                    .into_iter()
+                    .map(|txn| KafkaTransactionRow {
+                        checkpoint: txn.checkpoint_id,
+                        transactional_id: txn.transactional_id,
+                        header: txn.header,
+                        records: txn.records,
+                        record_bytes: txn.record_bytes,
+                    })
+                    .collect(),
             },
             _ => return None,
         })
@@ -348,10 +379,29 @@ impl StateRow {
                 };
                 format!("file sink state of subtask {subtask}: staged files {files}")
             }
-            StateRow::SinkKafka { bytes, crc32 } => format!(
-                "Kafka sink state (its pending transactions' records), {bytes} bytes, \
-                 crc32 {crc32}"
-            ),
+            StateRow::SinkKafka {
+                subtask,
+                opened_after,
+                pending,
+            } => {
+                let pending: Vec<String> = pending
+                    .iter()
+                    .map(|txn| {
+                        format!(
+                            "checkpoint {} as {} ({} records, {} bytes)",
+                            txn.checkpoint, txn.header, txn.records, txn.record_bytes
+                        )
+                    })
+                    .collect();
+                let pending = match pending.is_empty() {
+                    true => "none".to_string(),
+                    false => pending.join(", "),
+                };
+                format!(
+                    "Kafka sink state of subtask {subtask}: next transaction after checkpoint \
+                     {opened_after}, pending transactions {pending}"
+                )
+            }
             StateRow::Unknown { bytes, crc32 } => unknown_text(*bytes, crc32),
         }
     }

@@ -442,6 +442,72 @@ fn a_kafka_sources_position_shows_each_partitions_next_offset() {
     assert!(text.contains(&expected), "{text}");
 }
 
+/// An exactly-once Kafka sink at parallelism 2: the final checkpoint
+/// shows each subtask's pending transaction, under a header the sink
+/// committed, and together they hold every record written after the
+/// checkpoint before. Needs a broker, as above.
+#[test]
+fn a_kafka_sinks_state_shows_its_pending_transactions() {
+    use snapflow::connectors::kafka::{KafkaOut, KafkaSinkConfig, KafkaSinkFactory};
+    let Some(brokers) = kafka::broker() else {
+        return;
+    };
+    let topic = kafka::unique("cli-out");
+    kafka::create_topic(&brokers, &topic, 2);
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let name = kafka::unique("cli-job");
+    let config = JobConfig {
+        // No periodic checkpoint: the final one holds every record.
+        checkpoint_interval_ms: None,
+        default_parallelism: 2,
+        ..JobConfig::default()
+    }
+    .with_store_dir(dir.path(), &name)
+    .expect("the store opens");
+    let encode = |n: &u64| KafkaOut {
+        key: None,
+        value: n.to_string().into_bytes(),
+        partition: Some((n % 2) as i32),
+    };
+    let sink = KafkaSinkFactory::new(KafkaSinkConfig::new(&brokers, &topic, &name, "out"), encode)
+        .expect("the sink's checks pass");
+    let log = sink.commit_log();
+    let job = Job::new(&name, config);
+    job.source("numbers", VecSourceFactory::new((0..40_u64).collect()))
+        .sink("out", sink);
+    job.run().expect("the job runs");
+    let root = dir.path().to_str().expect("a UTF-8 path");
+    let id = newest_id(root);
+    let shown = json(&snapflow(&["show", root, &name, &id.to_string(), "--json"]));
+    let committed = log.committed();
+    let mut records = 0;
+    let sinks: Vec<_> = shown["parts"]
+        .as_array()
+        .expect("parts")
+        .iter()
+        .filter(|part| part["operator"] == "out")
+        .cloned()
+        .collect();
+    assert_eq!(sinks.len(), 2, "{shown}");
+    for part in &sinks {
+        let state = &part["state"];
+        assert_eq!(state["layout"], "sink_kafka", "{part}");
+        assert_eq!(state["subtask"], part["subtask"]);
+        for txn in state["pending"].as_array().expect("pending") {
+            assert_eq!(txn["checkpoint"], id, "{txn}");
+            let header = txn["header"].as_str().expect("a header");
+            assert!(committed.iter().any(|c| c == header), "{header} committed");
+            records += txn["records"].as_u64().expect("records");
+        }
+    }
+    assert_eq!(records, 40, "the pending transactions hold every record");
+    let text = stdout(&snapflow(&["show", root, &name, &id.to_string()]));
+    assert!(
+        text.contains("Kafka sink state of subtask 0: next transaction after checkpoint"),
+        "{text}"
+    );
+}
+
 #[test]
 fn paths_that_are_not_a_store_and_unknown_jobs_are_clear_errors() {
     let dir = tempfile::tempdir().expect("a temporary directory");

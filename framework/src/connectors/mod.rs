@@ -14,6 +14,7 @@
 
 pub(crate) mod bytes;
 pub(crate) mod kafka_position;
+pub(crate) mod kafka_sink_state;
 
 #[cfg(feature = "postgres")]
 pub mod postgres;

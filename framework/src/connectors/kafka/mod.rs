@@ -63,9 +63,6 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-// The little-endian reader is shared with the position layout, which is
-// compiled without this feature (`connectors::kafka_position`).
-use super::bytes;
 mod error;
 mod gate;
 mod lag;
@@ -75,7 +72,10 @@ mod position;
 mod recover;
 mod registry;
 pub mod sink;
-mod sink_state;
+// The position's and the sink state's layouts are compiled without this
+// feature, for readers of stored checkpoints (`connectors::kafka_position`,
+// `connectors::kafka_sink_state`).
+use super::kafka_sink_state as sink_state;
 pub mod source;
 mod txn;
 mod unblock;

@@ -127,16 +127,7 @@ pub enum Delivery {
     None,
 }
 
-/// One record to produce.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KafkaOut {
-    /// The key (it also chooses the partition when `partition` is None).
-    pub key: Option<Vec<u8>>,
-    /// The value.
-    pub value: Vec<u8>,
-    /// A partition to write to, or `None` for the producer's partitioner.
-    pub partition: Option<i32>,
-}
+pub use crate::connectors::kafka_sink_state::KafkaOut;
 
 /// The Kafka sink's settings.
 #[derive(Debug, Clone)]

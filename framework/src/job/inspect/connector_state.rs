@@ -5,13 +5,14 @@
 //!
 //! It reads each layout only through the decoder next to its writer
 //! (`SourcePosition::to_index`, `connectors::kafka_position`,
-//! `PendingTransactions::decode`, the file sink's staged-files state), so
+//! `PendingTransactions::decode`, the file sink's staged-files state,
+//! `connectors::kafka_sink_state`), so
 //! a layout is written down once, and it needs no connector feature:
 //! Kafka positions read without librdkafka. Bytes in a layout it does
 //! not know are described by their length and CRC-32, never guessed at.
 //! It never decodes a user's state.
 
-use crate::connectors::kafka_position;
+use crate::connectors::{kafka_position, kafka_sink_state};
 use crate::sink::{decode_staged, PendingTransactions, SinkState};
 use crate::source::SourcePosition;
 
@@ -109,13 +110,16 @@ pub enum StoredSinkState {
         /// The staged files, by checkpoint id ascending.
         files: Vec<StagedFile>,
     },
-    /// The Kafka sink's state (format `L`), which holds its pending
-    /// transactions' records; read by the sink itself only.
+    /// The exactly-once Kafka sink's state: the checkpoint its next
+    /// transaction is named after, and its pre-committed transactions
+    /// (whose records it holds, to write them again after a crash).
     Kafka {
-        /// The length of the bytes.
-        bytes: usize,
-        /// Their CRC-32.
-        crc32: u32,
+        /// The subtask that wrote it.
+        subtask: u32,
+        /// The checkpoint the next transaction's id is derived from.
+        opened_after: u64,
+        /// The pending transactions, by checkpoint id ascending.
+        pending: Vec<KafkaPendingTransaction>,
     },
     /// A layout this reader does not know (a user's sink).
     Unknown {
@@ -124,6 +128,21 @@ pub enum StoredSinkState {
         /// Their CRC-32.
         crc32: u32,
     },
+}
+
+/// One pre-committed transaction in the Kafka sink's state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KafkaPendingTransaction {
+    /// The checkpoint it was pre-committed at.
+    pub checkpoint_id: u64,
+    /// Its transactional id.
+    pub transactional_id: String,
+    /// The `snapflow-txn` header its records carry.
+    pub header: String,
+    /// How many records it holds.
+    pub records: usize,
+    /// Their keys' and values' bytes.
+    pub record_bytes: u64,
 }
 
 /// One staged file of the file sink's state.
@@ -161,9 +180,6 @@ pub fn describe_position(position: &[u8]) -> StoredPosition {
     }
 }
 
-/// The Kafka sink's format byte (`kafka/sink_state.rs`).
-const KAFKA_SINK_FORMAT: u8 = b'L';
-
 /// Describes a sink subtask's stored state; `None` for no bytes (a sink
 /// that keeps nothing, such as the print sink).
 pub fn describe_sink_state(state: &[u8]) -> Option<StoredSinkState> {
@@ -194,10 +210,30 @@ pub fn describe_sink_state(state: &[u8]) -> Option<StoredSinkState> {
             checkpoint_ids: pending.checkpoint_ids,
         });
     }
-    let (bytes, crc32) = (state.len(), crc32fast::hash(state));
-    Some(match state[0] {
-        KAFKA_SINK_FORMAT => StoredSinkState::Kafka { bytes, crc32 },
-        _ => StoredSinkState::Unknown { bytes, crc32 },
+    if let Ok((subtask, decoded)) = kafka_sink_state::decode_any(state) {
+        return Some(StoredSinkState::Kafka {
+            subtask,
+            opened_after: decoded.opened_after,
+            pending: decoded
+                .pending
+                .into_iter()
+                .map(|(checkpoint_id, txn)| KafkaPendingTransaction {
+                    checkpoint_id,
+                    records: txn.records.len(),
+                    record_bytes: txn
+                        .records
+                        .iter()
+                        .map(|out| (out.key.as_ref().map_or(0, Vec::len) + out.value.len()) as u64)
+                        .sum(),
+                    transactional_id: txn.id,
+                    header: txn.header,
+                })
+                .collect(),
+        });
+    }
+    Some(StoredSinkState::Unknown {
+        bytes: state.len(),
+        crc32: crc32fast::hash(state),
     })
 }
 
@@ -270,10 +306,38 @@ mod tests {
                 }],
             })
         );
-        let kafka = [b'L', 0, 0];
+        let mut pending = std::collections::BTreeMap::new();
+        pending.insert(
+            4,
+            kafka_sink_state::PendingTxn {
+                id: "snapflow.j.out-1-3".to_owned(),
+                header: "snapflow.j.out-1-3#9".to_owned(),
+                records: vec![kafka_sink_state::KafkaOut {
+                    key: Some(b"k".to_vec()),
+                    value: b"v:1".to_vec(),
+                    partition: None,
+                }],
+            },
+        );
+        let kafka = kafka_sink_state::encode(1, 4, &pending);
+        assert_eq!(
+            describe_sink_state(kafka.as_bytes()),
+            Some(StoredSinkState::Kafka {
+                subtask: 1,
+                opened_after: 4,
+                pending: vec![KafkaPendingTransaction {
+                    checkpoint_id: 4,
+                    transactional_id: "snapflow.j.out-1-3".to_owned(),
+                    header: "snapflow.j.out-1-3#9".to_owned(),
+                    records: 1,
+                    record_bytes: 4,
+                }],
+            })
+        );
+        // A cut Kafka state is not guessed at.
         assert!(matches!(
-            describe_sink_state(&kafka),
-            Some(StoredSinkState::Kafka { bytes: 3, .. })
+            describe_sink_state(&kafka.as_bytes()[..kafka.as_bytes().len() - 1]),
+            Some(StoredSinkState::Unknown { .. })
         ));
         assert!(matches!(
             describe_sink_state(&[0xff; 4]),

@@ -93,8 +93,8 @@ mod layout;
 
 pub(crate) use connector_state::role_key;
 pub use connector_state::{
-    describe_position, describe_sink_state, KafkaPartitionPosition, OperatorRole, StagedFile,
-    StoredPosition, StoredSinkState,
+    describe_position, describe_sink_state, KafkaPartitionPosition, KafkaPendingTransaction,
+    OperatorRole, StagedFile, StoredPosition, StoredSinkState,
 };
 pub use layout::{describe_state, StoredState};
 

@@ -3,24 +3,39 @@
 //! records, so that a restore in a new process can write them again when
 //! the dead process never committed them.
 //!
-//! This module owns the byte layout and its bounds-checked decoding. It
-//! never talks to the broker and never decides what to commit.
+//! This module owns the byte layout, its bounds-checked decoding, and the
+//! record type it holds ([`KafkaOut`], re-exported as
+//! `connectors::kafka::KafkaOut`). It is compiled without the `kafka`
+//! feature, so that a reader of stored checkpoints (`job::inspect`, the
+//! `snapflow` tool) lists a Kafka sink's pending transactions without
+//! building librdkafka. It never talks to the broker and never decides
+//! what to commit (`kafka/sink.rs` and `kafka/recover.rs` do).
 
 use std::collections::BTreeMap;
 
 use super::bytes::{put_str, Reader};
-use super::sink::KafkaOut;
 use crate::sink::{SinkError, SinkState};
 
+/// One record to produce.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KafkaOut {
+    /// The key (it also chooses the partition when `partition` is None).
+    pub key: Option<Vec<u8>>,
+    /// The value.
+    pub value: Vec<u8>,
+    /// A partition to write to, or `None` for the producer's partitioner.
+    pub partition: Option<i32>,
+}
+
 /// The state's format byte (`L`; `K` was the layout without records).
-const STATE_FORMAT: u8 = b'L';
+pub(crate) const STATE_FORMAT: u8 = b'L';
 
 /// One pre-committed transaction as the state lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct PendingTxn {
     /// Its transactional id.
     pub(crate) id: String,
-    /// The [`TXN_HEADER`](super::TXN_HEADER) value its records carry.
+    /// The `snapflow-txn` header value its records carry.
     pub(crate) header: String,
     /// Its records, in the order they were sent.
     pub(crate) records: Vec<KafkaOut>,
@@ -41,6 +56,8 @@ pub(crate) struct TxnState {
 /// per record its partition `i32` (-1: none), key flag `u8`, key (`u32`
 /// length and bytes, when the flag is 1) and value (`u32` length and
 /// bytes).
+// The sink writes and reads it; without the feature only `decode_any` runs.
+#[cfg_attr(not(feature = "kafka"), allow(dead_code))]
 pub(crate) fn encode(
     subtask: usize,
     opened_after: u64,
@@ -76,6 +93,7 @@ pub(crate) fn encode(
     SinkState::from_bytes(bytes)
 }
 
+#[cfg_attr(not(feature = "kafka"), allow(dead_code))]
 fn put_u32_len(bytes: &mut Vec<u8>, length: usize) {
     // A length past u32::MAX cannot occur: a record or a transaction that
     // large does not fit a Kafka request, and the state would be refused
@@ -83,6 +101,7 @@ fn put_u32_len(bytes: &mut Vec<u8>, length: usize) {
     bytes.extend_from_slice(&u32::try_from(length).unwrap_or(u32::MAX).to_le_bytes());
 }
 
+#[cfg_attr(not(feature = "kafka"), allow(dead_code))]
 fn put_bytes(bytes: &mut Vec<u8>, value: &[u8]) {
     put_u32_len(bytes, value.len());
     bytes.extend_from_slice(value);
@@ -95,11 +114,29 @@ fn put_bytes(bytes: &mut Vec<u8>, value: &[u8]) {
 ///
 /// [`SinkError::MalformedState`] for bytes this sink did not write,
 /// [`SinkError::WrongSubtask`] for another subtask's state.
+#[cfg_attr(not(feature = "kafka"), allow(dead_code))]
 pub(crate) fn decode(state: &SinkState, subtask: usize) -> Result<TxnState, SinkError> {
+    let (found, decoded) = decode_any(state.as_bytes())?;
+    if found as usize != subtask {
+        return Err(SinkError::WrongSubtask {
+            expected: subtask,
+            found,
+        });
+    }
+    Ok(decoded)
+}
+
+/// Reads [`encode`]'s bytes, whichever subtask wrote them: that subtask
+/// and the state.
+///
+/// # Errors
+///
+/// [`SinkError::MalformedState`] for bytes this sink did not write.
+pub(crate) fn decode_any(state: &[u8]) -> Result<(u32, TxnState), SinkError> {
     let malformed = |reason: &str| SinkError::MalformedState {
         reason: format!("Kafka sink state: {reason}"),
     };
-    let mut reader = Reader::new(state.as_bytes());
+    let mut reader = Reader::new(state);
     match reader.u8().map_err(malformed)? {
         STATE_FORMAT => {}
         b'K' => {
@@ -110,12 +147,6 @@ pub(crate) fn decode(state: &SinkState, subtask: usize) -> Result<TxnState, Sink
         _ => return Err(malformed("not written by the Kafka sink")),
     }
     let found = reader.u32().map_err(malformed)?;
-    if found as usize != subtask {
-        return Err(SinkError::WrongSubtask {
-            expected: subtask,
-            found,
-        });
-    }
     let opened_after = reader.u64().map_err(malformed)?;
     let count = reader.u32().map_err(malformed)?;
     let mut pending = BTreeMap::new();
@@ -134,10 +165,13 @@ pub(crate) fn decode(state: &SinkState, subtask: usize) -> Result<TxnState, Sink
         );
     }
     reader.finish().map_err(malformed)?;
-    Ok(TxnState {
-        opened_after,
-        pending,
-    })
+    Ok((
+        found,
+        TxnState {
+            opened_after,
+            pending,
+        },
+    ))
 }
 
 fn read_records(reader: &mut Reader<'_>) -> Result<Vec<KafkaOut>, &'static str> {
