@@ -602,6 +602,7 @@ impl<K: StateKey, S: Snapshot> KeyedState<K, S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::keyed::test_support::Count;
 
     fn state(parallelism: u32, subtask: u32) -> KeyedState<u64, u64> {
         KeyedState::for_subtask(MaxParallelism::default(), parallelism, subtask).unwrap()
@@ -651,12 +652,6 @@ mod tests {
         assert!(expected.len() < routed.range().len());
         routed.clear_dirty();
         assert_eq!(routed.dirty_key_groups().count(), 0);
-    }
-
-    #[derive(crate::Snapshot, Default, Debug, Clone, PartialEq)]
-    #[snapshot(crate = "crate")]
-    struct Count {
-        count: u64,
     }
 
     #[test]

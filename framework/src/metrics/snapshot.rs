@@ -154,9 +154,10 @@ pub struct SubtaskMetrics {
     pub bytes_in: Option<u64>,
     /// Bytes written outside the job, over every generation: a sink's
     /// output (the file sink: the encoded lines; the Kafka sink: each
-    /// record's key, value and headers). `None` for a sink that does not
-    /// count them (PostgreSQL, print, collect) and for every other
-    /// operator.
+    /// record's key, value and headers; the print sink: the lines its
+    /// writer took; the PostgreSQL sink: the parameter values in
+    /// PostgreSQL's binary encoding). `None` for a sink that does not
+    /// count them (collect, a user's sink) and for every other operator.
     pub bytes_out: Option<u64>,
     /// Bytes read per second over the last sampling window.
     pub bytes_in_per_second: f64,

@@ -320,12 +320,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-
-    #[derive(crate::Snapshot, Default, Debug, Clone, PartialEq)]
-    #[snapshot(crate = "crate")]
-    struct Count {
-        count: u64,
-    }
+    use crate::keyed::test_support::Count;
 
     const MAX: u32 = 16;
 

@@ -1,0 +1,10 @@
+//! Fixtures shared by the keyed-state unit tests (the in-memory backend,
+//! the spilling backend, incremental checkpoints). Compiled for tests
+//! only; it owns no behaviour.
+
+/// A per-key count, the state the unit tests keep.
+#[derive(crate::Snapshot, Default, Debug, Clone, PartialEq)]
+#[snapshot(crate = "crate")]
+pub(crate) struct Count {
+    pub(crate) count: u64,
+}
