@@ -16,7 +16,7 @@
 //!   held records, ahead of need on a thread of its own (opening one
 //!   blocked the actor 60 to 510 ms per interval on the test broker); else
 //!   by the first record after `n`. A restore first waits for every
-//!   opening ahead of its subtask's ids (see [`txn`](super::txn)).
+//!   opening ahead of its subtask's ids (see `super::txn`).
 //! - **Pre-commit** at checkpoint `m`: the open transaction is flushed
 //!   (every record acknowledged by the broker, still uncommitted) and
 //!   filed under `m`; the sink state lists every pending `(m, id)` and the
@@ -26,12 +26,12 @@
 //! - **Marker.** Each transaction also commits, through Kafka's
 //!   transactional offset commit, the subtask's *commit marker*: the
 //!   checkpoint it was pre-committed at and its nonce (see
-//!   [`marker`](super::marker)), so the broker records atomically with
+//!   `super::marker`), so the broker records atomically with
 //!   the records which checkpoint the subtask committed last.
 //! - **State.** The sink state lists every pending transaction with its
 //!   id, header and records, so the records can be written again.
 //! - **Restore** from a checkpoint that lists pending transactions (see
-//!   [`recover`](super::recover)): each is committed with the producer
+//!   `super::recover`): each is committed with the producer
 //!   that opened it if this process still has it (a table kept across a
 //!   failover inside the process: librdkafka cannot resume a
 //!   transaction from another producer object); else the marker says
@@ -56,9 +56,9 @@
 //! the marker shows it was not committed (tested by SIGKILL in
 //! `tests/tests/kafka_crash.rs`). Records written after a pre-commit
 //! wait in the sink until the factory's pending commits are done
-//! ([`gate`](super::gate)), and a restore in a new process ends the dead
+//! (`super::gate`), and a restore in a new process ends the dead
 //! process's transactions before it reads the marker
-//! ([`unblock`](super::unblock)): the test broker, tansu 0.6, applies a
+//! (`super::unblock`): the test broker, tansu 0.6, applies a
 //! commit's marker only once every overlapping transaction has ended
 //! (see ARCHITECTURE.md). Flink resumes the
 //! transaction itself by producer id and epoch; librdkafka offers no
