@@ -116,29 +116,41 @@ impl PartWriter {
         }
     }
 
-    /// Appends one entry. `scratch` is a reusable buffer for the payload,
-    /// whose length must be written before it.
+    /// Appends one entry. `scratch` is unused and kept for callers that
+    /// still pass one.
+    ///
+    /// The payload is encoded straight after a one-byte placeholder for its
+    /// length, which is then written in place: nearly every payload of a
+    /// small state is under 128 bytes, whose length is one varint byte, so
+    /// the payload is written once and never copied. A longer one is moved
+    /// up by the extra length bytes.
     pub(crate) fn push<K: Serialize, S: Snapshot>(
         &mut self,
         key: &K,
         state: &S,
         scratch: &mut Vec<u8>,
     ) -> Result<(), StateError> {
+        let _ = scratch;
         let out = std::mem::take(&mut self.out);
         self.out = postcard::to_extend(key, out).map_err(|error| StateError::Encode {
             type_name: std::any::type_name::<K>(),
             reason: error.to_string(),
         })?;
-        scratch.clear();
-        state.encode_payload(scratch)?;
-        let out = std::mem::take(&mut self.out);
-        self.out = postcard::to_extend(&(scratch.len() as u64), out).map_err(|error| {
-            StateError::Encode {
-                type_name: S::SCHEMA.type_name,
-                reason: error.to_string(),
-            }
-        })?;
-        self.out.extend_from_slice(scratch);
+        let length_at = self.out.len();
+        self.out.push(0);
+        state.encode_payload(&mut self.out)?;
+        // `encode_payload` only appends (its contract); a shorter buffer
+        // would be a broken implementation, caught here rather than as a
+        // corrupt part.
+        let payload_len =
+            self.out
+                .len()
+                .checked_sub(length_at + 1)
+                .ok_or_else(|| StateError::Encode {
+                    type_name: S::SCHEMA.type_name,
+                    reason: "encode_payload removed bytes it did not write".to_string(),
+                })?;
+        write_length_in_place(&mut self.out, length_at, payload_len);
         self.entry_count += 1;
         Ok(())
     }
@@ -406,6 +418,32 @@ where
     }
 }
 
+/// Writes `payload_len` as a postcard (LEB128) varint at `at`, where one
+/// placeholder byte stands before a payload of that length that ends `out`;
+/// a varint longer than one byte moves the payload up to make room.
+fn write_length_in_place(out: &mut Vec<u8>, at: usize, payload_len: usize) {
+    let mut varint = [0u8; 10];
+    let mut value = payload_len as u64;
+    let mut len = 0;
+    loop {
+        let byte = (value & 0x7f) as u8;
+        value >>= 7;
+        if value == 0 {
+            varint[len] = byte;
+            len += 1;
+            break;
+        }
+        varint[len] = byte | 0x80;
+        len += 1;
+    }
+    if len > 1 {
+        let end = out.len();
+        out.resize(end + len - 1, 0);
+        out.copy_within(at + 1..end, at + len);
+    }
+    out[at..at + len].copy_from_slice(&varint[..len]);
+}
+
 fn write_header(header: &PartHeader, out: &mut [u8]) {
     out[0..4].copy_from_slice(&PART_MAGIC);
     out[4..6].copy_from_slice(&PART_FORMAT_VERSION.to_le_bytes());
@@ -418,4 +456,25 @@ fn write_header(header: &PartHeader, out: &mut [u8]) {
     out[36..40].copy_from_slice(&header.body_crc.to_le_bytes());
     let header_crc = crc32fast::hash(&out[..40]);
     out[40..44].copy_from_slice(&header_crc.to_le_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::write_length_in_place;
+
+    /// The length written in place equals postcard's varint of it, and the
+    /// payload after it is intact, at every varint width up to four bytes.
+    #[test]
+    fn a_length_written_in_place_is_postcards_varint() {
+        for payload_len in [0usize, 1, 127, 128, 300, 16_383, 16_384, 2_097_152] {
+            let payload: Vec<u8> = (0..payload_len).map(|i| (i % 251) as u8).collect();
+            let mut out = vec![0xAA, 0xBB, 0];
+            out.extend_from_slice(&payload);
+            write_length_in_place(&mut out, 2, payload_len);
+            let mut want = vec![0xAA, 0xBB];
+            want.extend_from_slice(&postcard::to_allocvec(&(payload_len as u64)).expect("encodes"));
+            want.extend_from_slice(&payload);
+            assert!(out == want, "payload length {payload_len}");
+        }
+    }
 }
