@@ -228,13 +228,8 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
+    use crate::keyed::test_support::Count;
     use crate::keyed::{KeyedState, MaxParallelism};
-
-    #[derive(crate::Snapshot, Default, Debug, Clone, PartialEq)]
-    #[snapshot(crate = "crate")]
-    struct Count {
-        count: u64,
-    }
 
     fn state() -> KeyedState<u64, Count> {
         KeyedState::for_subtask(MaxParallelism::new(16).unwrap(), 2, 1).unwrap()

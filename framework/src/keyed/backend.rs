@@ -332,14 +332,9 @@ impl<K: StateKey, S> KeyedState<K, S> {
     /// the logical state does not change.
     #[cfg(feature = "spill")]
     pub(crate) fn take_entries(&mut self, count: usize) -> Vec<(K, S)> {
-        let mut left = count;
-        self.table
-            .extract_if(|_| {
-                let take = left > 0;
-                left = left.saturating_sub(1);
-                take
-            })
-            .collect()
+        // `extract_if` is lazy and keeps what it has not visited, so this
+        // visits about `count` entries, not the whole table.
+        self.table.extract_if(|_| true).take(count).collect()
     }
 }
 
@@ -602,6 +597,7 @@ impl<K: StateKey, S: Snapshot> KeyedState<K, S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::keyed::test_support::Count;
 
     fn state(parallelism: u32, subtask: u32) -> KeyedState<u64, u64> {
         KeyedState::for_subtask(MaxParallelism::default(), parallelism, subtask).unwrap()
@@ -651,12 +647,6 @@ mod tests {
         assert!(expected.len() < routed.range().len());
         routed.clear_dirty();
         assert_eq!(routed.dirty_key_groups().count(), 0);
-    }
-
-    #[derive(crate::Snapshot, Default, Debug, Clone, PartialEq)]
-    #[snapshot(crate = "crate")]
-    struct Count {
-        count: u64,
     }
 
     #[test]

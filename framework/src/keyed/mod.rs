@@ -72,6 +72,8 @@ mod backend;
 #[cfg(feature = "spill")]
 pub mod spill;
 pub(crate) mod store;
+#[cfg(test)]
+pub(crate) mod test_support;
 
 pub use backend::{parts_in_range, KeyGroupPart, KeyedSnapshot, KeyedState};
 pub use collections::{ListState, MapState};
