@@ -64,7 +64,13 @@ impl DiskTable {
             .max_journaling_size(sizing.journal_bytes)
             .open()
             .map_err(error)?;
-        let options = PartitionCreateOptions::default().max_memtable_size(sizing.memtable_bytes);
+        let leveled = fjall::compaction::Leveled {
+            target_size: sizing.segment_target_bytes,
+            ..Default::default()
+        };
+        let options = PartitionCreateOptions::default()
+            .max_memtable_size(sizing.memtable_bytes)
+            .compaction_strategy(fjall::compaction::Strategy::Leveled(leveled));
         let items = keyspace.open_partition("state", options).map_err(error)?;
         Ok(DiskTable {
             dir: dir.to_path_buf(),

@@ -48,6 +48,11 @@ pub(crate) struct StoreSizing {
     /// `Config::max_journaling_size`: the journals on disk (not memory;
     /// fjall's minimum is 24 MiB, its default 512 MiB).
     pub(crate) journal_bytes: u64,
+    /// The leveled compaction's target segment size (on disk, compressed;
+    /// fjall's default 64 MiB). A segment writer holds 16 bytes of bloom
+    /// hashes per entry until the segment is finished, so this bounds that
+    /// buffer too.
+    pub(crate) segment_target_bytes: u32,
     /// At most this many entries go to disk in one eviction batch, so that
     /// one batch never overfills a memtable by more than about its size.
     pub(crate) eviction_batch_entries: usize,
@@ -71,6 +76,7 @@ impl StoreSizing {
             memtable_bytes: memtable_bytes as u32,
             write_buffer_bytes: (3 * memtable_bytes).max(MIB),
             journal_bytes: 32 * MIB,
+            segment_target_bytes: 8 << 20,
             eviction_batch_entries: batch.min(memory_entries.max(4) / 4).max(1),
         }
     }
@@ -95,6 +101,10 @@ mod tests {
                 "{budget}: {sizing:?}"
             );
             assert!(sizing.eviction_batch_entries >= 1);
+            assert!(
+                u64::from(sizing.segment_target_bytes) <= 8 * MIB,
+                "{budget}: {sizing:?}"
+            );
             assert!(
                 sizing.eviction_batch_entries as u64 * COUNTED_BYTES_PER_ENTRY
                     <= u64::from(sizing.memtable_bytes),
