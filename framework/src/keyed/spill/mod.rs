@@ -16,14 +16,14 @@
 //!
 //! - Eviction picks keys in the table's memory order, not by recency (see
 //!   [`SpillingState::enforce_budget`]).
-//! - The budget is in entries, not bytes, and the store's own memory is on
-//!   top of it and not bounded by it: at 10 M keys with 100,000 in memory
-//!   per subtask the process peaked at the in-memory backend's RSS
-//!   (memtables, bloom filters and block indexes of fjall; see
-//!   BENCHMARKS.md, "Spilling keyed state").
-//! - A lookup that misses memory always asks the disk table, even for a
-//!   key never evicted (no filter of spilled keys), and fjall's memtable
-//!   skip list then dominates the profile: 0.04-0.26 M records/s.
+//! - The budget is in entries, not bytes. The store's memtables and block
+//!   cache are bounded from it (`sizing.rs`), but fjall's bloom filters
+//!   and block indexes and the filter of spilled keys (`filter.rs`) grow
+//!   with the keys on disk (a few bytes each), and the allocator may keep
+//!   freed memory.
+//! - A lookup of a key that is on disk (or a false positive of the
+//!   filter, under 1 %) still goes through fjall's memtables and segments
+//!   on the operator's thread.
 //! - A snapshot writes every in-memory entry of a dirty key group back to
 //!   disk and then reads each dirty group's range back into its part, on
 //!   the operator's thread; the parts are written to the checkpoint store
@@ -34,6 +34,8 @@
 //!   behind (each is deleted when its instance is dropped).
 
 mod disk;
+mod filter;
+mod sizing;
 mod state;
 
 use std::path::{Path, PathBuf};
