@@ -103,15 +103,6 @@ impl DiskTable {
         batch.commit().map_err(|source| self.error(source))
     }
 
-    /// Calls `f` with every `(key, value)` of `key_group`, in key order.
-    pub(crate) fn scan_key_group(
-        &self,
-        key_group: u32,
-        f: impl FnMut(&[u8], &[u8]) -> Result<(), SpillError>,
-    ) -> Result<(), SpillError> {
-        self.scan(self.items.prefix(key_group.to_be_bytes()), f)
-    }
-
     /// Calls `f` with every `(key, value)` of the table, in key order.
     pub(crate) fn scan_all(
         &self,
@@ -123,12 +114,61 @@ impl DiskTable {
     fn scan(
         &self,
         entries: impl Iterator<Item = fjall::Result<fjall::KvPair>>,
-        mut f: impl FnMut(&[u8], &[u8]) -> Result<(), SpillError>,
+        f: impl FnMut(&[u8], &[u8]) -> Result<(), SpillError>,
     ) -> Result<(), SpillError> {
-        for entry in entries {
-            let (key, value) = entry.map_err(|source| self.error(source))?;
-            f(&key, &value)?;
-        }
-        Ok(())
+        scan_entries(&self.dir, entries, f)
     }
+
+    /// A read-only view of the table as it is now: writes after this call
+    /// are not seen through it. It keeps the store (and its directory)
+    /// alive until it is dropped, and fjall keeps the versions it sees
+    /// through compactions meanwhile, so holding it long costs disk.
+    pub(crate) fn snapshot(&self) -> DiskSnapshot {
+        DiskSnapshot {
+            dir: self.dir.clone(),
+            _keyspace: self._keyspace.clone(),
+            view: self.items.snapshot(),
+        }
+    }
+}
+
+/// A point-in-time view of a [`DiskTable`] (fjall's MVCC snapshot), which
+/// may be read on another thread while the table goes on changing.
+pub(crate) struct DiskSnapshot {
+    dir: PathBuf,
+    /// Kept so that the directory is not deleted while the view reads it.
+    _keyspace: Keyspace,
+    view: fjall::Snapshot,
+}
+
+impl DiskSnapshot {
+    /// Calls `f` with every `(key, value)` of `key_group` as it was when
+    /// the view was taken, in key order.
+    pub(crate) fn scan_key_group(
+        &self,
+        key_group: u32,
+        f: impl FnMut(&[u8], &[u8]) -> Result<(), SpillError>,
+    ) -> Result<(), SpillError> {
+        let entries = self
+            .view
+            .prefix(key_group.to_be_bytes())
+            .map(|entry| entry.map_err(fjall::Error::from));
+        scan_entries(&self.dir, entries, f)
+    }
+}
+
+/// Calls `f` with each of `entries`, read from the store in `dir`.
+fn scan_entries(
+    dir: &Path,
+    entries: impl Iterator<Item = fjall::Result<fjall::KvPair>>,
+    mut f: impl FnMut(&[u8], &[u8]) -> Result<(), SpillError>,
+) -> Result<(), SpillError> {
+    for entry in entries {
+        let (key, value) = entry.map_err(|source| SpillError::Store {
+            dir: dir.to_path_buf(),
+            source,
+        })?;
+        f(&key, &value)?;
+    }
+    Ok(())
 }

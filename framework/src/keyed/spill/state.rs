@@ -23,10 +23,11 @@ use std::path::PathBuf;
 use super::disk::DiskTable;
 use super::filter::SpilledKeys;
 use super::sizing::StoreSizing;
+use super::snapshot::SpillSnapshot;
 use super::SpillError;
 use crate::keyed::backend::{parts_covering, KeyGroupPart, KeyedState};
 use crate::keyed::key_group::{KeyGroupRange, MaxParallelism};
-use crate::keyed::part::{self, PartWriter};
+use crate::keyed::part;
 use crate::keyed::store::KeyGroupSnapshots;
 use crate::keyed::{key_hash, KeyedError, StateKey};
 use crate::state::{Snapshot, StateError};
@@ -216,33 +217,39 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
         self.store(encoded)
     }
 
-    /// The parts of the key groups `include` picks, ascending.
-    fn parts(
+    /// A snapshot of the key groups `include` picks, whose parts
+    /// [`SpillSnapshot::next_part`] yields ascending, reading the store as
+    /// it is now while this state goes on changing. On this thread it
+    /// writes the picked groups' in-memory entries back to disk (at most
+    /// the memory budget) and takes a constant-time view of the store;
+    /// state that never left memory is encoded here instead (it fits the
+    /// budget).
+    pub fn snapshot(
         &mut self,
         include: &mut dyn FnMut(u32) -> bool,
-    ) -> Result<Vec<KeyGroupPart>, SpillError> {
+    ) -> Result<SpillSnapshot, SpillError> {
         if self.disk.is_none() {
             // Nothing ever left memory: the in-memory table is the state.
-            return Ok(self.hot.snapshot_key_groups(include)?);
+            return Ok(SpillSnapshot::built(self.hot.snapshot_key_groups(include)?));
         }
         let range = self.hot.range();
         let picked: Vec<bool> = range.iter().map(&mut *include).collect();
         self.write_back(&picked)?;
+        let key_groups = range
+            .iter()
+            .zip(&picked)
+            .filter(|(_, picked)| **picked)
+            .map(|(key_group, _)| key_group)
+            .collect();
         let schema = part::schema_section::<S>()?;
         let max_parallelism = self.hot.max_parallelism();
-        let disk = self.disk()?;
-        let mut parts = Vec::new();
-        for (key_group, _) in range.iter().zip(&picked).filter(|(_, picked)| **picked) {
-            let mut writer = PartWriter::new(&schema);
-            disk.scan_key_group(key_group, |key, payload| {
-                Ok(writer.push_encoded(&key[4..], payload)?)
-            })?;
-            parts.push(KeyGroupPart {
-                key_group,
-                bytes: writer.finish(max_parallelism, key_group),
-            });
-        }
-        Ok(parts)
+        let view = self.disk()?.snapshot();
+        Ok(SpillSnapshot::from_store(
+            view,
+            key_groups,
+            schema,
+            max_parallelism,
+        ))
     }
 
     /// Replaces the state with `parts` (exactly one per key group of its
@@ -300,7 +307,7 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
 
     /// Every part, as a full snapshot writes them.
     pub fn snapshot_parts(&mut self) -> Result<Vec<KeyGroupPart>, SpillError> {
-        self.parts(&mut |_| true)
+        self.snapshot(&mut |_| true)?.collect_parts()
     }
 }
 
@@ -345,27 +352,30 @@ impl<K: StateKey, S: Snapshot + Default> KeyGroupSnapshots for SpillingState<K, 
         &mut self,
         include: &mut dyn FnMut(u32) -> bool,
     ) -> Result<Vec<KeyGroupPart>, BoxError> {
-        Ok(self.parts(include)?)
+        Ok(self.snapshot(include)?.collect_parts()?)
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
     use crate::keyed::test_support::Count;
 
-    const MAX: u32 = 16;
+    pub(in crate::keyed::spill) const MAX: u32 = 16;
 
-    fn range(parallelism: u32, subtask: u32) -> KeyGroupRange {
+    pub(in crate::keyed::spill) fn range(parallelism: u32, subtask: u32) -> KeyGroupRange {
         MaxParallelism::new(MAX)
             .unwrap()
             .range_for_subtask(parallelism, subtask)
             .unwrap()
     }
 
-    fn spilling(dir: &std::path::Path, budget: usize) -> SpillingState<u64, Count> {
+    pub(in crate::keyed::spill) fn spilling(
+        dir: &std::path::Path,
+        budget: usize,
+    ) -> SpillingState<u64, Count> {
         SpillingState::new(
             MaxParallelism::new(MAX).unwrap(),
             range(2, 1),
@@ -375,7 +385,7 @@ mod tests {
         .unwrap()
     }
 
-    fn memory() -> KeyedState<u64, Count> {
+    pub(in crate::keyed::spill) fn memory() -> KeyedState<u64, Count> {
         KeyedState::new(MaxParallelism::new(MAX).unwrap(), range(2, 1)).unwrap()
     }
 
@@ -406,7 +416,7 @@ mod tests {
         }
     }
 
-    fn owned_keys(count: usize) -> Vec<u64> {
+    pub(in crate::keyed::spill) fn owned_keys(count: usize) -> Vec<u64> {
         let plain = memory();
         (0..u64::MAX)
             .filter(|key| plain.owns(key))
