@@ -69,6 +69,7 @@ impl DiskTable {
             ..Default::default()
         };
         let options = PartitionCreateOptions::default()
+            .block_size(sizing.block_bytes)
             .max_memtable_size(sizing.memtable_bytes)
             .compaction_strategy(fjall::compaction::Strategy::Leveled(leveled));
         let items = keyspace.open_partition("state", options).map_err(error)?;

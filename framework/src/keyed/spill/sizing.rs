@@ -46,8 +46,18 @@ pub(crate) struct StoreSizing {
     /// active and sealed; writes stall above it.
     pub(crate) write_buffer_bytes: u64,
     /// `Config::max_journaling_size`: the journals on disk (not memory;
-    /// fjall's minimum is 24 MiB, its default 512 MiB).
+    /// fjall's minimum is 24 MiB, its default 512 MiB). fjall sleeps
+    /// 500 ms per memtable rotation above 90 % of it, so it must leave
+    /// room for the journals of sealed memtables not yet flushed and of
+    /// journals its monitor has not yet deleted: at 32 MiB, writes stalled
+    /// so often that throughput fell by 3 to 4 times (BENCHMARKS.md).
     pub(crate) journal_bytes: u64,
+    /// `PartitionCreateOptions::block_size`: the data and index blocks of
+    /// the store's segments (uncompressed here). A point read of a key on
+    /// disk decodes its whole block, so fjall's smallest, 1 KiB, not its
+    /// default 4 KiB: it cut the CPU of a read-back workload by about 40 %
+    /// for a few MB more of block index (BENCHMARKS.md).
+    pub(crate) block_bytes: u32,
     /// The leveled compaction's target segment size (on disk, compressed;
     /// fjall's default 64 MiB). A segment writer holds 16 bytes of bloom
     /// hashes per entry until the segment is finished, so this bounds that
@@ -75,7 +85,8 @@ impl StoreSizing {
             // At most 2 MiB, so the cast cannot truncate.
             memtable_bytes: memtable_bytes as u32,
             write_buffer_bytes: (3 * memtable_bytes).max(MIB),
-            journal_bytes: 32 * MIB,
+            journal_bytes: 128 * MIB,
+            block_bytes: 1024,
             segment_target_bytes: 8 << 20,
             eviction_batch_entries: batch.min(memory_entries.max(4) / 4).max(1),
         }
@@ -93,6 +104,11 @@ mod tests {
             // fjall panics below 1 MiB of write buffer and 24 MiB of journal.
             assert!(sizing.write_buffer_bytes >= MIB, "{budget}: {sizing:?}");
             assert!(sizing.journal_bytes >= 24 * MIB, "{budget}: {sizing:?}");
+            // fjall panics outside 1 KiB to 512 KiB of block.
+            assert!(
+                (1024..=512 * 1024).contains(&sizing.block_bytes),
+                "{budget}: {sizing:?}"
+            );
             assert!(sizing.write_buffer_bytes <= 6 * MIB, "{budget}: {sizing:?}");
             assert!(sizing.cache_bytes <= 4 * MIB, "{budget}: {sizing:?}");
             // The write buffer holds the active memtable and two sealed ones.
