@@ -16,12 +16,17 @@
 //! # Known gaps
 //!
 //! - Eviction picks keys in the table's memory order, not by recency (see
-//!   [`SpillingState::enforce_budget`]).
+//!   [`SpillingState::enforce_budget`]): a second-chance (CLOCK) choice
+//!   needs an eviction that takes entries by a predicate without marking
+//!   their key groups dirty, i.e. a change to `KeyedState`, not made yet.
 //! - The budget is in entries, not bytes. The store's memtables and block
 //!   cache are bounded from it (`sizing.rs`), but fjall's bloom filters
 //!   and block indexes and the filter of spilled keys (`filter.rs`) grow
-//!   with the keys on disk (a few bytes each), and the allocator may keep
-//!   freed memory.
+//!   with the keys on disk (about 5 bytes each, measured), and glibc keeps
+//!   memory that fjall's flush thread frees from the operator threads'
+//!   arenas (about 20 bytes of RSS per spilled key unless the application
+//!   sets `GLIBC_TUNABLES=glibc.malloc.trim_threshold=...` or another
+//!   allocator; BENCHMARKS.md).
 //! - A lookup of a key that is on disk (or a false positive of the
 //!   filter, under 1 %) still goes through fjall's memtables and segments
 //!   on the operator's thread.
