@@ -27,7 +27,7 @@ use snapflow::job::{Job, JobConfig, KeyedBackend};
 
 use support::{
     bench_main, expected_count, mega_per_second, parse_number, peak_rss_kb, periodic_figures,
-    print_optional, quantile, sequence, Count, DiscardSink,
+    print_optional, quantile, sequence, Count, DiscardSink, SharedFlags,
 };
 
 const USAGE: &str = "spill [--records N] [--keys K] [--parallelism P] \
@@ -66,13 +66,17 @@ fn parse(arguments: impl IntoIterator<Item = String>) -> Result<Options, String>
     let mut options = Options::default();
     let mut arguments = arguments.into_iter();
     while let Some(flag) = arguments.next() {
+        let mut shared = SharedFlags {
+            records: &mut options.records,
+            keys: &mut options.keys,
+            parallelism: &mut options.parallelism,
+            interval_ms: &mut options.interval_ms,
+        };
+        if shared.parse(&flag, &mut arguments)? {
+            continue;
+        }
         let value = |arguments: &mut dyn Iterator<Item = String>| arguments.next();
         match flag.as_str() {
-            "--records" => options.records = parse_number(&flag, value(&mut arguments).as_deref())?,
-            "--keys" => options.keys = parse_number(&flag, value(&mut arguments).as_deref())?,
-            "--parallelism" => {
-                options.parallelism = parse_number(&flag, value(&mut arguments).as_deref())?
-            }
             "--memory-entries" => {
                 options.memory_entries = parse_number(&flag, value(&mut arguments).as_deref())?
             }
@@ -81,12 +85,6 @@ fn parse(arguments: impl IntoIterator<Item = String>) -> Result<Options, String>
                     Some("spilling") => true,
                     Some("memory") => false,
                     other => return Err(format!("--backend: spilling or memory, got {other:?}")),
-                }
-            }
-            "--checkpoint-interval-ms" => {
-                options.interval_ms = match value(&mut arguments).as_deref() {
-                    Some("off") => None,
-                    other => Some(parse_number(&flag, other)?),
                 }
             }
             "--dir" => {

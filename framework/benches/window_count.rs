@@ -51,7 +51,7 @@ use snapflow::time::{WatermarkStrategy, Windowed, Windows};
 
 use support::{
     bench_main, describe, median, mega_per_second, parse_number, peak_rss_kb, periodic_figures,
-    print_optional, quantile, reset_peak_rss, run_with_progress, summary, DiscardSink,
+    print_optional, quantile, reset_peak_rss, run_with_progress, summary, DiscardSink, SharedFlags,
 };
 
 /// Records per millisecond of event time.
@@ -101,20 +101,18 @@ fn parse(arguments: impl IntoIterator<Item = String>) -> Result<Options, String>
     let mut options = Options::default();
     let mut arguments = arguments.into_iter();
     while let Some(flag) = arguments.next() {
+        let mut shared = SharedFlags {
+            records: &mut options.records,
+            keys: &mut options.keys,
+            parallelism: &mut options.parallelism,
+            interval_ms: &mut options.interval_ms,
+        };
+        if shared.parse(&flag, &mut arguments)? {
+            continue;
+        }
         let value = |arguments: &mut dyn Iterator<Item = String>| arguments.next();
         match flag.as_str() {
-            "--records" => options.records = parse_number(&flag, value(&mut arguments).as_deref())?,
-            "--keys" => options.keys = parse_number(&flag, value(&mut arguments).as_deref())?,
-            "--parallelism" => {
-                options.parallelism = parse_number(&flag, value(&mut arguments).as_deref())?
-            }
             "--runs" => options.runs = parse_number(&flag, value(&mut arguments).as_deref())?,
-            "--checkpoint-interval-ms" => {
-                options.interval_ms = match value(&mut arguments).as_deref() {
-                    Some("off") => None,
-                    other => Some(parse_number(&flag, other)?),
-                }
-            }
             "--watermark-interval-ms" => {
                 options.watermark_interval_ms =
                     parse_number(&flag, value(&mut arguments).as_deref())?

@@ -318,6 +318,43 @@ pub fn parse_number<T: FromStr>(flag: &str, value: Option<&str>) -> Result<T, St
         .map_err(|_| format!("{flag}: `{value}` is not a valid number"))
 }
 
+/// The flags the keyed benchmarks share, each bound to its option.
+pub struct SharedFlags<'a> {
+    /// `--records N`.
+    pub records: &'a mut u64,
+    /// `--keys K`.
+    pub keys: &'a mut u64,
+    /// `--parallelism P`.
+    pub parallelism: &'a mut usize,
+    /// `--checkpoint-interval-ms MS|off`.
+    pub interval_ms: &'a mut Option<u64>,
+}
+
+impl SharedFlags<'_> {
+    /// Parses `flag` with its value from `arguments` if it is one of the
+    /// shared flags (`Ok(true)`); `Ok(false)` leaves any other flag to the
+    /// benchmark.
+    pub fn parse(
+        &mut self,
+        flag: &str,
+        arguments: &mut dyn Iterator<Item = String>,
+    ) -> Result<bool, String> {
+        match flag {
+            "--records" => *self.records = parse_number(flag, arguments.next().as_deref())?,
+            "--keys" => *self.keys = parse_number(flag, arguments.next().as_deref())?,
+            "--parallelism" => *self.parallelism = parse_number(flag, arguments.next().as_deref())?,
+            "--checkpoint-interval-ms" => {
+                *self.interval_ms = match arguments.next().as_deref() {
+                    Some("off") => None,
+                    other => Some(parse_number(flag, other)?),
+                }
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+}
+
 /// Parses `--mode`: `aligned`, `unaligned` or `at-least-once`.
 pub fn parse_mode(value: Option<&str>) -> Result<SnapshotMode, String> {
     match value {

@@ -6,5 +6,6 @@
 #[derive(crate::Snapshot, Default, Debug, Clone, PartialEq)]
 #[snapshot(crate = "crate")]
 pub(crate) struct Count {
+    /// How many times the key was seen (or whatever the test adds).
     pub(crate) count: u64,
 }

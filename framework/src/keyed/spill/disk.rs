@@ -21,16 +21,8 @@ use std::path::{Path, PathBuf};
 
 use fjall::{Config, Keyspace, PartitionCreateOptions, PartitionHandle};
 
+use super::sizing::StoreSizing;
 use super::SpillError;
-
-/// The block cache of one instance's keyspace, in bytes. fjall's default
-/// is 32 MiB per keyspace; several instances per process and a memory
-/// budget the user sets in entries make a smaller one the safer choice.
-const CACHE_BYTES: u64 = 8 * 1024 * 1024;
-
-/// The write buffer (memtables) of one instance's keyspace, in bytes,
-/// before fjall flushes them to a segment (default 64 MiB).
-const WRITE_BUFFER_BYTES: u64 = 16 * 1024 * 1024;
 
 /// One operator instance's table on disk.
 pub(crate) struct DiskTable {
@@ -49,8 +41,11 @@ impl std::fmt::Debug for DiskTable {
 
 impl DiskTable {
     /// An empty table in `dir`, which must not hold one already (each
-    /// instance's directory name is unique in the process).
-    pub(crate) fn open(dir: &Path) -> Result<Self, SpillError> {
+    /// instance's directory name is unique in the process), with the
+    /// store's memory set by `sizing`. One flush worker and one compaction
+    /// worker per instance: their threads are the store's, and more would
+    /// only hold more sealed memtables and compaction buffers at once.
+    pub(crate) fn open(dir: &Path, sizing: &StoreSizing) -> Result<Self, SpillError> {
         let error = |source| SpillError::Store {
             dir: dir.to_path_buf(),
             source,
@@ -64,13 +59,20 @@ impl DiskTable {
             .manual_journal_persist(true)
             .flush_workers(1)
             .compaction_workers(1)
-            .cache_size(CACHE_BYTES)
-            .max_write_buffer_size(WRITE_BUFFER_BYTES)
+            .cache_size(sizing.cache_bytes)
+            .max_write_buffer_size(sizing.write_buffer_bytes)
+            .max_journaling_size(sizing.journal_bytes)
             .open()
             .map_err(error)?;
-        let items = keyspace
-            .open_partition("state", PartitionCreateOptions::default())
-            .map_err(error)?;
+        let leveled = fjall::compaction::Leveled {
+            target_size: sizing.segment_target_bytes,
+            ..Default::default()
+        };
+        let options = PartitionCreateOptions::default()
+            .block_size(sizing.block_bytes)
+            .max_memtable_size(sizing.memtable_bytes)
+            .compaction_strategy(fjall::compaction::Strategy::Leveled(leveled));
+        let items = keyspace.open_partition("state", options).map_err(error)?;
         Ok(DiskTable {
             dir: dir.to_path_buf(),
             _keyspace: keyspace,
@@ -102,15 +104,6 @@ impl DiskTable {
         batch.commit().map_err(|source| self.error(source))
     }
 
-    /// Calls `f` with every `(key, value)` of `key_group`, in key order.
-    pub(crate) fn scan_key_group(
-        &self,
-        key_group: u32,
-        f: impl FnMut(&[u8], &[u8]) -> Result<(), SpillError>,
-    ) -> Result<(), SpillError> {
-        self.scan(self.items.prefix(key_group.to_be_bytes()), f)
-    }
-
     /// Calls `f` with every `(key, value)` of the table, in key order.
     pub(crate) fn scan_all(
         &self,
@@ -122,12 +115,61 @@ impl DiskTable {
     fn scan(
         &self,
         entries: impl Iterator<Item = fjall::Result<fjall::KvPair>>,
-        mut f: impl FnMut(&[u8], &[u8]) -> Result<(), SpillError>,
+        f: impl FnMut(&[u8], &[u8]) -> Result<(), SpillError>,
     ) -> Result<(), SpillError> {
-        for entry in entries {
-            let (key, value) = entry.map_err(|source| self.error(source))?;
-            f(&key, &value)?;
-        }
-        Ok(())
+        scan_entries(&self.dir, entries, f)
     }
+
+    /// A read-only view of the table as it is now: writes after this call
+    /// are not seen through it. It keeps the store (and its directory)
+    /// alive until it is dropped, and fjall keeps the versions it sees
+    /// through compactions meanwhile, so holding it long costs disk.
+    pub(crate) fn snapshot(&self) -> DiskSnapshot {
+        DiskSnapshot {
+            dir: self.dir.clone(),
+            _keyspace: self._keyspace.clone(),
+            view: self.items.snapshot(),
+        }
+    }
+}
+
+/// A point-in-time view of a [`DiskTable`] (fjall's MVCC snapshot), which
+/// may be read on another thread while the table goes on changing.
+pub(crate) struct DiskSnapshot {
+    dir: PathBuf,
+    /// Kept so that the directory is not deleted while the view reads it.
+    _keyspace: Keyspace,
+    view: fjall::Snapshot,
+}
+
+impl DiskSnapshot {
+    /// Calls `f` with every `(key, value)` of `key_group` as it was when
+    /// the view was taken, in key order.
+    pub(crate) fn scan_key_group(
+        &self,
+        key_group: u32,
+        f: impl FnMut(&[u8], &[u8]) -> Result<(), SpillError>,
+    ) -> Result<(), SpillError> {
+        let entries = self
+            .view
+            .prefix(key_group.to_be_bytes())
+            .map(|entry| entry.map_err(fjall::Error::from));
+        scan_entries(&self.dir, entries, f)
+    }
+}
+
+/// Calls `f` with each of `entries`, read from the store in `dir`.
+fn scan_entries(
+    dir: &Path,
+    entries: impl Iterator<Item = fjall::Result<fjall::KvPair>>,
+    mut f: impl FnMut(&[u8], &[u8]) -> Result<(), SpillError>,
+) -> Result<(), SpillError> {
+    for entry in entries {
+        let (key, value) = entry.map_err(|source| SpillError::Store {
+            dir: dir.to_path_buf(),
+            source,
+        })?;
+        f(&key, &value)?;
+    }
+    Ok(())
 }

@@ -2,7 +2,8 @@
 //! larger than memory, with a bounded number of keys in memory and the
 //! rest on local disk in an embedded LSM store (fjall).
 //!
-//! This module owns [`SpillingState`] and its disk table. It is the one
+//! This module owns [`SpillingState`], its disk table and its streaming
+//! snapshot [`SpillSnapshot`]. It is the one
 //! part of the keyed layer that does I/O, and only to its own working
 //! directory, never to the checkpoint store: its snapshots are parts of
 //! exactly the in-memory backend's format ([`crate::keyed::part`]), so
@@ -15,30 +16,44 @@
 //! # Known gaps
 //!
 //! - Eviction picks keys in the table's memory order, not by recency (see
-//!   [`SpillingState::enforce_budget`]).
-//! - The budget is in entries, not bytes, and the store's own memory is on
-//!   top of it and not bounded by it: at 10 M keys with 100,000 in memory
-//!   per subtask the process peaked at the in-memory backend's RSS
-//!   (memtables, bloom filters and block indexes of fjall; see
-//!   BENCHMARKS.md, "Spilling keyed state").
-//! - A lookup that misses memory always asks the disk table, even for a
-//!   key never evicted (no filter of spilled keys), and fjall's memtable
-//!   skip list then dominates the profile: 0.04-0.26 M records/s.
-//! - A snapshot writes every in-memory entry of a dirty key group back to
-//!   disk and then reads each dirty group's range back into its part, on
-//!   the operator's thread; the parts are written to the checkpoint store
-//!   whole, not as references to the store's immutable segment files.
+//!   [`SpillingState::enforce_budget`]): a second-chance (CLOCK) choice
+//!   needs an eviction that takes entries by a predicate without marking
+//!   their key groups dirty, i.e. a change to `KeyedState`, not made yet.
+//! - The budget is in entries, not bytes. The store's memtables and block
+//!   cache are bounded from it (`sizing.rs`), but fjall's bloom filters
+//!   and block indexes and the filter of spilled keys (`filter.rs`) grow
+//!   with the keys on disk (about 5 bytes each, measured), and glibc keeps
+//!   memory that fjall's flush thread frees from the operator threads'
+//!   arenas (about 20 bytes of RSS per spilled key unless the application
+//!   sets `GLIBC_TUNABLES=glibc.malloc.trim_threshold=...` or another
+//!   allocator; BENCHMARKS.md).
+//! - A lookup of a key that is on disk (or a false positive of the
+//!   filter, under 1 %) still goes through fjall's memtables and segments
+//!   on the operator's thread.
+//! - A snapshot ([`SpillingState::snapshot`]) writes the in-memory entries
+//!   of the requested key groups back to disk on the operator's thread (at
+//!   most the memory budget, not the whole state) and takes a fjall MVCC
+//!   snapshot; [`SpillSnapshot`] then reads one key group's part at a time
+//!   and may run on another thread while the operator writes. The
+//!   checkpoint writer does not pull it yet: `KeyGroupSnapshots::parts_of`
+//!   still collects every part on the operator's thread, and the parts are
+//!   written to the checkpoint store whole, not as references to the
+//!   store's immutable segment files.
 //! - Only the keyed operators of `process`, `reduce` and `aggregate` use
 //!   it; timers, windows and time-to-live keep their state in memory.
 //! - A process killed without unwinding leaves its instance directories
 //!   behind (each is deleted when its instance is dropped).
 
 mod disk;
+mod filter;
+mod sizing;
+mod snapshot;
 mod state;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+pub use snapshot::SpillSnapshot;
 pub use state::SpillingState;
 
 use super::KeyedError;

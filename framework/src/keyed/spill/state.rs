@@ -21,10 +21,13 @@
 use std::path::PathBuf;
 
 use super::disk::DiskTable;
+use super::filter::SpilledKeys;
+use super::sizing::StoreSizing;
+use super::snapshot::SpillSnapshot;
 use super::SpillError;
 use crate::keyed::backend::{parts_covering, KeyGroupPart, KeyedState};
 use crate::keyed::key_group::{KeyGroupRange, MaxParallelism};
-use crate::keyed::part::{self, PartWriter};
+use crate::keyed::part;
 use crate::keyed::store::KeyGroupSnapshots;
 use crate::keyed::{key_hash, KeyedError, StateKey};
 use crate::state::{Snapshot, StateError};
@@ -44,6 +47,11 @@ pub struct SpillingState<K, S> {
     key_scratch: Vec<u8>,
     /// How many entries were written to disk by eviction.
     evicted: u64,
+    /// The store's memory settings, from `memory_entries`.
+    sizing: StoreSizing,
+    /// Every key on disk (by hash): a key it has never seen is not looked
+    /// up there.
+    spilled: SpilledKeys,
 }
 
 impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
@@ -63,6 +71,8 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
             disk: None,
             key_scratch: Vec::new(),
             evicted: 0,
+            sizing: StoreSizing::for_budget(memory_entries),
+            spilled: SpilledKeys::default(),
         })
     }
 
@@ -104,17 +114,22 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
         hash: u64,
     ) -> Result<&mut S, SpillError> {
         if !self.hot.contains_hashed(key, hash) {
-            self.load(key)?;
+            self.load(key, hash)?;
         }
         Ok(self.hot.get_or_default_routed(key, hash))
     }
 
-    /// Brings `key`'s value from disk into memory, if it is there.
+    /// Brings `key` (with hash `hash`) from disk into memory, if it is
+    /// there; a key the filter of spilled keys has never seen is not
+    /// looked up.
     #[cold]
-    fn load(&mut self, key: &K) -> Result<(), SpillError> {
+    fn load(&mut self, key: &K, hash: u64) -> Result<(), SpillError> {
         let Some(disk) = &self.disk else {
             return Ok(());
         };
+        if !self.spilled.may_contain(hash) {
+            return Ok(());
+        }
         encode_key(self.hot.key_group_of(key), key, &mut self.key_scratch)?;
         let Some(payload) = disk.get(&self.key_scratch)? else {
             return Ok(());
@@ -125,37 +140,56 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
     }
 
     /// Moves keys to disk while more than the budget are in memory: down to
-    /// three quarters of it, so that eviction runs in batches rather than
-    /// for every new key. Which keys go is the table's memory order (an
-    /// arbitrary choice by hash): no recency is tracked, because that would
-    /// cost a store per access (a known gap: hot keys may be evicted and
-    /// read back).
+    /// three quarters of it or by one eviction batch, whichever is less
+    /// (a batch fills at most about one of the store's memtables), so that
+    /// eviction runs in batches rather than for every new key. Which keys
+    /// go is the table's memory order (an arbitrary choice by hash): no
+    /// recency is tracked, because that would cost a store per access (a
+    /// known gap: hot keys may be evicted and read back).
     pub fn enforce_budget(&mut self) -> Result<(), SpillError> {
         if self.hot.len() <= self.memory_entries {
             return Ok(());
         }
-        let keep = self.memory_entries - self.memory_entries / 4;
+        let batch = (self.memory_entries / 4).min(self.sizing.eviction_batch_entries);
+        let keep = self.memory_entries - batch;
         let entries = self.hot.take_entries(self.hot.len() - keep);
         self.evicted += entries.len() as u64;
         let encoded = self.encode_entries(entries.iter().map(|(key, state)| (key, state)))?;
-        self.disk()?.put_all(encoded)
+        self.store(encoded)
+    }
+
+    /// Writes `entries` to disk and records their keys in the filter of
+    /// spilled keys (every write to disk goes through here, so the filter
+    /// never misses a key on disk).
+    fn store(&mut self, entries: Vec<(DiskEntry, u64)>) -> Result<(), SpillError> {
+        // Opened first, then borrowed beside the filter.
+        self.disk()?;
+        let spilled = &mut self.spilled;
+        let entries = entries.into_iter().map(|(entry, hash)| {
+            spilled.insert(hash);
+            entry
+        });
+        match &self.disk {
+            Some(disk) => disk.put_all(entries),
+            None => Err(SpillError::Internal("the disk table did not open".into())),
+        }
     }
 
     /// The disk table, opened now if it was not.
     fn disk(&mut self) -> Result<&DiskTable, SpillError> {
         if self.disk.is_none() {
-            self.disk = Some(DiskTable::open(&self.dir)?);
+            self.disk = Some(DiskTable::open(&self.dir, &self.sizing)?);
         }
         self.disk
             .as_ref()
             .ok_or_else(|| SpillError::Internal("the disk table did not open".into()))
     }
 
-    /// The on-disk form of each entry.
+    /// The on-disk form of each entry, with its key's [`key_hash`].
     fn encode_entries<'a>(
         &self,
         entries: impl Iterator<Item = (&'a K, &'a S)>,
-    ) -> Result<Vec<DiskEntry>, SpillError>
+    ) -> Result<Vec<(DiskEntry, u64)>, SpillError>
     where
         K: 'a,
         S: 'a,
@@ -166,7 +200,7 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
                 encode_key(self.hot.key_group_of(key), key, &mut key_bytes)?;
                 let mut payload = Vec::new();
                 state.encode_payload(&mut payload)?;
-                Ok((key_bytes, payload))
+                Ok(((key_bytes, payload), key_hash(key)))
             })
             .collect()
     }
@@ -180,36 +214,42 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
             .iter()
             .filter(|(key, _)| include[(self.hot.key_group_of(key) - start) as usize]);
         let encoded = self.encode_entries(picked)?;
-        self.disk()?.put_all(encoded)
+        self.store(encoded)
     }
 
-    /// The parts of the key groups `include` picks, ascending.
-    fn parts(
+    /// A snapshot of the key groups `include` picks, whose parts
+    /// [`SpillSnapshot::next_part`] yields ascending, reading the store as
+    /// it is now while this state goes on changing. On this thread it
+    /// writes the picked groups' in-memory entries back to disk (at most
+    /// the memory budget) and takes a constant-time view of the store;
+    /// state that never left memory is encoded here instead (it fits the
+    /// budget).
+    pub fn snapshot(
         &mut self,
         include: &mut dyn FnMut(u32) -> bool,
-    ) -> Result<Vec<KeyGroupPart>, SpillError> {
+    ) -> Result<SpillSnapshot, SpillError> {
         if self.disk.is_none() {
             // Nothing ever left memory: the in-memory table is the state.
-            return Ok(self.hot.snapshot_key_groups(include)?);
+            return Ok(SpillSnapshot::built(self.hot.snapshot_key_groups(include)?));
         }
         let range = self.hot.range();
         let picked: Vec<bool> = range.iter().map(&mut *include).collect();
         self.write_back(&picked)?;
+        let key_groups = range
+            .iter()
+            .zip(&picked)
+            .filter(|(_, picked)| **picked)
+            .map(|(key_group, _)| key_group)
+            .collect();
         let schema = part::schema_section::<S>()?;
         let max_parallelism = self.hot.max_parallelism();
-        let disk = self.disk()?;
-        let mut parts = Vec::new();
-        for (key_group, _) in range.iter().zip(&picked).filter(|(_, picked)| **picked) {
-            let mut writer = PartWriter::new(&schema);
-            disk.scan_key_group(key_group, |key, payload| {
-                Ok(writer.push_encoded(&key[4..], payload)?)
-            })?;
-            parts.push(KeyGroupPart {
-                key_group,
-                bytes: writer.finish(max_parallelism, key_group),
-            });
-        }
-        Ok(parts)
+        let view = self.disk()?.snapshot();
+        Ok(SpillSnapshot::from_store(
+            view,
+            key_groups,
+            schema,
+            max_parallelism,
+        ))
     }
 
     /// Replaces the state with `parts` (exactly one per key group of its
@@ -230,6 +270,7 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
             self.dir = super::fresh_dir(&self.dir);
         }
         self.hot = KeyedState::new(max_parallelism, range)?;
+        self.spilled = SpilledKeys::default();
         if parts
             .iter()
             .all(|(_, bytes)| part::plausible_entries(bytes.as_ref()) == 0)
@@ -241,7 +282,7 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
             let group: KeyedState<K, S> =
                 KeyedState::restore(max_parallelism, one, [(key_group, bytes)])?;
             let encoded = self.encode_entries(group.iter())?;
-            self.disk()?.put_all(encoded)?;
+            self.store(encoded)?;
         }
         Ok(())
     }
@@ -266,7 +307,7 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
 
     /// Every part, as a full snapshot writes them.
     pub fn snapshot_parts(&mut self) -> Result<Vec<KeyGroupPart>, SpillError> {
-        self.parts(&mut |_| true)
+        self.snapshot(&mut |_| true)?.collect_parts()
     }
 }
 
@@ -311,27 +352,30 @@ impl<K: StateKey, S: Snapshot + Default> KeyGroupSnapshots for SpillingState<K, 
         &mut self,
         include: &mut dyn FnMut(u32) -> bool,
     ) -> Result<Vec<KeyGroupPart>, BoxError> {
-        Ok(self.parts(include)?)
+        Ok(self.snapshot(include)?.collect_parts()?)
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
     use crate::keyed::test_support::Count;
 
-    const MAX: u32 = 16;
+    pub(in crate::keyed::spill) const MAX: u32 = 16;
 
-    fn range(parallelism: u32, subtask: u32) -> KeyGroupRange {
+    pub(in crate::keyed::spill) fn range(parallelism: u32, subtask: u32) -> KeyGroupRange {
         MaxParallelism::new(MAX)
             .unwrap()
             .range_for_subtask(parallelism, subtask)
             .unwrap()
     }
 
-    fn spilling(dir: &std::path::Path, budget: usize) -> SpillingState<u64, Count> {
+    pub(in crate::keyed::spill) fn spilling(
+        dir: &std::path::Path,
+        budget: usize,
+    ) -> SpillingState<u64, Count> {
         SpillingState::new(
             MaxParallelism::new(MAX).unwrap(),
             range(2, 1),
@@ -341,7 +385,7 @@ mod tests {
         .unwrap()
     }
 
-    fn memory() -> KeyedState<u64, Count> {
+    pub(in crate::keyed::spill) fn memory() -> KeyedState<u64, Count> {
         KeyedState::new(MaxParallelism::new(MAX).unwrap(), range(2, 1)).unwrap()
     }
 
@@ -372,7 +416,7 @@ mod tests {
         }
     }
 
-    fn owned_keys(count: usize) -> Vec<u64> {
+    pub(in crate::keyed::spill) fn owned_keys(count: usize) -> Vec<u64> {
         let plain = memory();
         (0..u64::MAX)
             .filter(|key| plain.owns(key))
