@@ -41,7 +41,8 @@ use snapflow::protocol::SnapshotMode;
 use support::{
     bench_main, cross_core_round_trip_ns, describe, expected_count, median, mega_per_second,
     parse_mode, parse_number, peak_rss_kb, periodic_figures, print_optional, quantile,
-    reset_peak_rss, run_with_progress, sequence, summary, ArbiterPinner, Count, DiscardSink,
+    reset_peak_rss, run_with_metrics, sequence, summary, sync_parts_us, ArbiterPinner, Count,
+    DiscardSink,
 };
 
 /// Round trips of the probe taken right before and after each job run
@@ -212,6 +213,10 @@ struct JobRun {
     peak_rss_reset: bool,
     /// The cross-core round trip right before and right after the run, ns.
     probes_ns: [f64; 2],
+    /// The count operator's synchronous parts (every subtask, every
+    /// completed checkpoint), microseconds, from the live metrics (empty
+    /// when they are off).
+    sync_parts_us: Vec<u64>,
 }
 
 impl JobRun {
@@ -291,8 +296,9 @@ fn run_job(options: &Options, interval_ms: Option<u64>, metrics: bool) -> Result
     let peak_rss_reset = reset_peak_rss();
     let pinner = options.pin_arbiters.then(ArbiterPinner::start);
     let started = Instant::now();
-    let report = run_with_progress(job, options.progress)
+    let (report, metrics) = run_with_metrics(job, options.progress)
         .map_err(|error| format!("the job failed: {error}"))?;
+    let sync_parts_us = sync_parts_us(&metrics, "count");
     let elapsed = started.elapsed();
     let probes_ns = [probe_before_ns, settled_probe_ns()];
     if let Some(pinner) = pinner {
@@ -309,6 +315,7 @@ fn run_job(options: &Options, interval_ms: Option<u64>, metrics: bool) -> Result
         peak_rss_kb,
         peak_rss_reset,
         probes_ns,
+        sync_parts_us,
     })
 }
 
@@ -440,6 +447,19 @@ fn print_job_runs(title: &str, options: &Options, runs: &[JobRun]) -> f64 {
     let label = "alignment time (max over subtasks)";
     print_optional(&format!("{label} p50"), quantile(&alignments, 0.5), "us");
     print_optional(&format!("{label} p99"), quantile(&alignments, 0.99), "us");
+    // The part of each checkpoint on the operator's own thread, per
+    // subtask (issue 16: under 10 ms at p99 at every size).
+    let mut sync_parts: Vec<u64> = runs
+        .iter()
+        .flat_map(|run| run.sync_parts_us.iter().copied())
+        .collect();
+    sync_parts.sort_unstable();
+    if !sync_parts.is_empty() {
+        let label = "synchronous part (per subtask, all checkpoints)";
+        print_optional(&format!("{label} p50"), quantile(&sync_parts, 0.5), "us");
+        print_optional(&format!("{label} p99"), quantile(&sync_parts, 0.99), "us");
+        print_optional(&format!("{label} max"), sync_parts.last().copied(), "us");
+    }
     let sizes = periodic(|c| c.size_bytes);
     print_optional("state bytes per checkpoint p50", quantile(&sizes, 0.5), "B");
     print_optional("state bytes per checkpoint max", sizes.last().copied(), "B");
