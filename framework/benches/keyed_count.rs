@@ -61,7 +61,7 @@ const SMT_PLACEMENT_NS: f64 = 50.0;
 const USAGE: &str = "keyed_count [--records N] [--keys K] [--parallelism P] \
 [--checkpoint-interval-ms MS|off] [--mode aligned|unaligned|at-least-once] [--runs R] \
 [--store memory|fs] [--window-batches W] [--arbiters A] [--pin-arbiters] [--incremental on|off] \
-[--hot-keys H] [--compare-off] [--no-compare-metrics] [--progress] [--smoke]";
+[--hot-keys H] [--copy-on-write-threshold-keys T] [--compare-off] [--no-compare-metrics] [--progress] [--smoke]";
 
 /// Where checkpoints go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,6 +104,9 @@ struct Options {
     /// touch only keys `0..H`, so that checkpoints after the first see few
     /// key groups change; 0 (the default) keeps key = i % K throughout.
     hot_keys: u64,
+    /// `--copy-on-write-threshold-keys T`: `JobConfig::copy_on_write_threshold_keys`
+    /// (default the job's default).
+    copy_on_write_threshold_keys: Option<usize>,
 }
 
 impl Default for Options {
@@ -125,6 +128,7 @@ impl Default for Options {
             arbiters: None,
             incremental: true,
             hot_keys: 0,
+            copy_on_write_threshold_keys: None,
         }
     }
 }
@@ -167,6 +171,10 @@ fn parse(arguments: impl IntoIterator<Item = String>) -> Result<Options, String>
             "--pin-arbiters" => options.pin_arbiters = true,
             "--arbiters" => {
                 options.arbiters = Some(parse_number(&flag, arguments.next().as_deref())?)
+            }
+            "--copy-on-write-threshold-keys" => {
+                options.copy_on_write_threshold_keys =
+                    Some(parse_number(&flag, arguments.next().as_deref())?)
             }
             "--compare-off" => options.compare_off = true,
             "--no-compare-metrics" => options.compare_metrics = false,
@@ -260,6 +268,9 @@ fn job_config(options: &Options, interval_ms: Option<u64>, metrics: bool) -> Job
             enabled: options.incremental,
             ..defaults.incremental_checkpoints
         },
+        copy_on_write_threshold_keys: options
+            .copy_on_write_threshold_keys
+            .unwrap_or(defaults.copy_on_write_threshold_keys),
         ..defaults
     }
 }
@@ -649,7 +660,7 @@ fn run(options: &Options) -> Result<(), String> {
     let window = job_config(options, None, true).window_batches;
     println!(
         "keyed count: {} records, {} keys, parallelism {}, mode {:?}, store {:?}, window {} batches, \
-         arbiters {} ({}), {} runs, incremental checkpoints {}, hot keys {}",
+         arbiters {} ({}), {} runs, incremental checkpoints {}, hot keys {}, copy-on-write from {} keys",
         options.records,
         options.keys,
         options.parallelism,
@@ -660,7 +671,8 @@ fn run(options: &Options) -> Result<(), String> {
         if options.pin_arbiters { "pinned" } else { "not pinned" },
         options.runs,
         if options.incremental { "on" } else { "off" },
-        options.hot_keys
+        options.hot_keys,
+        job_config(options, None, true).copy_on_write_threshold_keys
     );
     let compare_off = options.compare_off && options.interval_ms.is_some();
     let [runs, off, unmetered] = run_configs(options, compare_off)?;
