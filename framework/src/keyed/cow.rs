@@ -3,7 +3,7 @@
 //! some key groups to a snapshot in constant time per group, and copies a
 //! group only when the operator writes it while a snapshot still holds it.
 //!
-//! This module owns one key group's table slot ([`GroupTable`]) and the
+//! This module owns one key group's table slot (`GroupTable`) and the
 //! value a snapshot takes away ([`KeyGroupHandoff`]), which encodes its
 //! groups into parts on whatever thread holds it. It never decides which
 //! groups a snapshot takes (the caller's `include` does), never does I/O
@@ -132,7 +132,7 @@ impl<K: Clone, S: Clone> GroupTable<K, S> {
 /// later, on any thread: what the state holds after the handoff never
 /// reaches them.
 ///
-/// It encodes one group per [`DeferredParts::next_part`] and drops its
+/// It encodes one group per [`Self::encode_next`] and drops its
 /// reference to that group's table right after, so a group the operator
 /// writes after the writer has passed it is taken back without a copy.
 /// It is `Send` when the keys and states are `Send + Sync` (the state's

@@ -24,7 +24,7 @@
 //! (`JobConfig::copy_on_write_threshold_keys`).
 //!
 //! [`CowKeyedState::get_or_default_routed`] derives the key group with
-//! [`KeyGroupOf`] (a shift at a power-of-two max parallelism), which takes
+//! `KeyGroupOf` (a shift at a power-of-two max parallelism), which takes
 //! a dependent multiply off the lookup's chain.
 
 use super::backend::{parts_covering, KeyGroupPart, KeyedState};
@@ -559,7 +559,7 @@ impl<K: StateKey, S: Snapshot> CowKeyedState<K, S> {
     /// which may have been written at any parallelism (with the same max
     /// parallelism). Exactly one part per key group of `range` is required;
     /// a part outside `range` is [`KeyedError::ForeignKeyGroup`] (filter
-    /// with [`parts_in_range`] first when feeding all parts of a snapshot).
+    /// with [`parts_in_range`](super::parts_in_range) first when feeding all parts of a snapshot).
     ///
     /// The restored state starts with every key group clean.
     pub fn restore<B: AsRef<[u8]>>(

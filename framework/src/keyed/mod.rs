@@ -12,7 +12,7 @@
 //! and, once it holds enough keys, moves to [`CowKeyedState`] (one
 //! copy-on-write table per key group, see [`cow`]), whose snapshot hands
 //! the key groups to the checkpoint writer in constant time per group and
-//! is encoded there, off the operator's thread ([`deferred`]).
+//! is encoded there, off the operator's thread (`deferred.rs`).
 //!
 //! ```
 //! use snapflow::keyed::{KeyedState, MaxParallelism};
