@@ -41,7 +41,8 @@ use snapflow::protocol::SnapshotMode;
 use support::{
     bench_main, cross_core_round_trip_ns, describe, expected_count, median, mega_per_second,
     parse_mode, parse_number, peak_rss_kb, periodic_figures, print_optional, quantile,
-    reset_peak_rss, run_with_progress, sequence, summary, ArbiterPinner, Count, DiscardSink,
+    reset_peak_rss, run_with_metrics, sequence, summary, sync_parts_us, ArbiterPinner, Count,
+    DiscardSink,
 };
 
 /// Round trips of the probe taken right before and after each job run
@@ -60,7 +61,7 @@ const SMT_PLACEMENT_NS: f64 = 50.0;
 const USAGE: &str = "keyed_count [--records N] [--keys K] [--parallelism P] \
 [--checkpoint-interval-ms MS|off] [--mode aligned|unaligned|at-least-once] [--runs R] \
 [--store memory|fs] [--window-batches W] [--arbiters A] [--pin-arbiters] [--incremental on|off] \
-[--hot-keys H] [--compare-off] [--no-compare-metrics] [--progress] [--smoke]";
+[--hot-keys H] [--copy-on-write-threshold-keys T] [--compare-off] [--no-compare-metrics] [--progress] [--smoke]";
 
 /// Where checkpoints go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,6 +104,9 @@ struct Options {
     /// touch only keys `0..H`, so that checkpoints after the first see few
     /// key groups change; 0 (the default) keeps key = i % K throughout.
     hot_keys: u64,
+    /// `--copy-on-write-threshold-keys T`: `JobConfig::copy_on_write_threshold_keys`
+    /// (default the job's default).
+    copy_on_write_threshold_keys: Option<usize>,
 }
 
 impl Default for Options {
@@ -124,6 +128,7 @@ impl Default for Options {
             arbiters: None,
             incremental: true,
             hot_keys: 0,
+            copy_on_write_threshold_keys: None,
         }
     }
 }
@@ -166,6 +171,10 @@ fn parse(arguments: impl IntoIterator<Item = String>) -> Result<Options, String>
             "--pin-arbiters" => options.pin_arbiters = true,
             "--arbiters" => {
                 options.arbiters = Some(parse_number(&flag, arguments.next().as_deref())?)
+            }
+            "--copy-on-write-threshold-keys" => {
+                options.copy_on_write_threshold_keys =
+                    Some(parse_number(&flag, arguments.next().as_deref())?)
             }
             "--compare-off" => options.compare_off = true,
             "--no-compare-metrics" => options.compare_metrics = false,
@@ -212,6 +221,10 @@ struct JobRun {
     peak_rss_reset: bool,
     /// The cross-core round trip right before and right after the run, ns.
     probes_ns: [f64; 2],
+    /// The count operator's synchronous parts (every subtask, every
+    /// completed checkpoint), microseconds, from the live metrics (empty
+    /// when they are off).
+    sync_parts_us: Vec<u64>,
 }
 
 impl JobRun {
@@ -255,6 +268,9 @@ fn job_config(options: &Options, interval_ms: Option<u64>, metrics: bool) -> Job
             enabled: options.incremental,
             ..defaults.incremental_checkpoints
         },
+        copy_on_write_threshold_keys: options
+            .copy_on_write_threshold_keys
+            .unwrap_or(defaults.copy_on_write_threshold_keys),
         ..defaults
     }
 }
@@ -291,8 +307,9 @@ fn run_job(options: &Options, interval_ms: Option<u64>, metrics: bool) -> Result
     let peak_rss_reset = reset_peak_rss();
     let pinner = options.pin_arbiters.then(ArbiterPinner::start);
     let started = Instant::now();
-    let report = run_with_progress(job, options.progress)
+    let (report, metrics) = run_with_metrics(job, options.progress)
         .map_err(|error| format!("the job failed: {error}"))?;
+    let sync_parts_us = sync_parts_us(&metrics, "count");
     let elapsed = started.elapsed();
     let probes_ns = [probe_before_ns, settled_probe_ns()];
     if let Some(pinner) = pinner {
@@ -309,6 +326,7 @@ fn run_job(options: &Options, interval_ms: Option<u64>, metrics: bool) -> Result
         peak_rss_kb,
         peak_rss_reset,
         probes_ns,
+        sync_parts_us,
     })
 }
 
@@ -440,6 +458,19 @@ fn print_job_runs(title: &str, options: &Options, runs: &[JobRun]) -> f64 {
     let label = "alignment time (max over subtasks)";
     print_optional(&format!("{label} p50"), quantile(&alignments, 0.5), "us");
     print_optional(&format!("{label} p99"), quantile(&alignments, 0.99), "us");
+    // The part of each checkpoint on the operator's own thread, per
+    // subtask (issue 16: under 10 ms at p99 at every size).
+    let mut sync_parts: Vec<u64> = runs
+        .iter()
+        .flat_map(|run| run.sync_parts_us.iter().copied())
+        .collect();
+    sync_parts.sort_unstable();
+    if !sync_parts.is_empty() {
+        let label = "synchronous part (per subtask, all checkpoints)";
+        print_optional(&format!("{label} p50"), quantile(&sync_parts, 0.5), "us");
+        print_optional(&format!("{label} p99"), quantile(&sync_parts, 0.99), "us");
+        print_optional(&format!("{label} max"), sync_parts.last().copied(), "us");
+    }
     let sizes = periodic(|c| c.size_bytes);
     print_optional("state bytes per checkpoint p50", quantile(&sizes, 0.5), "B");
     print_optional("state bytes per checkpoint max", sizes.last().copied(), "B");
@@ -629,7 +660,7 @@ fn run(options: &Options) -> Result<(), String> {
     let window = job_config(options, None, true).window_batches;
     println!(
         "keyed count: {} records, {} keys, parallelism {}, mode {:?}, store {:?}, window {} batches, \
-         arbiters {} ({}), {} runs, incremental checkpoints {}, hot keys {}",
+         arbiters {} ({}), {} runs, incremental checkpoints {}, hot keys {}, copy-on-write from {} keys",
         options.records,
         options.keys,
         options.parallelism,
@@ -640,7 +671,8 @@ fn run(options: &Options) -> Result<(), String> {
         if options.pin_arbiters { "pinned" } else { "not pinned" },
         options.runs,
         if options.incremental { "on" } else { "off" },
-        options.hot_keys
+        options.hot_keys,
+        job_config(options, None, true).copy_on_write_threshold_keys
     );
     let compare_off = options.compare_off && options.interval_ms.is_some();
     let [runs, off, unmetered] = run_configs(options, compare_off)?;

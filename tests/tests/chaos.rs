@@ -1,7 +1,10 @@
 //! Exactly-once chaos: the six-operator pipeline with keyed state (see
 //! `snapflow_tests::pipeline`) runs with seeded random parallelism (1 to 3
 //! per operator), snapshot mode (aligned or unaligned), batch size,
-//! checkpoint interval, source pace and one to three faults (a panic or an
+//! checkpoint interval, source pace, keyed-state layout (flat, copy-on-write
+//! from the start, or switching to copy-on-write after a few keys: a third
+//! of the seeds each, by `seed / 3 % 3` so that it varies apart from the
+//! parallelism) and one to three faults (a panic or an
 //! error in a random operator on a random record, or in the sink's commit
 //! after a checkpoint became durable; each fires once). The
 //! committed sink output and the final keyed state must equal the
@@ -42,6 +45,8 @@ struct Plan {
     batch_size_max: usize,
     pacing: Pacing,
     faults: Vec<(&'static str, u64, FaultKind)>,
+    /// `JobConfig::copy_on_write_threshold_keys`.
+    copy_on_write_threshold_keys: usize,
 }
 
 fn plan(seed: u64, guarantee: Guarantee) -> Plan {
@@ -78,6 +83,13 @@ fn plan(seed: u64, guarantee: Guarantee) -> Plan {
             records_per_read: rng.between(16, 64) as usize,
         },
         faults,
+        // From the seed, not the generator, so that every other choice of
+        // a seed stays what it was before this one existed.
+        copy_on_write_threshold_keys: match seed / 3 % 3 {
+            0 => JobConfig::default().copy_on_write_threshold_keys,
+            1 => 0,
+            _ => 5,
+        },
     }
 }
 
@@ -124,6 +136,7 @@ fn run(seed: u64, guarantee: Guarantee) -> Result<Summary, String> {
             batch_size_max: plan.batch_size_max,
             max_parallelism: 16,
             arbiters: Some(2),
+            copy_on_write_threshold_keys: plan.copy_on_write_threshold_keys,
             restart: RestartStrategy::FixedDelay {
                 attempts_max: 10,
                 delay_ms: 0,

@@ -65,6 +65,19 @@ const SECOND_PHASE: u64 = 6_000;
 
 #[test]
 fn bytes_written_follow_the_key_groups_touched() {
+    bytes_written_follow(JobConfig::default().copy_on_write_threshold_keys);
+}
+
+/// The same on copy-on-write key groups from the start, whose snapshots
+/// the checkpoint writer encodes.
+#[test]
+fn bytes_written_follow_the_key_groups_touched_copy_on_write() {
+    bytes_written_follow(0);
+}
+
+/// Checkpoints of a job whose keyed operator switches to copy-on-write at
+/// `copy_on_write_threshold_keys` write only the groups touched.
+fn bytes_written_follow(copy_on_write_threshold_keys: usize) {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let store = Arc::new(
         FsCheckpointStore::open_with(
@@ -87,6 +100,7 @@ fn bytes_written_follow_the_key_groups_touched() {
         default_parallelism: 2,
         // Small batches, so that a barrier waits behind few slow records.
         batch_size_max: 32,
+        copy_on_write_threshold_keys,
         ..JobConfig::default()
     };
     let job = Job::new("touch", config);
@@ -177,14 +191,19 @@ fn bytes_written_follow_the_key_groups_touched() {
 
 const RESCALE_RECORDS: u64 = 4_000;
 
-fn rescale_config(store: &Arc<dyn CheckpointStore>) -> JobConfig {
+/// `threshold_keys` is the run's `JobConfig::copy_on_write_threshold_keys`.
+fn rescale_config(store: &Arc<dyn CheckpointStore>, threshold_keys: usize) -> JobConfig {
     JobConfig {
         checkpoint_interval_ms: Some(5),
         store: Some(Arc::clone(store)),
         incremental_checkpoints: long_chains(),
+        copy_on_write_threshold_keys: threshold_keys,
         ..JobConfig::default()
     }
 }
+
+/// The default threshold: the test's state stays flat.
+const FLAT: usize = snapflow::job::DEFAULT_COPY_ON_WRITE_THRESHOLD_KEYS;
 
 /// Whether the newest checkpoint of `store` refers to an earlier one.
 fn newest_refers_back(store: &dyn CheckpointStore) -> Option<u64> {
@@ -196,14 +215,16 @@ fn newest_refers_back(store: &dyn CheckpointStore) -> Option<u64> {
 /// Runs the pipeline with `count` at `from` until an incremental
 /// checkpoint is the newest, cancels it, and resumes at `to`. `None`
 /// when the resumed run restored a checkpoint that was not incremental.
-fn cancel_then_resume(from: usize, to: usize) -> Option<()> {
+/// `layouts` holds the copy-on-write thresholds of the first and of the
+/// resumed run.
+fn cancel_then_resume(from: usize, to: usize, layouts: (usize, usize)) -> Option<()> {
     let store: Arc<dyn CheckpointStore> =
         Arc::new(MemoryCheckpointStore::new("rescale").expect("a memory store"));
     let pacing = Pacing {
         records_per_read: 4,
     };
     let output = CollectHandle::new();
-    let first = Job::new("rescale", rescale_config(&store));
+    let first = Job::new("rescale", rescale_config(&store, layouts.0));
     declare(
         &first,
         RESCALE_RECORDS,
@@ -223,7 +244,7 @@ fn cancel_then_resume(from: usize, to: usize) -> Option<()> {
         Err(other) => panic!("{from} -> {to}: the first run failed: {other}"),
     }
     let restored = newest_refers_back(store.as_ref())?;
-    let second = Job::new("rescale", rescale_config(&store));
+    let second = Job::new("rescale", rescale_config(&store, layouts.1));
     let state = declare(
         &second,
         RESCALE_RECORDS,
@@ -256,9 +277,9 @@ fn cancel_then_resume(from: usize, to: usize) -> Option<()> {
     Some(())
 }
 
-fn check_rescale(from: usize, to: usize) {
+fn check_rescale(from: usize, to: usize, layouts: (usize, usize)) {
     for attempt in 1..=TRIES {
-        if cancel_then_resume(from, to).is_some() {
+        if cancel_then_resume(from, to, layouts).is_some() {
             return;
         }
         eprintln!("{from} -> {to}: attempt {attempt} restored a full checkpoint; again");
@@ -268,8 +289,17 @@ fn check_rescale(from: usize, to: usize) {
 
 #[test]
 fn a_job_rescales_from_an_incremental_checkpoint_up_and_down() {
-    check_rescale(2, 3);
-    check_rescale(3, 1);
+    check_rescale(2, 3, (FLAT, FLAT));
+    check_rescale(3, 1, (FLAT, FLAT));
+}
+
+/// The same from and into copy-on-write key groups (threshold 0), and
+/// across the two layouts.
+#[test]
+fn a_copy_on_write_job_rescales_from_an_incremental_checkpoint() {
+    check_rescale(2, 3, (0, 0));
+    check_rescale(3, 1, (0, FLAT));
+    check_rescale(1, 2, (FLAT, 0));
 }
 
 // ----- a damaged shared file -----

@@ -5,11 +5,16 @@
 //! must equal the failure-free result exactly: no record lost, none
 //! committed twice. The keyed operator checkpoints incrementally, and at
 //! the end every listed checkpoint loads and every shared file is one a
-//! listed checkpoint refers to.
+//! listed checkpoint refers to. The keyed state's layout changes from one
+//! process to the next (`SNAPFLOW_COPY_ON_WRITE_THRESHOLD_KEYS`, read by
+//! `job_runner`): copy-on-write from the start, then the default (flat for
+//! these few keys), in turn from a seeded start, so that a restore reads
+//! either layout's checkpoints.
 //!
 //! Seeds: `SNAPFLOW_CRASH_SEEDS` (default 5) seeds from 1 on;
 //! `SNAPFLOW_SEED=n` replays seed n.
 
+use std::cell::Cell;
 use std::process::Command;
 
 use snapflow::storage::FsCheckpointStore;
@@ -26,8 +31,16 @@ fn check(seed: u64) {
     let mut rng = TestRng::new(seed);
     let dir = tempfile::tempdir().expect("a temporary directory");
     let (store, output) = (dir.path().join("store"), dir.path().join("output"));
+    let launches = Cell::new(seed);
     let stdout = kill_then_finish(&mut rng, &replay, (20, 200), || {
         let mut command = Command::new(env!("CARGO_BIN_EXE_job_runner"));
+        let launch = launches.get();
+        launches.set(launch + 1);
+        if launch % 2 == 1 {
+            command.env("SNAPFLOW_COPY_ON_WRITE_THRESHOLD_KEYS", "0");
+        } else {
+            command.env_remove("SNAPFLOW_COPY_ON_WRITE_THRESHOLD_KEYS");
+        }
         command
             .arg(&store)
             .arg(RECORDS.to_string())

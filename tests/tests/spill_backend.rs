@@ -3,10 +3,13 @@
 //!
 //! - the keyed test pipeline is exact on both backends at parallelism 1, 2
 //!   and 3, failure-free and with injected failures (each restart restores
-//!   the spilling backend from a checkpoint);
+//!   the spilling backend from a checkpoint), and so is the in-memory
+//!   backend copy-on-write from the start and switching to it mid-run
+//!   (`JobConfig::copy_on_write_threshold_keys`);
 //! - a job cancelled after checkpoints of one backend resumes on the other
 //!   (and on the same) at another parallelism, 2 -> 3 and 3 -> 1, with every
-//!   key's state exact;
+//!   key's state exact, and so between the flat and the copy-on-write
+//!   in-memory layouts;
 //! - a job with a budget of a few keys per subtask, so that nearly all of
 //!   its thousands of keys live on disk, commits exactly the output of the
 //!   in-memory run and leaves its working directory empty.
@@ -31,21 +34,46 @@ const PACING: Pacing = Pacing {
 };
 
 /// Which backend a run uses; the spilling one keeps `memory_entries` keys
-/// per subtask in memory.
+/// per subtask in memory. The in-memory one runs flat (`Memory`, the
+/// default threshold is far above these tests' keys), copy-on-write from
+/// the start (`CopyOnWrite`, threshold 0) or switching to copy-on-write
+/// mid-run (`Adaptive`, at a threshold below the pipeline's keys per
+/// subtask).
 #[derive(Debug, Clone, Copy)]
 enum Backend {
     Memory,
+    CopyOnWrite,
+    Adaptive { threshold_keys: usize },
     Spilling { memory_entries: usize },
 }
+
+/// Switches each subtask of the 37-key pipeline to copy-on-write after a
+/// handful of keys.
+const ADAPTIVE: Backend = Backend::Adaptive { threshold_keys: 6 };
 
 /// The pipeline's 37 keys over at most 3 subtasks: 2 in memory leaves most
 /// of each subtask's keys on disk.
 const TINY: Backend = Backend::Spilling { memory_entries: 2 };
 
 impl Backend {
+    /// The job's settings for this backend, over `config`.
+    fn apply(self, dir: &Path, config: JobConfig) -> JobConfig {
+        JobConfig {
+            keyed_backend: self.config(dir),
+            copy_on_write_threshold_keys: match self {
+                Backend::CopyOnWrite => 0,
+                Backend::Adaptive { threshold_keys } => threshold_keys,
+                _ => config.copy_on_write_threshold_keys,
+            },
+            ..config
+        }
+    }
+
     fn config(self, dir: &Path) -> KeyedBackend {
         match self {
-            Backend::Memory => KeyedBackend::Memory,
+            Backend::Memory | Backend::CopyOnWrite | Backend::Adaptive { .. } => {
+                KeyedBackend::Memory
+            }
             Backend::Spilling { memory_entries } => KeyedBackend::Spilling {
                 dir: dir.to_path_buf(),
                 memory_entries,
@@ -68,12 +96,14 @@ fn check(backend: Backend, parallelism: usize, faults: Faults) {
     let work = tempfile::tempdir().expect("a temporary directory");
     let store: Arc<dyn CheckpointStore> =
         Arc::new(MemoryCheckpointStore::new("spill").expect("a memory store"));
-    let config = JobConfig {
-        checkpoint_interval_ms: Some(10),
-        store: Some(store),
-        keyed_backend: backend.config(work.path()),
-        ..JobConfig::default()
-    };
+    let config = backend.apply(
+        work.path(),
+        JobConfig {
+            checkpoint_interval_ms: Some(10),
+            store: Some(store),
+            ..JobConfig::default()
+        },
+    );
     let job = Job::new("spill", config);
     let (sink, output) = faulty_collect(&faults);
     let state = declare(&job, RECORDS, [parallelism; 6], PACING, &faults, sink);
@@ -106,7 +136,7 @@ fn check(backend: Backend, parallelism: usize, faults: Faults) {
 
 #[test]
 fn the_keyed_pipeline_is_exact_on_both_backends() {
-    for backend in [Backend::Memory, TINY] {
+    for backend in [Backend::Memory, Backend::CopyOnWrite, ADAPTIVE, TINY] {
         for parallelism in 1..=3 {
             check(backend, parallelism, Faults::none());
         }
@@ -124,6 +154,19 @@ fn the_spilling_backend_restores_after_injected_failures() {
     }
 }
 
+#[test]
+fn the_copy_on_write_state_restores_after_injected_failures() {
+    for backend in [Backend::CopyOnWrite, ADAPTIVE] {
+        for parallelism in 1..=3 {
+            let faults = Faults::new(vec![
+                ("count", 700, FaultKind::Error),
+                ("count", 1_900, FaultKind::Panic),
+            ]);
+            check(backend, parallelism, faults);
+        }
+    }
+}
+
 // ----- a checkpoint of one backend restored into another -----
 
 const RESCALE_RECORDS: u64 = 3_000;
@@ -135,11 +178,15 @@ fn cancel_then_resume(first: Backend, from: usize, second: Backend, to: usize) {
     let work = tempfile::tempdir().expect("a temporary directory");
     let store: Arc<dyn CheckpointStore> =
         Arc::new(MemoryCheckpointStore::new("switch").expect("a memory store"));
-    let config = |backend: Backend| JobConfig {
-        checkpoint_interval_ms: Some(5),
-        store: Some(Arc::clone(&store)),
-        keyed_backend: backend.config(work.path()),
-        ..JobConfig::default()
+    let config = |backend: Backend| {
+        backend.apply(
+            work.path(),
+            JobConfig {
+                checkpoint_interval_ms: Some(5),
+                store: Some(Arc::clone(&store)),
+                ..JobConfig::default()
+            },
+        )
     };
     let pacing = Pacing {
         records_per_read: 4,
@@ -201,6 +248,9 @@ fn a_checkpoint_restores_into_the_other_backend_and_rescales() {
         (Backend::Memory, TINY),
         (TINY, Backend::Memory),
         (TINY, TINY),
+        (Backend::Memory, Backend::CopyOnWrite),
+        (Backend::CopyOnWrite, Backend::Memory),
+        (ADAPTIVE, TINY),
     ] {
         cancel_then_resume(first, 2, second, 3);
         cancel_then_resume(first, 3, second, 1);

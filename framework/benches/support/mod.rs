@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use snapflow::job::{CheckpointReport, Job, JobError, JobReport};
-use snapflow::metrics::Progress;
+use snapflow::metrics::{CheckpointStatus, JobMetrics, Progress};
 use snapflow::protocol::SnapshotMode;
 use snapflow::sink::{Sink, SinkError, SinkFactory, SinkState};
 use snapflow::source::GeneratorSourceFactory;
@@ -503,9 +503,34 @@ pub fn describe(interval_ms: Option<u64>) -> String {
 /// Runs `job` to its end; with `progress`, prints one line per second to
 /// standard error from its live metrics while it runs (`--progress`).
 pub fn run_with_progress(job: Job, progress: bool) -> Result<JobReport, JobError> {
+    run_with_metrics(job, progress).map(|(report, _)| report)
+}
+
+/// [`run_with_progress`] that also returns the live metrics as they were
+/// when the job ended (its checkpoint history holds each subtask's
+/// synchronous part). Without metrics (`JobConfig::metrics` off) they
+/// are empty.
+pub fn run_with_metrics(job: Job, progress: bool) -> Result<(JobReport, JobMetrics), JobError> {
     let running = job.start()?;
-    let printer = progress.then(|| Progress::start(running.metrics_registry(), 1_000));
+    let registry = running.metrics_registry();
+    let printer = progress.then(|| Progress::start(Arc::clone(&registry), 1_000));
     let report = running.wait();
     drop(printer);
-    report
+    Ok((report?, registry.snapshot()))
+}
+
+/// The synchronous parts (microseconds) of `operator`'s subtasks in every
+/// completed checkpoint of `metrics`, sorted: the part of a checkpoint
+/// that runs on the operator's own thread.
+pub fn sync_parts_us(metrics: &JobMetrics, operator: &str) -> Vec<u64> {
+    let mut parts: Vec<u64> = metrics
+        .checkpoints
+        .iter()
+        .filter(|checkpoint| checkpoint.status == CheckpointStatus::Completed)
+        .flat_map(|checkpoint| &checkpoint.subtasks)
+        .filter(|subtask| subtask.operator == operator)
+        .map(|subtask| subtask.sync_us)
+        .collect();
+    parts.sort_unstable();
+    parts
 }

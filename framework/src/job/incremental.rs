@@ -23,14 +23,19 @@
 //! instance starts with nothing written, so its first checkpoint is full.
 //! Savepoints are written whole and change nothing here.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
+use crate::keyed::deferred::{DeferredParts, ReadyParts};
 use crate::keyed::store::KeyGroupSnapshots;
+use crate::keyed::KeyGroupRange;
 use crate::protocol::CheckpointId;
 use crate::runtime::BoxError;
 use crate::storage::{Segment, SharedRange};
 
 use super::ops::{encode_keyed_state, KeyGroupParts};
+use super::shell::DeferredState;
 
 /// How keyed operators checkpoint: incrementally (the default) or in full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,11 +96,25 @@ impl SnapshotKinds {
 
 /// Where one key group's current bytes were last written.
 #[derive(Debug, Clone, Copy)]
-struct Written {
-    range: SharedRange,
-    /// Its checkpoint completed and is durable.
-    confirmed: bool,
+enum Written {
+    /// By the snapshot of `checkpoint`, not yet confirmed complete: the
+    /// `fresh`-th group that snapshot wrote (its range is known once the
+    /// part is encoded, on the writer's thread for a deferred one).
+    Pending { checkpoint: u64, fresh: usize },
+    /// In a checkpoint confirmed complete (durable), at this range.
+    Confirmed(SharedRange),
 }
+
+/// Where the groups a snapshot wrote landed in its shared file, in the
+/// order it wrote them: set when the snapshot is encoded (by the writer
+/// thread for a deferred one), read by the ledger when the checkpoint is
+/// confirmed.
+type Landed = Arc<OnceLock<Vec<SharedRange>>>;
+
+/// How many snapshots' [`Landed`] a ledger keeps while their checkpoints
+/// are not confirmed. An older one is dropped: its groups then stay
+/// unconfirmed and are written again, which is always safe.
+const MAX_PENDING_SNAPSHOTS: usize = 16;
 
 /// One keyed operator instance's record of where each of its key groups
 /// was last written, and the choice at each checkpoint of which to write.
@@ -107,6 +126,9 @@ pub(crate) struct KeyGroupLedger {
     next_position: u32,
     /// Per key group of the instance's range, in order.
     written: Vec<Option<Written>>,
+    /// The snapshots taken and not yet confirmed, oldest first, at most
+    /// [`MAX_PENDING_SNAPSHOTS`].
+    pending: VecDeque<(CheckpointId, Landed)>,
 }
 
 impl KeyGroupLedger {
@@ -116,6 +138,7 @@ impl KeyGroupLedger {
             full_every: settings.full_every.max(1),
             next_position: 0,
             written: vec![None; key_groups],
+            pending: VecDeque::new(),
         }
     }
 
@@ -123,70 +146,221 @@ impl KeyGroupLedger {
     pub(crate) fn reset(&mut self) {
         self.next_position = 0;
         self.written.iter_mut().for_each(|written| *written = None);
+        self.pending.clear();
     }
 
-    /// `checkpoint` completed: the groups it wrote may be referred to.
+    /// `checkpoint` completed: the groups it wrote may be referred to, at
+    /// the ranges its encoding gave them. Snapshots older than it never
+    /// will be, and are forgotten.
     pub(crate) fn on_complete(&mut self, checkpoint: CheckpointId) {
-        for written in self.written.iter_mut().flatten() {
-            if written.range.checkpoint == checkpoint.0 {
-                written.confirmed = true;
+        let mut landed = None;
+        while let Some((id, _)) = self.pending.front() {
+            if *id > checkpoint {
+                break;
+            }
+            let (id, ranges) = self.pending.pop_front().expect("a front entry");
+            if id == checkpoint {
+                landed = Some(ranges);
+            }
+        }
+        // A checkpoint completes only after its every part was encoded,
+        // so its ranges are set; if not, its groups stay unconfirmed and
+        // are written again.
+        let Some(ranges) = landed.as_deref().and_then(OnceLock::get) else {
+            return;
+        };
+        for written in &mut self.written {
+            if let Some(Written::Pending {
+                checkpoint: id,
+                fresh,
+            }) = *written
+            {
+                if id == checkpoint.0 {
+                    if let Some(range) = ranges.get(fresh) {
+                        *written = Some(Written::Confirmed(*range));
+                    }
+                }
             }
         }
     }
 
-    /// The segments of `state`'s snapshot for checkpoint `checkpoint`, in
-    /// the keyed-state envelope's layout: changed or unconfirmed groups
-    /// written shared, the others referred to. Clears the dirty flags.
+    /// Which key groups of `key_groups` the snapshot for `checkpoint`
+    /// writes (the `changed` ones, the unconfirmed ones, or all when the
+    /// chain starts again) and which it refers to: constant work per key
+    /// group, nothing is encoded. The caller takes the parts of exactly
+    /// the groups [`SnapshotPlan::writes`] names and clears its changes.
+    pub(crate) fn plan(
+        &mut self,
+        checkpoint: CheckpointId,
+        key_groups: KeyGroupRange,
+        changed: impl IntoIterator<Item = u32>,
+    ) -> SnapshotPlan {
+        let start = key_groups.start;
+        let full = self.next_position == 0;
+        self.next_position = (self.next_position + 1) % self.full_every;
+        let mut fresh = vec![full; self.written.len()];
+        for key_group in changed {
+            fresh[(key_group - start) as usize] = true;
+        }
+        let mut layout = Vec::with_capacity(self.written.len());
+        let mut fresh_count = 0;
+        for (fresh, written) in fresh.iter().zip(&mut self.written) {
+            match written {
+                Some(Written::Confirmed(range)) if !*fresh => layout.push(Some(*range)),
+                _ => {
+                    *written = Some(Written::Pending {
+                        checkpoint: checkpoint.0,
+                        fresh: fresh_count,
+                    });
+                    fresh_count += 1;
+                    layout.push(None);
+                }
+            }
+        }
+        let landed = Landed::default();
+        self.pending.push_back((checkpoint, Arc::clone(&landed)));
+        if self.pending.len() > MAX_PENDING_SNAPSHOTS {
+            self.pending.pop_front();
+        }
+        SnapshotPlan {
+            checkpoint,
+            start,
+            layout,
+            landed: Some(landed),
+        }
+    }
+
+    /// The segments of `state`'s snapshot for checkpoint `checkpoint`,
+    /// encoded now, on the caller's thread (the flat and the spilling
+    /// state): changed or unconfirmed groups written shared, the others
+    /// referred to. Clears the changes.
     pub(crate) fn snapshot(
         &mut self,
         checkpoint: CheckpointId,
         state: &mut impl KeyGroupSnapshots,
     ) -> Result<Vec<Segment>, BoxError> {
-        let start = state.key_groups().start;
-        let full = self.next_position == 0;
-        self.next_position = (self.next_position + 1) % self.full_every;
-        let mut fresh = vec![full; self.written.len()];
-        for key_group in state.changed_key_groups() {
-            fresh[(key_group - start) as usize] = true;
-        }
-        for (fresh, written) in fresh.iter_mut().zip(&self.written) {
-            *fresh |= !written.is_some_and(|written| written.confirmed);
-        }
-        let parts = state.parts_of(&mut |key_group| fresh[(key_group - start) as usize])?;
+        let plan = self.plan(checkpoint, state.key_groups(), state.changed_key_groups());
+        let parts = state.parts_of(&mut |key_group| plan.writes(key_group))?;
         state.forget_changes();
-        let mut parts = parts.into_iter().peekable();
+        plan.with_parts(Box::new(ReadyParts::new(parts))).encode()
+    }
+}
+
+/// A snapshot's layout: per key group, the range an earlier checkpoint
+/// holds it at, or `None` when this snapshot writes it.
+#[derive(Debug)]
+pub(crate) struct SnapshotPlan {
+    checkpoint: CheckpointId,
+    /// The first key group of the state's range.
+    start: u32,
+    layout: Vec<Option<SharedRange>>,
+    /// Where to say the written groups landed; `None` for a full snapshot
+    /// written into the part's own file (a savepoint, or a job without
+    /// incremental checkpoints), which nothing refers to later.
+    landed: Option<Landed>,
+}
+
+impl SnapshotPlan {
+    /// A full snapshot of `key_groups` into the part's own file.
+    pub(crate) fn full(key_groups: KeyGroupRange) -> Self {
+        SnapshotPlan {
+            checkpoint: CheckpointId(0),
+            start: key_groups.start,
+            layout: vec![None; key_groups.len()],
+            landed: None,
+        }
+    }
+
+    /// Whether the snapshot writes `key_group` (rather than refer to it).
+    pub(crate) fn writes(&self, key_group: u32) -> bool {
+        self.layout
+            .get(key_group.wrapping_sub(self.start) as usize)
+            .is_some_and(Option::is_none)
+    }
+
+    /// The snapshot with the parts of the groups it writes, ascending, to
+    /// be encoded now or on the writer's thread.
+    pub(crate) fn with_parts(self, parts: Box<dyn DeferredParts>) -> KeyedSnapshotParts {
+        KeyedSnapshotParts { plan: self, parts }
+    }
+}
+
+/// One keyed state's snapshot, planned at the snapshot and encoded into
+/// the keyed-state envelope's segments by [`Self::encode`] (a
+/// [`DeferredState`], so on the checkpoint writer's thread when its parts
+/// are a copy-on-write hand-off).
+pub(crate) struct KeyedSnapshotParts {
+    plan: SnapshotPlan,
+    parts: Box<dyn DeferredParts>,
+}
+
+impl KeyedSnapshotParts {
+    /// The segments: the envelope's framing as own bytes; each written
+    /// group as shared bytes (from offset 0, in order) for an incremental
+    /// snapshot or as own bytes for a full one (the same bytes as
+    /// [`encode_keyed_state`] of the parts); each other group referred
+    /// to. Parts are asked for one at a time and each moves into its
+    /// segment at once. Tells the ledger where the written groups landed.
+    ///
+    /// Known gap: the store takes a part's segments all at once
+    /// ([`crate::storage::CheckpointStore::write_part_segments`]), so the
+    /// encoded groups of one part are held together until it is written;
+    /// writing each group to the file before encoding the next would need
+    /// an appending write in `storage::io`.
+    pub(crate) fn encode(self) -> Result<Vec<Segment>, BoxError> {
+        let KeyedSnapshotParts { plan, mut parts } = self;
+        let shared = plan.landed.is_some();
         let mut segments = vec![Segment::Own(postcard::to_allocvec(
-            &(self.written.len() as u64),
+            &(plan.layout.len() as u64),
         )?)];
+        let mut landed = Vec::new();
         let mut offset = 0u64;
-        for (index, key_group) in state.key_groups().iter().enumerate() {
-            let fresh_part = parts.next_if(|part| part.key_group == key_group);
-            let (len, tail) = match (fresh_part, self.written[index]) {
-                (Some(part), _) => {
-                    let range = SharedRange {
-                        checkpoint: checkpoint.0,
-                        offset,
-                        len: part.bytes.len() as u64,
-                        crc32: crc32fast::hash(&part.bytes),
-                    };
-                    offset += range.len;
-                    self.written[index] = Some(Written {
-                        range,
-                        confirmed: false,
-                    });
-                    (range.len, Segment::Shared(part.bytes))
-                }
-                (None, Some(written)) => (written.range.len, Segment::Reuse(written.range)),
-                (None, None) => {
-                    return Err(
-                        format!("bug: key group {key_group} was neither written nor kept").into(),
-                    )
+        for (key_group, layout) in (plan.start..).zip(plan.layout) {
+            let (len, tail) = match layout {
+                Some(range) => (range.len, Segment::Reuse(range)),
+                None => {
+                    let part = parts.next_part().transpose()?;
+                    let part =
+                        part.filter(|part| part.key_group == key_group)
+                            .ok_or_else(|| {
+                                format!("bug: key group {key_group} was planned but not handed off")
+                            })?;
+                    let len = part.bytes.len() as u64;
+                    if shared {
+                        let range = SharedRange {
+                            checkpoint: plan.checkpoint.0,
+                            offset,
+                            len,
+                            crc32: crc32fast::hash(&part.bytes),
+                        };
+                        offset += len;
+                        landed.push(range);
+                        (len, Segment::Shared(part.bytes))
+                    } else {
+                        (len, Segment::Own(part.bytes))
+                    }
                 }
             };
             push_own(&mut segments, postcard::to_allocvec(&(key_group, len))?);
-            segments.push(tail);
+            match tail {
+                Segment::Own(bytes) => push_own(&mut segments, bytes),
+                tail => segments.push(tail),
+            }
+        }
+        if parts.next_part().is_some() {
+            return Err("bug: a key group was handed off but not planned".into());
+        }
+        if let Some(cell) = plan.landed {
+            // Set once: a snapshot is encoded once.
+            let _ = cell.set(landed);
         }
         Ok(segments)
+    }
+}
+
+impl DeferredState for KeyedSnapshotParts {
+    fn encode(self: Box<Self>) -> Result<Vec<Segment>, BoxError> {
+        (*self).encode()
     }
 }
 
@@ -229,7 +403,7 @@ mod tests {
 
     use super::*;
     use crate::keyed::test_support::Count;
-    use crate::keyed::{KeyedState, MaxParallelism};
+    use crate::keyed::{CowKeyedState, KeyedState, MaxParallelism};
 
     fn state() -> KeyedState<u64, Count> {
         KeyedState::for_subtask(MaxParallelism::new(16).unwrap(), 2, 1).unwrap()
@@ -318,6 +492,93 @@ mod tests {
         // `full_every` 4, checkpoint 5 is full again.
         let fifth = ledger.snapshot(CheckpointId(5), &mut state).unwrap();
         assert_eq!(count_shared(&fifth), state.range().len());
+    }
+
+    /// The keyed core's asynchronous snapshot of a copy-on-write state:
+    /// planned and handed off now, encoded later.
+    fn hand_off(
+        ledger: &mut KeyGroupLedger,
+        checkpoint: u64,
+        state: &mut CowKeyedState<u64, Count>,
+    ) -> KeyedSnapshotParts {
+        let changed: Vec<u32> = state.dirty_key_groups().collect();
+        let plan = ledger.plan(CheckpointId(checkpoint), state.range(), changed);
+        let handoff = state.hand_off_key_groups(|key_group| plan.writes(key_group));
+        state.clear_dirty();
+        plan.with_parts(Box::new(handoff))
+    }
+
+    fn cow_bytes(state: &CowKeyedState<u64, Count>) -> Vec<u8> {
+        let parts: KeyGroupParts = state
+            .snapshot_key_groups(|_| true)
+            .unwrap()
+            .into_iter()
+            .map(|part| (part.key_group, part.bytes))
+            .collect();
+        encode_keyed_state(&parts).unwrap()
+    }
+
+    #[test]
+    fn writes_after_the_handoff_stay_out_of_the_encoded_snapshot() {
+        let mut state: CowKeyedState<u64, Count> =
+            CowKeyedState::for_subtask(MaxParallelism::new(16).unwrap(), 2, 1).unwrap();
+        let keys: Vec<u64> = (0..1000).filter(|key| state.owns(key)).collect();
+        let mut ledger =
+            KeyGroupLedger::new(IncrementalCheckpoints::default(), state.range().len());
+        let mut written = Written::default();
+        for key in &keys {
+            state.get_or_default(key).count += 1;
+        }
+        let at_handoff = cow_bytes(&state);
+        let handoff = hand_off(&mut ledger, 1, &mut state);
+        // The operator goes on before the writer encodes: every group is
+        // written again, and each is copied once (the snapshot holds it).
+        for key in &keys {
+            state.get_or_default(key).count += 10;
+        }
+        assert_eq!(state.copied_key_groups(), state.range().len() as u64);
+        let segments = std::thread::spawn(move || handoff.encode().unwrap())
+            .join()
+            .unwrap();
+        written.record(&segments, 1);
+        assert_eq!(written.assemble(&segments), at_handoff);
+        assert_ne!(cow_bytes(&state), at_handoff);
+
+        // Once 1 is confirmed at the ranges the writer gave, an untouched
+        // state refers to all of them and assembles to the same bytes.
+        ledger.on_complete(CheckpointId(1));
+        let settled = cow_bytes(&state);
+        let second = hand_off(&mut ledger, 2, &mut state).encode().unwrap();
+        assert_eq!(
+            count_shared(&second),
+            state.range().len(),
+            "2 follows writes"
+        );
+        written.record(&second, 2);
+        ledger.on_complete(CheckpointId(2));
+        let third = hand_off(&mut ledger, 3, &mut state).encode().unwrap();
+        assert_eq!(count_shared(&third), 0);
+        assert_eq!(written.assemble(&third), settled);
+        // No copy since the first hand-off: the writer had dropped the
+        // groups before the state wrote them again.
+        assert_eq!(state.copied_key_groups(), state.range().len() as u64);
+    }
+
+    #[test]
+    fn a_full_hand_off_encodes_the_bytes_of_a_full_snapshot() {
+        let mut state: CowKeyedState<u64, Count> =
+            CowKeyedState::for_subtask(MaxParallelism::new(16).unwrap(), 2, 0).unwrap();
+        let keys: Vec<u64> = (0..2_000).filter(|key| state.owns(key)).collect();
+        for key in keys {
+            state.get_or_default(&key).count += key;
+        }
+        let expected = cow_bytes(&state);
+        let plan = SnapshotPlan::full(state.range());
+        let segments = plan
+            .with_parts(Box::new(state.hand_off()))
+            .encode()
+            .unwrap();
+        assert_eq!(segments, vec![Segment::Own(expected)]);
     }
 
     #[test]

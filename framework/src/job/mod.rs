@@ -80,7 +80,7 @@ mod stream;
 mod supervisor;
 mod writer;
 
-pub use crate::keyed::KeyedBackend;
+pub use crate::keyed::{KeyedBackend, DEFAULT_COPY_ON_WRITE_THRESHOLD_KEYS};
 use crate::time::{Clock, SystemClock};
 use std::path::Path;
 use std::sync::Arc;
@@ -203,6 +203,19 @@ pub struct JobConfig {
     /// ([`KeyedBackend::Spilling`]). Both write the same checkpoints, so a
     /// job may change backend between a checkpoint and its restore.
     pub keyed_backend: KeyedBackend,
+    /// From how many keys a subtask of a keyed operator with the in-memory
+    /// backend keeps its state in copy-on-write key groups, whose
+    /// checkpoints take constant time per key group on the operator's
+    /// thread and are encoded by the checkpoint writer (asynchronous
+    /// snapshots), instead of one flat table, whose lookups are faster
+    /// and whose checkpoints encode on the operator's thread. The state
+    /// moves once, between batches, when it reaches this many keys (and a
+    /// restore of at least this many goes straight to it); 0 makes every
+    /// subtask copy-on-write from the start. Default
+    /// [`DEFAULT_COPY_ON_WRITE_THRESHOLD_KEYS`] (see `keyed/store.rs` for
+    /// why). The timed keyed operators (windows, timers) always keep the
+    /// flat table.
+    pub copy_on_write_threshold_keys: usize,
 }
 
 /// The loopback address and port a job's HTTP server is usually given
@@ -242,11 +255,18 @@ impl Default for JobConfig {
             http_actions: false,
             incremental_checkpoints: IncrementalCheckpoints::default(),
             keyed_backend: KeyedBackend::Memory,
+            copy_on_write_threshold_keys: DEFAULT_COPY_ON_WRITE_THRESHOLD_KEYS,
         }
     }
 }
 
 impl JobConfig {
+    /// Sets [`JobConfig::copy_on_write_threshold_keys`].
+    pub fn with_copy_on_write_threshold_keys(mut self, keys: usize) -> Self {
+        self.copy_on_write_threshold_keys = keys;
+        self
+    }
+
     /// Sets [`JobConfig::keyed_backend`].
     pub fn with_keyed_backend(mut self, backend: KeyedBackend) -> Self {
         self.keyed_backend = backend;

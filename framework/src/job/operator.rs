@@ -305,7 +305,7 @@ pub struct OperatorContext {
 /// ```
 pub trait Aggregator<In>: Send + Sync + 'static {
     /// The per-key state.
-    type Accumulator: Snapshot + Default + Clone + Send + 'static;
+    type Accumulator: Snapshot + Default + Clone + Send + Sync + 'static;
     /// What the aggregation emits per record (with its key).
     type Output: Data;
 

@@ -27,10 +27,12 @@ use crate::protocol::CheckpointId;
 use crate::runtime::BoxError;
 use crate::state::{blob, Snapshot, StateError};
 
-use super::incremental::{full_segments, IncrementalCheckpoints, KeyGroupLedger, SnapshotKinds};
+use super::incremental::{
+    full_segments, IncrementalCheckpoints, KeyGroupLedger, SnapshotKinds, SnapshotPlan,
+};
 use super::operator::Operator;
 use super::route::Collector;
-use super::shell::{Core, Data};
+use super::shell::{Core, Data, DeferredState, TakenState};
 use super::snapshots::{Requests, Waiting};
 use crate::sink::{Sink, SinkError, SinkState};
 use crate::source::Guarantee;
@@ -100,6 +102,9 @@ pub(crate) struct KeyedCore<
     /// Where its key groups were last written, when checkpoints are
     /// incremental.
     pub(crate) incremental: Option<Incremental>,
+    /// From how many keys the subtask's in-memory state moves to the
+    /// copy-on-write layout (`JobConfig::copy_on_write_threshold_keys`).
+    pub(crate) copy_on_write_threshold_keys: usize,
     pub(crate) _records: PhantomData<fn(In) -> Out>,
 }
 
@@ -146,6 +151,8 @@ pub(crate) fn merge_keyed_states(states: &[Vec<u8>]) -> Result<Vec<u8>, String> 
 pub(crate) struct StatePlan {
     pub(crate) backend: KeyedBackend,
     pub(crate) operator: String,
+    /// `JobConfig::copy_on_write_threshold_keys`.
+    pub(crate) copy_on_write_threshold_keys: usize,
 }
 
 impl<K: Key, S: Snapshot + Default, In: 'static, Out: Send + 'static, F: ?Sized, KF: ?Sized>
@@ -176,6 +183,7 @@ impl<K: Key, S: Snapshot + Default, In: 'static, Out: Send + 'static, F: ?Sized,
             max_parallelism,
             parallelism as u32,
             subtask as u32,
+            plan.copy_on_write_threshold_keys,
         )
         .unwrap_or_else(|error| panic!("bug: the plan let through {error}"));
         let incremental = incremental.map(|(settings, kinds)| Incremental {
@@ -189,6 +197,7 @@ impl<K: Key, S: Snapshot + Default, In: 'static, Out: Send + 'static, F: ?Sized,
             states,
             publish,
             incremental,
+            copy_on_write_threshold_keys: plan.copy_on_write_threshold_keys,
             _records: PhantomData,
         }
     }
@@ -197,7 +206,7 @@ impl<K: Key, S: Snapshot + Default, In: 'static, Out: Send + 'static, F: ?Sized,
 impl<K, S, In, Out, F, KF> Core<In, Out> for KeyedCore<K, S, In, Out, F, KF>
 where
     K: Key,
-    S: Snapshot + Default + Clone + 'static,
+    S: Snapshot + Default + Clone + Send + Sync + 'static,
     In: Data,
     Out: Data,
     F: Fn(&K, &mut S, In, &mut Collector<'_, Out>) -> Result<(), BoxError> + ?Sized + 'static,
@@ -216,6 +225,14 @@ where
                     let state = states.get_or_default_routed(&key, key_hash(&key));
                     (self.function)(&key, state, record, out)?;
                 }
+                // Between batches, and one comparison when nothing moves.
+                if states.len() >= self.copy_on_write_threshold_keys {
+                    self.states
+                        .convert_if_large(self.copy_on_write_threshold_keys);
+                }
+            }
+            KeyedStore::CopyOnWrite(states) => {
+                cow_batch(states, &*self.key_of, &*self.function, batch, out)?;
             }
             #[cfg(feature = "spill")]
             KeyedStore::Spilling(states) => {
@@ -239,6 +256,27 @@ where
         }
     }
 
+    /// The copy-on-write state's snapshot is asynchronous: the key groups
+    /// to write are handed off (constant time per group) and the
+    /// checkpoint writer encodes them; the flat and the spilling state
+    /// encode here, on the operator's thread.
+    fn take_state(&mut self, checkpoint: CheckpointId) -> Result<TakenState, BoxError> {
+        let KeyedStore::CopyOnWrite(states) = &mut self.states else {
+            return Ok(TakenState::Segments(self.snapshot_segments(checkpoint)?));
+        };
+        let plan = match &mut self.incremental {
+            Some(incremental) if !incremental.kinds.is_savepoint(checkpoint) => {
+                let changed: Vec<u32> = states.dirty_key_groups().collect();
+                incremental.ledger.plan(checkpoint, states.range(), changed)
+            }
+            _ => SnapshotPlan::full(states.range()),
+        };
+        let handoff = states.hand_off_key_groups(|key_group| plan.writes(key_group));
+        states.clear_dirty();
+        let state: Box<dyn DeferredState> = Box::new(plan.with_parts(Box::new(handoff)));
+        Ok(TakenState::Deferred(state))
+    }
+
     fn on_complete(&mut self, checkpoint: CheckpointId) -> Result<(), BoxError> {
         if let Some(incremental) = &mut self.incremental {
             incremental.ledger.on_complete(checkpoint);
@@ -260,7 +298,10 @@ where
         let Some(state) = state else {
             return Ok(());
         };
-        self.states.restore(decode_keyed_state(state)?)
+        self.states.restore(
+            decode_keyed_state(state)?,
+            self.copy_on_write_threshold_keys,
+        )
     }
 
     fn on_end(&mut self, _out: &mut Collector<'_, Out>) -> Result<(), BoxError> {
@@ -276,6 +317,32 @@ where
         }
         Ok(())
     }
+}
+
+/// The copy-on-write state's batch loop, out of line so that the keyed
+/// core's `process` keeps only the flat table's loop inline (as the
+/// spilling backend's below).
+#[inline(never)]
+fn cow_batch<K, S, In, Out, F, KF>(
+    states: &mut crate::keyed::CowKeyedState<K, S>,
+    key_of: &KF,
+    function: &F,
+    batch: Vec<In>,
+    out: &mut Collector<'_, Out>,
+) -> Result<(), BoxError>
+where
+    K: Key,
+    S: Snapshot + Default,
+    Out: Send + 'static,
+    F: Fn(&K, &mut S, In, &mut Collector<'_, Out>) -> Result<(), BoxError> + ?Sized,
+    KF: Fn(&In) -> K + ?Sized,
+{
+    for record in batch {
+        let key = key_of(&record);
+        let state = states.get_or_default_routed(&key, key_hash(&key));
+        function(&key, state, record, out)?;
+    }
+    Ok(())
 }
 
 /// The spilling backend's batch loop, out of line so that the keyed core's

@@ -23,7 +23,9 @@ use crate::storage::{
 };
 
 use super::recovery::{recover, Recovery, RecoveryOptions, SinkHooks};
+use super::shell::PendingPart;
 use super::JobError;
+use crate::storage::segment::total_len;
 
 /// Work for the writer thread.
 pub(crate) enum WriterJob {
@@ -33,7 +35,9 @@ pub(crate) enum WriterJob {
         epoch: u64,
         checkpoint: CheckpointId,
         kind: storage::CheckpointKind,
-        parts: Vec<(PartId, Vec<Segment>)>,
+        /// Encoded here, each just before it is written, when its state
+        /// was handed off at the snapshot (asynchronous snapshots).
+        parts: Vec<(PartId, PendingPart)>,
         request: CommitRequest,
     },
     /// Load the newest complete checkpoint for the start of `region`
@@ -58,8 +62,11 @@ pub(crate) struct Persisted {
 }
 
 /// How large a persisted checkpoint is.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct PersistedSize {
+    /// Each part's assembled size, in the order the parts were given:
+    /// known only here for a part encoded off the operator's thread.
+    pub(crate) part_bytes: Vec<u64>,
     /// All its parts, assembled: the state it holds.
     pub(crate) size_bytes: u64,
     /// What it wrote itself (see [`CheckpointMetadata::written_bytes`]).
@@ -100,7 +107,7 @@ pub(crate) fn spawn_writer(
                         parts,
                         request,
                     } => {
-                        let result = persist(store.as_ref(), checkpoint.0, kind, &parts, request);
+                        let result = persist(store.as_ref(), checkpoint.0, kind, parts, request);
                         persisted.do_send(Persisted {
                             epoch,
                             checkpoint,
@@ -126,29 +133,43 @@ pub(crate) fn spawn_writer(
     Ok((sender, thread))
 }
 
-/// Writes every part and commits; on any error the partial checkpoint is
-/// discarded, and it could never be loaded anyway: a checkpoint exists only
-/// once its metadata is committed.
+/// Encodes and writes every part, then commits; on any error (a part that
+/// does not encode included) the partial checkpoint is discarded, and it
+/// could never be loaded anyway: a checkpoint exists only once its
+/// metadata is committed. Each part is encoded just before it is written
+/// and dropped after, so at most one encoded part is held at a time.
 fn persist(
     store: &dyn CheckpointStore,
     checkpoint: u64,
     kind: storage::CheckpointKind,
-    parts: &[(PartId, Vec<Segment>)],
+    parts: Vec<(PartId, PendingPart)>,
     request: CommitRequest,
 ) -> Result<PersistedSize, StoreError> {
     store.begin(checkpoint, kind)?;
+    let mut part_bytes = Vec::with_capacity(parts.len());
     let written = parts
-        .iter()
-        .try_for_each(|(part, segments)| match segments.as_slice() {
-            // A whole part goes the plain way, which every store has.
-            [Segment::Own(bytes)] => store.write_part(checkpoint, part, bytes).map(|_| ()),
-            segments => store
-                .write_part_segments(checkpoint, part, segments)
-                .map(|_| ()),
+        .into_iter()
+        .try_for_each(|(part, pending)| {
+            let segments = pending
+                .encode()
+                .map_err(|error| StoreError::PartNotEncoded {
+                    checkpoint,
+                    part: part.clone(),
+                    reason: error.to_string(),
+                })?;
+            part_bytes.push(total_len(&segments));
+            match segments.as_slice() {
+                // A whole part goes the plain way, which every store has.
+                [Segment::Own(bytes)] => store.write_part(checkpoint, &part, bytes).map(|_| ()),
+                segments => store
+                    .write_part_segments(checkpoint, &part, segments)
+                    .map(|_| ()),
+            }
         })
         .and_then(|()| store.commit(checkpoint, request));
     match written {
         Ok(metadata) => Ok(PersistedSize {
+            part_bytes,
             size_bytes: metadata.total_bytes(),
             written_bytes: metadata.written_bytes(),
         }),
@@ -159,5 +180,89 @@ fn persist(
             }
             Err(error)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::shell::{DeferredState, PendingPart};
+    use crate::runtime::BoxError;
+    use crate::storage::MemoryCheckpointStore;
+
+    /// A handed-off state whose encoding fails, as a key or state that
+    /// does not encode would.
+    struct Failing;
+
+    impl DeferredState for Failing {
+        fn encode(self: Box<Self>) -> Result<Vec<Segment>, BoxError> {
+            Err("the state does not encode".into())
+        }
+    }
+
+    /// A handed-off state that encodes to fixed bytes.
+    struct Fixed(Vec<u8>);
+
+    impl DeferredState for Fixed {
+        fn encode(self: Box<Self>) -> Result<Vec<Segment>, BoxError> {
+            Ok(vec![Segment::Own(self.0)])
+        }
+    }
+
+    fn deferred(state: impl DeferredState) -> PendingPart {
+        PendingPart::Deferred {
+            state: Box::new(state),
+            channels: Vec::new(),
+            time: None,
+        }
+    }
+
+    fn parts(second: PendingPart) -> Vec<(PartId, PendingPart)> {
+        vec![
+            (
+                PartId::new("source", 0),
+                PendingPart::Ready(vec![Segment::Own(b"position".to_vec())]),
+            ),
+            (PartId::new("count", 0), second),
+        ]
+    }
+
+    fn request(parts: &[(PartId, PendingPart)]) -> CommitRequest {
+        CommitRequest {
+            expected_parts: Some(parts.iter().map(|(part, _)| part.clone()).collect()),
+            ..CommitRequest::default()
+        }
+    }
+
+    #[test]
+    fn a_state_that_fails_to_encode_off_thread_fails_its_checkpoint_and_commits_nothing() {
+        let store = MemoryCheckpointStore::new("writer-test").unwrap();
+        let kind = storage::CheckpointKind::Checkpoint;
+        let good = parts(deferred(Fixed(b"state".to_vec())));
+        let good_request = request(&good);
+        persist(&store, 1, kind, good, good_request).expect("checkpoint 1 persists");
+
+        let bad = parts(deferred(Failing));
+        let bad_request = request(&bad);
+        let error = persist(&store, 2, kind, bad, bad_request).unwrap_err();
+        match &error {
+            StoreError::PartNotEncoded { part, reason, .. } => {
+                assert_eq!(part, &PartId::new("count", 0));
+                assert!(reason.contains("does not encode"), "{reason}");
+            }
+            other => panic!("expected PartNotEncoded, got {other:?}"),
+        }
+        // Nothing of checkpoint 2 exists: the latest is still 1, whole.
+        let latest = store
+            .load_latest()
+            .unwrap()
+            .checkpoint
+            .expect("a checkpoint");
+        assert_eq!(latest.metadata.checkpoint, 1);
+        assert_eq!(store.list().unwrap().len(), 1);
+        // The id is free again for the next attempt.
+        let retry = parts(deferred(Fixed(b"state 3".to_vec())));
+        let retry_request = request(&retry);
+        persist(&store, 3, kind, retry, retry_request).expect("checkpoint 3 persists");
     }
 }

@@ -317,6 +317,13 @@ impl<K: StateKey, S> KeyedState<K, S> {
         self.dirty.iter_mut().for_each(|dirty| *dirty = false);
     }
 
+    /// The table and the dirty flags, taken apart: what
+    /// [`CowKeyedState::from_flat`](super::cow_state::CowKeyedState::from_flat)
+    /// builds the copy-on-write layout from. Off the hot path.
+    pub(crate) fn into_table(self) -> (HashTable<(K, S)>, Vec<bool>) {
+        (self.table, self.dirty)
+    }
+
     /// Whether `key` (with [`key_hash`] `hash`) has state here, without
     /// marking anything dirty: the spilling backend asks before it looks on
     /// disk.

@@ -92,6 +92,53 @@ impl KeyGroupError {
     }
 }
 
+/// The odd constant [`MaxParallelism::key_group_of`] multiplies a hash by.
+const GROUP_MIX: u64 = 0xd6e8_feb8_6659_fd93;
+
+/// [`MaxParallelism::key_group_of`] with its scaling chosen once, for the
+/// keyed state's per-record lookup, where the group's table is found from
+/// the group: the group is on that lookup's critical path.
+///
+/// For a power-of-two max parallelism `2^k` (the default 128 is one) the
+/// multiply-shift scaling of the upper 32 bits is exactly a shift of the
+/// mixed hash by `64 - k`, which saves a dependent multiply per record;
+/// other values take the general formula. Both give the same group
+/// (a unit test compares them at every max parallelism).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct KeyGroupOf {
+    max_parallelism: MaxParallelism,
+    /// `64 - k` when the max parallelism is `2^k` with `k >= 1`; 0 otherwise.
+    shift: u32,
+}
+
+impl KeyGroupOf {
+    /// The lookup for `max_parallelism`.
+    pub(crate) fn new(max_parallelism: MaxParallelism) -> Self {
+        let max = max_parallelism.get();
+        let shift = if max > 1 && max.is_power_of_two() {
+            64 - max.trailing_zeros()
+        } else {
+            0
+        };
+        KeyGroupOf {
+            max_parallelism,
+            shift,
+        }
+    }
+
+    /// The key group of `key_hash`: what [`MaxParallelism::key_group_of`]
+    /// gives.
+    #[inline(always)]
+    pub(crate) fn key_group_of(self, key_hash: u64) -> u32 {
+        let mixed = key_hash.wrapping_mul(GROUP_MIX);
+        if self.shift != 0 {
+            (mixed >> self.shift) as u32
+        } else {
+            (((mixed >> 32) * u64::from(self.max_parallelism.get())) >> 32) as u32
+        }
+    }
+}
+
 /// A validated max parallelism: the number of key groups of a job, between 1
 /// and [`UPPER_BOUND_MAX_PARALLELISM`].
 ///
@@ -128,7 +175,6 @@ impl MaxParallelism {
     /// moves keys between groups, and restore rejects such checkpoints.
     #[inline]
     pub fn key_group_of(self, key_hash: u64) -> u32 {
-        const GROUP_MIX: u64 = 0xd6e8_feb8_6659_fd93;
         let mixed = key_hash.wrapping_mul(GROUP_MIX) >> 32;
         ((mixed * u64::from(self.0)) >> 32) as u32
     }
@@ -326,6 +372,32 @@ pub fn subtask_for_key_group(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The precomputed lookup gives the formula's group at every max
+    /// parallelism, power of two or not, for hashes spread over all bits.
+    #[test]
+    fn the_precomputed_key_group_equals_the_formula() {
+        let mut hash = 0x1234_5678_9abc_def0u64;
+        for max in 1..=UPPER_BOUND_MAX_PARALLELISM {
+            let max_parallelism = MaxParallelism::new(max).unwrap();
+            let fast = KeyGroupOf::new(max_parallelism);
+            for _ in 0..64 {
+                // splitmix64 steps: every bit of the hash varies.
+                hash = hash.wrapping_add(0x9e37_79b9_7f4a_7c15);
+                let mut z = hash;
+                z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+                z ^= z >> 31;
+                for probe in [z, 0, u64::MAX, z << 32, z >> 32] {
+                    assert_eq!(
+                        fast.key_group_of(probe),
+                        max_parallelism.key_group_of(probe),
+                        "max parallelism {max}, hash {probe:#x}"
+                    );
+                }
+            }
+        }
+    }
 
     /// The table agrees with the formula for every key group.
     fn check(max_parallelism: u32, parallelism: u32) {

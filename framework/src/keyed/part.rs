@@ -188,6 +188,38 @@ impl PartWriter {
     }
 }
 
+/// Encodes one key group's whole table as a part, checked before it is
+/// returned: its header must decode and name `key_group` and exactly the
+/// table's entries. `schema` comes from [`schema_section`]; `scratch` is a
+/// reusable buffer.
+pub(crate) fn encode_table<K: Serialize, S: Snapshot>(
+    table: &HashTable<(K, S)>,
+    schema: &[u8],
+    scratch: &mut Vec<u8>,
+    max_parallelism: MaxParallelism,
+    key_group: u32,
+) -> Result<Vec<u8>, StateError> {
+    let mut writer = PartWriter::new(schema);
+    for (key, state) in table.iter() {
+        writer.push(key, state, scratch)?;
+    }
+    let bytes = writer.finish(max_parallelism, key_group);
+    let fail = |reason: String| StateError::Encode {
+        type_name: S::SCHEMA.type_name,
+        reason: format!("the part of key group {key_group} fails its check: {reason}"),
+    };
+    let header = decode_header(&bytes).map_err(fail)?;
+    if header.key_group != key_group || header.entry_count != table.len() as u64 {
+        return Err(fail(format!(
+            "it claims key group {} with {} entries; its table held {}",
+            header.key_group,
+            header.entry_count,
+            table.len()
+        )));
+    }
+    Ok(bytes)
+}
+
 /// How many entries a part can really hold: its header's count, capped by
 /// its length (each entry takes at least one byte), or 0 when the header
 /// does not decode. Used only to size tables before decoding.

@@ -1,17 +1,28 @@
 //! The choice of keyed-state backend ([`KeyedBackend`], set per job in
 //! `JobConfig::keyed_backend`), the store a keyed operator holds
-//! ([`KeyedStore`]: the in-memory [`KeyedState`] or, with cargo feature
-//! `spill`, the spilling backend of [`super::spill`]), and what a
-//! checkpoint asks of either ([`KeyGroupSnapshots`]).
+//! ([`KeyedStore`]: the in-memory [`KeyedState`], its copy-on-write form
+//! [`CowKeyedState`] for large state, or, with cargo feature `spill`, the
+//! spilling backend of [`super::spill`]), and what a checkpoint asks of
+//! each ([`KeyGroupSnapshots`]).
 //!
 //! This module owns the dispatch between the backends: one `match` per
 //! batch or per snapshot, never a call through a pointer per record, so the
 //! in-memory hot path compiles to the same loop as before the choice
-//! existed. It never decides when to snapshot and never does I/O itself.
+//! existed. It also owns the adaptive rule of the in-memory backend
+//! ([`KeyedStore::convert_if_large`]): a subtask's state starts flat and
+//! moves to the copy-on-write layout, once and for good (until a restore),
+//! when it holds at least the job's threshold of keys
+//! (`JobConfig::copy_on_write_threshold_keys`, default
+//! [`DEFAULT_COPY_ON_WRITE_THRESHOLD_KEYS`]). Small state keeps the flat
+//! table's faster lookups and snapshots synchronously in a few
+//! milliseconds; large state, whose lookups miss cache anyway, pays one
+//! dependent load more per lookup and snapshots in time proportional to
+//! its key groups. It never decides when to snapshot and never does I/O.
 
 use std::path::PathBuf;
 
 use super::backend::{KeyGroupPart, KeyedState};
+use super::cow_state::CowKeyedState;
 use super::key_group::{KeyGroupRange, MaxParallelism};
 use super::StateKey;
 use crate::state::Snapshot;
@@ -19,6 +30,14 @@ use crate::state::Snapshot;
 /// The runtime's error box (`crate::runtime::BoxError`), named here so that
 /// the keyed layer does not reach up into the runtime.
 type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// The default `JobConfig::copy_on_write_threshold_keys`: 65,536 keys per
+/// subtask. Below it the flat table's synchronous snapshot takes a few
+/// milliseconds (about 1-6 ms at 50 k keys, under issue 16's 10 ms) and
+/// its lookups are the fastest; above it a synchronous snapshot grows with
+/// the state (about 50 ms at 1 M keys) while the copy-on-write layout's
+/// extra load per lookup costs little, the table being out of cache.
+pub const DEFAULT_COPY_ON_WRITE_THRESHOLD_KEYS: usize = 65_536;
 
 /// Where a job's keyed operators (`process`, `reduce`, `aggregate`) keep
 /// their per-key state.
@@ -118,11 +137,35 @@ impl<K: StateKey, S: Snapshot> KeyGroupSnapshots for KeyedState<K, S> {
     }
 }
 
+impl<K: StateKey, S: Snapshot> KeyGroupSnapshots for CowKeyedState<K, S> {
+    fn key_groups(&self) -> KeyGroupRange {
+        self.range()
+    }
+
+    fn changed_key_groups(&self) -> Vec<u32> {
+        self.dirty_key_groups().collect()
+    }
+
+    fn forget_changes(&mut self) {
+        self.clear_dirty();
+    }
+
+    fn parts_of(
+        &mut self,
+        include: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<Vec<KeyGroupPart>, BoxError> {
+        Ok(self.snapshot_key_groups(include)?)
+    }
+}
+
 /// The keyed state a keyed operator holds, in the backend its job chose.
 #[derive(Debug)]
 pub(crate) enum KeyedStore<K, S> {
-    /// [`KeyedBackend::Memory`].
+    /// [`KeyedBackend::Memory`] while the subtask holds fewer keys than
+    /// the copy-on-write threshold.
     Memory(KeyedState<K, S>),
+    /// [`KeyedBackend::Memory`] from the copy-on-write threshold on.
+    CopyOnWrite(CowKeyedState<K, S>),
     /// [`KeyedBackend::Spilling`].
     #[cfg(feature = "spill")]
     Spilling(Box<super::spill::SpillingState<K, S>>),
@@ -130,16 +173,22 @@ pub(crate) enum KeyedStore<K, S> {
 
 impl<K: StateKey, S: Snapshot + Default> KeyedStore<K, S> {
     /// Empty state for `subtask` of `parallelism` in `backend`;
-    /// `operator` names the spilling backend's directory.
+    /// `operator` names the spilling backend's directory. The in-memory
+    /// backend starts copy-on-write when `copy_on_write_threshold_keys` is
+    /// 0.
     pub(crate) fn for_subtask(
         backend: &KeyedBackend,
         operator: &str,
         max_parallelism: MaxParallelism,
         parallelism: u32,
         subtask: u32,
+        copy_on_write_threshold_keys: usize,
     ) -> Result<Self, BoxError> {
         let range = max_parallelism.range_for_subtask(parallelism, subtask)?;
         match backend {
+            KeyedBackend::Memory if copy_on_write_threshold_keys == 0 => Ok(
+                KeyedStore::CopyOnWrite(CowKeyedState::new(max_parallelism, range)?),
+            ),
             KeyedBackend::Memory => {
                 Ok(KeyedStore::Memory(KeyedState::new(max_parallelism, range)?))
             }
@@ -164,19 +213,75 @@ impl<K: StateKey, S: Snapshot + Default> KeyedStore<K, S> {
         }
     }
 
+    /// Moves flat in-memory state holding at least
+    /// `copy_on_write_threshold_keys` keys to the copy-on-write layout;
+    /// anything else stays as it is. Called between batches: one
+    /// comparison when nothing moves, every key hashed once when it does
+    /// (once per subtask, a few milliseconds at the default threshold).
+    #[inline]
+    pub(crate) fn convert_if_large(&mut self, copy_on_write_threshold_keys: usize) {
+        if let KeyedStore::Memory(state) = self {
+            if state.len() >= copy_on_write_threshold_keys {
+                self.convert();
+            }
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn convert(&mut self) {
+        if let KeyedStore::Memory(state) = self {
+            let empty = KeyedState::new(state.max_parallelism(), state.range())
+                .unwrap_or_else(|error| panic!("bug: a keyed state's own range: {error}"));
+            let flat = std::mem::replace(state, empty);
+            *self = KeyedStore::CopyOnWrite(CowKeyedState::from_flat(flat));
+        }
+    }
+
     /// Replaces the state with the key groups of its range found in
-    /// `parts` (written by either backend, at any parallelism).
-    pub(crate) fn restore(&mut self, parts: Vec<(u32, Vec<u8>)>) -> Result<(), BoxError> {
-        let parts = super::parts_in_range(self.key_groups(), parts);
-        match self {
-            KeyedStore::Memory(state) => {
-                let (max_parallelism, range) = (state.max_parallelism(), state.range());
-                *state = KeyedState::restore(max_parallelism, range, parts)?;
+    /// `parts` (written by any backend or layout, at any parallelism). The
+    /// in-memory backend restores straight into the copy-on-write layout
+    /// when the parts claim at least `copy_on_write_threshold_keys` keys,
+    /// and flat otherwise, whatever layout it had before.
+    pub(crate) fn restore(
+        &mut self,
+        parts: Vec<(u32, Vec<u8>)>,
+        copy_on_write_threshold_keys: usize,
+    ) -> Result<(), BoxError> {
+        let range = self.key_groups();
+        let parts: Vec<(u32, Vec<u8>)> = super::parts_in_range(range, parts).collect();
+        match self.in_memory_max_parallelism() {
+            Some(max_parallelism) => {
+                let claimed: usize = parts
+                    .iter()
+                    .map(|(_, bytes)| super::part::plausible_entries(bytes))
+                    .sum();
+                *self = if claimed >= copy_on_write_threshold_keys {
+                    KeyedStore::CopyOnWrite(CowKeyedState::restore(max_parallelism, range, parts)?)
+                } else {
+                    KeyedStore::Memory(KeyedState::restore(max_parallelism, range, parts)?)
+                };
             }
             #[cfg(feature = "spill")]
-            KeyedStore::Spilling(state) => state.restore(parts)?,
+            None => {
+                if let KeyedStore::Spilling(state) = self {
+                    state.restore(parts)?;
+                }
+            }
+            #[cfg(not(feature = "spill"))]
+            None => {}
         }
         Ok(())
+    }
+
+    /// The job's max parallelism, for the in-memory layouts.
+    fn in_memory_max_parallelism(&self) -> Option<MaxParallelism> {
+        match self {
+            KeyedStore::Memory(state) => Some(state.max_parallelism()),
+            KeyedStore::CopyOnWrite(state) => Some(state.max_parallelism()),
+            #[cfg(feature = "spill")]
+            KeyedStore::Spilling(_) => None,
+        }
     }
 
     /// Calls `f` with every key and its state (the spilling backend reads
@@ -184,6 +289,10 @@ impl<K: StateKey, S: Snapshot + Default> KeyedStore<K, S> {
     pub(crate) fn for_each(&mut self, mut f: impl FnMut(&K, &S)) -> Result<(), BoxError> {
         match self {
             KeyedStore::Memory(state) => {
+                state.iter().for_each(|(key, value)| f(key, value));
+                Ok(())
+            }
+            KeyedStore::CopyOnWrite(state) => {
                 state.iter().for_each(|(key, value)| f(key, value));
                 Ok(())
             }
@@ -197,6 +306,7 @@ impl<K: StateKey, S: Snapshot + Default> KeyGroupSnapshots for KeyedStore<K, S> 
     fn key_groups(&self) -> KeyGroupRange {
         match self {
             KeyedStore::Memory(state) => state.range(),
+            KeyedStore::CopyOnWrite(state) => state.range(),
             #[cfg(feature = "spill")]
             KeyedStore::Spilling(state) => state.key_groups(),
         }
@@ -205,6 +315,7 @@ impl<K: StateKey, S: Snapshot + Default> KeyGroupSnapshots for KeyedStore<K, S> 
     fn changed_key_groups(&self) -> Vec<u32> {
         match self {
             KeyedStore::Memory(state) => state.changed_key_groups(),
+            KeyedStore::CopyOnWrite(state) => state.changed_key_groups(),
             #[cfg(feature = "spill")]
             KeyedStore::Spilling(state) => state.changed_key_groups(),
         }
@@ -213,6 +324,7 @@ impl<K: StateKey, S: Snapshot + Default> KeyGroupSnapshots for KeyedStore<K, S> 
     fn forget_changes(&mut self) {
         match self {
             KeyedStore::Memory(state) => state.forget_changes(),
+            KeyedStore::CopyOnWrite(state) => state.forget_changes(),
             #[cfg(feature = "spill")]
             KeyedStore::Spilling(state) => state.forget_changes(),
         }
@@ -224,6 +336,7 @@ impl<K: StateKey, S: Snapshot + Default> KeyGroupSnapshots for KeyedStore<K, S> 
     ) -> Result<Vec<KeyGroupPart>, BoxError> {
         match self {
             KeyedStore::Memory(state) => state.parts_of(include),
+            KeyedStore::CopyOnWrite(state) => state.parts_of(include),
             #[cfg(feature = "spill")]
             KeyedStore::Spilling(state) => state.parts_of(include),
         }
@@ -232,8 +345,125 @@ impl<K: StateKey, S: Snapshot + Default> KeyGroupSnapshots for KeyedStore<K, S> 
     fn all_parts(&mut self) -> Result<Vec<(u32, Vec<u8>)>, BoxError> {
         match self {
             KeyedStore::Memory(state) => state.all_parts(),
+            KeyedStore::CopyOnWrite(state) => state.all_parts(),
             #[cfg(feature = "spill")]
             KeyedStore::Spilling(state) => state.all_parts(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keyed::test_support::Count;
+
+    fn store(threshold_keys: usize) -> KeyedStore<u64, Count> {
+        let max_parallelism = MaxParallelism::new(16).unwrap();
+        KeyedStore::for_subtask(
+            &KeyedBackend::Memory,
+            "count",
+            max_parallelism,
+            2,
+            1,
+            threshold_keys,
+        )
+        .unwrap()
+    }
+
+    /// Counts `key` once, on whichever layout the store has, as the keyed
+    /// core's batch loops do.
+    fn count(store: &mut KeyedStore<u64, Count>, key: u64) {
+        let hash = super::super::key_hash(&key);
+        match store {
+            KeyedStore::Memory(state) => state.get_or_default_routed(&key, hash).count += 1,
+            KeyedStore::CopyOnWrite(state) => state.get_or_default_routed(&key, hash).count += 1,
+            #[cfg(feature = "spill")]
+            KeyedStore::Spilling(_) => unreachable!("the in-memory backend"),
+        }
+    }
+
+    fn owned_keys(count: usize) -> Vec<u64> {
+        let range = store(1).key_groups();
+        let max_parallelism = MaxParallelism::new(16).unwrap();
+        (0..u64::MAX)
+            .filter(|key| range.contains(max_parallelism.key_group_of(super::super::key_hash(key))))
+            .take(count)
+            .collect()
+    }
+
+    /// The keys and counts `parts` hold. Parts hold a group's entries in
+    /// table order, which differs between the layouts, so parts are
+    /// compared decoded.
+    fn decoded(parts: &[(u32, Vec<u8>)]) -> std::collections::BTreeMap<u64, u64> {
+        let range = store(1).key_groups();
+        let state: KeyedState<u64, Count> =
+            KeyedState::restore(MaxParallelism::new(16).unwrap(), range, parts.to_vec()).unwrap();
+        state
+            .iter()
+            .map(|(key, value)| (*key, value.count))
+            .collect()
+    }
+
+    fn groups(parts: &[KeyGroupPart]) -> Vec<u32> {
+        parts.iter().map(|part| part.key_group).collect()
+    }
+
+    #[test]
+    fn the_store_turns_copy_on_write_exactly_at_the_threshold_with_equal_state() {
+        const THRESHOLD: usize = 50;
+        let keys = owned_keys(THRESHOLD + 20);
+        let mut adaptive = store(THRESHOLD);
+        let mut flat = store(usize::MAX);
+        for (index, key) in keys.iter().enumerate() {
+            count(&mut adaptive, *key);
+            count(&mut flat, *key);
+            // Every key twice, so that the values are not all defaults.
+            count(&mut flat, *key);
+            count(&mut adaptive, *key);
+            adaptive.convert_if_large(THRESHOLD);
+            flat.convert_if_large(usize::MAX);
+            let keys_held = index + 1;
+            assert_eq!(
+                matches!(adaptive, KeyedStore::CopyOnWrite(_)),
+                keys_held >= THRESHOLD,
+                "at {keys_held} keys"
+            );
+            assert!(matches!(flat, KeyedStore::Memory(_)));
+            if keys_held + 1 == THRESHOLD || keys_held == THRESHOLD {
+                // Either side of the switch: the same changed groups and
+                // the same parts.
+                assert_eq!(adaptive.changed_key_groups(), flat.changed_key_groups());
+                let (got, want) = (adaptive.all_parts().unwrap(), flat.all_parts().unwrap());
+                assert_eq!(decoded(&got), decoded(&want), "at {keys_held} keys");
+            }
+        }
+        let want = flat.all_parts().unwrap();
+        assert_eq!(decoded(&adaptive.all_parts().unwrap()), decoded(&want));
+        assert_eq!(decoded(&want).len(), keys.len());
+        let picked = |key_group: u32| key_group % 2 == 0;
+        assert_eq!(
+            groups(&adaptive.parts_of(&mut { picked }).unwrap()),
+            groups(&flat.parts_of(&mut { picked }).unwrap())
+        );
+        // Never back: a store that shrinks stays copy-on-write.
+        adaptive.convert_if_large(usize::MAX);
+        assert!(matches!(adaptive, KeyedStore::CopyOnWrite(_)));
+
+        // A restore picks the layout by the keys it restores.
+        let parts = flat.all_parts().unwrap();
+        let mut restored = store(THRESHOLD);
+        restored.restore(parts.clone(), keys.len()).unwrap();
+        assert!(matches!(restored, KeyedStore::CopyOnWrite(_)));
+        assert_eq!(decoded(&restored.all_parts().unwrap()), decoded(&parts));
+        restored.restore(parts.clone(), keys.len() + 1).unwrap();
+        assert!(matches!(restored, KeyedStore::Memory(_)));
+        assert_eq!(decoded(&restored.all_parts().unwrap()), decoded(&parts));
+        assert!(restored.changed_key_groups().is_empty());
+    }
+
+    #[test]
+    fn a_threshold_of_zero_is_copy_on_write_from_the_start() {
+        assert!(matches!(store(0), KeyedStore::CopyOnWrite(_)));
+        assert!(matches!(store(1), KeyedStore::Memory(_)));
     }
 }

@@ -179,7 +179,7 @@ mod tests {
     fn the_line_names_rates_checkpoint_and_restarts() {
         let registry = crate::metrics::registry::two_operator_registry(1);
         registry.checkpoint_triggered(3, false, 2);
-        registry.checkpoint_completed(3, 2048);
+        registry.checkpoint_completed(3, 2048, &[]);
         let line = progress_line(&registry.snapshot());
         assert!(line.contains("job: sources 0/s, sinks 0/s"), "{line}");
         assert!(line.contains("checkpoint 3 ("), "{line}");

@@ -270,7 +270,22 @@ impl MetricsRegistry {
     }
 
     /// Checkpoint `id` became durable with `size_bytes`.
-    pub(crate) fn checkpoint_completed(&self, id: u64, size_bytes: u64) {
+    ///
+    /// `part_bytes` gives `(operator, subtask)` part sizes known only now
+    /// (parts encoded off the operator's thread acked with size 0).
+    pub(crate) fn checkpoint_completed(
+        &self,
+        id: u64,
+        size_bytes: u64,
+        part_bytes: &[((usize, usize), u64)],
+    ) {
+        let names: Vec<(String, usize, u64)> = part_bytes
+            .iter()
+            .filter_map(|((operator, subtask), bytes)| {
+                let name = self.operators.get(*operator)?.name.clone();
+                Some((name, *subtask, *bytes))
+            })
+            .collect();
         let mut history = lock(&self.history);
         history.completed += 1;
         let Some(tracked) = history.checkpoint(id) else {
@@ -281,6 +296,14 @@ impl MetricsRegistry {
         let metrics = &mut tracked.metrics;
         metrics.status = CheckpointStatus::Completed;
         metrics.size_bytes = size_bytes;
+        for subtask in &mut metrics.subtasks {
+            let known = names
+                .iter()
+                .find(|(name, index, _)| *name == subtask.operator && *index == subtask.subtask);
+            if let Some((_, _, bytes)) = known {
+                subtask.size_bytes = *bytes;
+            }
+        }
         metrics.duration_ms = millis(now.saturating_duration_since(tracked.triggered));
         metrics.sync_duration_ms = millis(last_ack.saturating_duration_since(tracked.triggered));
         metrics.async_duration_ms = millis(now.saturating_duration_since(last_ack));
@@ -551,7 +574,10 @@ mod tests {
         registry.checkpoint_acked(1, (1, 0), 30, 100);
         let running = registry.snapshot();
         assert_eq!(running.checkpoints[0].status, CheckpointStatus::InProgress);
-        registry.checkpoint_completed(1, 400);
+        // A part encoded off the operator's thread acks with size 0; the
+        // writer's size arrives with the completion.
+        registry.checkpoint_acked(1, (0, 0), 0, 0);
+        registry.checkpoint_completed(1, 400, &[((0, 0), 300)]);
         registry.checkpoint_triggered(2, true, 4);
         registry.checkpoint_failed(2, "declined");
         let metrics = registry.snapshot();
@@ -560,6 +586,9 @@ mod tests {
         assert_eq!((first.size_bytes, first.alignment_max_us), (400, 30));
         assert_eq!(first.subtasks[0].sync_us, 250);
         assert_eq!(first.subtasks[0].operator, "out");
+        assert_eq!(first.subtasks[0].size_bytes, 100, "known at the ack");
+        assert_eq!(first.subtasks[1].operator, "in");
+        assert_eq!(first.subtasks[1].size_bytes, 300, "known at completion");
         assert_eq!(metrics.checkpoints[1].kind, "savepoint");
         assert_eq!(metrics.checkpoints[1].failure.as_deref(), Some("declined"));
         assert_eq!(

@@ -136,6 +136,19 @@ pub enum StoreError {
     /// checkpoints (see [`CheckpointStore::supports_segments`](super::CheckpointStore::supports_segments)).
     #[error("this checkpoint store cannot refer to earlier checkpoints' files")]
     SegmentsUnsupported,
+    /// A part's bytes could not be produced for writing: its owner hands
+    /// the store a state to encode after the snapshot (asynchronous
+    /// snapshots), and encoding or checking it failed. Nothing of the
+    /// checkpoint is committed. Not retryable: the same state fails again.
+    #[error("part {part} of checkpoint {checkpoint} could not be encoded: {reason}")]
+    PartNotEncoded {
+        /// The checkpoint.
+        checkpoint: CheckpointId,
+        /// The part.
+        part: PartId,
+        /// Why.
+        reason: String,
+    },
 }
 
 impl StoreError {

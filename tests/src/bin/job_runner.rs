@@ -117,14 +117,25 @@ fn parse(args: &[String]) -> Result<Run, String> {
 }
 
 /// The job both pipelines run in: checkpoints every 10 ms into the store
-/// directory, no restart (the parent restarts the process).
+/// directory, no restart (the parent restarts the process). The
+/// environment variable `SNAPFLOW_COPY_ON_WRITE_THRESHOLD_KEYS`, when set,
+/// is `JobConfig::copy_on_write_threshold_keys` (the crash test varies the
+/// keyed state's layout between processes).
 fn crash_job(run: &Run) -> Result<Job, Box<dyn std::error::Error>> {
+    let copy_on_write_threshold_keys = match std::env::var("SNAPFLOW_COPY_ON_WRITE_THRESHOLD_KEYS")
+    {
+        Ok(text) => text.parse().map_err(|_| {
+            format!("SNAPFLOW_COPY_ON_WRITE_THRESHOLD_KEYS must be a number, got {text:?}")
+        })?,
+        Err(_) => JobConfig::default().copy_on_write_threshold_keys,
+    };
     let config = JobConfig {
         checkpoint_interval_ms: Some(10),
         default_parallelism: run.parallelism,
         batch_size_max: 16,
         arbiters: Some(2),
         restart: RestartStrategy::None,
+        copy_on_write_threshold_keys,
         ..JobConfig::default()
     }
     .with_store_dir(run.store.clone(), "crash")?;

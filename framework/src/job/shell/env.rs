@@ -13,6 +13,7 @@ use crate::runtime::{BoxError, Generation};
 use crate::storage::Segment;
 
 use super::event::{NodeEvent, NodeEventKind};
+use super::pending::TakenState;
 use crate::job::route::Collector;
 use crate::source::Guarantee;
 
@@ -44,6 +45,15 @@ pub(crate) trait Core<In, Out: Send + 'static>: 'static {
     /// default is the whole snapshot as one segment.
     fn snapshot_segments(&mut self, checkpoint: CheckpointId) -> Result<Vec<Segment>, BoxError> {
         Ok(vec![Segment::Own(self.snapshot(checkpoint)?)])
+    }
+    /// The synchronous part of a checkpoint as the shell calls it: the
+    /// state as [`Core::snapshot_segments`] gives it, or a
+    /// [`TakenState::Deferred`] that the checkpoint writer encodes into
+    /// those segments later (a core overriding this must make sure nothing
+    /// it does afterwards changes what is encoded). The default is the
+    /// segments, encoded now.
+    fn take_state(&mut self, checkpoint: CheckpointId) -> Result<TakenState, BoxError> {
+        Ok(TakenState::Segments(self.snapshot_segments(checkpoint)?))
     }
     /// Starts the core: from bytes [`Core::snapshot`] returned, or fresh
     /// (`None`). Called once, before any batch.

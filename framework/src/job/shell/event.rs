@@ -9,9 +9,9 @@ use serde::{Deserialize, Serialize};
 use crate::job::snapshots::SnapshotReply;
 use crate::protocol::{CheckpointId, DeclineReason, SnapshotId};
 
+use super::pending::PendingPart;
 use super::snapshot::PartActivity;
 use crate::runtime::Generation;
-use crate::storage::Segment;
 
 /// Bound on the serde-friendly record types that flow between operators:
 /// they are cloned for fan-out and recorded channel state, and serialized
@@ -79,11 +79,12 @@ pub(crate) struct NodeEvent {
 
 #[derive(Debug)]
 pub(crate) enum NodeEventKind {
-    /// The node's part of a checkpoint, encoded as a [`PartBytes`] in the
-    /// store's segments (one own segment unless it is incremental).
+    /// The node's part of a checkpoint: a [`PartBytes`] in the store's
+    /// segments (one own segment unless it is incremental), or a state the
+    /// writer encodes into them.
     Ack {
         checkpoint: CheckpointId,
-        part: Vec<Segment>,
+        part: PendingPart,
         /// Barrier alignment at this node: from its first barrier of the
         /// checkpoint to its snapshot (0 without a barrier, e.g. a source).
         alignment_us: u64,

@@ -13,6 +13,7 @@ use crate::runtime::BoxError;
 use super::env::ShellEnv;
 use super::event::{Control, Data, NodeEventKind};
 use super::part::PartBytes;
+use super::pending::PendingPart;
 use super::snapshot::{SnapshotDriver, SnapshotHost};
 use super::taken::TakenStates;
 use crate::job::route::Router;
@@ -153,7 +154,7 @@ impl<T: Data> SourceShell<T> {
                     .encode()?;
                     self.env.tell(NodeEventKind::Ack {
                         checkpoint: part.checkpoint,
-                        part: vec![Segment::Own(bytes)],
+                        part: PendingPart::Ready(vec![Segment::Own(bytes)]),
                         alignment_us: 0,
                     });
                 }

@@ -12,12 +12,12 @@ use crate::runtime::BoxError;
 use super::env::{Core, ShellEnv};
 use super::event::{Control, Data, InputItem, NodeEventKind};
 use super::part::{decode_channel, encode_channel, PartBytes};
+use super::pending::{PendingPart, TakenState};
 use super::snapshot::{SnapshotDriver, SnapshotHost};
 use super::taken::TakenStates;
 use crate::job::route::{Collector, Router};
 use crate::metrics::BytesSeen;
 use crate::source::Guarantee;
-use crate::storage::Segment;
 use crate::time::{Advance, InputWatermarks, WATERMARK_MAX_MS};
 
 /// Barrier alignment per checkpoint in flight: when the first barrier
@@ -93,8 +93,8 @@ pub(crate) struct StageShell<In: Data, Out: Data> {
     machine: NodeMachine<InputItem<In>>,
     core: Box<dyn Core<In, Out>>,
     router: Router<Out>,
-    /// States as the store's segments ([`Core::snapshot_segments`]).
-    taken: TakenStates<Vec<Segment>>,
+    /// States as taken at the snapshot ([`Core::take_state`]).
+    taken: TakenStates<TakenState>,
     /// The watermarks taken with each state in `taken` (empty: none).
     taken_time: TakenStates,
     alignments: Alignments,
@@ -172,7 +172,7 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
                     let checkpoint = token.checkpoint();
                     self.alignments.snapshot(checkpoint);
                     let started = Instant::now();
-                    let state = self.core.snapshot_segments(checkpoint)?;
+                    let state = self.core.take_state(checkpoint)?;
                     self.env.note_sync_part(checkpoint, started);
                     self.taken.insert(checkpoint, state);
                     let time = if self.watermarks.is_pristine() {
@@ -181,7 +181,8 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
                         self.watermarks.state().encode()?
                     };
                     self.taken_time.insert(checkpoint, time);
-                    // The state is captured as bytes: safe for the protocol.
+                    // The state is captured (as bytes, or handed off
+                    // immutable): safe for the protocol.
                     self.machine.state_recorded(token);
                 }
                 NodeAction::EmitBarrier(checkpoint) => {
@@ -200,10 +201,10 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
                     }
                     let time =
                         Some(self.taken_time.take(part.checkpoint)?).filter(|t| !t.is_empty());
-                    let bytes = PartBytes::encode_segments(state, &channels, time.as_deref())?;
+                    let part_bytes = PendingPart::new(state, channels, time)?;
                     self.env.tell(NodeEventKind::Ack {
                         checkpoint: part.checkpoint,
-                        part: bytes,
+                        part: part_bytes,
                         alignment_us: self.alignments.take(part.checkpoint),
                     });
                 }

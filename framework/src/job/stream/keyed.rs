@@ -89,7 +89,7 @@ where
             + 'static,
     ) -> Stream<'j, U>
     where
-        S: Snapshot + Default + Clone + Send + 'static,
+        S: Snapshot + Default + Clone + Send + Sync + 'static,
         U: Data,
     {
         self.process_inner(name, function, None)
@@ -106,7 +106,7 @@ where
             + 'static,
     ) -> (Stream<'j, U>, KeyedStateHandle<K, S>)
     where
-        S: Snapshot + Default + Clone + Send + 'static,
+        S: Snapshot + Default + Clone + Send + Sync + 'static,
         U: Data,
     {
         let states: FinalStates<K, S> = Arc::new(Mutex::new(HashMap::new()));
@@ -124,7 +124,12 @@ where
         self,
         name: &str,
         function: impl Fn(&T, T) -> T + Send + Sync + 'static,
-    ) -> Stream<'j, T> {
+    ) -> Stream<'j, T>
+    where
+        // The reduced value is keyed state, encoded off the operator's
+        // thread (asynchronous snapshots).
+        T: Sync,
+    {
         self.process_inner(
             name,
             move |_key: &K, state: &mut Reduced<T>, record: T, out| {
@@ -256,7 +261,7 @@ where
         publish: Option<FinalStates<K, S>>,
     ) -> Stream<'j, U>
     where
-        S: Snapshot + Default + Clone + Send + 'static,
+        S: Snapshot + Default + Clone + Send + Sync + 'static,
         U: Data,
     {
         let key_of = self.key_of;
@@ -272,6 +277,7 @@ where
         let plan = StatePlan {
             backend: self.job.config.keyed_backend.clone(),
             operator: name.to_string(),
+            copy_on_write_threshold_keys: self.job.config.copy_on_write_threshold_keys,
         };
         let make_core = Arc::new(move |subtask: usize, parallelism: usize| {
             Box::new(KeyedCore::new(

@@ -116,7 +116,7 @@ impl Supervisor {
         let Some(coordinator) = &mut self.coordinator else {
             return;
         };
-        let actions: Vec<CoordinatorAction<Vec<Segment>>> =
+        let actions: Vec<CoordinatorAction<PendingPart>> =
             std::iter::from_fn(|| coordinator.poll_action()).collect();
         for action in actions {
             if self.phase != Phase::Running || self.coordinator.is_none() {
@@ -235,10 +235,10 @@ impl Supervisor {
         &mut self,
         checkpoint: CheckpointId,
         kind: CheckpointKind,
-        parts: Vec<Vec<Segment>>,
+        parts: Vec<PendingPart>,
         context: &mut Context<Self>,
     ) {
-        let parts: Vec<(PartId, Vec<Segment>)> = parts
+        let parts: Vec<(PartId, PendingPart)> = parts
             .into_iter()
             .enumerate()
             .map(|(node, bytes)| (self.plan.part_id(node), bytes))
@@ -316,7 +316,7 @@ impl Supervisor {
                     alignment_max_us,
                     "checkpoint complete"
                 );
-                self.metrics_completed(checkpoint, size.size_bytes);
+                self.metrics_completed(checkpoint, size.size_bytes, &size.part_bytes);
                 self.report.checkpoints.push(CheckpointReport {
                     checkpoint: checkpoint.0,
                     duration_ms,

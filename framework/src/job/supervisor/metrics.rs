@@ -119,9 +119,21 @@ impl Supervisor {
         }
     }
 
-    pub(super) fn metrics_completed(&self, checkpoint: CheckpointId, size_bytes: u64) {
+    /// `part_bytes` is each node's part size, in node order (the writer
+    /// knows them once it encoded parts taken asynchronously).
+    pub(super) fn metrics_completed(
+        &self,
+        checkpoint: CheckpointId,
+        size_bytes: u64,
+        part_bytes: &[u64],
+    ) {
         if let Some(registry) = self.registry() {
-            registry.checkpoint_completed(checkpoint.0, size_bytes);
+            let parts: Vec<((usize, usize), u64)> = part_bytes
+                .iter()
+                .enumerate()
+                .filter_map(|(node, bytes)| Some((*self.plan.nodes.get(node)?, *bytes)))
+                .collect();
+            registry.checkpoint_completed(checkpoint.0, size_bytes, &parts);
         }
     }
 

@@ -55,14 +55,13 @@ use crate::runtime::pool::{ActorSlot, ArbiterPool, Placement, PoolConfig};
 use crate::runtime::stage::Inject;
 use crate::runtime::{ActorTag, Generation};
 use crate::storage::{
-    self, CheckpointStore, CommitRequest, KeyGroupLayout, MemoryCheckpointStore, PartId, Segment,
-    StoreError,
+    self, CheckpointStore, CommitRequest, KeyGroupLayout, MemoryCheckpointStore, PartId, StoreError,
 };
 
 use super::physical::{start_generation, PhysicalPlan, SupervisorLinks};
 use super::recovery::{Recovery, FINAL_KEY, FINAL_VALUE};
 use super::region::failover_regions;
-use super::shell::{Control, NodeEvent, NodeEventKind};
+use super::shell::{Control, NodeEvent, NodeEventKind, PendingPart};
 use super::snapshots::SnapshotReceiver;
 use super::writer::{spawn_writer, Loaded, Persisted, Restored, WriterJob};
 use super::{
@@ -462,7 +461,7 @@ pub(crate) struct Supervisor {
     /// The newest generation handed out to a region.
     newest_generation: Generation,
     /// Present exactly while every region runs.
-    coordinator: Option<Coordinator<Vec<Segment>>>,
+    coordinator: Option<Coordinator<PendingPart>>,
     /// Counts coordinators, so a persist failure is counted only by the
     /// coordinator that completed the checkpoint.
     epoch: u64,
@@ -605,7 +604,11 @@ impl Supervisor {
                 if let Some(tracked) = self.tracked.get_mut(&checkpoint) {
                     tracked.alignment_max_us = tracked.alignment_max_us.max(alignment_us);
                 }
-                self.metrics_acked(checkpoint, node, alignment_us, part.len());
+                // A part encoded off the actor thread has no size yet:
+                // 0 until the writer has encoded it (only the
+                // checkpoint's total is known, once durable).
+                let size_bytes = part.known_len().unwrap_or(0);
+                self.metrics_acked(checkpoint, node, alignment_us, size_bytes as usize);
                 // A stale ack's part is simply dropped: parts live in memory
                 // until the writer persists a completed checkpoint.
                 if let Some(coordinator) = &mut self.coordinator {

@@ -1,0 +1,439 @@
+//! Copy-on-write key groups: how
+//! [`CowKeyedState`](super::cow_state::CowKeyedState) hands the tables of
+//! some key groups to a snapshot in constant time per group, and copies a
+//! group only when the operator writes it while a snapshot still holds it.
+//!
+//! This module owns one key group's table slot (`GroupTable`) and the
+//! value a snapshot takes away ([`KeyGroupHandoff`]), which encodes its
+//! groups into parts on whatever thread holds it. It never decides which
+//! groups a snapshot takes (the caller's `include` does), never does I/O
+//! and never talks to actors.
+//!
+//! # The rule, and the memory bound
+//!
+//! Handing a group off moves its table into an `Arc` (no entry is copied)
+//! and keeps a second reference in the slot, which the operator may still
+//! read. The first write to the group after that takes the table back:
+//! without a copy when the snapshot has dropped it already
+//! (`Arc::try_unwrap`), otherwise by cloning the group's table once. So
+//! while a snapshot is being encoded the extra memory is at most one copy
+//! of each handed-off group written meanwhile, never of the whole state,
+//! and nothing written after the handoff can reach the snapshot: the
+//! snapshot's tables are immutable behind their `Arc`s.
+//!
+//! A write checks one enum tag per access (no atomic operation); the
+//! `Arc` is touched only at the first write of a shared group.
+
+use std::sync::Arc;
+
+use hashbrown::HashTable;
+
+use super::deferred::{BoxError, DeferredParts};
+use super::key_group::MaxParallelism;
+use super::part;
+use super::{KeyGroupPart, StateKey};
+use crate::state::{Snapshot, StateError};
+
+/// Copies a shared table: a plain function pointer, captured where
+/// `S: Clone` is known, so that the write path needs no `Clone` bound.
+type CopyTable<K, S> = fn(&HashTable<(K, S)>) -> HashTable<(K, S)>;
+
+/// A key group's table as a snapshot holds it.
+pub(crate) type SharedTable<K, S> = Arc<HashTable<(K, S)>>;
+
+/// One key group's entries: owned by the state alone, or shared with a
+/// snapshot that was handed them.
+pub(crate) enum GroupTable<K, S> {
+    /// Only the state holds the table: written in place.
+    Owned(HashTable<(K, S)>),
+    /// A snapshot may still hold the table: read in place, taken back (and
+    /// copied if still held) at the first write.
+    Shared(SharedTable<K, S>, CopyTable<K, S>),
+}
+
+impl<K, S> std::fmt::Debug for GroupTable<K, S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GroupTable::Owned(table) => write!(f, "Owned({} entries)", table.len()),
+            GroupTable::Shared(table, _) => write!(f, "Shared({} entries)", table.len()),
+        }
+    }
+}
+
+impl<K, S> Default for GroupTable<K, S> {
+    fn default() -> Self {
+        GroupTable::Owned(HashTable::new())
+    }
+}
+
+impl<K, S> GroupTable<K, S> {
+    /// The table, for reading.
+    #[inline(always)]
+    pub(crate) fn get(&self) -> &HashTable<(K, S)> {
+        match self {
+            GroupTable::Owned(table) => table,
+            GroupTable::Shared(table, _) => table,
+        }
+    }
+
+    /// The table, for writing; `copies` counts the tables copied because
+    /// a snapshot still held them.
+    #[inline(always)]
+    pub(crate) fn get_mut(&mut self, copies: &mut u64) -> &mut HashTable<(K, S)> {
+        if let GroupTable::Shared(..) = self {
+            self.take_back(copies);
+        }
+        match self {
+            GroupTable::Owned(table) => table,
+            GroupTable::Shared(..) => unreachable!("taken back just above"),
+        }
+    }
+
+    /// Makes a shared table owned again: moved back when no snapshot holds
+    /// it any more, copied once otherwise.
+    #[cold]
+    #[inline(never)]
+    fn take_back(&mut self, copies: &mut u64) {
+        let GroupTable::Shared(shared, copy) = std::mem::take(self) else {
+            return;
+        };
+        let table = Arc::try_unwrap(shared).unwrap_or_else(|still_held| {
+            *copies += 1;
+            copy(&still_held)
+        });
+        *self = GroupTable::Owned(table);
+    }
+
+    /// Whether a snapshot was handed this table and the state has not
+    /// written it since.
+    pub(crate) fn is_shared(&self) -> bool {
+        matches!(self, GroupTable::Shared(..))
+    }
+}
+
+impl<K: Clone, S: Clone> GroupTable<K, S> {
+    /// A reference to the table for a snapshot, in constant time: the
+    /// table moves behind an `Arc` (on its first handoff) and the slot
+    /// keeps the other reference.
+    pub(crate) fn share(&mut self) -> SharedTable<K, S> {
+        if let GroupTable::Owned(table) = self {
+            let table = Arc::new(std::mem::take(table));
+            *self = GroupTable::Shared(table, HashTable::clone);
+        }
+        match self {
+            GroupTable::Shared(table, _) => Arc::clone(table),
+            GroupTable::Owned(_) => unreachable!("shared just above"),
+        }
+    }
+}
+
+/// Immutable key-group tables a snapshot took from a
+/// [`CowKeyedState`](super::cow_state::CowKeyedState), to be encoded
+/// later, on any thread: what the state holds after the handoff never
+/// reaches them.
+///
+/// It encodes one group per [`Self::encode_next`] and drops its
+/// reference to that group's table right after, so a group the operator
+/// writes after the writer has passed it is taken back without a copy.
+/// It is `Send` when the keys and states are `Send + Sync` (the state's
+/// thread may read a shared table while another thread encodes it).
+pub struct KeyGroupHandoff<K, S> {
+    max_parallelism: MaxParallelism,
+    /// `(key group, its table)`, ascending by key group, not yet encoded.
+    groups: std::vec::IntoIter<(u32, SharedTable<K, S>)>,
+    /// The schema section every part starts with, computed at the first
+    /// part.
+    schema: Option<Vec<u8>>,
+    /// A reusable buffer for one entry's encoding.
+    scratch: Vec<u8>,
+}
+
+impl<K, S> std::fmt::Debug for KeyGroupHandoff<K, S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyGroupHandoff")
+            .field("max_parallelism", &self.max_parallelism)
+            .field("key_groups", &self.groups.len())
+            .field("entries", &self.entries())
+            .finish()
+    }
+}
+
+impl<K, S> KeyGroupHandoff<K, S> {
+    pub(crate) fn new(
+        max_parallelism: MaxParallelism,
+        groups: Vec<(u32, SharedTable<K, S>)>,
+    ) -> Self {
+        KeyGroupHandoff {
+            max_parallelism,
+            groups: groups.into_iter(),
+            schema: None,
+            scratch: Vec::new(),
+        }
+    }
+
+    /// The key groups handed off and not yet encoded, ascending.
+    pub fn key_groups(&self) -> impl Iterator<Item = u32> + '_ {
+        self.groups
+            .as_slice()
+            .iter()
+            .map(|(key_group, _)| *key_group)
+    }
+
+    /// How many (key, state) entries the groups not yet encoded hold.
+    pub fn entries(&self) -> usize {
+        self.groups
+            .as_slice()
+            .iter()
+            .map(|(_, table)| table.len())
+            .sum()
+    }
+}
+
+impl<K: StateKey, S: Snapshot> KeyGroupHandoff<K, S> {
+    /// Encodes the next group as a part, checked (its header must decode
+    /// and name its group and exactly the entries of the table it came
+    /// from); `None` after the last.
+    ///
+    /// # Errors
+    ///
+    /// A key or state that does not encode, or a part that fails its check.
+    pub fn encode_next(&mut self) -> Option<Result<KeyGroupPart, StateError>> {
+        let (key_group, table) = self.groups.next()?;
+        let schema = match &self.schema {
+            Some(schema) => schema,
+            None => match part::schema_section::<S>() {
+                Ok(schema) => self.schema.insert(schema),
+                Err(error) => return Some(Err(error)),
+            },
+        };
+        let bytes = part::encode_table(
+            &table,
+            schema,
+            &mut self.scratch,
+            self.max_parallelism,
+            key_group,
+        );
+        // `table` drops here: the state may take the group back uncopied.
+        Some(bytes.map(|bytes| KeyGroupPart { key_group, bytes }))
+    }
+
+    /// Encodes every remaining group, ascending by key group: the parts
+    /// [`Self::encode_next`] gives one by one.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::encode_next`].
+    pub fn encode(mut self) -> Result<Vec<KeyGroupPart>, StateError> {
+        std::iter::from_fn(|| self.encode_next()).collect()
+    }
+}
+
+impl<K, S> DeferredParts for KeyGroupHandoff<K, S>
+where
+    K: StateKey + Send + Sync,
+    S: Snapshot + Send + Sync,
+{
+    fn next_part(&mut self) -> Option<Result<KeyGroupPart, BoxError>> {
+        self.encode_next()
+            .map(|part| part.map_err(|error| Box::new(error) as BoxError))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use super::*;
+    use crate::keyed::cow_state::CowKeyedState;
+    use crate::keyed::test_support::Count;
+    use crate::keyed::{KeyedState, MaxParallelism};
+
+    /// `SNAPFLOW_SEED` replays a run; otherwise a fresh seed, printed.
+    fn seed() -> u64 {
+        match std::env::var("SNAPFLOW_SEED") {
+            Ok(text) => text.parse().expect("SNAPFLOW_SEED must be a u64"),
+            Err(_) => rand::random(),
+        }
+    }
+
+    /// splitmix64: enough randomness for a workload, and replayable.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        }
+
+        fn below(&mut self, bound: u64) -> u64 {
+            self.next() % bound
+        }
+    }
+
+    type Model = BTreeMap<u64, u64>;
+
+    fn state() -> CowKeyedState<u64, Count> {
+        CowKeyedState::for_subtask(MaxParallelism::new(32).unwrap(), 2, 1).unwrap()
+    }
+
+    /// One random operation on `state` and on `model` alike; returns the
+    /// key group it wrote, if any.
+    fn random_op(
+        rng: &mut Rng,
+        keys: &[u64],
+        state: &mut CowKeyedState<u64, Count>,
+        model: &mut Model,
+    ) -> Option<u32> {
+        let key = keys[rng.below(keys.len() as u64) as usize];
+        let key_group = state.key_group_of(&key);
+        match rng.below(10) {
+            0 => {
+                let removed = state.remove(&key).map(|count| count.count);
+                assert_eq!(removed, model.remove(&key));
+                // A removal of an absent key writes nothing.
+                removed.map(|_| key_group)
+            }
+            1 => {
+                let value = rng.below(1_000);
+                state.insert(key, Count { count: value }).unwrap();
+                model.insert(key, value);
+                Some(key_group)
+            }
+            2 => {
+                let read = state.get(&key).map(|count| count.count);
+                assert_eq!(read, model.get(&key).copied());
+                None
+            }
+            _ => {
+                state.get_or_default(&key).count += 1;
+                *model.entry(key).or_default() += 1;
+                Some(key_group)
+            }
+        }
+    }
+
+    /// The entries of the parts, decoded, by key.
+    fn decode(parts: &[KeyGroupPart], range: crate::keyed::KeyGroupRange) -> Model {
+        let decoded: KeyedState<u64, Count> = KeyedState::restore(
+            MaxParallelism::new(32).unwrap(),
+            range,
+            parts
+                .iter()
+                .map(|part| (part.key_group, part.bytes.clone())),
+        )
+        .unwrap();
+        decoded
+            .iter()
+            .map(|(key, count)| (*key, count.count))
+            .collect()
+    }
+
+    /// Handoffs at random moments of a random workload: each encodes
+    /// exactly the state its groups had at the handoff, whatever was
+    /// written afterwards, and the tables copied are exactly the handed-off
+    /// groups written while the handoff was held.
+    fn check_copy_on_write(seed: u64) {
+        let mut rng = Rng(seed);
+        let mut state = state();
+        let keys: Vec<u64> = (0..4_000u64)
+            .filter(|key| state.owns(key))
+            .take(600)
+            .collect();
+        let mut model = Model::new();
+        for _round in 0..20 {
+            for _ in 0..rng.below(2_000) {
+                random_op(&mut rng, &keys, &mut state, &mut model);
+            }
+            // A random subset of the groups (sometimes all) is handed off.
+            let all = rng.below(4) == 0;
+            let mask = rng.next();
+            let pick = |key_group: u32| all || mask >> (key_group % 64) & 1 == 1;
+            let handoff = state.hand_off_key_groups(pick);
+            let handed: BTreeSet<u32> = handoff.key_groups().collect();
+            let expected: Model = model
+                .iter()
+                .filter(|(key, _)| handed.contains(&state.key_group_of(key)))
+                .map(|(key, count)| (*key, *count))
+                .collect();
+            assert_eq!(handoff.entries(), expected.len());
+            assert_eq!(state.shared_key_groups(), handed.len());
+            let copies_before = state.copied_key_groups();
+            let mut written_while_held = BTreeSet::new();
+            for _ in 0..rng.below(3_000) {
+                if let Some(key_group) = random_op(&mut rng, &keys, &mut state, &mut model) {
+                    written_while_held.insert(key_group);
+                }
+            }
+            // Encoded on another thread, as the checkpoint writer does.
+            let parts = std::thread::spawn(move || handoff.encode().unwrap())
+                .join()
+                .unwrap();
+            assert_eq!(
+                parts
+                    .iter()
+                    .map(|part| part.key_group)
+                    .collect::<BTreeSet<_>>(),
+                handed
+            );
+            let mut with_every_group = parts.clone();
+            let unsnapshotted = state
+                .snapshot_key_groups(|key_group| !handed.contains(&key_group))
+                .unwrap();
+            // The other groups are empty in the expected model's view, so
+            // restore them from empty parts of the same range.
+            let empty: CowKeyedState<u64, Count> =
+                CowKeyedState::new(state.max_parallelism(), state.range()).unwrap();
+            let empties = empty
+                .snapshot_key_groups(|key_group| !handed.contains(&key_group))
+                .unwrap();
+            assert_eq!(unsnapshotted.len(), empties.len());
+            with_every_group.extend(empties);
+            assert_eq!(
+                decode(&with_every_group, state.range()),
+                expected,
+                "seed {seed}: the snapshot holds writes made after its handoff"
+            );
+            // Memory: one copy per handed-off group written while held,
+            // and no other.
+            let copied = state.copied_key_groups() - copies_before;
+            let expected_copies = written_while_held.intersection(&handed).count() as u64;
+            assert_eq!(copied, expected_copies, "seed {seed}: tables copied");
+            assert_eq!(
+                state.shared_key_groups(),
+                handed.len() - expected_copies as usize,
+                "seed {seed}: groups not written stay shared"
+            );
+            // The live state still equals the model.
+            let live: Model = state
+                .iter()
+                .map(|(key, count)| (*key, count.count))
+                .collect();
+            assert_eq!(live, model, "seed {seed}: the live state");
+        }
+    }
+
+    #[test]
+    fn writes_after_a_handoff_never_reach_the_snapshot_and_copy_only_written_groups() {
+        let seed = seed();
+        let result = std::panic::catch_unwind(|| check_copy_on_write(seed));
+        if result.is_err() {
+            panic!("copy-on-write check failed; replay with SNAPFLOW_SEED={seed}");
+        }
+    }
+
+    #[test]
+    fn a_group_no_snapshot_holds_any_more_is_taken_back_without_a_copy() {
+        let mut state = state();
+        let key = (0..u64::MAX).find(|key| state.owns(key)).unwrap();
+        state.get_or_default(&key).count = 7;
+        let handoff = state.hand_off();
+        assert_eq!(state.shared_key_groups(), state.range().len());
+        drop(handoff);
+        state.get_or_default(&key).count += 1;
+        assert_eq!(state.copied_key_groups(), 0);
+        assert_eq!(state.get(&key), Some(&Count { count: 8 }));
+    }
+}

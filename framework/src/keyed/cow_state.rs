@@ -1,0 +1,582 @@
+//! [`CowKeyedState`]: the per-key state of one subtask in one hash table
+//! per key group, each copy-on-write ([`super::cow`]), so that a snapshot
+//! takes the key groups it writes in constant time per group and the
+//! checkpoint writer encodes them off the operator's thread.
+//!
+//! This module owns that layout, its lookups, the hand-off and the
+//! conversion from the flat [`KeyedState`] ([`CowKeyedState::from_flat`]).
+//! It never decides when to convert (the keyed store does, see
+//! `store.rs`), never routes records and never does I/O.
+//!
+//! # Why a second layout, and when it is used
+//!
+//! A lookup here loads the group's table header before it can probe: one
+//! dependent load more than the flat table, whose header sits at a fixed
+//! place. While the state is small (it fits in cache) that load is a
+//! large share of a lookup and measured 5-10 % of the keyed count's
+//! throughput and enough of the window count's to miss its target
+//! (issue 16's two reverted attempts); but then the flat table's
+//! synchronous snapshot is cheap too (about 1-6 ms at 50 k keys per
+//! subtask). Once the state is large, each lookup misses cache anyway and
+//! the extra load is a small share, while a synchronous snapshot would
+//! take time proportional to the whole state. So the keyed store starts
+//! flat and converts to this layout at a threshold of keys
+//! (`JobConfig::copy_on_write_threshold_keys`).
+//!
+//! [`CowKeyedState::get_or_default_routed`] derives the key group with
+//! `KeyGroupOf` (a shift at a power-of-two max parallelism), which takes
+//! a dependent multiply off the lookup's chain.
+
+use super::backend::{parts_covering, KeyGroupPart, KeyedState};
+use super::cow::{GroupTable, KeyGroupHandoff};
+use super::hash::key_hash;
+use super::key_group::{KeyGroupError, KeyGroupOf, KeyGroupRange, MaxParallelism};
+use super::part;
+use super::{KeyedError, StateKey};
+use crate::state::{Snapshot, StateError};
+use hashbrown::hash_table::Entry;
+use hashbrown::HashTable;
+
+/// The per-key state of one subtask of a keyed operator: a value `S` per
+/// key `K`, for the keys whose key group is in this subtask's range.
+#[derive(Debug)]
+pub struct CowKeyedState<K, S> {
+    max_parallelism: MaxParallelism,
+    /// `max_parallelism`'s key-group formula with its scaling chosen once:
+    /// the group picks the table, so it is on every lookup's critical path.
+    key_group_of: KeyGroupOf,
+    range: KeyGroupRange,
+    /// One slot per owned key group, in order: its copy-on-write table
+    /// (so that a snapshot can take groups away in constant time, see
+    /// [`super::cow`]) and its dirty flag, side by side so that a lookup
+    /// touches one cache line for both.
+    groups: Vec<Slot<K, S>>,
+    /// Key-group tables copied because a snapshot still held them when the
+    /// state wrote them.
+    copies: u64,
+}
+
+/// One key group of a [`CowKeyedState`].
+#[derive(Debug)]
+struct Slot<K, S> {
+    table: GroupTable<K, S>,
+    /// Whether the group may have changed since [`CowKeyedState::clear_dirty`].
+    /// Set on every mutable access, so it over-approximates: reading
+    /// through `get_or_default` without writing still marks the group.
+    dirty: bool,
+}
+
+/// A routed key of a key group this state does not own: a routing bug.
+#[cold]
+#[inline(never)]
+fn misrouted_panic(max_parallelism: MaxParallelism, range: KeyGroupRange, hash: u64) -> ! {
+    panic!(
+        "bug: a key of key group {} was routed to the state of {:?}: a record was routed to \
+         the wrong subtask",
+        max_parallelism.key_group_of(hash),
+        range
+    )
+}
+
+impl<K: StateKey, S> CowKeyedState<K, S> {
+    /// Empty state owning the key groups in `range`.
+    pub fn new(
+        max_parallelism: MaxParallelism,
+        range: KeyGroupRange,
+    ) -> Result<Self, KeyGroupError> {
+        max_parallelism.check_range(range)?;
+        Ok(CowKeyedState {
+            max_parallelism,
+            key_group_of: KeyGroupOf::new(max_parallelism),
+            range,
+            groups: (0..range.len())
+                .map(|_| Slot {
+                    table: GroupTable::default(),
+                    dirty: false,
+                })
+                .collect(),
+            copies: 0,
+        })
+    }
+
+    /// Empty state for `subtask` of `parallelism` subtasks.
+    pub fn for_subtask(
+        max_parallelism: MaxParallelism,
+        parallelism: u32,
+        subtask: u32,
+    ) -> Result<Self, KeyGroupError> {
+        Self::new(
+            max_parallelism,
+            max_parallelism.range_for_subtask(parallelism, subtask)?,
+        )
+    }
+
+    /// The state of `flat`, moved into one table per key group, with its
+    /// dirty flags: what the keyed store does once a subtask holds enough
+    /// keys. Every key is hashed again once, to find its group; no key or
+    /// state is cloned.
+    ///
+    /// # Panics
+    ///
+    /// If `flat` holds a key of a key group it does not own, which its
+    /// ways in refuse (a routing bug, as in [`KeyedState::snapshot`]).
+    pub fn from_flat(flat: KeyedState<K, S>) -> Self {
+        let (max_parallelism, range) = (flat.max_parallelism(), flat.range());
+        let mut state = Self::new(max_parallelism, range)
+            .unwrap_or_else(|error| panic!("bug: a keyed state's own range is invalid: {error}"));
+        let (table, dirty) = flat.into_table();
+        for (slot, dirty) in state.groups.iter_mut().zip(dirty) {
+            slot.dirty = dirty;
+        }
+        for (key, value) in table {
+            let hash = key_hash(&key);
+            let index = state
+                .key_group_of
+                .key_group_of(hash)
+                .wrapping_sub(range.start) as usize;
+            let Some(slot) = state.groups.get_mut(index) else {
+                misrouted_panic(max_parallelism, range, hash)
+            };
+            slot.table
+                .get_mut(&mut state.copies)
+                .insert_unique(hash, (key, value), |(k, _)| key_hash(k));
+        }
+        state
+    }
+
+    /// The job's max parallelism.
+    pub fn max_parallelism(&self) -> MaxParallelism {
+        self.max_parallelism
+    }
+
+    /// The key groups this state owns.
+    pub fn range(&self) -> KeyGroupRange {
+        self.range
+    }
+
+    /// The key group of `key`.
+    pub fn key_group_of(&self, key: &K) -> u32 {
+        self.max_parallelism.key_group_of(key_hash(key))
+    }
+
+    /// Whether `key`'s key group is owned by this state.
+    pub fn owns(&self, key: &K) -> bool {
+        self.range.contains(self.key_group_of(key))
+    }
+
+    /// The hash of `key` and its key group's index in `dirty`, or the key
+    /// group of a key this state does not own. The error is a bare `u32` so
+    /// that the hot path carries no large error value.
+    #[inline]
+    fn locate(&self, key: &K) -> Result<(u64, usize), u32> {
+        let hash = key_hash(key);
+        self.locate_hash(hash).map(|index| (hash, index))
+    }
+
+    /// The index in `dirty` of the key group of a key with hash `hash`, or
+    /// that key group when this state does not own it.
+    #[inline]
+    fn locate_hash(&self, hash: u64) -> Result<usize, u32> {
+        let key_group = self.key_group_of.key_group_of(hash);
+        // Below `start` wraps to a huge index, so one comparison checks both
+        // ends of the range.
+        let index = key_group.wrapping_sub(self.range.start) as usize;
+        if index < self.groups.len() {
+            Ok(index)
+        } else {
+            Err(key_group)
+        }
+    }
+
+    /// Out of line so that the formatting machinery stays out of the
+    /// force-inlined hot path.
+    #[cold]
+    #[inline(never)]
+    fn foreign_key_panic(&self, key_group: u32) -> ! {
+        panic!("{}", self.foreign_key(key_group))
+    }
+
+    #[cold]
+    fn foreign_key(&self, key_group: u32) -> KeyedError {
+        KeyedError::ForeignKey {
+            key_group,
+            range: self.range,
+        }
+    }
+
+    /// Whether the group at `index` holds `key`, read without taking a
+    /// shared group back: an update of a key that is not there must not
+    /// copy its group.
+    fn holds(&self, index: usize, hash: u64, key: &K) -> bool {
+        self.groups[index]
+            .table
+            .get()
+            .find(hash, |(other, _)| other == key)
+            .is_some()
+    }
+
+    /// The state of `key`, if it has one here.
+    pub fn get(&self, key: &K) -> Option<&S> {
+        let (hash, index) = self.locate(key).ok()?;
+        self.groups[index]
+            .table
+            .get()
+            .find(hash, |(other, _)| other == key)
+            .map(|(_, state)| state)
+    }
+
+    /// The state of `key` for update, if it has one here.
+    pub fn get_mut(&mut self, key: &K) -> Option<&mut S> {
+        let (hash, index) = self.locate(key).ok()?;
+        if !self.holds(index, hash, key) {
+            return None;
+        }
+        self.groups[index].dirty = true;
+        self.groups[index]
+            .table
+            .get_mut(&mut self.copies)
+            .find_mut(hash, |(other, _)| other == key)
+            .map(|(_, state)| state)
+    }
+
+    /// Sets the state of `key`, returning the previous one. Fails for a key
+    /// this subtask does not own.
+    pub fn insert(&mut self, key: K, state: S) -> Result<Option<S>, KeyedError> {
+        let (hash, index) = self
+            .locate(&key)
+            .map_err(|key_group| self.foreign_key(key_group))?;
+        self.groups[index].dirty = true;
+        let entry = self.groups[index].table.get_mut(&mut self.copies).entry(
+            hash,
+            |(other, _)| *other == key,
+            |(k, _)| key_hash(k),
+        );
+        match entry {
+            Entry::Occupied(mut occupied) => {
+                Ok(Some(std::mem::replace(&mut occupied.get_mut().1, state)))
+            }
+            Entry::Vacant(vacant) => {
+                vacant.insert((key, state));
+                Ok(None)
+            }
+        }
+    }
+
+    /// Removes the state of `key` and returns it.
+    pub fn remove(&mut self, key: &K) -> Option<S> {
+        let (hash, index) = self.locate(key).ok()?;
+        if !self.holds(index, hash, key) {
+            return None;
+        }
+        let entry = self.groups[index]
+            .table
+            .get_mut(&mut self.copies)
+            .find_entry(hash, |(other, _)| other == key)
+            .ok()?;
+        let ((_, state), _) = entry.remove();
+        self.groups[index].dirty = true;
+        Some(state)
+    }
+
+    /// The number of keys with state.
+    pub fn len(&self) -> usize {
+        self.groups.iter().map(|slot| slot.table.get().len()).sum()
+    }
+
+    /// Whether no key has state.
+    pub fn is_empty(&self) -> bool {
+        self.groups.iter().all(|slot| slot.table.get().is_empty())
+    }
+
+    /// Every key and its state, in unspecified order.
+    pub fn iter(&self) -> impl Iterator<Item = (&K, &S)> + '_ {
+        self.groups
+            .iter()
+            .flat_map(|slot| slot.table.get().iter().map(|(key, state)| (key, state)))
+    }
+
+    /// Every key and its state for update. Marks every key group dirty
+    /// (and so takes back, copying if need be, every group a snapshot
+    /// still holds).
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = (&K, &mut S)> + '_ {
+        let copies = &mut self.copies;
+        self.groups
+            .iter_mut()
+            .map(|slot| {
+                slot.dirty = true;
+                slot.table.get_mut(copies)
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .flat_map(|table| table.iter_mut().map(|(key, state)| (&*key, state)))
+    }
+
+    /// How many key-group tables were copied so far because a snapshot
+    /// still held them when this state wrote them: the extra memory of
+    /// asynchronous snapshots (see [`super::cow`]).
+    pub fn copied_key_groups(&self) -> u64 {
+        self.copies
+    }
+
+    /// How many key groups are still shared with a snapshot they were
+    /// handed to (not written since).
+    pub fn shared_key_groups(&self) -> usize {
+        self.groups
+            .iter()
+            .filter(|slot| slot.table.is_shared())
+            .count()
+    }
+
+    /// The key groups accessed mutably since the last [`Self::clear_dirty`]
+    /// (or since creation), ascending: what an incremental checkpoint
+    /// writes again ([`Self::snapshot_key_groups`]).
+    pub fn dirty_key_groups(&self) -> impl Iterator<Item = u32> + '_ {
+        let start = self.range.start;
+        self.groups
+            .iter()
+            .enumerate()
+            .filter(|(_, slot)| slot.dirty)
+            .map(move |(index, _)| start + index as u32)
+    }
+
+    /// Marks every key group clean, after a checkpoint has captured them.
+    pub fn clear_dirty(&mut self) {
+        self.groups.iter_mut().for_each(|slot| slot.dirty = false);
+    }
+}
+
+impl<K: StateKey, S: Default> CowKeyedState<K, S> {
+    /// The state of `key`, created with `S::default()` if it has none. This
+    /// is the hot path: one hash, no allocation for an existing key.
+    ///
+    /// # Panics
+    ///
+    /// If this subtask does not own `key`'s key group. That is a routing bug
+    /// (the partitioner must use [`key_hash`] and the same max parallelism),
+    /// not bad input; use [`Self::try_get_or_default`] to handle it.
+    // `inline(always)`: with a plain hint LLVM kept this out of line in the
+    // benchmark's loop (hashbrown's probe makes it look large), and the call
+    // cost a fifth of the throughput.
+    #[inline(always)]
+    pub fn get_or_default(&mut self, key: &K) -> &mut S {
+        match self.locate(key) {
+            Ok((hash, index)) => self.slot_or_default(key, hash, index),
+            Err(key_group) => self.foreign_key_panic(key_group),
+        }
+    }
+
+    /// [`Self::get_or_default`] that reports a key of a foreign key group
+    /// as [`KeyedError::ForeignKey`] instead of panicking.
+    #[inline]
+    pub fn try_get_or_default(&mut self, key: &K) -> Result<&mut S, KeyedError> {
+        match self.locate(key) {
+            Ok((hash, index)) => Ok(self.slot_or_default(key, hash, index)),
+            Err(key_group) => Err(self.foreign_key(key_group)),
+        }
+    }
+
+    /// [`Self::try_get_or_default`] for a caller that already has the key's
+    /// [`key_hash`] (a keyed operator that hashed a whole batch in one
+    /// pass): the key is not hashed again. `hash` must be `key_hash(key)`;
+    /// a wrong hash finds no state and creates a stray entry under it, so
+    /// debug builds assert it.
+    #[inline]
+    pub fn try_get_or_default_hashed(&mut self, key: &K, hash: u64) -> Result<&mut S, KeyedError> {
+        debug_assert_eq!(hash, key_hash(key), "the hash given is not the key's");
+        match self.locate_hash(hash) {
+            Ok(index) => Ok(self.slot_or_default(key, hash, index)),
+            Err(key_group) => Err(self.foreign_key(key_group)),
+        }
+    }
+
+    /// The state of `key`, created with `S::default()` if it has none, for
+    /// a caller that routed the key here by its key group with this
+    /// state's [`key_hash`] and max parallelism: the job's keyed operator,
+    /// fed by a hash partitioner. `hash` must be `key_hash(key)`.
+    ///
+    /// Unlike [`Self::try_get_or_default_hashed`], it does not refuse a
+    /// key of a foreign key group: ownership is asserted in debug builds
+    /// only, because such a key here is a routing bug, and in a release
+    /// build the index of the key's group is still checked (a key of a
+    /// foreign group has no table here) and panics. It marks exactly the
+    /// key's group dirty, from the hash it is given (a multiply, a shift
+    /// and one byte store), which is what an incremental checkpoint reads
+    /// through [`Self::dirty_key_groups`].
+    #[inline]
+    pub fn get_or_default_routed(&mut self, key: &K, hash: u64) -> &mut S {
+        debug_assert_eq!(hash, key_hash(key), "the hash given is not the key's");
+        debug_assert!(
+            self.locate_hash(hash).is_ok(),
+            "bug: a key of key group {} was routed to the state of {:?}",
+            self.max_parallelism.key_group_of(hash),
+            self.range
+        );
+        let index = self.routed_index(hash);
+        self.get_or_default_at(key, hash, index)
+    }
+
+    /// The index of the slot of a routed key's group (see
+    /// [`Self::get_or_default_routed`]): computed ahead, for a whole batch
+    /// before its records, it takes the key-group arithmetic off each
+    /// lookup's chain of dependent loads. The index of a foreign group
+    /// is out of bounds and panics when used.
+    #[inline(always)]
+    pub(crate) fn routed_index(&self, hash: u64) -> usize {
+        self.key_group_of
+            .key_group_of(hash)
+            .wrapping_sub(self.range.start) as usize
+    }
+
+    /// [`Self::get_or_default_routed`] with the key's
+    /// [`Self::routed_index`] computed ahead: `hash` must be
+    /// `key_hash(key)` and `index` its `routed_index` (debug builds
+    /// assert both), or the key lands in another group's table.
+    #[inline(always)]
+    pub(crate) fn get_or_default_at(&mut self, key: &K, hash: u64, index: usize) -> &mut S {
+        debug_assert_eq!(hash, key_hash(key), "the hash given is not the key's");
+        debug_assert_eq!(
+            index,
+            self.routed_index(hash),
+            "the index is not the hash's"
+        );
+        let Some(slot) = self.groups.get_mut(index) else {
+            misrouted_panic(self.max_parallelism, self.range, hash)
+        };
+        slot.dirty = true;
+        Self::find_or_insert_default(slot.table.get_mut(&mut self.copies), key, hash)
+    }
+
+    #[inline(always)]
+    fn slot_or_default(&mut self, key: &K, hash: u64, index: usize) -> &mut S {
+        self.groups[index].dirty = true;
+        Self::find_or_insert_default(
+            self.groups[index].table.get_mut(&mut self.copies),
+            key,
+            hash,
+        )
+    }
+
+    /// The state of `key` (with hash `hash`) in `table`, inserted as
+    /// `S::default()` when absent. Marks nothing dirty.
+    //
+    // `find_entry` then, on a miss only, `insert_unique`: `HashTable::entry`
+    // checks spare capacity and tracks an insert slot on every lookup, which
+    // measured about 5-10% slower on the count benchmark.
+    #[inline(always)]
+    fn find_or_insert_default<'table>(
+        table: &'table mut HashTable<(K, S)>,
+        key: &K,
+        hash: u64,
+    ) -> &'table mut S {
+        match table.find_entry(hash, |(other, _)| other == key) {
+            Ok(occupied) => &mut occupied.into_mut().1,
+            Err(absent) => Self::insert_default(absent.into_table(), key, hash),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn insert_default<'table>(
+        table: &'table mut HashTable<(K, S)>,
+        key: &K,
+        hash: u64,
+    ) -> &'table mut S {
+        let entry = table.insert_unique(hash, (key.clone(), S::default()), |(k, _)| key_hash(k));
+        &mut entry.into_mut().1
+    }
+}
+
+impl<K: StateKey + Clone, S: Snapshot + Clone> CowKeyedState<K, S> {
+    /// Hands the owned key groups that `include` picks to a snapshot, in
+    /// ascending key group order, in time proportional to the number of
+    /// key groups (no entry is read or copied): the synchronous part of an
+    /// asynchronous snapshot. Encode the result later, on any thread, with
+    /// [`KeyGroupHandoff::encode`]; what this state is given after the
+    /// handoff never reaches it (see [`super::cow`] for the copy-on-write
+    /// rule and its memory bound). Dirty flags are left as they are.
+    pub fn hand_off_key_groups(
+        &mut self,
+        mut include: impl FnMut(u32) -> bool,
+    ) -> KeyGroupHandoff<K, S> {
+        let groups = self
+            .range
+            .iter()
+            .zip(&mut self.groups)
+            .filter(|(key_group, _)| include(*key_group))
+            .map(|(key_group, slot)| (key_group, slot.table.share()))
+            .collect();
+        KeyGroupHandoff::new(self.max_parallelism, groups)
+    }
+
+    /// Hands every owned key group to a snapshot; see
+    /// [`Self::hand_off_key_groups`].
+    pub fn hand_off(&mut self) -> KeyGroupHandoff<K, S> {
+        self.hand_off_key_groups(|_| true)
+    }
+}
+
+impl<K: StateKey, S: Snapshot> CowKeyedState<K, S> {
+    /// Encodes the owned key groups that `include` picks (by key group) as
+    /// parts, in ascending key group order, reading only their tables.
+    pub fn snapshot_key_groups(
+        &self,
+        mut include: impl FnMut(u32) -> bool,
+    ) -> Result<Vec<KeyGroupPart>, StateError> {
+        let schema = part::schema_section::<S>()?;
+        let mut scratch = Vec::new();
+        let mut parts = Vec::new();
+        for (key_group, slot) in self.range.iter().zip(&self.groups) {
+            if include(key_group) {
+                let bytes = part::encode_table(
+                    slot.table.get(),
+                    &schema,
+                    &mut scratch,
+                    self.max_parallelism,
+                    key_group,
+                )?;
+                parts.push(KeyGroupPart { key_group, bytes });
+            }
+        }
+        Ok(parts)
+    }
+
+    /// Encodes one owned key group as a part.
+    pub fn snapshot_key_group(&self, key_group: u32) -> Result<Vec<u8>, KeyedError> {
+        if !self.range.contains(key_group) {
+            return Err(KeyedError::ForeignKeyGroup {
+                key_group,
+                range: self.range,
+            });
+        }
+        let state_error = |source| KeyedError::State { key_group, source };
+        let mut parts = self
+            .snapshot_key_groups(|picked| picked == key_group)
+            .map_err(state_error)?;
+        Ok(parts.pop().map(|part| part.bytes).unwrap_or_default())
+    }
+
+    /// Rebuilds the state of the key groups in `range` from their parts,
+    /// which may have been written at any parallelism (with the same max
+    /// parallelism). Exactly one part per key group of `range` is required;
+    /// a part outside `range` is [`KeyedError::ForeignKeyGroup`] (filter
+    /// with [`parts_in_range`](super::parts_in_range) first when feeding all parts of a snapshot).
+    ///
+    /// The restored state starts with every key group clean.
+    pub fn restore<B: AsRef<[u8]>>(
+        max_parallelism: MaxParallelism,
+        range: KeyGroupRange,
+        parts: impl IntoIterator<Item = (u32, B)>,
+    ) -> Result<Self, KeyedError> {
+        let mut state = Self::new(max_parallelism, range)?;
+        let owned_parts = parts_covering(range, parts)?;
+        // `decode_into` sizes each group's table once from its part's entry
+        // count, capped by the part's length, so hostile headers cannot
+        // inflate it.
+        for (key_group, bytes) in &owned_parts {
+            let index = (key_group - range.start) as usize;
+            let table = state.groups[index].table.get_mut(&mut state.copies);
+            part::decode_into(bytes.as_ref(), max_parallelism, *key_group, table)?;
+        }
+        Ok(state)
+    }
+}

@@ -1,0 +1,45 @@
+//! The hand-off of a keyed state's snapshot from the operator's thread to
+//! the checkpoint writer: [`DeferredParts`], which yields the parts of the
+//! key groups a snapshot took, one at a time, in ascending key group order.
+//!
+//! This module owns only that trait and its trivial form over parts
+//! encoded already ([`ReadyParts`]). It never decides which groups a
+//! snapshot takes, never encodes anything itself and never does I/O. The
+//! copy-on-write state's hand-off ([`super::cow::KeyGroupHandoff`])
+//! implements it; a spilling backend can supply one over a snapshot of its
+//! disk store.
+
+use super::KeyGroupPart;
+
+/// The runtime's error box, named here so that the keyed layer does not
+/// reach up into the runtime.
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// The parts of a snapshot's key groups, produced one at a time on
+/// whatever thread holds the value (the checkpoint writer's).
+///
+/// Each call encodes (or reads) the next key group, ascending, and checks
+/// the part before it returns it, so that a caller that writes each part
+/// before asking for the next holds one encoded group at a time. After an
+/// error the caller must stop: the snapshot fails as a whole.
+pub(crate) trait DeferredParts: Send {
+    /// The next key group's part, `None` after the last.
+    fn next_part(&mut self) -> Option<Result<KeyGroupPart, BoxError>>;
+}
+
+/// Parts encoded already (on the operator's thread), handed on in order.
+#[derive(Debug)]
+pub(crate) struct ReadyParts(pub(crate) std::vec::IntoIter<KeyGroupPart>);
+
+impl ReadyParts {
+    /// `parts`, ascending by key group.
+    pub(crate) fn new(parts: Vec<KeyGroupPart>) -> Self {
+        ReadyParts(parts.into_iter())
+    }
+}
+
+impl DeferredParts for ReadyParts {
+    fn next_part(&mut self) -> Option<Result<KeyGroupPart, BoxError>> {
+        self.0.next().map(Ok)
+    }
+}
