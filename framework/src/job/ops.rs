@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::keyed::deferred::DeferredParts;
 use crate::keyed::store::{KeyGroupSnapshots, KeyedStore};
 use crate::keyed::{key_hash, KeyedBackend, MaxParallelism};
 use crate::protocol::CheckpointId;
@@ -256,24 +257,32 @@ where
         }
     }
 
-    /// The copy-on-write state's snapshot is asynchronous: the key groups
-    /// to write are handed off (constant time per group) and the
-    /// checkpoint writer encodes them; the flat and the spilling state
-    /// encode here, on the operator's thread.
+    /// The copy-on-write and the spilling state's snapshots are
+    /// asynchronous: the copy-on-write key groups to write are handed off
+    /// (constant time per group), the spilling state writes its in-memory
+    /// entries of those groups down and takes a snapshot of its disk store,
+    /// and the checkpoint writer encodes (or reads) the parts; the flat
+    /// state encodes here, on the operator's thread.
     fn take_state(&mut self, checkpoint: CheckpointId) -> Result<TakenState, BoxError> {
-        let KeyedStore::CopyOnWrite(states) = &mut self.states else {
-            return Ok(TakenState::Segments(self.snapshot_segments(checkpoint)?));
-        };
-        let plan = match &mut self.incremental {
-            Some(incremental) if !incremental.kinds.is_savepoint(checkpoint) => {
-                let changed: Vec<u32> = states.dirty_key_groups().collect();
-                incremental.ledger.plan(checkpoint, states.range(), changed)
+        let (plan, parts): (SnapshotPlan, Box<dyn DeferredParts>) = match &mut self.states {
+            KeyedStore::Memory(_) => {
+                return Ok(TakenState::Segments(self.snapshot_segments(checkpoint)?));
             }
-            _ => SnapshotPlan::full(states.range()),
+            KeyedStore::CopyOnWrite(states) => {
+                let plan = plan_of(&mut self.incremental, checkpoint, &*states);
+                let handoff = states.hand_off_key_groups(|key_group| plan.writes(key_group));
+                states.clear_dirty();
+                (plan, Box::new(handoff))
+            }
+            #[cfg(feature = "spill")]
+            KeyedStore::Spilling(states) => {
+                let plan = plan_of(&mut self.incremental, checkpoint, &**states);
+                let snapshot = states.snapshot(&mut |key_group| plan.writes(key_group))?;
+                states.forget_changes();
+                (plan, Box::new(snapshot))
+            }
         };
-        let handoff = states.hand_off_key_groups(|key_group| plan.writes(key_group));
-        states.clear_dirty();
-        let state: Box<dyn DeferredState> = Box::new(plan.with_parts(Box::new(handoff)));
+        let state: Box<dyn DeferredState> = Box::new(plan.with_parts(parts));
         Ok(TakenState::Deferred(state))
     }
 
@@ -316,6 +325,25 @@ where
             published.insert(self.subtask, states);
         }
         Ok(())
+    }
+}
+
+/// What a snapshot of `states` for `checkpoint` writes and what it refers
+/// to: the changed key groups (and those not yet confirmed) with
+/// incremental checkpoints, every group for a full one or a savepoint.
+fn plan_of(
+    incremental: &mut Option<Incremental>,
+    checkpoint: CheckpointId,
+    states: &impl KeyGroupSnapshots,
+) -> SnapshotPlan {
+    match incremental {
+        Some(incremental) if !incremental.kinds.is_savepoint(checkpoint) => {
+            let changed = states.changed_key_groups();
+            incremental
+                .ledger
+                .plan(checkpoint, states.key_groups(), changed)
+        }
+        _ => SnapshotPlan::full(states.key_groups()),
     }
 }
 

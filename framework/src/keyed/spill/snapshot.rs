@@ -307,3 +307,11 @@ mod tests {
         assert!(!dir.path().join("instance").exists());
     }
 }
+
+/// The checkpoint writer pulls a spilling snapshot's parts one at a time,
+/// on its own thread, exactly as it pulls a copy-on-write hand-off's.
+impl crate::keyed::deferred::DeferredParts for SpillSnapshot {
+    fn next_part(&mut self) -> Option<Result<KeyGroupPart, BoxError>> {
+        SpillSnapshot::next_part(self)
+    }
+}
