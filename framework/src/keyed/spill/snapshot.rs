@@ -144,6 +144,14 @@ fn read_part(
     })
 }
 
+/// The checkpoint writer pulls a spilling snapshot's parts one at a time,
+/// on its own thread, exactly as it pulls a copy-on-write hand-off's.
+impl crate::keyed::deferred::DeferredParts for SpillSnapshot {
+    fn next_part(&mut self) -> Option<Result<KeyGroupPart, BoxError>> {
+        SpillSnapshot::next_part(self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -305,13 +313,5 @@ mod tests {
                 .unwrap()
         );
         assert!(!dir.path().join("instance").exists());
-    }
-}
-
-/// The checkpoint writer pulls a spilling snapshot's parts one at a time,
-/// on its own thread, exactly as it pulls a copy-on-write hand-off's.
-impl crate::keyed::deferred::DeferredParts for SpillSnapshot {
-    fn next_part(&mut self) -> Option<Result<KeyGroupPart, BoxError>> {
-        SpillSnapshot::next_part(self)
     }
 }
