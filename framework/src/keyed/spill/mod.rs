@@ -34,11 +34,11 @@
 //!   of the requested key groups back to disk on the operator's thread (at
 //!   most the memory budget, not the whole state) and takes a fjall MVCC
 //!   snapshot; [`SpillSnapshot`] then reads one key group's part at a time
-//!   and may run on another thread while the operator writes. The
-//!   checkpoint writer does not pull it yet: `KeyGroupSnapshots::parts_of`
-//!   still collects every part on the operator's thread, and the parts are
-//!   written to the checkpoint store whole, not as references to the
-//!   store's immutable segment files.
+//!   on the checkpoint writer's thread while the operator writes (it is the
+//!   spilling state's `DeferredParts`). The writer still holds one
+//!   subtask's whole part before the store writes it, and the parts are
+//!   written to the checkpoint store, not as references to the store's
+//!   immutable segment files.
 //! - Only the keyed operators of `process`, `reduce` and `aggregate` use
 //!   it; timers, windows and time-to-live keep their state in memory.
 //! - A process killed without unwinding leaves its instance directories
