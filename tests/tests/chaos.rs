@@ -2,8 +2,9 @@
 //! `snapflow_tests::pipeline`) runs with seeded random parallelism (1 to 3
 //! per operator), snapshot mode (aligned or unaligned), batch size,
 //! checkpoint interval, source pace, keyed-state layout (flat, copy-on-write
-//! from the start, or switching to copy-on-write after a few keys: a third
-//! of the seeds each, by `seed / 3 % 3` so that it varies apart from the
+//! from the start, switching to copy-on-write after a few keys, or the
+//! spilling backend with two keys per subtask in memory: a quarter of the
+//! seeds each, by `seed / 3 % 4` so that it varies apart from the
 //! parallelism) and one to three faults (a panic or an
 //! error in a random operator on a random record, or in the sink's commit
 //! after a checkpoint became durable; each fires once). The
@@ -21,7 +22,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
 
-use snapflow::job::{Job, JobConfig, RestartStrategy};
+use snapflow::job::{Job, JobConfig, KeyedBackend, RestartStrategy};
 use snapflow::protocol::SnapshotMode;
 use snapflow_tests::pipeline::{declare, expected, faulty_collect, kept, output_id, Pacing, KEYS};
 use snapflow_tests::{quiet_injected_panics, seeds, FaultKind, Faults, TestRng};
@@ -45,8 +46,18 @@ struct Plan {
     batch_size_max: usize,
     pacing: Pacing,
     faults: Vec<(&'static str, u64, FaultKind)>,
+    layout: Layout,
+}
+
+/// Where the keyed operators keep their state.
+#[derive(Debug, Clone, Copy)]
+enum Layout {
+    /// The in-memory backend with this
     /// `JobConfig::copy_on_write_threshold_keys`.
-    copy_on_write_threshold_keys: usize,
+    Memory { copy_on_write_threshold_keys: usize },
+    /// `KeyedBackend::Spilling` with this budget per subtask, in a
+    /// temporary directory of the run's own.
+    Spilling { memory_entries: usize },
 }
 
 fn plan(seed: u64, guarantee: Guarantee) -> Plan {
@@ -85,10 +96,17 @@ fn plan(seed: u64, guarantee: Guarantee) -> Plan {
         faults,
         // From the seed, not the generator, so that every other choice of
         // a seed stays what it was before this one existed.
-        copy_on_write_threshold_keys: match seed / 3 % 3 {
-            0 => JobConfig::default().copy_on_write_threshold_keys,
-            1 => 0,
-            _ => 5,
+        layout: match seed / 3 % 4 {
+            0 => Layout::Memory {
+                copy_on_write_threshold_keys: JobConfig::default().copy_on_write_threshold_keys,
+            },
+            1 => Layout::Memory {
+                copy_on_write_threshold_keys: 0,
+            },
+            2 => Layout::Memory {
+                copy_on_write_threshold_keys: 5,
+            },
+            _ => Layout::Spilling { memory_entries: 2 },
         },
     }
 }
@@ -128,6 +146,19 @@ type Summary = (usize, usize, u64);
 fn run(seed: u64, guarantee: Guarantee) -> Result<Summary, String> {
     let plan = plan(seed, guarantee);
     let faults = Faults::new(plan.faults.clone());
+    let work = tempfile::tempdir().map_err(|error| format!("no temporary directory: {error}"))?;
+    let (keyed_backend, copy_on_write_threshold_keys) = match plan.layout {
+        Layout::Memory {
+            copy_on_write_threshold_keys,
+        } => (KeyedBackend::Memory, copy_on_write_threshold_keys),
+        Layout::Spilling { memory_entries } => (
+            KeyedBackend::Spilling {
+                dir: work.path().to_path_buf(),
+                memory_entries,
+            },
+            JobConfig::default().copy_on_write_threshold_keys,
+        ),
+    };
     let job = Job::new(
         "chaos",
         JobConfig {
@@ -136,7 +167,8 @@ fn run(seed: u64, guarantee: Guarantee) -> Result<Summary, String> {
             batch_size_max: plan.batch_size_max,
             max_parallelism: 16,
             arbiters: Some(2),
-            copy_on_write_threshold_keys: plan.copy_on_write_threshold_keys,
+            copy_on_write_threshold_keys,
+            keyed_backend,
             restart: RestartStrategy::FixedDelay {
                 attempts_max: 10,
                 delay_ms: 0,
