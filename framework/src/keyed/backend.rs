@@ -466,7 +466,6 @@ impl<K: StateKey, S: Snapshot> KeyedState<K, S> {
             .iter()
             .map(|_| PartWriter::new(&schema))
             .collect();
-        let mut scratch = Vec::new();
         // One pass over the table in memory order, appending each entry to
         // its key group's part: one sequential write stream per key group. Gathering the
         // entries per group first and then encoding them read the table in
@@ -484,7 +483,7 @@ impl<K: StateKey, S: Snapshot> KeyedState<K, S> {
                     self.range
                 );
             };
-            writer.push(key, state, &mut scratch)?;
+            writer.push(key, state)?;
         }
         let parts = self
             .range
@@ -519,12 +518,11 @@ impl<K: StateKey, S: Snapshot> KeyedState<K, S> {
         if writers.iter().all(Option::is_none) {
             return Ok(Vec::new());
         }
-        let mut scratch = Vec::new();
         for (key, state) in self.table.iter() {
             let key_group = self.key_group_of(key);
             let index = key_group.wrapping_sub(self.range.start) as usize;
             match writers.get_mut(index) {
-                Some(Some(writer)) => writer.push(key, state, &mut scratch)?,
+                Some(Some(writer)) => writer.push(key, state)?,
                 Some(None) => {}
                 None => panic!(
                     "bug: a key of key group {key_group} is stored in the state of {:?}: \
@@ -558,10 +556,9 @@ impl<K: StateKey, S: Snapshot> KeyedState<K, S> {
         let state_error = |source| KeyedError::State { key_group, source };
         let schema = part::schema_section::<S>().map_err(state_error)?;
         let mut writer = PartWriter::new(&schema);
-        let mut scratch = Vec::new();
         for (key, state) in self.table.iter() {
             if self.key_group_of(key) == key_group {
-                writer.push(key, state, &mut scratch).map_err(state_error)?;
+                writer.push(key, state).map_err(state_error)?;
             }
         }
         Ok(writer.finish(self.max_parallelism, key_group))

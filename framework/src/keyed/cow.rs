@@ -144,8 +144,6 @@ pub struct KeyGroupHandoff<K, S> {
     /// The schema section every part starts with, computed at the first
     /// part.
     schema: Option<Vec<u8>>,
-    /// A reusable buffer for one entry's encoding.
-    scratch: Vec<u8>,
 }
 
 impl<K, S> std::fmt::Debug for KeyGroupHandoff<K, S> {
@@ -167,7 +165,6 @@ impl<K, S> KeyGroupHandoff<K, S> {
             max_parallelism,
             groups: groups.into_iter(),
             schema: None,
-            scratch: Vec::new(),
         }
     }
 
@@ -206,13 +203,7 @@ impl<K: StateKey, S: Snapshot> KeyGroupHandoff<K, S> {
                 Err(error) => return Some(Err(error)),
             },
         };
-        let bytes = part::encode_table(
-            &table,
-            schema,
-            &mut self.scratch,
-            self.max_parallelism,
-            key_group,
-        );
+        let bytes = part::encode_table(&table, schema, self.max_parallelism, key_group);
         // `table` drops here: the state may take the group back uncopied.
         Some(bytes.map(|bytes| KeyGroupPart { key_group, bytes }))
     }

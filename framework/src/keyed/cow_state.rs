@@ -523,17 +523,11 @@ impl<K: StateKey, S: Snapshot> CowKeyedState<K, S> {
         mut include: impl FnMut(u32) -> bool,
     ) -> Result<Vec<KeyGroupPart>, StateError> {
         let schema = part::schema_section::<S>()?;
-        let mut scratch = Vec::new();
         let mut parts = Vec::new();
         for (key_group, slot) in self.range.iter().zip(&self.groups) {
             if include(key_group) {
-                let bytes = part::encode_table(
-                    slot.table.get(),
-                    &schema,
-                    &mut scratch,
-                    self.max_parallelism,
-                    key_group,
-                )?;
+                let bytes =
+                    part::encode_table(slot.table.get(), &schema, self.max_parallelism, key_group)?;
                 parts.push(KeyGroupPart { key_group, bytes });
             }
         }

@@ -116,8 +116,7 @@ impl PartWriter {
         }
     }
 
-    /// Appends one entry. `scratch` is unused and kept for callers that
-    /// still pass one.
+    /// Appends one entry.
     ///
     /// The payload is encoded straight after a one-byte placeholder for its
     /// length, which is then written in place: nearly every payload of a
@@ -128,9 +127,7 @@ impl PartWriter {
         &mut self,
         key: &K,
         state: &S,
-        scratch: &mut Vec<u8>,
     ) -> Result<(), StateError> {
-        let _ = scratch;
         let out = std::mem::take(&mut self.out);
         self.out = postcard::to_extend(key, out).map_err(|error| StateError::Encode {
             type_name: std::any::type_name::<K>(),
@@ -190,18 +187,16 @@ impl PartWriter {
 
 /// Encodes one key group's whole table as a part, checked before it is
 /// returned: its header must decode and name `key_group` and exactly the
-/// table's entries. `schema` comes from [`schema_section`]; `scratch` is a
-/// reusable buffer.
+/// table's entries. `schema` comes from [`schema_section`].
 pub(crate) fn encode_table<K: Serialize, S: Snapshot>(
     table: &HashTable<(K, S)>,
     schema: &[u8],
-    scratch: &mut Vec<u8>,
     max_parallelism: MaxParallelism,
     key_group: u32,
 ) -> Result<Vec<u8>, StateError> {
     let mut writer = PartWriter::new(schema);
     for (key, state) in table.iter() {
-        writer.push(key, state, scratch)?;
+        writer.push(key, state)?;
     }
     let bytes = writer.finish(max_parallelism, key_group);
     let fail = |reason: String| StateError::Encode {
