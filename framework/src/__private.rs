@@ -30,12 +30,10 @@ pub fn encode_field<T: Serialize + ?Sized>(
     value: &T,
     out: &mut Vec<u8>,
 ) -> Result<(), StateError> {
-    postcard::to_extend(value, core::mem::take(out))
-        .map(|extended| *out = extended)
-        .map_err(|error| StateError::Encode {
-            type_name,
-            reason: error.to_string(),
-        })
+    crate::state::append_postcard(value, out).map_err(|error| StateError::Encode {
+        type_name,
+        reason: error.to_string(),
+    })
 }
 
 /// Decodes one serde field from the front of `input` and advances it.

@@ -42,7 +42,7 @@ use super::hash::key_hash;
 use super::key_group::MaxParallelism;
 use super::KeyedError;
 use crate::state::blob::{read_u16, read_u32, read_u64, MAX_SCHEMA_LEN};
-use crate::state::{Snapshot, StateError, StoredSchema};
+use crate::state::{append_postcard, Snapshot, StateError, StoredSchema};
 use hashbrown::HashTable;
 use serde::{de::DeserializeOwned, Serialize};
 
@@ -128,8 +128,7 @@ impl PartWriter {
         key: &K,
         state: &S,
     ) -> Result<(), StateError> {
-        let out = std::mem::take(&mut self.out);
-        self.out = postcard::to_extend(key, out).map_err(|error| StateError::Encode {
+        append_postcard(key, &mut self.out).map_err(|error| StateError::Encode {
             type_name: std::any::type_name::<K>(),
             reason: error.to_string(),
         })?;
@@ -158,8 +157,7 @@ impl PartWriter {
     #[cfg(feature = "spill")]
     pub(crate) fn push_encoded(&mut self, key: &[u8], payload: &[u8]) -> Result<(), StateError> {
         self.out.extend_from_slice(key);
-        let out = std::mem::take(&mut self.out);
-        self.out = postcard::to_extend(&(payload.len() as u64), out).map_err(|error| {
+        append_postcard(&(payload.len() as u64), &mut self.out).map_err(|error| {
             StateError::Encode {
                 type_name: "payload length",
                 reason: error.to_string(),
@@ -448,7 +446,20 @@ where
 /// Writes `payload_len` as a postcard (LEB128) varint at `at`, where one
 /// placeholder byte stands before a payload of that length that ends `out`;
 /// a varint longer than one byte moves the payload up to make room.
+#[inline]
 fn write_length_in_place(out: &mut Vec<u8>, at: usize, payload_len: usize) {
+    // The common case, a payload under 128 bytes, is one byte stored into
+    // the placeholder; the loop below handles the rest out of line.
+    if payload_len < 0x80 {
+        out[at] = payload_len as u8;
+        return;
+    }
+    write_long_length_in_place(out, at, payload_len);
+}
+
+#[cold]
+#[inline(never)]
+fn write_long_length_in_place(out: &mut Vec<u8>, at: usize, payload_len: usize) {
     let mut varint = [0u8; 10];
     let mut value = payload_len as u64;
     let mut len = 0;
