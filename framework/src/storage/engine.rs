@@ -637,9 +637,15 @@ impl Engine {
     /// place. The containing directory is fsynced by the caller when the
     /// name has to be durable.
     fn write_durably(&self, path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+        self.write_pieces_durably(path, &[bytes])
+    }
+
+    /// [`Self::write_durably`] of the concatenation of `pieces`, without
+    /// building it.
+    fn write_pieces_durably(&self, path: &Path, pieces: &[&[u8]]) -> Result<(), StoreError> {
         let temp = temp_path(path);
         self.io
-            .write_file(&temp, bytes)
+            .write_file_pieces(&temp, pieces)
             .map_err(|error| StoreError::io("write_file", &temp, error))?;
         self.io
             .sync_file(&temp)

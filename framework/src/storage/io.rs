@@ -28,6 +28,14 @@ pub trait Io: Send + Sync + fmt::Debug {
     fn create_dir_all(&self, path: &Path) -> io::Result<()>;
     /// Creates or truncates a file and writes all of `bytes` (no fsync).
     fn write_file(&self, path: &Path, bytes: &[u8]) -> io::Result<()>;
+    /// Creates or truncates a file and writes `pieces` one after the other
+    /// (no fsync): one crash point, like [`Io::write_file`] of their
+    /// concatenation, which is what the default does. [`StdIo`] writes
+    /// the pieces as they are, so a large part made of many key groups is
+    /// not copied into one buffer first.
+    fn write_file_pieces(&self, path: &Path, pieces: &[&[u8]]) -> io::Result<()> {
+        self.write_file(path, &pieces.concat())
+    }
     /// Makes a file's data durable (fsync).
     fn sync_file(&self, path: &Path) -> io::Result<()>;
     /// Renames a file, replacing `to` if it exists.
@@ -57,6 +65,11 @@ impl Io for StdIo {
     fn write_file(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
         let mut file = File::create(path)?;
         file.write_all(bytes)
+    }
+
+    fn write_file_pieces(&self, path: &Path, pieces: &[&[u8]]) -> io::Result<()> {
+        let mut file = File::create(path)?;
+        pieces.iter().try_for_each(|piece| file.write_all(piece))
     }
 
     fn sync_file(&self, path: &Path) -> io::Result<()> {

@@ -66,15 +66,16 @@ impl Engine {
         part: &PartId,
         segments: &[Segment],
     ) -> Result<(PartInfo, Option<Vec<SegmentInfo>>), StoreError> {
-        let (mut own, mut shared) = (Vec::new(), Vec::new());
+        // The shared file is written as the segments' own slices, one
+        // after the other: copying a large part into one buffer first
+        // cost a pass over it and its size again in memory.
+        let (mut own, mut shared) = (Vec::new(), SharedPieces::default());
         let mut infos = Vec::with_capacity(segments.len());
         let mut referenced = BTreeSet::new();
         for segment in segments {
             let info = match segment {
                 Segment::Own(bytes) => append(&mut own, bytes, SegmentSource::Own),
-                Segment::Shared(bytes) => {
-                    append(&mut shared, bytes, SegmentSource::Shared(checkpoint))
-                }
+                Segment::Shared(bytes) => shared.push(bytes, SegmentSource::Shared(checkpoint)),
                 Segment::Reuse(range) => {
                     self.check_reuse(checkpoint, part, range)?;
                     referenced.insert(range.checkpoint);
@@ -109,7 +110,7 @@ impl Engine {
             self.io
                 .create_dir_all(shared_operator_dir)
                 .map_err(|error| StoreError::io("create_dir_all", shared_operator_dir, error))?;
-            self.write_durably(&path, &shared)?;
+            self.write_pieces_durably(&path, &shared.pieces)?;
         }
         let info = PartInfo {
             part: part.clone(),
@@ -283,6 +284,33 @@ impl Engine {
 }
 
 /// Appends `bytes` to `file` and describes them as a segment of it.
+/// The pieces of a shared file being written, and its length so far.
+#[derive(Default)]
+struct SharedPieces<'a> {
+    pieces: Vec<&'a [u8]>,
+    len: u64,
+}
+
+impl<'a> SharedPieces<'a> {
+    /// No bytes (zero-length pieces write no file, as before).
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Appends `bytes` and says where they land.
+    fn push(&mut self, bytes: &'a [u8], source: SegmentSource) -> SegmentInfo {
+        let info = SegmentInfo {
+            source,
+            offset: self.len,
+            len: bytes.len() as u64,
+            crc32: crc32fast::hash(bytes),
+        };
+        self.pieces.push(bytes);
+        self.len += bytes.len() as u64;
+        info
+    }
+}
+
 fn append(file: &mut Vec<u8>, bytes: &[u8], source: SegmentSource) -> SegmentInfo {
     let info = SegmentInfo {
         source,
