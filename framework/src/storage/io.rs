@@ -132,3 +132,32 @@ fn sync_dir(path: &Path) -> io::Result<()> {
 fn sync_dir(_path: &Path) -> io::Result<()> {
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{Io, StdIo};
+    use crate::storage::memory::MemFs;
+
+    /// Both ways of writing pieces leave exactly their concatenation, and
+    /// replace what the file held.
+    fn check(io: &dyn Io, dir: &std::path::Path) {
+        let path = dir.join("pieces");
+        io.write_file(&path, b"an older and longer content")
+            .expect("writes");
+        io.write_file_pieces(&path, &[b"ab", b"", b"cde", &[0; 3]])
+            .expect("writes");
+        assert_eq!(
+            io.read_file(&path, 100).expect("reads"),
+            b"abcde\0\0\0".to_vec()
+        );
+    }
+
+    #[test]
+    fn pieces_are_written_as_their_concatenation() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        check(&StdIo, dir.path());
+        let memory = MemFs::default();
+        memory.create_dir_all(dir.path()).expect("creates");
+        check(&memory, dir.path());
+    }
+}
