@@ -243,19 +243,22 @@ impl KeyGroupLedger {
         let changed = changed
             .into_iter()
             .map(|key_group| (key_group - start) as usize);
-        self.plan_units(checkpoint, key_groups, 1, changed)
+        self.plan_units(checkpoint, key_groups, 1, false, changed)
     }
 
-    /// [`Self::plan`] in units of `units_per_group` per key group (the
-    /// copy-on-write state's slices): which units the snapshot writes
-    /// (the `changed` ones, by index from the range's first unit, the
-    /// unconfirmed ones, or all) and which it refers to. The caller
-    /// takes exactly the units [`SnapshotPlan::writes_unit`] names.
+    /// [`Self::plan`] in units of `units_per_group` per key group (1, or
+    /// the copy-on-write state's header and slices): which units the
+    /// snapshot writes (the `changed` ones, by index from the range's
+    /// first unit, the unconfirmed ones, or all) and which it refers to.
+    /// With `headers`, each group's first unit is its part's header,
+    /// written whenever another unit of the group is. The caller takes
+    /// exactly the units [`SnapshotPlan::writes_unit`] names.
     pub(crate) fn plan_units(
         &mut self,
         checkpoint: CheckpointId,
         key_groups: KeyGroupRange,
         units_per_group: usize,
+        headers: bool,
         changed: impl IntoIterator<Item = usize>,
     ) -> SnapshotPlan {
         let units = key_groups.len() * units_per_group;
@@ -267,15 +270,25 @@ impl KeyGroupLedger {
         }
         let full = self.next_position == 0;
         self.next_position = (self.next_position + 1) % self.full_every;
-        let mut fresh = vec![full; units];
+        let mut writes: Vec<bool> = self
+            .written
+            .iter()
+            .map(|written| full || !matches!(written, Some(Written::Confirmed(_))))
+            .collect();
         for unit in changed {
-            fresh[unit] = true;
+            writes[unit] = true;
+        }
+        if headers {
+            for group in writes.chunks_mut(units_per_group) {
+                let any = group.iter().any(|writes| *writes);
+                group[0] = any;
+            }
         }
         let mut layout = Vec::with_capacity(units);
         let mut fresh_count = 0u32;
-        for (fresh, written) in fresh.iter().zip(&mut self.written) {
+        for (writes, written) in writes.iter().zip(&mut self.written) {
             match written {
-                Some(Written::Confirmed(range)) if !*fresh => layout.push(Some(range.range())),
+                Some(Written::Confirmed(range)) if !*writes => layout.push(Some(range.range())),
                 _ => {
                     *written = Some(Written::Pending {
                         checkpoint: checkpoint.0,
@@ -300,6 +313,20 @@ impl KeyGroupLedger {
         }
     }
 
+    /// [`Self::plan_units`] for the copy-on-write state: per key group its
+    /// part's header and `slices` slices; `dirty` are slots (group index
+    /// times `slices` plus slice, as `CowKeyedState::dirty_slots`).
+    pub(crate) fn plan_slices(
+        &mut self,
+        checkpoint: CheckpointId,
+        key_groups: KeyGroupRange,
+        slices: usize,
+        dirty: impl IntoIterator<Item = usize>,
+    ) -> SnapshotPlan {
+        let units = dirty.into_iter().map(|slot| slice_unit(slices, slot));
+        self.plan_units(checkpoint, key_groups, slices + 1, true, units)
+    }
+
     /// The segments of `state`'s snapshot for checkpoint `checkpoint`,
     /// encoded now, on the caller's thread (the flat and the spilling
     /// state): changed or unconfirmed groups written shared, the others
@@ -314,6 +341,13 @@ impl KeyGroupLedger {
         state.forget_changes();
         plan.with_parts(Box::new(ReadyParts::new(parts))).encode()
     }
+}
+
+/// The ledger's unit of the copy-on-write slot `slot` (group index times
+/// `slices` plus slice): each group's units are its header, then its
+/// slices.
+fn slice_unit(slices: usize, slot: usize) -> usize {
+    slot / slices * (slices + 1) + 1 + slot % slices
 }
 
 /// A snapshot's layout: per unit (key group, or slice), the range an
@@ -354,6 +388,13 @@ impl SnapshotPlan {
     /// first (rather than refer to it).
     pub(crate) fn writes_unit(&self, index: usize) -> bool {
         self.layout.get(index).is_some_and(Option::is_none)
+    }
+
+    /// Whether a plan of [`KeyGroupLedger::plan_slices`] writes the slice
+    /// at slot `slot`.
+    pub(crate) fn writes_slot(&self, slot: usize) -> bool {
+        let slices = self.units_per_group.saturating_sub(1).max(1);
+        self.writes_unit(slice_unit(slices, slot))
     }
 
     /// The snapshot with the copy-on-write state's fresh slices of every

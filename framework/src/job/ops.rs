@@ -271,13 +271,13 @@ where
             KeyedStore::CopyOnWrite(states) => {
                 if let Some(incremental) = incremental_of(&mut self.incremental, checkpoint) {
                     // Incremental: planned and handed off per slice.
-                    let plan = incremental.ledger.plan_units(
+                    let plan = incremental.ledger.plan_slices(
                         checkpoint,
                         states.range(),
                         SLICES_PER_KEY_GROUP,
                         states.dirty_slots(),
                     );
-                    let handoff = states.hand_off_slices(|slot| plan.writes_unit(slot));
+                    let handoff = states.hand_off_slices(|slot| plan.writes_slot(slot));
                     states.clear_dirty();
                     return Ok(TakenState::Deferred(Box::new(
                         plan.with_slices(Box::new(handoff)),

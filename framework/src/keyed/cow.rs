@@ -253,15 +253,16 @@ pub(crate) struct HandedGroup<K, S> {
     pub(crate) reused_entries: u64,
 }
 
-/// What [`SliceHandoff`] gives per key group: the fresh slices' entries
-/// encoded one after the other, in slice order, with the schema section
-/// in front of slice 0's when slice 0 is among them (a part's schema
-/// belongs to its first slice's bytes, see
-/// [`super::cow_state`]'s "Slices").
+/// What [`SliceHandoff`] gives per key group: room for the part's header
+/// ([`part::PART_HEADER_LEN`] zero bytes, filled in by the caller once it
+/// knows the body's CRC), then the fresh slices' entries encoded one
+/// after the other, in slice order, with the schema section in front of
+/// slice 0's when slice 0 is among them (a part's schema belongs to its
+/// first slice's bytes, see [`super::cow_state`]'s "Slices").
 #[derive(Debug)]
 pub(crate) struct EncodedSlices {
     pub(crate) key_group: u32,
-    /// The fresh slices' bytes, back to back.
+    /// The header's room, then the fresh slices' bytes, back to back.
     pub(crate) bytes: Vec<u8>,
     /// `(slice, end of its bytes in `bytes`, its entries)`, ascending.
     pub(crate) slices: Vec<(u32, usize, u64)>,
@@ -323,7 +324,7 @@ fn encode_slices<K: StateKey, S: Snapshot>(
     schema: &[u8],
     max_parallelism: MaxParallelism,
 ) -> Result<EncodedSlices, StateError> {
-    let mut bytes = Vec::new();
+    let mut bytes = vec![0; part::PART_HEADER_LEN];
     let mut slices = Vec::with_capacity(group.fresh.len());
     for (slice, table) in &group.fresh {
         if *slice == 0 {

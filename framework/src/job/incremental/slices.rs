@@ -31,16 +31,6 @@ pub(crate) struct KeyedSnapshotSlices {
     pub(super) slices: Box<dyn DeferredSlices>,
 }
 
-/// One key group's part as segments, built by [`group_segments`].
-struct GroupSegments {
-    /// The part's header.
-    header: [u8; part::PART_HEADER_LEN],
-    /// The body: shared and reused pieces, adjacent ones merged.
-    body: Vec<Segment>,
-    /// The part's length (header and body).
-    len: u64,
-}
-
 impl KeyedSnapshotSlices {
     /// The segments: the envelope's framing and each part's header as own
     /// bytes, then its slices. Tells the ledger where the written slices
@@ -59,13 +49,10 @@ impl KeyedSnapshotSlices {
                 .ok_or_else(|| {
                     format!("bug: key group {key_group} was planned but not handed off")
                 })?;
-            let group = group_segments(plan.checkpoint, layout, encoded, &mut offset, &mut landed)?;
-            push_own(
-                &mut segments,
-                postcard::to_allocvec(&(key_group, group.len))?,
-            );
-            push_own(&mut segments, group.header.to_vec());
-            segments.extend(group.body);
+            let (len, body) =
+                group_segments(plan.checkpoint, layout, encoded, &mut offset, &mut landed)?;
+            push_own(&mut segments, postcard::to_allocvec(&(key_group, len))?);
+            segments.extend(body);
         }
         if slices.next_group().is_some() {
             return Err("bug: a key group was handed off but not planned".into());
@@ -84,25 +71,36 @@ impl DeferredState for KeyedSnapshotSlices {
     }
 }
 
-/// One key group's part from its plan (`layout`, one entry per slice)
-/// and its fresh slices: the fresh ones land in this checkpoint's shared
-/// file from `offset` on (recorded in `landed`, in order), the others are
-/// referred to; the header's entry count and body CRC are combined from
-/// the pieces', so no unchanged byte is read.
+/// One key group's part, as its length and its segments, from its plan
+/// (`layout`: the header's unit, then one per slice) and its fresh slices.
+/// What is written lands in this checkpoint's shared file from `offset`
+/// on (recorded in `landed`, in unit order), the rest is referred to. A
+/// fresh header's entry count and body CRC are combined from the
+/// pieces', so no unchanged byte is read; a group with nothing fresh
+/// refers to its earlier header too (the plan writes the header whenever
+/// a slice is written, so that header describes exactly these slices).
 fn group_segments(
     checkpoint: CheckpointId,
     layout: &[Option<SharedRange>],
-    encoded: EncodedSlices,
+    mut encoded: EncodedSlices,
     offset: &mut u64,
     landed: &mut Vec<SharedRange>,
-) -> Result<GroupSegments, BoxError> {
+) -> Result<(u64, Vec<Segment>), BoxError> {
     let key_group = encoded.key_group;
-    let mut fresh = encoded.slices.iter();
-    let mut pieces = Vec::with_capacity(layout.len());
+    let Some((header_plan, slice_plans)) = layout.split_first() else {
+        return Err(format!("bug: key group {key_group} has no planned header").into());
+    };
+    let header_len = part::PART_HEADER_LEN as u64;
     let mut body: Vec<BodyPiece> = Vec::new();
+    let mut pieces = Vec::with_capacity(slice_plans.len());
+    let mut group_landed = Vec::new();
     let mut entries = encoded.reused_entries;
-    let mut start = 0usize;
-    for (slice, planned) in layout.iter().enumerate() {
+    // The header's room comes first in `encoded.bytes` and, when the
+    // header is written, in the shared file.
+    let mut start = part::PART_HEADER_LEN;
+    let mut next_offset = *offset + if header_plan.is_none() { header_len } else { 0 };
+    let mut fresh = encoded.slices.iter();
+    for (slice, planned) in slice_plans.iter().enumerate() {
         let range = match planned {
             Some(range) => {
                 push_piece(&mut body, BodyPiece::Reuse(*range));
@@ -120,12 +118,12 @@ fn group_segments(
                 })?;
                 let range = SharedRange {
                     checkpoint: checkpoint.0,
-                    offset: *offset,
+                    offset: next_offset,
                     len: bytes.len() as u64,
                     crc32: crc32fast::hash(bytes),
                 };
-                *offset += range.len;
-                landed.push(range);
+                next_offset += range.len;
+                group_landed.push(range);
                 entries += count;
                 push_piece(&mut body, BodyPiece::Fresh { start, end, range });
                 start = end;
@@ -141,19 +139,40 @@ fn group_segments(
         .into());
     }
     let body_len: u64 = pieces.iter().map(|(_, len)| len).sum();
-    let header = part::header_for(
-        encoded.max_parallelism,
-        key_group,
-        entries,
-        encoded.schema_len,
-        body_len,
-        combined_crc32(pieces),
-    );
-    Ok(GroupSegments {
-        header,
-        body: into_segments(body, encoded.bytes),
-        len: part::PART_HEADER_LEN as u64 + body_len,
-    })
+    let header = match header_plan {
+        Some(range) => BodyPiece::Reuse(*range),
+        None => {
+            let header = part::header_for(
+                encoded.max_parallelism,
+                key_group,
+                entries,
+                encoded.schema_len,
+                body_len,
+                combined_crc32(pieces),
+            );
+            encoded.bytes[..part::PART_HEADER_LEN].copy_from_slice(&header);
+            let range = SharedRange {
+                checkpoint: checkpoint.0,
+                offset: *offset,
+                len: header_len,
+                crc32: crc32fast::hash(&header),
+            };
+            landed.push(range);
+            BodyPiece::Fresh {
+                start: 0,
+                end: part::PART_HEADER_LEN,
+                range,
+            }
+        }
+    };
+    landed.extend(group_landed);
+    *offset = next_offset;
+    let mut all = Vec::with_capacity(body.len() + 1);
+    all.push(header);
+    for piece in body {
+        push_piece(&mut all, piece);
+    }
+    Ok((header_len + body_len, into_segments(all, encoded.bytes)))
 }
 
 /// A run of a part's body: fresh slices back to back in the group's
@@ -209,8 +228,9 @@ fn merged(first: &SharedRange, second: &SharedRange) -> SharedRange {
     }
 }
 
-/// The body's runs as segments; fresh bytes are moved when they are one
-/// run (a group written whole), copied out of `bytes` otherwise.
+/// The part's runs as segments; fresh bytes are moved when they are one
+/// run (a group written whole, its header included), copied out of
+/// `bytes` otherwise.
 fn into_segments(body: Vec<BodyPiece>, bytes: Vec<u8>) -> Vec<Segment> {
     if let [BodyPiece::Fresh { start: 0, end, .. }] = body.as_slice() {
         if *end == bytes.len() {
@@ -268,13 +288,13 @@ mod tests {
         state: &mut State,
     ) -> KeyedSnapshotSlices {
         let dirty: Vec<usize> = state.dirty_slots().collect();
-        let plan = ledger.plan_units(
+        let plan = ledger.plan_slices(
             CheckpointId(checkpoint),
             state.range(),
             SLICES_PER_KEY_GROUP,
             dirty,
         );
-        let handoff = state.hand_off_slices(|slot| plan.writes_unit(slot));
+        let handoff = state.hand_off_slices(|slot| plan.writes_slot(slot));
         state.clear_dirty();
         plan.with_slices(Box::new(handoff))
     }
@@ -388,7 +408,7 @@ mod tests {
         let first = take(&mut ledger, 1, &mut state).encode().unwrap();
         written.record(&first, 1);
         ledger.on_complete(CheckpointId(1));
-        // A full one: one shared run per key group.
+        // A full one: one shared run per key group, header included.
         let shared_runs = |segments: &[Segment]| {
             segments
                 .iter()
@@ -401,14 +421,17 @@ mod tests {
         let slot = state.slot_of(&keys[7]).unwrap();
         let second = take(&mut ledger, 2, &mut state).encode().unwrap();
         written.record(&second, 2);
-        assert_eq!(shared_runs(&second), 1, "one slice written");
+        // The touched group's header and its one slice (one run when the
+        // slice is the first, which follows the header).
+        assert!(shared_runs(&second) <= 2, "one slice written");
         let one_slice = shared_bytes(&second);
         assert!(
             one_slice * 200 < shared_bytes(&first),
             "{one_slice} bytes for one key"
         );
-        // Reused slices of one file merge: per key group one reused run,
-        // two around the written slice (one if it is the first or last).
+        // Reused ranges of one file merge: per untouched key group one
+        // reused run (its header and slices), two around the written
+        // slice.
         let reused = second
             .iter()
             .filter(|segment| matches!(segment, Segment::Reuse(_)))
