@@ -43,12 +43,14 @@
 //! (`job::incremental`).
 //!
 //! Why 64: 8 hot keys then dirty at most 8 slices of 8,192 (0.1 % of the
-//! state) at the default 128 key groups, while the slots take 64 × 48
-//! bytes per key group (3 KiB, under 200 KiB for a subtask's 64 groups,
-//! which holds at least 65,536 keys when this layout is used); the
-//! ledger's record is 32 bytes per slice. More slices would shrink the
-//! written bytes further only when a handful of keys changes, and add
-//! per-checkpoint work (a plan and a CRC combine per slice).
+//! state) at the default 128 key groups, while the slots take 64 × about
+//! 48 bytes per key group (3 KiB, under 200 KiB for a subtask's 64
+//! groups, which holds at least 65,536 keys when this layout is used);
+//! the ledger's record is 32 bytes per slice (and one more per group, for
+//! its part's header). More slices would shrink the written bytes
+//! further only when a handful of keys changes, and add per-checkpoint
+//! work (a plan and a CRC combine per slice). Known gap: 64 was chosen
+//! so, not by a sweep; only 64 was measured (BENCHMARKS.md).
 
 use super::backend::{parts_covering, KeyGroupPart, KeyedState};
 use super::cow::{GroupTable, HandedGroup, KeyGroupHandoff, SliceHandoff};
