@@ -27,7 +27,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use crate::keyed::deferred::{DeferredParts, ReadyParts};
+use crate::keyed::deferred::{DeferredParts, DeferredSlices, ReadyParts};
 use crate::keyed::store::KeyGroupSnapshots;
 use crate::keyed::KeyGroupRange;
 use crate::protocol::CheckpointId;
@@ -35,7 +35,11 @@ use crate::runtime::BoxError;
 use crate::storage::{Segment, SharedRange};
 
 use super::ops::{encode_keyed_state, KeyGroupParts};
+
+mod slices;
+
 use super::shell::DeferredState;
+pub(crate) use slices::KeyedSnapshotSlices;
 
 /// How keyed operators checkpoint: incrementally (the default) or in full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,15 +98,47 @@ impl SnapshotKinds {
     }
 }
 
-/// Where one key group's current bytes were last written.
+/// Where one unit's (a key group's, or a slice's of the copy-on-write
+/// state) current bytes were last written: 32 bytes per unit (a unit test
+/// holds it to that).
 #[derive(Debug, Clone, Copy)]
 enum Written {
     /// By the snapshot of `checkpoint`, not yet confirmed complete: the
-    /// `fresh`-th group that snapshot wrote (its range is known once the
+    /// `fresh`-th unit that snapshot wrote (its range is known once the
     /// part is encoded, on the writer's thread for a deferred one).
-    Pending { checkpoint: u64, fresh: usize },
+    Pending { checkpoint: u64, fresh: u32 },
     /// In a checkpoint confirmed complete (durable), at this range.
-    Confirmed(SharedRange),
+    Confirmed(CompactRange),
+}
+
+/// A [`SharedRange`] in 24 bytes: a unit longer than 4 GiB is never
+/// confirmed (and so is written again each time), which no real unit is.
+#[derive(Debug, Clone, Copy)]
+struct CompactRange {
+    checkpoint: u64,
+    offset: u64,
+    len: u32,
+    crc32: u32,
+}
+
+impl CompactRange {
+    fn of(range: &SharedRange) -> Option<Self> {
+        Some(CompactRange {
+            checkpoint: range.checkpoint,
+            offset: range.offset,
+            len: u32::try_from(range.len).ok()?,
+            crc32: range.crc32,
+        })
+    }
+
+    fn range(self) -> SharedRange {
+        SharedRange {
+            checkpoint: self.checkpoint,
+            offset: self.offset,
+            len: u64::from(self.len),
+            crc32: self.crc32,
+        }
+    }
 }
 
 /// Where the groups a snapshot wrote landed in its shared file, in the
@@ -116,15 +152,22 @@ type Landed = Arc<OnceLock<Vec<SharedRange>>>;
 /// unconfirmed and are written again, which is always safe.
 const MAX_PENDING_SNAPSHOTS: usize = 16;
 
-/// One keyed operator instance's record of where each of its key groups
-/// was last written, and the choice at each checkpoint of which to write.
+/// One keyed operator instance's record of where each of its units was
+/// last written, and the choice at each checkpoint of which to write. A
+/// unit is a key group for the flat and the spilling state, and a slice
+/// of a key group for the copy-on-write state (see
+/// [`crate::keyed::SLICES_PER_KEY_GROUP`]).
 #[derive(Debug)]
 pub(crate) struct KeyGroupLedger {
     full_every: u32,
     /// The next checkpoint's place in its chain: 0 (full) up to
     /// `full_every - 1`.
     next_position: u32,
-    /// Per key group of the instance's range, in order.
+    /// Units per key group of what `written` records: 1 (key groups) or
+    /// the copy-on-write state's slices. A plan in the other unit (the
+    /// flat state converted to copy-on-write) starts the chain again.
+    units_per_group: usize,
+    /// Per unit of the instance's range, in order.
     written: Vec<Option<Written>>,
     /// The snapshots taken and not yet confirmed, oldest first, at most
     /// [`MAX_PENDING_SNAPSHOTS`].
@@ -137,6 +180,7 @@ impl KeyGroupLedger {
         KeyGroupLedger {
             full_every: settings.full_every.max(1),
             next_position: 0,
+            units_per_group: 1,
             written: vec![None; key_groups],
             pending: VecDeque::new(),
         }
@@ -176,8 +220,8 @@ impl KeyGroupLedger {
             }) = *written
             {
                 if id == checkpoint.0 {
-                    if let Some(range) = ranges.get(fresh) {
-                        *written = Some(Written::Confirmed(*range));
+                    if let Some(range) = ranges.get(fresh as usize).and_then(CompactRange::of) {
+                        *written = Some(Written::Confirmed(range));
                     }
                 }
             }
@@ -196,17 +240,55 @@ impl KeyGroupLedger {
         changed: impl IntoIterator<Item = u32>,
     ) -> SnapshotPlan {
         let start = key_groups.start;
+        let changed = changed
+            .into_iter()
+            .map(|key_group| (key_group - start) as usize);
+        self.plan_units(checkpoint, key_groups, 1, false, changed)
+    }
+
+    /// [`Self::plan`] in units of `units_per_group` per key group (1, or
+    /// the copy-on-write state's header and slices): which units the
+    /// snapshot writes (the `changed` ones, by index from the range's
+    /// first unit, the unconfirmed ones, or all) and which it refers to.
+    /// With `headers`, each group's first unit is its part's header,
+    /// written whenever another unit of the group is. The caller takes
+    /// exactly the units [`SnapshotPlan::writes_unit`] names.
+    pub(crate) fn plan_units(
+        &mut self,
+        checkpoint: CheckpointId,
+        key_groups: KeyGroupRange,
+        units_per_group: usize,
+        headers: bool,
+        changed: impl IntoIterator<Item = usize>,
+    ) -> SnapshotPlan {
+        let units = key_groups.len() * units_per_group;
+        if units_per_group != self.units_per_group || units != self.written.len() {
+            // What was recorded names other units: start again, full.
+            self.units_per_group = units_per_group;
+            self.written = vec![None; units];
+            self.reset();
+        }
         let full = self.next_position == 0;
         self.next_position = (self.next_position + 1) % self.full_every;
-        let mut fresh = vec![full; self.written.len()];
-        for key_group in changed {
-            fresh[(key_group - start) as usize] = true;
+        let mut writes: Vec<bool> = self
+            .written
+            .iter()
+            .map(|written| full || !matches!(written, Some(Written::Confirmed(_))))
+            .collect();
+        for unit in changed {
+            writes[unit] = true;
         }
-        let mut layout = Vec::with_capacity(self.written.len());
-        let mut fresh_count = 0;
-        for (fresh, written) in fresh.iter().zip(&mut self.written) {
+        if headers {
+            for group in writes.chunks_mut(units_per_group) {
+                let any = group.iter().any(|writes| *writes);
+                group[0] = any;
+            }
+        }
+        let mut layout = Vec::with_capacity(units);
+        let mut fresh_count = 0u32;
+        for (writes, written) in writes.iter().zip(&mut self.written) {
             match written {
-                Some(Written::Confirmed(range)) if !*fresh => layout.push(Some(*range)),
+                Some(Written::Confirmed(range)) if !*writes => layout.push(Some(range.range())),
                 _ => {
                     *written = Some(Written::Pending {
                         checkpoint: checkpoint.0,
@@ -224,10 +306,25 @@ impl KeyGroupLedger {
         }
         SnapshotPlan {
             checkpoint,
-            start,
+            start: key_groups.start,
+            units_per_group,
             layout,
             landed: Some(landed),
         }
+    }
+
+    /// [`Self::plan_units`] for the copy-on-write state: per key group its
+    /// part's header and `slices` slices; `dirty` are slots (group index
+    /// times `slices` plus slice, as `CowKeyedState::dirty_slots`).
+    pub(crate) fn plan_slices(
+        &mut self,
+        checkpoint: CheckpointId,
+        key_groups: KeyGroupRange,
+        slices: usize,
+        dirty: impl IntoIterator<Item = usize>,
+    ) -> SnapshotPlan {
+        let units = dirty.into_iter().map(|slot| slice_unit(slices, slot));
+        self.plan_units(checkpoint, key_groups, slices + 1, true, units)
     }
 
     /// The segments of `state`'s snapshot for checkpoint `checkpoint`,
@@ -246,13 +343,22 @@ impl KeyGroupLedger {
     }
 }
 
-/// A snapshot's layout: per key group, the range an earlier checkpoint
-/// holds it at, or `None` when this snapshot writes it.
+/// The ledger's unit of the copy-on-write slot `slot` (group index times
+/// `slices` plus slice): each group's units are its header, then its
+/// slices.
+fn slice_unit(slices: usize, slot: usize) -> usize {
+    slot / slices * (slices + 1) + 1 + slot % slices
+}
+
+/// A snapshot's layout: per unit (key group, or slice), the range an
+/// earlier checkpoint holds it at, or `None` when this snapshot writes it.
 #[derive(Debug)]
 pub(crate) struct SnapshotPlan {
     checkpoint: CheckpointId,
     /// The first key group of the state's range.
     start: u32,
+    /// Units per key group: 1, or the copy-on-write state's slices.
+    units_per_group: usize,
     layout: Vec<Option<SharedRange>>,
     /// Where to say the written groups landed; `None` for a full snapshot
     /// written into the part's own file (a savepoint, or a job without
@@ -266,16 +372,35 @@ impl SnapshotPlan {
         SnapshotPlan {
             checkpoint: CheckpointId(0),
             start: key_groups.start,
+            units_per_group: 1,
             layout: vec![None; key_groups.len()],
             landed: None,
         }
     }
 
-    /// Whether the snapshot writes `key_group` (rather than refer to it).
+    /// Whether the snapshot writes `key_group` (rather than refer to it),
+    /// for a plan in key groups.
     pub(crate) fn writes(&self, key_group: u32) -> bool {
-        self.layout
-            .get(key_group.wrapping_sub(self.start) as usize)
-            .is_some_and(Option::is_none)
+        self.units_per_group == 1 && self.writes_unit(key_group.wrapping_sub(self.start) as usize)
+    }
+
+    /// Whether the snapshot writes the unit at `index` from the range's
+    /// first (rather than refer to it).
+    pub(crate) fn writes_unit(&self, index: usize) -> bool {
+        self.layout.get(index).is_some_and(Option::is_none)
+    }
+
+    /// Whether a plan of [`KeyGroupLedger::plan_slices`] writes the slice
+    /// at slot `slot`.
+    pub(crate) fn writes_slot(&self, slot: usize) -> bool {
+        let slices = self.units_per_group.saturating_sub(1).max(1);
+        self.writes_unit(slice_unit(slices, slot))
+    }
+
+    /// The snapshot with the copy-on-write state's fresh slices of every
+    /// key group, to be encoded on the writer's thread.
+    pub(crate) fn with_slices(self, slices: Box<dyn DeferredSlices>) -> KeyedSnapshotSlices {
+        KeyedSnapshotSlices { plan: self, slices }
     }
 
     /// The snapshot with the parts of the groups it writes, ascending, to
@@ -398,7 +523,7 @@ pub(crate) fn assemble(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
@@ -409,24 +534,25 @@ mod tests {
         KeyedState::for_subtask(MaxParallelism::new(16).unwrap(), 2, 1).unwrap()
     }
 
-    /// Every shared segment written so far, by its range.
+    /// Every checkpoint's shared file so far (its shared segments back to
+    /// back), as the store writes it.
     #[derive(Default)]
-    struct Written(BTreeMap<(u64, u64), Vec<u8>>);
+    pub(super) struct Written(pub(super) BTreeMap<u64, Vec<u8>>);
 
     impl Written {
-        fn record(&mut self, segments: &[Segment], checkpoint: u64) {
-            let mut offset = 0;
+        pub(super) fn record(&mut self, segments: &[Segment], checkpoint: u64) {
+            let file = self.0.entry(checkpoint).or_default();
             for segment in segments {
                 if let Segment::Shared(bytes) = segment {
-                    self.0.insert((checkpoint, offset), bytes.clone());
-                    offset += bytes.len() as u64;
+                    file.extend_from_slice(bytes);
                 }
             }
         }
 
-        fn assemble(&self, segments: &[Segment]) -> Vec<u8> {
+        pub(super) fn assemble(&self, segments: &[Segment]) -> Vec<u8> {
             assemble(segments, |range| {
-                let bytes = self.0[&(range.checkpoint, range.offset)].clone();
+                let start = range.offset as usize;
+                let bytes = self.0[&range.checkpoint][start..start + range.len as usize].to_vec();
                 assert_eq!(crc32fast::hash(&bytes), range.crc32);
                 bytes
             })
@@ -531,12 +657,18 @@ mod tests {
         }
         let at_handoff = cow_bytes(&state);
         let handoff = hand_off(&mut ledger, 1, &mut state);
-        // The operator goes on before the writer encodes: every group is
-        // written again, and each is copied once (the snapshot holds it).
+        // The operator goes on before the writer encodes: every key is
+        // written again, and each slice holding one is copied once (the
+        // snapshot holds it).
         for key in &keys {
             state.get_or_default(key).count += 10;
         }
-        assert_eq!(state.copied_key_groups(), state.range().len() as u64);
+        let slices = keys
+            .iter()
+            .filter_map(|key| state.slot_of(key))
+            .collect::<std::collections::BTreeSet<_>>()
+            .len() as u64;
+        assert_eq!(state.copied_key_groups(), slices);
         let segments = std::thread::spawn(move || handoff.encode().unwrap())
             .join()
             .unwrap();
@@ -561,7 +693,7 @@ mod tests {
         assert_eq!(written.assemble(&third), settled);
         // No copy since the first hand-off: the writer had dropped the
         // groups before the state wrote them again.
-        assert_eq!(state.copied_key_groups(), state.range().len() as u64);
+        assert_eq!(state.copied_key_groups(), slices);
     }
 
     #[test]

@@ -23,7 +23,7 @@ use serde::Serialize;
 
 use crate::keyed::deferred::DeferredParts;
 use crate::keyed::store::{KeyGroupSnapshots, KeyedStore};
-use crate::keyed::{key_hash, KeyedBackend, MaxParallelism};
+use crate::keyed::{key_hash, KeyedBackend, MaxParallelism, SLICES_PER_KEY_GROUP};
 use crate::protocol::CheckpointId;
 use crate::runtime::BoxError;
 use crate::state::{blob, Snapshot, StateError};
@@ -269,6 +269,20 @@ where
                 return Ok(TakenState::Segments(self.snapshot_segments(checkpoint)?));
             }
             KeyedStore::CopyOnWrite(states) => {
+                if let Some(incremental) = incremental_of(&mut self.incremental, checkpoint) {
+                    // Incremental: planned and handed off per slice.
+                    let plan = incremental.ledger.plan_slices(
+                        checkpoint,
+                        states.range(),
+                        SLICES_PER_KEY_GROUP,
+                        states.dirty_slots(),
+                    );
+                    let handoff = states.hand_off_slices(|slot| plan.writes_slot(slot));
+                    states.clear_dirty();
+                    return Ok(TakenState::Deferred(Box::new(
+                        plan.with_slices(Box::new(handoff)),
+                    )));
+                }
                 let plan = plan_of(&mut self.incremental, checkpoint, &*states);
                 let handoff = states.hand_off_key_groups(|key_group| plan.writes(key_group));
                 states.clear_dirty();
@@ -328,6 +342,17 @@ where
     }
 }
 
+/// The incremental bookkeeping when `checkpoint` is written
+/// incrementally (incremental checkpoints on, and not a savepoint).
+fn incremental_of(
+    incremental: &mut Option<Incremental>,
+    checkpoint: CheckpointId,
+) -> Option<&mut Incremental> {
+    incremental
+        .as_mut()
+        .filter(|incremental| !incremental.kinds.is_savepoint(checkpoint))
+}
+
 /// What a snapshot of `states` for `checkpoint` writes and what it refers
 /// to: the changed key groups (and those not yet confirmed) with
 /// incremental checkpoints, every group for a full one or a savepoint.
@@ -336,8 +361,8 @@ fn plan_of(
     checkpoint: CheckpointId,
     states: &impl KeyGroupSnapshots,
 ) -> SnapshotPlan {
-    match incremental {
-        Some(incremental) if !incremental.kinds.is_savepoint(checkpoint) => {
+    match incremental_of(incremental, checkpoint) {
+        Some(incremental) => {
             let changed = states.changed_key_groups();
             incremental
                 .ledger

@@ -28,7 +28,7 @@ use std::sync::Arc;
 
 use hashbrown::HashTable;
 
-use super::deferred::{BoxError, DeferredParts};
+use super::deferred::{BoxError, DeferredParts, DeferredSlices};
 use super::key_group::MaxParallelism;
 use super::part;
 use super::{KeyGroupPart, StateKey};
@@ -127,6 +127,10 @@ impl<K: Clone, S: Clone> GroupTable<K, S> {
     }
 }
 
+/// The tables of one key group's slices, as a snapshot holds them, in
+/// slice order.
+pub(crate) type GroupSlices<K, S> = Vec<SharedTable<K, S>>;
+
 /// Immutable key-group tables a snapshot took from a
 /// [`CowKeyedState`](super::cow_state::CowKeyedState), to be encoded
 /// later, on any thread: what the state holds after the handoff never
@@ -139,8 +143,9 @@ impl<K: Clone, S: Clone> GroupTable<K, S> {
 /// thread may read a shared table while another thread encodes it).
 pub struct KeyGroupHandoff<K, S> {
     max_parallelism: MaxParallelism,
-    /// `(key group, its table)`, ascending by key group, not yet encoded.
-    groups: std::vec::IntoIter<(u32, SharedTable<K, S>)>,
+    /// `(key group, its slices' tables)`, ascending by key group, not yet
+    /// encoded.
+    groups: std::vec::IntoIter<(u32, GroupSlices<K, S>)>,
     /// The schema section every part starts with, computed at the first
     /// part.
     schema: Option<Vec<u8>>,
@@ -159,7 +164,7 @@ impl<K, S> std::fmt::Debug for KeyGroupHandoff<K, S> {
 impl<K, S> KeyGroupHandoff<K, S> {
     pub(crate) fn new(
         max_parallelism: MaxParallelism,
-        groups: Vec<(u32, SharedTable<K, S>)>,
+        groups: Vec<(u32, GroupSlices<K, S>)>,
     ) -> Self {
         KeyGroupHandoff {
             max_parallelism,
@@ -181,7 +186,7 @@ impl<K, S> KeyGroupHandoff<K, S> {
         self.groups
             .as_slice()
             .iter()
-            .map(|(_, table)| table.len())
+            .flat_map(|(_, slices)| slices.iter().map(|table| table.len()))
             .sum()
     }
 }
@@ -195,7 +200,7 @@ impl<K: StateKey, S: Snapshot> KeyGroupHandoff<K, S> {
     ///
     /// A key or state that does not encode, or a part that fails its check.
     pub fn encode_next(&mut self) -> Option<Result<KeyGroupPart, StateError>> {
-        let (key_group, table) = self.groups.next()?;
+        let (key_group, slices) = self.groups.next()?;
         let schema = match &self.schema {
             Some(schema) => schema,
             None => match part::schema_section::<S>() {
@@ -203,8 +208,13 @@ impl<K: StateKey, S: Snapshot> KeyGroupHandoff<K, S> {
                 Err(error) => return Some(Err(error)),
             },
         };
-        let bytes = part::encode_table(&table, schema, self.max_parallelism, key_group);
-        // `table` drops here: the state may take the group back uncopied.
+        let bytes = part::encode_tables(
+            slices.iter().map(|table| &**table),
+            schema,
+            self.max_parallelism,
+            key_group,
+        );
+        // `slices` drops here: the state may take the group back uncopied.
         Some(bytes.map(|bytes| KeyGroupPart { key_group, bytes }))
     }
 
@@ -230,6 +240,136 @@ where
     }
 }
 
+/// One key group of a [`SliceHandoff`]: the tables of the slices a
+/// snapshot writes again, and how many entries the others (referred to in
+/// earlier checkpoints) hold.
+pub(crate) struct HandedGroup<K, S> {
+    pub(crate) key_group: u32,
+    /// `(slice, its table)` of the slices written again, ascending.
+    pub(crate) fresh: Vec<(u32, SharedTable<K, S>)>,
+    /// The entries of the slices not written again, read from their
+    /// tables at the handoff: unchanged since they were written, so the
+    /// same count as in the bytes referred to.
+    pub(crate) reused_entries: u64,
+}
+
+/// What [`SliceHandoff`] gives per key group: room for the part's header
+/// ([`part::PART_HEADER_LEN`] zero bytes, filled in by the caller once it
+/// knows the body's CRC), then the fresh slices' entries encoded one
+/// after the other, in slice order, with the schema section in front of
+/// slice 0's when slice 0 is among them (a part's schema belongs to its
+/// first slice's bytes, see [`super::cow_state`]'s "Slices").
+#[derive(Debug)]
+pub(crate) struct EncodedSlices {
+    pub(crate) key_group: u32,
+    /// The header's room, then the fresh slices' bytes, back to back.
+    pub(crate) bytes: Vec<u8>,
+    /// `(slice, end of its bytes in `bytes`, its entries)`, ascending.
+    pub(crate) slices: Vec<(u32, usize, u64)>,
+    /// As [`HandedGroup::reused_entries`].
+    pub(crate) reused_entries: u64,
+    /// The schema section's length, for the part's header.
+    pub(crate) schema_len: u32,
+    /// The job's max parallelism, for the part's header.
+    pub(crate) max_parallelism: MaxParallelism,
+}
+
+/// The slices of key groups an incremental snapshot of a
+/// [`CowKeyedState`](super::cow_state::CowKeyedState) writes again, taken
+/// in constant time per slice and encoded later, on any thread, one key
+/// group per [`Self::encode_next`]; the same copy-on-write rule as
+/// [`KeyGroupHandoff`] holds per slice.
+pub(crate) struct SliceHandoff<K, S> {
+    max_parallelism: MaxParallelism,
+    groups: std::vec::IntoIter<HandedGroup<K, S>>,
+    schema: Option<Vec<u8>>,
+}
+
+impl<K, S> SliceHandoff<K, S> {
+    /// `groups`, ascending by key group: every key group of the state's
+    /// range, each with the slices it writes.
+    pub(crate) fn new(max_parallelism: MaxParallelism, groups: Vec<HandedGroup<K, S>>) -> Self {
+        SliceHandoff {
+            max_parallelism,
+            groups: groups.into_iter(),
+            schema: None,
+        }
+    }
+}
+
+impl<K: StateKey, S: Snapshot> SliceHandoff<K, S> {
+    /// Encodes the next key group's fresh slices; `None` after the last.
+    ///
+    /// # Errors
+    ///
+    /// A key or state that does not encode, or a slice whose table
+    /// length disagrees with the entries encoded.
+    pub(crate) fn encode_next(&mut self) -> Option<Result<EncodedSlices, StateError>> {
+        let group = self.groups.next()?;
+        let schema = match &self.schema {
+            Some(schema) => schema,
+            None => match part::schema_section::<S>() {
+                Ok(schema) => self.schema.insert(schema),
+                Err(error) => return Some(Err(error)),
+            },
+        };
+        Some(encode_slices(group, schema, self.max_parallelism))
+    }
+}
+
+/// Encodes one key group's fresh slices back to back (see
+/// [`EncodedSlices`]); the tables drop as it returns.
+fn encode_slices<K: StateKey, S: Snapshot>(
+    group: HandedGroup<K, S>,
+    schema: &[u8],
+    max_parallelism: MaxParallelism,
+) -> Result<EncodedSlices, StateError> {
+    let mut bytes = vec![0; part::PART_HEADER_LEN];
+    let mut slices = Vec::with_capacity(group.fresh.len());
+    for (slice, table) in &group.fresh {
+        if *slice == 0 {
+            bytes.extend_from_slice(schema);
+        }
+        let mut writer = part::PartWriter::entries_into(bytes);
+        for (key, state) in table.iter() {
+            writer.push(key, state)?;
+        }
+        let (out, entries) = writer.into_entries();
+        bytes = out;
+        if entries != table.len() as u64 {
+            return Err(StateError::Encode {
+                type_name: S::SCHEMA.type_name,
+                reason: format!(
+                    "slice {slice} of key group {} encoded {entries} entries; its table held {}",
+                    group.key_group,
+                    table.len()
+                ),
+            });
+        }
+        slices.push((*slice, bytes.len(), entries));
+    }
+    Ok(EncodedSlices {
+        key_group: group.key_group,
+        bytes,
+        slices,
+        reused_entries: group.reused_entries,
+        // `schema_section` refused anything over MAX_SCHEMA_LEN.
+        schema_len: schema.len() as u32,
+        max_parallelism,
+    })
+}
+
+impl<K, S> DeferredSlices for SliceHandoff<K, S>
+where
+    K: StateKey + Send + Sync,
+    S: Snapshot + Send + Sync,
+{
+    fn next_group(&mut self) -> Option<Result<EncodedSlices, BoxError>> {
+        self.encode_next()
+            .map(|group| group.map_err(|error| Box::new(error) as BoxError))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::{BTreeMap, BTreeSet};
@@ -237,7 +377,7 @@ mod tests {
     use super::*;
     use crate::keyed::cow_state::CowKeyedState;
     use crate::keyed::test_support::Count;
-    use crate::keyed::{KeyedState, MaxParallelism};
+    use crate::keyed::{KeyedState, MaxParallelism, SLICES_PER_KEY_GROUP};
 
     /// `SNAPFLOW_SEED` replays a run; otherwise a fresh seed, printed.
     fn seed() -> u64 {
@@ -271,27 +411,27 @@ mod tests {
     }
 
     /// One random operation on `state` and on `model` alike; returns the
-    /// key group it wrote, if any.
+    /// slot (slice) it wrote, if any.
     fn random_op(
         rng: &mut Rng,
         keys: &[u64],
         state: &mut CowKeyedState<u64, Count>,
         model: &mut Model,
-    ) -> Option<u32> {
+    ) -> Option<usize> {
         let key = keys[rng.below(keys.len() as u64) as usize];
-        let key_group = state.key_group_of(&key);
+        let slot = state.slot_of(&key).expect("an owned key");
         match rng.below(10) {
             0 => {
                 let removed = state.remove(&key).map(|count| count.count);
                 assert_eq!(removed, model.remove(&key));
                 // A removal of an absent key writes nothing.
-                removed.map(|_| key_group)
+                removed.map(|_| slot)
             }
             1 => {
                 let value = rng.below(1_000);
                 state.insert(key, Count { count: value }).unwrap();
                 model.insert(key, value);
-                Some(key_group)
+                Some(slot)
             }
             2 => {
                 let read = state.get(&key).map(|count| count.count);
@@ -301,7 +441,7 @@ mod tests {
             _ => {
                 state.get_or_default(&key).count += 1;
                 *model.entry(key).or_default() += 1;
-                Some(key_group)
+                Some(slot)
             }
         }
     }
@@ -342,6 +482,7 @@ mod tests {
             let all = rng.below(4) == 0;
             let mask = rng.next();
             let pick = |key_group: u32| all || mask >> (key_group % 64) & 1 == 1;
+            let stale = state.shared_slots();
             let handoff = state.hand_off_key_groups(pick);
             let handed: BTreeSet<u32> = handoff.key_groups().collect();
             let expected: Model = model
@@ -350,12 +491,20 @@ mod tests {
                 .map(|(key, count)| (*key, *count))
                 .collect();
             assert_eq!(handoff.entries(), expected.len());
-            assert_eq!(state.shared_key_groups(), handed.len());
+            let start = state.range().start;
+            let handed_slots: BTreeSet<usize> = (0..state.range().len() * SLICES_PER_KEY_GROUP)
+                .filter(|slot| handed.contains(&(start + (slot / SLICES_PER_KEY_GROUP) as u32)))
+                .collect();
+            // Slices handed off earlier and not written since stay shared
+            // (their snapshot is gone: the first write takes them back
+            // without a copy).
+            let shared: BTreeSet<usize> = stale.union(&handed_slots).copied().collect();
+            assert_eq!(state.shared_slots(), shared);
             let copies_before = state.copied_key_groups();
             let mut written_while_held = BTreeSet::new();
             for _ in 0..rng.below(3_000) {
-                if let Some(key_group) = random_op(&mut rng, &keys, &mut state, &mut model) {
-                    written_while_held.insert(key_group);
+                if let Some(slot) = random_op(&mut rng, &keys, &mut state, &mut model) {
+                    written_while_held.insert(slot);
                 }
             }
             // Encoded on another thread, as the checkpoint writer does.
@@ -387,16 +536,17 @@ mod tests {
                 expected,
                 "seed {seed}: the snapshot holds writes made after its handoff"
             );
-            // Memory: one copy per handed-off group written while held,
-            // and no other.
+            // Memory: one copy per slice of a handed-off group written
+            // while held, and no other.
             let copied = state.copied_key_groups() - copies_before;
-            let expected_copies = written_while_held.intersection(&handed).count() as u64;
+            let expected_copies = written_while_held.intersection(&handed_slots).count() as u64;
             assert_eq!(copied, expected_copies, "seed {seed}: tables copied");
             assert_eq!(
-                state.shared_key_groups(),
-                handed.len() - expected_copies as usize,
-                "seed {seed}: groups not written stay shared"
+                state.shared_slots(),
+                shared.difference(&written_while_held).copied().collect(),
+                "seed {seed}: slices not written stay shared"
             );
+            assert_eq!(state.shared_key_groups(), state.shared_slots().len());
             // The live state still equals the model.
             let live: Model = state
                 .iter()
@@ -421,7 +571,10 @@ mod tests {
         let key = (0..u64::MAX).find(|key| state.owns(key)).unwrap();
         state.get_or_default(&key).count = 7;
         let handoff = state.hand_off();
-        assert_eq!(state.shared_key_groups(), state.range().len());
+        assert_eq!(
+            state.shared_key_groups(),
+            state.range().len() * SLICES_PER_KEY_GROUP
+        );
         drop(handoff);
         state.get_or_default(&key).count += 1;
         assert_eq!(state.copied_key_groups(), 0);

@@ -26,9 +26,34 @@
 //! [`CowKeyedState::get_or_default_routed`] derives the key group with
 //! `KeyGroupOf` (a shift at a power-of-two max parallelism), which takes
 //! a dependent multiply off the lookup's chain.
+//!
+//! # Slices
+//!
+//! Each key group's table is split into [`SLICES_PER_KEY_GROUP`] slices,
+//! each its own copy-on-write table with its own dirty flag, so that an
+//! incremental checkpoint writes again only the slices written since the
+//! last one (bytes proportional to the keys touched, not to the groups
+//! they fall in). The slice is the six bits of the mixed hash right below
+//! the key group's (`KeyGroupOf::key_group_slice_of`), so one shift finds
+//! the slot (`group * 64 + slice`) and a lookup still indexes one array
+//! once. A key group's part lists its entries slice by slice, with the
+//! schema section as the start of slice 0's bytes, so each slice is one
+//! contiguous byte range of the part's body and a part assembled from
+//! fresh and earlier slices is byte for byte a full part
+//! (`job::incremental`).
+//!
+//! Why 64: 8 hot keys then dirty at most 8 slices of 8,192 (0.1 % of the
+//! state) at the default 128 key groups, while the slots take 64 × about
+//! 48 bytes per key group (3 KiB, under 200 KiB for a subtask's 64
+//! groups, which holds at least 65,536 keys when this layout is used);
+//! the ledger's record is 32 bytes per slice (and one more per group, for
+//! its part's header). More slices would shrink the written bytes
+//! further only when a handful of keys changes, and add per-checkpoint
+//! work (a plan and a CRC combine per slice). Known gap: 64 was chosen
+//! so, not by a sweep; only 64 was measured (BENCHMARKS.md).
 
 use super::backend::{parts_covering, KeyGroupPart, KeyedState};
-use super::cow::{GroupTable, KeyGroupHandoff};
+use super::cow::{GroupTable, HandedGroup, KeyGroupHandoff, SliceHandoff};
 use super::hash::key_hash;
 use super::key_group::{KeyGroupError, KeyGroupOf, KeyGroupRange, MaxParallelism};
 use super::part;
@@ -36,6 +61,13 @@ use super::{KeyedError, StateKey};
 use crate::state::{Snapshot, StateError};
 use hashbrown::hash_table::Entry;
 use hashbrown::HashTable;
+
+/// log2 of [`SLICES_PER_KEY_GROUP`].
+const SLICE_BITS: u32 = 6;
+
+/// How many slices (copy-on-write tables, each with a dirty flag) each key
+/// group of a [`CowKeyedState`] is split into; see the module's "Slices".
+pub const SLICES_PER_KEY_GROUP: usize = 1 << SLICE_BITS;
 
 /// The per-key state of one subtask of a keyed operator: a value `S` per
 /// key `K`, for the keys whose key group is in this subtask's range.
@@ -46,21 +78,24 @@ pub struct CowKeyedState<K, S> {
     /// the group picks the table, so it is on every lookup's critical path.
     key_group_of: KeyGroupOf,
     range: KeyGroupRange,
-    /// One slot per owned key group, in order: its copy-on-write table
-    /// (so that a snapshot can take groups away in constant time, see
+    /// `range.start << SLICE_BITS`: the slot number of the first slot.
+    first_slot: u32,
+    /// One slot per slice of each owned key group, in order
+    /// (`group * SLICES_PER_KEY_GROUP + slice`): its copy-on-write table
+    /// (so that a snapshot can take slices away in constant time, see
     /// [`super::cow`]) and its dirty flag, side by side so that a lookup
     /// touches one cache line for both.
     groups: Vec<Slot<K, S>>,
-    /// Key-group tables copied because a snapshot still held them when the
+    /// Slice tables copied because a snapshot still held them when the
     /// state wrote them.
     copies: u64,
 }
 
-/// One key group of a [`CowKeyedState`].
+/// One slice of a key group of a [`CowKeyedState`].
 #[derive(Debug)]
 struct Slot<K, S> {
     table: GroupTable<K, S>,
-    /// Whether the group may have changed since [`CowKeyedState::clear_dirty`].
+    /// Whether the slice may have changed since [`CowKeyedState::clear_dirty`].
     /// Set on every mutable access, so it over-approximates: reading
     /// through `get_or_default` without writing still marks the group.
     dirty: bool,
@@ -89,7 +124,8 @@ impl<K: StateKey, S> CowKeyedState<K, S> {
             max_parallelism,
             key_group_of: KeyGroupOf::new(max_parallelism),
             range,
-            groups: (0..range.len())
+            first_slot: range.start << SLICE_BITS,
+            groups: (0..range.len() * SLICES_PER_KEY_GROUP)
                 .map(|_| Slot {
                     table: GroupTable::default(),
                     dirty: false,
@@ -125,15 +161,12 @@ impl<K: StateKey, S> CowKeyedState<K, S> {
         let mut state = Self::new(max_parallelism, range)
             .unwrap_or_else(|error| panic!("bug: a keyed state's own range is invalid: {error}"));
         let (table, dirty) = flat.into_table();
-        for (slot, dirty) in state.groups.iter_mut().zip(dirty) {
-            slot.dirty = dirty;
+        for (slots, dirty) in state.groups.chunks_mut(SLICES_PER_KEY_GROUP).zip(dirty) {
+            slots.iter_mut().for_each(|slot| slot.dirty = dirty);
         }
         for (key, value) in table {
             let hash = key_hash(&key);
-            let index = state
-                .key_group_of
-                .key_group_of(hash)
-                .wrapping_sub(range.start) as usize;
+            let index = state.routed_index(hash);
             let Some(slot) = state.groups.get_mut(index) else {
                 misrouted_panic(max_parallelism, range, hash)
             };
@@ -164,7 +197,7 @@ impl<K: StateKey, S> CowKeyedState<K, S> {
         self.range.contains(self.key_group_of(key))
     }
 
-    /// The hash of `key` and its key group's index in `dirty`, or the key
+    /// The hash of `key` and its slice's index in `groups`, or the key
     /// group of a key this state does not own. The error is a bare `u32` so
     /// that the hot path carries no large error value.
     #[inline]
@@ -173,19 +206,39 @@ impl<K: StateKey, S> CowKeyedState<K, S> {
         self.locate_hash(hash).map(|index| (hash, index))
     }
 
-    /// The index in `dirty` of the key group of a key with hash `hash`, or
-    /// that key group when this state does not own it.
+    /// The index in `groups` of the slice of a key with hash `hash`, or
+    /// its key group when this state does not own it.
     #[inline]
     fn locate_hash(&self, hash: u64) -> Result<usize, u32> {
-        let key_group = self.key_group_of.key_group_of(hash);
-        // Below `start` wraps to a huge index, so one comparison checks both
-        // ends of the range.
-        let index = key_group.wrapping_sub(self.range.start) as usize;
+        let slot = self.key_group_of.key_group_slice_of(hash, SLICE_BITS);
+        // Below `first_slot` wraps to a huge index, so one comparison
+        // checks both ends of the range.
+        let index = slot.wrapping_sub(self.first_slot) as usize;
         if index < self.groups.len() {
             Ok(index)
         } else {
-            Err(key_group)
+            Err(slot >> SLICE_BITS)
         }
+    }
+
+    /// The index of the slot of a routed key's slice (see
+    /// [`Self::get_or_default_routed`]): computed ahead, for a whole batch
+    /// before its records, it takes the key-group arithmetic off each
+    /// lookup's chain of dependent loads. The index of a foreign group
+    /// is out of bounds and panics when used.
+    #[inline(always)]
+    pub(crate) fn routed_index(&self, hash: u64) -> usize {
+        self.key_group_of
+            .key_group_slice_of(hash, SLICE_BITS)
+            .wrapping_sub(self.first_slot) as usize
+    }
+
+    /// The slot (`group index * SLICES_PER_KEY_GROUP + slice`, from 0 at
+    /// the range's first group) of `key`, or `None` for a key of a group
+    /// this state does not own. For tests and tools: what
+    /// [`Self::dirty_slots`] names.
+    pub fn slot_of(&self, key: &K) -> Option<usize> {
+        self.locate(key).ok().map(|(_, index)| index)
     }
 
     /// Out of line so that the formatting machinery stays out of the
@@ -311,14 +364,15 @@ impl<K: StateKey, S> CowKeyedState<K, S> {
             .flat_map(|table| table.iter_mut().map(|(key, state)| (&*key, state)))
     }
 
-    /// How many key-group tables were copied so far because a snapshot
-    /// still held them when this state wrote them: the extra memory of
-    /// asynchronous snapshots (see [`super::cow`]).
+    /// How many slice tables were copied so far because a snapshot still
+    /// held them when this state wrote them: the extra memory of
+    /// asynchronous snapshots (see [`super::cow`]). Each is one slice of a
+    /// key group ([`SLICES_PER_KEY_GROUP`] per group).
     pub fn copied_key_groups(&self) -> u64 {
         self.copies
     }
 
-    /// How many key groups are still shared with a snapshot they were
+    /// How many slice tables are still shared with a snapshot they were
     /// handed to (not written since).
     pub fn shared_key_groups(&self) -> usize {
         self.groups
@@ -327,16 +381,35 @@ impl<K: StateKey, S> CowKeyedState<K, S> {
             .count()
     }
 
+    /// The slots whose tables are still shared with a snapshot, for tests.
+    #[cfg(test)]
+    pub(crate) fn shared_slots(&self) -> std::collections::BTreeSet<usize> {
+        (0..self.groups.len())
+            .filter(|index| self.groups[*index].table.is_shared())
+            .collect()
+    }
+
     /// The key groups accessed mutably since the last [`Self::clear_dirty`]
     /// (or since creation), ascending: what an incremental checkpoint
     /// writes again ([`Self::snapshot_key_groups`]).
     pub fn dirty_key_groups(&self) -> impl Iterator<Item = u32> + '_ {
         let start = self.range.start;
         self.groups
+            .chunks(SLICES_PER_KEY_GROUP)
+            .enumerate()
+            .filter(|(_, slots)| slots.iter().any(|slot| slot.dirty))
+            .map(move |(index, _)| start + index as u32)
+    }
+
+    /// The slots (see [`Self::slot_of`]) accessed mutably since the last
+    /// [`Self::clear_dirty`], ascending: the slices an incremental
+    /// checkpoint writes again.
+    pub fn dirty_slots(&self) -> impl Iterator<Item = usize> + '_ {
+        self.groups
             .iter()
             .enumerate()
             .filter(|(_, slot)| slot.dirty)
-            .map(move |(index, _)| start + index as u32)
+            .map(|(index, _)| index)
     }
 
     /// Marks every key group clean, after a checkpoint has captured them.
@@ -415,18 +488,6 @@ impl<K: StateKey, S: Default> CowKeyedState<K, S> {
         self.get_or_default_at(key, hash, index)
     }
 
-    /// The index of the slot of a routed key's group (see
-    /// [`Self::get_or_default_routed`]): computed ahead, for a whole batch
-    /// before its records, it takes the key-group arithmetic off each
-    /// lookup's chain of dependent loads. The index of a foreign group
-    /// is out of bounds and panics when used.
-    #[inline(always)]
-    pub(crate) fn routed_index(&self, hash: u64) -> usize {
-        self.key_group_of
-            .key_group_of(hash)
-            .wrapping_sub(self.range.start) as usize
-    }
-
     /// [`Self::get_or_default_routed`] with the key's
     /// [`Self::routed_index`] computed ahead: `hash` must be
     /// `key_hash(key)` and `index` its `routed_index` (debug builds
@@ -501,11 +562,48 @@ impl<K: StateKey + Clone, S: Snapshot + Clone> CowKeyedState<K, S> {
         let groups = self
             .range
             .iter()
-            .zip(&mut self.groups)
+            .zip(self.groups.chunks_mut(SLICES_PER_KEY_GROUP))
             .filter(|(key_group, _)| include(*key_group))
-            .map(|(key_group, slot)| (key_group, slot.table.share()))
+            .map(|(key_group, slots)| {
+                let tables = slots.iter_mut().map(|slot| slot.table.share()).collect();
+                (key_group, tables)
+            })
             .collect();
         KeyGroupHandoff::new(self.max_parallelism, groups)
+    }
+
+    /// Hands the slices that `writes` picks (by slot, see
+    /// [`Self::slot_of`]) to an incremental snapshot, with, per key group,
+    /// the entry count of the others: constant time per slice, no entry
+    /// read or copied. Every key group of the range is in the result, in
+    /// order, also those whose slices are all left out. Dirty flags are
+    /// left as they are.
+    pub(crate) fn hand_off_slices(
+        &mut self,
+        mut writes: impl FnMut(usize) -> bool,
+    ) -> SliceHandoff<K, S> {
+        let mut groups = Vec::with_capacity(self.range.len());
+        for (index, (key_group, slots)) in self
+            .range
+            .iter()
+            .zip(self.groups.chunks_mut(SLICES_PER_KEY_GROUP))
+            .enumerate()
+        {
+            let mut group = HandedGroup {
+                key_group,
+                fresh: Vec::new(),
+                reused_entries: 0,
+            };
+            for (slice, slot) in slots.iter_mut().enumerate() {
+                if writes(index * SLICES_PER_KEY_GROUP + slice) {
+                    group.fresh.push((slice as u32, slot.table.share()));
+                } else {
+                    group.reused_entries += slot.table.get().len() as u64;
+                }
+            }
+            groups.push(group);
+        }
+        SliceHandoff::new(self.max_parallelism, groups)
     }
 
     /// Hands every owned key group to a snapshot; see
@@ -524,10 +622,14 @@ impl<K: StateKey, S: Snapshot> CowKeyedState<K, S> {
     ) -> Result<Vec<KeyGroupPart>, StateError> {
         let schema = part::schema_section::<S>()?;
         let mut parts = Vec::new();
-        for (key_group, slot) in self.range.iter().zip(&self.groups) {
+        for (key_group, slots) in self
+            .range
+            .iter()
+            .zip(self.groups.chunks(SLICES_PER_KEY_GROUP))
+        {
             if include(key_group) {
-                let bytes =
-                    part::encode_table(slot.table.get(), &schema, self.max_parallelism, key_group)?;
+                let tables = slots.iter().map(|slot| slot.table.get());
+                let bytes = part::encode_tables(tables, &schema, self.max_parallelism, key_group)?;
                 parts.push(KeyGroupPart { key_group, bytes });
             }
         }
@@ -563,13 +665,32 @@ impl<K: StateKey, S: Snapshot> CowKeyedState<K, S> {
     ) -> Result<Self, KeyedError> {
         let mut state = Self::new(max_parallelism, range)?;
         let owned_parts = parts_covering(range, parts)?;
-        // `decode_into` sizes each group's table once from its part's entry
-        // count, capped by the part's length, so hostile headers cannot
-        // inflate it.
+        let key_group_of = state.key_group_of;
+        // Restored tables are owned: nothing is ever copied here.
+        let mut copies = 0;
         for (key_group, bytes) in &owned_parts {
-            let index = (key_group - range.start) as usize;
-            let table = state.groups[index].table.get_mut(&mut state.copies);
-            part::decode_into(bytes.as_ref(), max_parallelism, *key_group, table)?;
+            let first = (key_group - range.start) as usize * SLICES_PER_KEY_GROUP;
+            let slots = &mut state.groups[first..first + SLICES_PER_KEY_GROUP];
+            // Each slice's table is sized once from the part's entry
+            // count (capped by its length, so hostile headers cannot
+            // inflate it), spread evenly over the slices.
+            let per_slice = part::plausible_entries(bytes.as_ref()) / SLICES_PER_KEY_GROUP;
+            for slot in slots.iter_mut() {
+                slot.table
+                    .get_mut(&mut copies)
+                    .reserve(per_slice, |(key, _)| key_hash(key));
+            }
+            part::decode_entries(
+                bytes.as_ref(),
+                max_parallelism,
+                *key_group,
+                |hash, key, value| {
+                    let slice = key_group_of.key_group_slice_of(hash, SLICE_BITS) as usize
+                        % SLICES_PER_KEY_GROUP;
+                    let table = slots[slice].table.get_mut(&mut copies);
+                    part::insert_unique(table, *key_group, hash, key, value)
+                },
+            )?;
         }
         Ok(state)
     }

@@ -9,6 +9,7 @@
 //! implements it; a spilling backend can supply one over a snapshot of its
 //! disk store.
 
+use super::cow::EncodedSlices;
 use super::KeyGroupPart;
 
 /// The runtime's error box, named here so that the keyed layer does not
@@ -42,4 +43,13 @@ impl DeferredParts for ReadyParts {
     fn next_part(&mut self) -> Option<Result<KeyGroupPart, BoxError>> {
         self.0.next().map(Ok)
     }
+}
+
+/// The fresh slices of each key group of an incremental snapshot of the
+/// copy-on-write state, one key group at a time, ascending (every group
+/// of the state's range, also those that write no slice), produced on
+/// whatever thread holds the value.
+pub(crate) trait DeferredSlices: Send {
+    /// The next key group's fresh slices, `None` after the last.
+    fn next_group(&mut self) -> Option<Result<EncodedSlices, BoxError>>;
 }

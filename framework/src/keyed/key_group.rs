@@ -127,14 +127,36 @@ impl KeyGroupOf {
     }
 
     /// The key group of `key_hash`: what [`MaxParallelism::key_group_of`]
-    /// gives.
-    #[inline(always)]
+    /// gives. The state finds its tables with [`Self::key_group_slice_of`];
+    /// this is the reference its test compares with.
+    #[cfg(test)]
     pub(crate) fn key_group_of(self, key_hash: u64) -> u32 {
         let mixed = key_hash.wrapping_mul(GROUP_MIX);
         if self.shift != 0 {
             (mixed >> self.shift) as u32
         } else {
             (((mixed >> 32) * u64::from(self.max_parallelism.get())) >> 32) as u32
+        }
+    }
+
+    /// The key group of `key_hash` followed by the `slice_bits` bits that
+    /// come right after the group's in the same mixed product:
+    /// `key_group << slice_bits | slice`. The copy-on-write state splits
+    /// each group's table into `2^slice_bits` slices by these bits, so
+    /// one shift gives both (the same cost as [`Self::key_group_of`]).
+    /// They are not the bits hashbrown uses inside a table (the low bits
+    /// of the hash for the bucket, the top 7 for the tag), so each slice's
+    /// table stays evenly spread. `slice_bits` must be at most 16.
+    #[inline(always)]
+    pub(crate) fn key_group_slice_of(self, key_hash: u64, slice_bits: u32) -> u32 {
+        let mixed = key_hash.wrapping_mul(GROUP_MIX);
+        if self.shift != 0 {
+            // `shift` is at least 64 - 15, so it stays positive.
+            (mixed >> (self.shift - slice_bits)) as u32
+        } else {
+            // `(mixed >> 32) * max` is below 2^47: the group is its bits
+            // from 32 up, the slice the `slice_bits` below them.
+            (((mixed >> 32) * u64::from(self.max_parallelism.get())) >> (32 - slice_bits)) as u32
         }
     }
 }
@@ -393,6 +415,11 @@ mod tests {
                         fast.key_group_of(probe),
                         max_parallelism.key_group_of(probe),
                         "max parallelism {max}, hash {probe:#x}"
+                    );
+                    assert_eq!(
+                        fast.key_group_slice_of(probe, 6) >> 6,
+                        max_parallelism.key_group_of(probe),
+                        "the slice's group, max parallelism {max}, hash {probe:#x}"
                     );
                 }
             }

@@ -88,8 +88,9 @@ pub(crate) mod test_support;
 
 pub use backend::{parts_in_range, KeyGroupPart, KeyedSnapshot, KeyedState};
 pub use collections::{ListState, MapState};
+pub(crate) use cow::EncodedSlices;
 pub use cow::KeyGroupHandoff;
-pub use cow_state::CowKeyedState;
+pub use cow_state::{CowKeyedState, SLICES_PER_KEY_GROUP};
 pub use hash::{key_hash, BuildStableHasher, StableHasher};
 pub use key_group::{
     key_group_of, range_for_subtask, subtask_for_key_group, KeyGroupError, KeyGroupRange,

@@ -181,36 +181,91 @@ impl PartWriter {
         write_header(&header, &mut self.out[..PART_HEADER_LEN]);
         self.out
     }
+
+    /// A writer of bare entries appended to `out`, with no header and no
+    /// schema of its own: the slices of a part assembled from pieces
+    /// ([`header_for`]).
+    pub(crate) fn entries_into(out: Vec<u8>) -> Self {
+        PartWriter {
+            out,
+            entry_count: 0,
+            schema_len: 0,
+        }
+    }
+
+    /// The bytes and the number of entries pushed, of a writer made by
+    /// [`Self::entries_into`].
+    pub(crate) fn into_entries(self) -> (Vec<u8>, u64) {
+        (self.out, self.entry_count)
+    }
 }
 
-/// Encodes one key group's whole table as a part, checked before it is
-/// returned: its header must decode and name `key_group` and exactly the
-/// table's entries. `schema` comes from [`schema_section`].
-pub(crate) fn encode_table<K: Serialize, S: Snapshot>(
-    table: &HashTable<(K, S)>,
+/// The header of a part of `key_group` whose body (the schema section of
+/// `schema_len` bytes, then the entries) is `body_len` bytes long with
+/// CRC `body_crc` and holds `entry_count` entries: exactly the header a
+/// [`PartWriter`] writes for the same body. An incremental checkpoint of
+/// the copy-on-write state writes it in front of a body made of fresh and
+/// reused slices, whose CRC it combines from theirs.
+pub(crate) fn header_for(
+    max_parallelism: MaxParallelism,
+    key_group: u32,
+    entry_count: u64,
+    schema_len: u32,
+    body_len: u64,
+    body_crc: u32,
+) -> [u8; PART_HEADER_LEN] {
+    let header = PartHeader {
+        max_parallelism: max_parallelism.get(),
+        key_group,
+        entry_count,
+        schema_len,
+        body_len,
+        body_crc,
+    };
+    let mut out = [0u8; PART_HEADER_LEN];
+    write_header(&header, &mut out);
+    out
+}
+
+/// Encodes one key group held in one or several tables (the
+/// copy-on-write state's slices) as one part, the tables' entries one
+/// table after the other, checked before it is returned: its header must
+/// decode and name `key_group` and exactly the tables' entries. `schema`
+/// comes from [`schema_section`].
+pub(crate) fn encode_tables<'t, K: Serialize + 't, S: Snapshot + 't>(
+    tables: impl IntoIterator<Item = &'t HashTable<(K, S)>>,
     schema: &[u8],
     max_parallelism: MaxParallelism,
     key_group: u32,
 ) -> Result<Vec<u8>, StateError> {
     let mut writer = PartWriter::new(schema);
-    for (key, state) in table.iter() {
-        writer.push(key, state)?;
+    let mut expected = 0u64;
+    for table in tables {
+        for (key, state) in table.iter() {
+            writer.push(key, state)?;
+        }
+        expected += table.len() as u64;
     }
     let bytes = writer.finish(max_parallelism, key_group);
+    check_part::<S>(&bytes, key_group, expected)?;
+    Ok(bytes)
+}
+
+/// Checks an encoded part: its header must decode and name `key_group`
+/// and `expected` entries.
+fn check_part<S: Snapshot>(bytes: &[u8], key_group: u32, expected: u64) -> Result<(), StateError> {
     let fail = |reason: String| StateError::Encode {
         type_name: S::SCHEMA.type_name,
         reason: format!("the part of key group {key_group} fails its check: {reason}"),
     };
-    let header = decode_header(&bytes).map_err(fail)?;
-    if header.key_group != key_group || header.entry_count != table.len() as u64 {
+    let header = decode_header(bytes).map_err(fail)?;
+    if header.key_group != key_group || header.entry_count != expected {
         return Err(fail(format!(
-            "it claims key group {} with {} entries; its table held {}",
-            header.key_group,
-            header.entry_count,
-            table.len()
+            "it claims key group {} with {} entries; its table held {expected}",
+            header.key_group, header.entry_count,
         )));
     }
-    Ok(bytes)
+    Ok(())
 }
 
 /// How many entries a part can really hold: its header's count, capped by
@@ -329,6 +384,50 @@ where
     K: DeserializeOwned + Eq + std::hash::Hash,
     S: Snapshot,
 {
+    // Each entry takes at least one byte (its payload length), so the
+    // input bounds how many entries can really follow. Restore usually
+    // reserved for all parts already, and then this is a no-op.
+    table.reserve(plausible_entries(bytes), |(key, _)| key_hash(key));
+    decode_entries(bytes, max_parallelism, key_group, |hash, key, state| {
+        insert_unique(table, key_group, hash, key, state)
+    })
+}
+
+/// Inserts a restored entry with hash `hash` into `table`, refusing a key
+/// already there.
+pub(crate) fn insert_unique<K, S>(
+    table: &mut HashTable<(K, S)>,
+    key_group: u32,
+    hash: u64,
+    key: K,
+    state: S,
+) -> Result<(), KeyedError>
+where
+    K: Eq + std::hash::Hash,
+{
+    match table.entry(hash, |(other, _)| *other == key, |(k, _)| key_hash(k)) {
+        hashbrown::hash_table::Entry::Occupied(_) => Err(KeyedError::DuplicateKey { key_group }),
+        hashbrown::hash_table::Entry::Vacant(vacant) => {
+            vacant.insert((key, state));
+            Ok(())
+        }
+    }
+}
+
+/// Decodes and checks a part of `key_group` and hands each entry, with
+/// its key's hash, to `insert` (which refuses duplicates); each key's key
+/// group is checked first. On error `insert` may have been given some of
+/// the part's entries; callers discard what they built.
+pub(crate) fn decode_entries<K, S>(
+    bytes: &[u8],
+    max_parallelism: MaxParallelism,
+    key_group: u32,
+    mut insert: impl FnMut(u64, K, S) -> Result<(), KeyedError>,
+) -> Result<(), KeyedError>
+where
+    K: DeserializeOwned + Eq + std::hash::Hash,
+    S: Snapshot,
+{
     let corrupt = |reason: String| KeyedError::CorruptPart { key_group, reason };
     let header = decode_header(bytes).map_err(corrupt)?;
     if header.max_parallelism != max_parallelism.get() {
@@ -360,11 +459,6 @@ where
         }
         Err(error) => return Err(corrupt(format!("schema section does not decode: {error}"))),
     };
-    // Each entry takes at least one byte (its payload length), so the
-    // remaining input bounds how many entries can really follow. Restore
-    // usually reserved for all parts already, and then this is a no-op.
-    let plausible = header.entry_count.min(entries.len() as u64) as usize;
-    table.reserve(plausible, |(key, _)| key_hash(key));
     let state_error = |source: StateError| KeyedError::State { key_group, source };
     // When the writer's schema is exactly this build's, every payload can be
     // decoded directly; otherwise each goes through `decode_stored`, which
@@ -387,7 +481,15 @@ where
             S::decode_stored(&stored, payload)
         }
         .map_err(state_error)?;
-        insert_checked(table, max_parallelism, key_group, key, state)?;
+        let hash = key_hash(&key);
+        let computed = max_parallelism.key_group_of(hash);
+        if computed != key_group {
+            return Err(KeyedError::KeyGroupMismatch {
+                stored: key_group,
+                computed,
+            });
+        }
+        insert(hash, key, state)?;
     }
     if !entries.is_empty() {
         return Err(corrupt(format!(
@@ -412,35 +514,6 @@ fn take_entry<K: DeserializeOwned>(input: &[u8]) -> Result<(K, &[u8], &[u8]), St
         .ok_or_else(|| format!("a payload claims {length} bytes but {} remain", rest.len()))?;
     let (payload, rest) = rest.split_at(length);
     Ok((key, payload, rest))
-}
-
-/// Inserts a restored entry after checking that its key belongs to
-/// `key_group` and is not already present.
-fn insert_checked<K, S>(
-    table: &mut HashTable<(K, S)>,
-    max_parallelism: MaxParallelism,
-    key_group: u32,
-    key: K,
-    state: S,
-) -> Result<(), KeyedError>
-where
-    K: Eq + std::hash::Hash,
-{
-    let hash = key_hash(&key);
-    let computed = max_parallelism.key_group_of(hash);
-    if computed != key_group {
-        return Err(KeyedError::KeyGroupMismatch {
-            stored: key_group,
-            computed,
-        });
-    }
-    match table.entry(hash, |(other, _)| *other == key, |(k, _)| key_hash(k)) {
-        hashbrown::hash_table::Entry::Occupied(_) => Err(KeyedError::DuplicateKey { key_group }),
-        hashbrown::hash_table::Entry::Vacant(vacant) => {
-            vacant.insert((key, state));
-            Ok(())
-        }
-    }
 }
 
 /// Writes `payload_len` as a postcard (LEB128) varint at `at`, where one
