@@ -44,10 +44,13 @@
 //! - A process killed without unwinding leaves its instance directories
 //!   behind (each is deleted when its instance is dropped).
 
+mod base;
+mod changes;
 mod disk;
 mod filter;
 mod sizing;
 mod snapshot;
+mod source;
 mod state;
 
 use std::path::{Path, PathBuf};
