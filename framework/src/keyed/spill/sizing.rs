@@ -34,6 +34,17 @@ const MEMTABLE_BYTES_PER_KEY: u64 = 1;
 /// spilled entries read back).
 const CACHE_BYTES_PER_KEY: u64 = 2;
 
+/// The change log's entries per budgeted key: a snapshot interval may
+/// write about as many entries as the records it processed (each miss
+/// loads a key and evicts another) plus the write-back of the budget, so
+/// a few budgets' worth lets a 1 s interval merge at a few hundred
+/// thousand records per second and subtask (BENCHMARKS.md).
+const CHANGE_LOG_ENTRIES_PER_KEY: usize = 6;
+
+/// The change log's bytes per entry it may hold: an 8-byte header and the
+/// key and payload of a small state (about 20 bytes for a keyed count).
+const CHANGE_LOG_BYTES_PER_ENTRY: usize = 32;
+
 /// The store's memory settings for one operator instance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct StoreSizing {
@@ -66,6 +77,11 @@ pub(crate) struct StoreSizing {
     /// At most this many entries go to disk in one eviction batch, so that
     /// one batch never overfills a memtable by more than about its size.
     pub(crate) eviction_batch_entries: usize,
+    /// The change log's bound in entries ([`super::changes::ChangeLog`];
+    /// it also keeps 8 bytes of index per entry).
+    pub(crate) change_log_entries: usize,
+    /// The change log's bound in bytes of records.
+    pub(crate) change_log_bytes: usize,
 }
 
 impl StoreSizing {
@@ -89,6 +105,13 @@ impl StoreSizing {
             block_bytes: 1024,
             segment_target_bytes: 8 << 20,
             eviction_batch_entries: batch.min(memory_entries.max(4) / 4).max(1),
+            change_log_entries: memory_entries
+                .max(1_024)
+                .saturating_mul(CHANGE_LOG_ENTRIES_PER_KEY),
+            change_log_bytes: memory_entries
+                .max(1_024)
+                .saturating_mul(CHANGE_LOG_ENTRIES_PER_KEY)
+                .saturating_mul(CHANGE_LOG_BYTES_PER_ENTRY),
         }
     }
 }

@@ -1,31 +1,57 @@
 //! [`SpillSnapshot`]: a snapshot of the spilling backend that yields its
-//! key groups' parts one at a time, reading the store through a fjall MVCC
-//! snapshot while the operator goes on writing.
+//! key groups' parts one at a time while the operator goes on writing.
 //!
-//! This module owns the streaming half of a spilling snapshot: the view of
-//! the store, the list of key groups still to yield, and building each
-//! part in [`crate::keyed::part`]'s format. It never writes to the store,
-//! never chooses the key groups and never writes a part anywhere: the
-//! caller (the checkpoint writer, or [`SpillSnapshot::collect_parts`] for
-//! the synchronous path) does.
+//! This module owns the streaming half of a spilling snapshot: choosing
+//! where its entries come from (the previous snapshot's base merged with
+//! the changes since, or else the disk table's MVCC view), building each
+//! part in [`crate::keyed::part`]'s format, and writing the next base. It
+//! never writes to the disk table, never chooses the key groups and never
+//! writes a part anywhere: the caller (the checkpoint writer, or
+//! [`SpillSnapshot::collect_parts`] for the synchronous path) does.
+//!
+//! # Two sources
+//!
+//! Reading the whole disk table back through fjall costs about a
+//! microsecond per entry (its merge of memtables and segments, block
+//! decoding and version filtering: BENCHMARKS.md, "Checkpoints of the
+//! spilling backend"), so a workload that changes every key group each
+//! interval spent more CPU on checkpoints than on processing. A snapshot
+//! therefore writes, beside its parts, a base: every entry of the disk
+//! table as its view saw it, in one sorted local file ([`super::base`]).
+//! The next snapshot merges that base with the entries written to the
+//! disk table since ([`super::changes`]), a sequential pass of tens of
+//! nanoseconds per entry, and drops its fjall view at once. It falls back
+//! to the view when there is no finished base of the epoch before, or the
+//! change log overflowed its bound; the fallback reads every key group
+//! (not only the requested ones), since the base must hold them all.
 //!
 //! # The bound
 //!
 //! Taking the snapshot ([`super::SpillingState::snapshot`]) costs, on the
 //! operator's thread, the write-back of the in-memory entries of the
-//! requested key groups (at most the memory budget) and a constant-time
-//! fjall snapshot. While it is alive, fjall keeps the versions it sees
-//! through compactions (disk, not memory), and the snapshot holds at most
-//! one part in memory at a time. State that never left memory has no
-//! store: its parts are built at once and held until they are yielded
-//! (bounded by the memory budget too).
+//! requested key groups (at most the memory budget), taking the change
+//! log (constant time) and a constant-time fjall snapshot. While it is
+//! alive it holds at most one part, the sorted change log (bounded in
+//! `sizing.rs`) and two file buffers in memory; a view it reads keeps
+//! fjall's old versions on disk meanwhile. State that never left memory
+//! has no store: its parts are built at once and held until they are
+//! yielded (bounded by the memory budget too).
+//!
+//! Known gap: the merge rewrites the whole base at each snapshot with
+//! changes, so its sequential I/O (off the operator's thread) grows with
+//! the state, not with the changes; one base file per key group would let
+//! unchanged groups keep theirs.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
+use super::base::{BaseWriter, Bases};
+use super::changes::Changes;
 use super::disk::DiskSnapshot;
+use super::source::GroupSource;
 use super::SpillError;
 use crate::keyed::backend::KeyGroupPart;
-use crate::keyed::key_group::MaxParallelism;
+use crate::keyed::key_group::{KeyGroupRange, MaxParallelism};
 use crate::keyed::part::PartWriter;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -42,15 +68,46 @@ pub struct SpillSnapshot {
 enum Source {
     /// Built when the snapshot was taken (the state never spilled).
     Built(VecDeque<KeyGroupPart>),
-    /// Read from the store's view, one key group per call.
-    Store {
-        view: DiskSnapshot,
-        /// The key groups still to yield, ascending.
-        key_groups: VecDeque<u32>,
-        /// The part's schema section, the same for every key group.
-        schema: Vec<u8>,
-        max_parallelism: MaxParallelism,
-    },
+    /// Read from the store's view or the previous base, one key group per
+    /// call.
+    Store(Box<Streamed>),
+}
+
+/// What a snapshot of a state with a disk table took, and how far its
+/// reading is.
+pub(super) struct Taken {
+    /// The disk table's view, taken after the write-back; dropped as soon
+    /// as the snapshot merges instead (it keeps fjall's old versions).
+    pub(super) view: Option<DiskSnapshot>,
+    /// The entries written to the disk table since the previous snapshot,
+    /// if the log missed none.
+    pub(super) changes: Option<Changes>,
+    pub(super) bases: Arc<Bases>,
+    /// This snapshot's number; the previous snapshot's is one less.
+    pub(super) epoch: u64,
+    /// Every key group of the state, and which of them to yield.
+    pub(super) range: KeyGroupRange,
+    pub(super) picked: Vec<bool>,
+    /// The part's schema section, the same for every key group.
+    pub(super) schema: Vec<u8>,
+    pub(super) max_parallelism: MaxParallelism,
+}
+
+/// A snapshot being read.
+struct Streamed {
+    taken: Taken,
+    /// Chosen at the first part; `None` before and after.
+    reader: Option<GroupSource>,
+    /// The base this snapshot writes, if it writes one.
+    base: Option<BaseWriter>,
+    /// The next key group to read.
+    next: u32,
+    parts_left: usize,
+    /// Set once every key group was read, or after an error.
+    done: bool,
+    /// Whether the entries came from the previous base (for tests and
+    /// figures).
+    merged: bool,
 }
 
 impl std::fmt::Debug for SpillSnapshot {
@@ -69,20 +126,20 @@ impl SpillSnapshot {
         }
     }
 
-    /// A snapshot reading `key_groups` (ascending) from `view`.
-    pub(super) fn from_store(
-        view: DiskSnapshot,
-        key_groups: Vec<u32>,
-        schema: Vec<u8>,
-        max_parallelism: MaxParallelism,
-    ) -> Self {
+    /// A snapshot reading what `taken` holds.
+    pub(super) fn from_store(taken: Taken) -> Self {
+        let parts_left = taken.picked.iter().filter(|picked| **picked).count();
+        let next = taken.range.start;
         SpillSnapshot {
-            source: Source::Store {
-                view,
-                key_groups: key_groups.into(),
-                schema,
-                max_parallelism,
-            },
+            source: Source::Store(Box::new(Streamed {
+                taken,
+                reader: None,
+                base: None,
+                next,
+                parts_left,
+                done: false,
+                merged: false,
+            })),
         }
     }
 
@@ -90,13 +147,21 @@ impl SpillSnapshot {
     pub fn parts_left(&self) -> usize {
         match &self.source {
             Source::Built(parts) => parts.len(),
-            Source::Store { key_groups, .. } => key_groups.len(),
+            Source::Store(streamed) => streamed.parts_left,
         }
     }
 
+    /// Whether this snapshot was built from the previous snapshot's base
+    /// and the changes since, rather than read from the disk table; known
+    /// once its first part was asked for.
+    #[cfg(test)]
+    pub(crate) fn merged(&self) -> bool {
+        matches!(&self.source, Source::Store(streamed) if streamed.merged)
+    }
+
     /// The next key group's part, ascending, or `None` when every part was
-    /// yielded. A part that fails (the store could not be read) is an
-    /// error; the key group is not retried.
+    /// yielded. A part that fails (the store or a base could not be read)
+    /// is an error, and the snapshot yields nothing after it.
     pub fn next_part(&mut self) -> Option<Result<KeyGroupPart, BoxError>> {
         self.next_spill_part()
             .map(|part| part.map_err(BoxError::from))
@@ -114,34 +179,131 @@ impl SpillSnapshot {
     fn next_spill_part(&mut self) -> Option<Result<KeyGroupPart, SpillError>> {
         match &mut self.source {
             Source::Built(parts) => parts.pop_front().map(Ok),
-            Source::Store {
-                view,
-                key_groups,
-                schema,
-                max_parallelism,
-            } => {
-                let key_group = key_groups.pop_front()?;
-                Some(read_part(view, key_group, schema, *max_parallelism))
-            }
+            Source::Store(streamed) => match streamed.step() {
+                Ok(part) => part.map(Ok),
+                Err(error) => {
+                    streamed.abandon();
+                    Some(Err(error))
+                }
+            },
         }
     }
 }
 
-/// `key_group`'s part, its entries read from `view` in key order.
-fn read_part(
-    view: &DiskSnapshot,
-    key_group: u32,
-    schema: &[u8],
-    max_parallelism: MaxParallelism,
-) -> Result<KeyGroupPart, SpillError> {
-    let mut writer = PartWriter::new(schema);
-    view.scan_key_group(key_group, |key, payload| {
-        Ok(writer.push_encoded(&key[4..], payload)?)
-    })?;
-    Ok(KeyGroupPart {
-        key_group,
-        bytes: writer.finish(max_parallelism, key_group),
-    })
+impl Streamed {
+    /// The next requested part; after the last one, the remaining key
+    /// groups are read at once, so that the base is finished even if the
+    /// caller asks for nothing more.
+    fn step(&mut self) -> Result<Option<KeyGroupPart>, SpillError> {
+        if self.done {
+            return Ok(None);
+        }
+        if self.reader.is_none() {
+            self.start()?;
+        }
+        while self.next < self.taken.range.end {
+            let key_group = self.next;
+            self.next += 1;
+            if let Some(part) = self.read_group(key_group)? {
+                self.parts_left -= 1;
+                if self.parts_left == 0 {
+                    self.finish()?;
+                }
+                return Ok(Some(part));
+            }
+        }
+        self.finish()?;
+        Ok(None)
+    }
+
+    /// Chooses the source: the previous base with the changes, when both
+    /// are complete, or else the view.
+    fn start(&mut self) -> Result<(), SpillError> {
+        let taken = &mut self.taken;
+        let changes = taken.changes.take();
+        let view = taken.view.take();
+        let previous = taken.epoch.checked_sub(1);
+        let base = match (&changes, previous) {
+            (Some(_), Some(previous)) => taken.bases.open(previous)?,
+            _ => None,
+        };
+        let reader = match (base, changes) {
+            (Some(base), Some(changes)) => {
+                let changes = changes.sorted();
+                if changes.len() == 0 {
+                    // Nothing was written since: the previous base is this
+                    // snapshot's too.
+                    taken.bases.relabel(taken.epoch - 1, taken.epoch);
+                } else {
+                    self.base = Some(taken.bases.writer(taken.epoch)?);
+                }
+                self.merged = true;
+                drop(view);
+                GroupSource::Merge { base, changes }
+            }
+            _ => {
+                self.base = Some(taken.bases.writer(taken.epoch)?);
+                let view = view.ok_or_else(|| {
+                    SpillError::Internal("a snapshot's view was taken twice".into())
+                })?;
+                GroupSource::View(view)
+            }
+        };
+        self.reader = Some(reader);
+        Ok(())
+    }
+
+    /// Reads `key_group` into the base being written and, if it was
+    /// requested, into its part.
+    fn read_group(&mut self, key_group: u32) -> Result<Option<KeyGroupPart>, SpillError> {
+        let taken = &self.taken;
+        let picked = taken.picked[(key_group - taken.range.start) as usize];
+        let mut part = picked.then(|| PartWriter::new(&taken.schema));
+        let base = &mut self.base;
+        let reader = self
+            .reader
+            .as_mut()
+            .ok_or_else(|| SpillError::Internal("a snapshot read before it started".into()))?;
+        reader.for_each_in(key_group, |key, value| {
+            if let Some(part) = &mut part {
+                part.push_encoded(&key[4..], value)?;
+            }
+            if let Some(base) = base {
+                base.push(key, value)?;
+            }
+            Ok(())
+        })?;
+        Ok(part.map(|part| KeyGroupPart {
+            key_group,
+            bytes: part.finish(taken.max_parallelism, key_group),
+        }))
+    }
+
+    /// Reads every key group left and publishes the base.
+    fn finish(&mut self) -> Result<(), SpillError> {
+        while self.next < self.taken.range.end {
+            let key_group = self.next;
+            self.next += 1;
+            self.read_group(key_group)?;
+        }
+        self.done = true;
+        if let Some(reader) = self.reader.take() {
+            reader.finish()?;
+        }
+        if let Some(base) = self.base.take() {
+            base.finish()?;
+        }
+        Ok(())
+    }
+
+    /// Stops after an error: the half-written base is deleted, so the next
+    /// snapshot reads the disk table.
+    fn abandon(&mut self) {
+        self.done = true;
+        self.parts_left = 0;
+        self.reader = None;
+        self.base = None;
+    }
 }
 
 /// The checkpoint writer pulls a spilling snapshot's parts one at a time,
@@ -313,5 +475,104 @@ mod tests {
                 .unwrap()
         );
         assert!(!dir.path().join("instance").exists());
+    }
+
+    /// Takes a snapshot of the groups `include` picks and checks its parts
+    /// against `plain`'s; returns whether it merged the previous base.
+    fn check_snapshot(
+        spilled: &mut SpillingState<u64, Count>,
+        plain: &KeyedState<u64, Count>,
+        include: impl Fn(u32) -> bool,
+    ) -> bool {
+        let mut snapshot = spilled
+            .snapshot(&mut |key_group| include(key_group))
+            .unwrap();
+        let mut parts = Vec::new();
+        let first = snapshot.next_part();
+        let merged = snapshot.merged();
+        parts.extend(first.map(Result::unwrap));
+        parts.extend(drain(snapshot));
+        assert_eq!(parts, expected_parts(plain, include));
+        merged
+    }
+
+    #[test]
+    fn later_snapshots_merge_the_previous_base_and_equal_a_read_of_the_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut spilled, mut plain) = (spilling(dir.path(), 8), memory());
+        let keys = owned_keys(300);
+        touch(&mut spilled, &mut plain, &keys, 0);
+        assert!(!check_snapshot(&mut spilled, &plain, |_| true));
+        for round in 1..8u64 {
+            // Changes on disk and in memory, some new keys, and snapshots
+            // that leave some (changed) groups out.
+            let from = (round as usize * 37) % 200;
+            touch(&mut spilled, &mut plain, &keys[from..from + 100], round);
+            let more = owned_keys(300 + round as usize * 10);
+            touch(&mut spilled, &mut plain, &more[300..], round);
+            let merged = check_snapshot(&mut spilled, &plain, |key_group| {
+                (u64::from(key_group) + round) % 3 != 0
+            });
+            assert!(merged, "round {round}");
+        }
+        assert!(check_snapshot(&mut spilled, &plain, |_| true));
+        assert_eq!(
+            spilled.snapshot_parts().unwrap(),
+            expected_parts(&plain, |_| true)
+        );
+    }
+
+    #[test]
+    fn a_snapshot_with_nothing_written_since_the_last_reuses_its_base() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut spilled, mut plain) = (spilling(dir.path(), 8), memory());
+        touch(&mut spilled, &mut plain, &owned_keys(200), 0);
+        assert!(!check_snapshot(&mut spilled, &plain, |_| true));
+        // Nothing picked, so nothing written back: the base is relabelled.
+        assert!(check_snapshot(&mut spilled, &plain, |_| false));
+        assert!(check_snapshot(&mut spilled, &plain, |_| true));
+    }
+
+    #[test]
+    fn a_snapshot_dropped_half_way_leaves_the_next_one_reading_the_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut spilled, mut plain) = (spilling(dir.path(), 8), memory());
+        let keys = owned_keys(300);
+        touch(&mut spilled, &mut plain, &keys, 0);
+        assert!(!check_snapshot(&mut spilled, &plain, |_| true));
+        touch(&mut spilled, &mut plain, &keys[..50], 1);
+        let mut dropped = spilled.snapshot(&mut |_| true).unwrap();
+        dropped.next_part().unwrap().unwrap();
+        assert!(dropped.merged());
+        drop(dropped);
+        touch(&mut spilled, &mut plain, &keys[50..100], 2);
+        assert!(!check_snapshot(&mut spilled, &plain, |_| true));
+        touch(&mut spilled, &mut plain, &keys[100..150], 3);
+        assert!(check_snapshot(&mut spilled, &plain, |_| true));
+    }
+
+    #[test]
+    fn an_overflowing_change_log_or_a_restore_falls_back_to_the_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut spilled, mut plain) = (spilling(dir.path(), 8), memory());
+        let keys = owned_keys(3_000);
+        touch(&mut spilled, &mut plain, &keys, 0);
+        assert!(!check_snapshot(&mut spilled, &plain, |_| true));
+        // With 8 keys in memory nearly every touch writes one entry: more
+        // than the log's bound (6 × 1,024 entries).
+        for round in 1..4 {
+            touch(&mut spilled, &mut plain, &keys, round);
+        }
+        assert!(!check_snapshot(&mut spilled, &plain, |_| true));
+        touch(&mut spilled, &mut plain, &keys[..10], 4);
+        assert!(check_snapshot(&mut spilled, &plain, |_| true));
+        // A restore replaces the table: its first snapshot reads it.
+        let parts = spilled.snapshot_parts().unwrap();
+        spilled
+            .restore(parts.into_iter().map(|part| (part.key_group, part.bytes)))
+            .unwrap();
+        touch(&mut spilled, &mut plain, &keys[..10], 5);
+        assert!(!check_snapshot(&mut spilled, &plain, |_| true));
+        assert!(check_snapshot(&mut spilled, &plain, |_| true));
     }
 }

@@ -18,12 +18,15 @@
 //! table's own flags: every access through it marks its group, and loading
 //! or evicting does not change the logical state.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+use super::base::Bases;
+use super::changes::ChangeLog;
 use super::disk::DiskTable;
 use super::filter::SpilledKeys;
 use super::sizing::StoreSizing;
-use super::snapshot::SpillSnapshot;
+use super::snapshot::{SpillSnapshot, Taken};
 use super::SpillError;
 use crate::keyed::backend::{parts_covering, KeyGroupPart, KeyedState};
 use crate::keyed::key_group::{KeyGroupRange, MaxParallelism};
@@ -52,6 +55,13 @@ pub struct SpillingState<K, S> {
     /// Every key on disk (by hash): a key it has never seen is not looked
     /// up there.
     spilled: SpilledKeys,
+    /// Every entry written to disk since the last snapshot, so that the
+    /// next one merges them into the last one's base.
+    changes: ChangeLog,
+    /// The bases of this state's snapshots.
+    bases: Arc<Bases>,
+    /// How many snapshots were taken.
+    epoch: u64,
 }
 
 impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
@@ -64,15 +74,19 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
         dir: PathBuf,
         memory_entries: usize,
     ) -> Result<Self, SpillError> {
+        let sizing = StoreSizing::for_budget(memory_entries);
         Ok(SpillingState {
             hot: KeyedState::new(max_parallelism, range)?,
             memory_entries: memory_entries.max(1),
+            bases: Bases::new(bases_dir(&dir)),
             dir,
             disk: None,
             key_scratch: Vec::new(),
             evicted: 0,
-            sizing: StoreSizing::for_budget(memory_entries),
+            changes: ChangeLog::new(sizing.change_log_entries, sizing.change_log_bytes),
+            sizing,
             spilled: SpilledKeys::default(),
+            epoch: 0,
         })
     }
 
@@ -159,14 +173,15 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
     }
 
     /// Writes `entries` to disk and records their keys in the filter of
-    /// spilled keys (every write to disk goes through here, so the filter
-    /// never misses a key on disk).
+    /// spilled keys and in the change log (every write to disk goes
+    /// through here, so neither misses a key on disk).
     fn store(&mut self, entries: Vec<(DiskEntry, u64)>) -> Result<(), SpillError> {
         // Opened first, then borrowed beside the filter.
         self.disk()?;
-        let spilled = &mut self.spilled;
+        let (spilled, changes) = (&mut self.spilled, &mut self.changes);
         let entries = entries.into_iter().map(|(entry, hash)| {
             spilled.insert(hash);
+            changes.record(&entry.0, &entry.1);
             entry
         });
         match &self.disk {
@@ -221,35 +236,38 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
     /// [`SpillSnapshot::next_part`] yields ascending, reading the store as
     /// it is now while this state goes on changing. On this thread it
     /// writes the picked groups' in-memory entries back to disk (at most
-    /// the memory budget) and takes a constant-time view of the store;
-    /// state that never left memory is encoded here instead (it fits the
-    /// budget).
+    /// the memory budget), takes the change log and a constant-time view
+    /// of the store; state that never left memory is encoded here instead
+    /// (it fits the budget).
     pub fn snapshot(
         &mut self,
         include: &mut dyn FnMut(u32) -> bool,
     ) -> Result<SpillSnapshot, SpillError> {
+        self.epoch += 1;
         if self.disk.is_none() {
+            // Nothing was written to disk, so the log is empty; it records
+            // from here on, but this snapshot leaves no base to merge into.
+            self.changes.take();
             // Nothing ever left memory: the in-memory table is the state.
             return Ok(SpillSnapshot::built(self.hot.snapshot_key_groups(include)?));
         }
         let range = self.hot.range();
         let picked: Vec<bool> = range.iter().map(&mut *include).collect();
         self.write_back(&picked)?;
-        let key_groups = range
-            .iter()
-            .zip(&picked)
-            .filter(|(_, picked)| **picked)
-            .map(|(key_group, _)| key_group)
-            .collect();
         let schema = part::schema_section::<S>()?;
         let max_parallelism = self.hot.max_parallelism();
+        let changes = self.changes.take();
         let view = self.disk()?.snapshot();
-        Ok(SpillSnapshot::from_store(
-            view,
-            key_groups,
+        Ok(SpillSnapshot::from_store(Taken {
+            view: Some(view),
+            changes,
+            bases: Arc::clone(&self.bases),
+            epoch: self.epoch,
+            range,
+            picked,
             schema,
             max_parallelism,
-        ))
+        }))
     }
 
     /// Replaces the state with `parts` (exactly one per key group of its
@@ -271,6 +289,8 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
         }
         self.hot = KeyedState::new(max_parallelism, range)?;
         self.spilled = SpilledKeys::default();
+        // The table is replaced: no earlier base describes it.
+        self.changes.invalidate();
         if parts
             .iter()
             .all(|(_, bytes)| part::plausible_entries(bytes.as_ref()) == 0)
@@ -309,6 +329,14 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
     pub fn snapshot_parts(&mut self) -> Result<Vec<KeyGroupPart>, SpillError> {
         self.snapshot(&mut |_| true)?.collect_parts()
     }
+}
+
+/// The directory of the bases of a state whose disk table is in `dir`:
+/// beside it, so that a restore's fresh table leaves it in place.
+fn bases_dir(dir: &Path) -> PathBuf {
+    let mut name = dir.file_name().unwrap_or_default().to_os_string();
+    name.push(".bases");
+    dir.with_file_name(name)
 }
 
 /// One entry in its on-disk form: the key (key group, then postcard) and
