@@ -475,11 +475,16 @@ impl KeyedSnapshotParts {
         if parts.next_part().is_some() {
             return Err("bug: a key group was handed off but not planned".into());
         }
-        if let Some(cell) = plan.landed {
-            // Set once: a snapshot is encoded once.
-            let _ = cell.set(landed);
-        }
+        settle_landed(plan.landed, landed);
         Ok(segments)
+    }
+}
+
+/// Tells the ledger where an encoded snapshot's groups landed, when it
+/// asked (`cell`); set once, as a snapshot is encoded once.
+fn settle_landed(cell: Option<Landed>, landed: Vec<SharedRange>) {
+    if let Some(cell) = cell {
+        let _ = cell.set(landed);
     }
 }
 

@@ -18,7 +18,7 @@ use crate::storage::segment::combined_crc32;
 use crate::storage::{Segment, SharedRange};
 
 use super::super::shell::DeferredState;
-use super::{push_own, SnapshotPlan};
+use super::{push_own, settle_landed, SnapshotPlan};
 
 /// One copy-on-write state's incremental snapshot, planned per slice at
 /// the snapshot and encoded by [`Self::encode`] on the checkpoint writer's
@@ -57,10 +57,7 @@ impl KeyedSnapshotSlices {
         if slices.next_group().is_some() {
             return Err("bug: a key group was handed off but not planned".into());
         }
-        if let Some(cell) = plan.landed {
-            // Set once: a snapshot is encoded once.
-            let _ = cell.set(landed);
-        }
+        settle_landed(plan.landed, landed);
         Ok(segments)
     }
 }
@@ -395,10 +392,14 @@ mod tests {
         }
     }
 
-    #[test]
-    fn one_touched_key_writes_one_slice_and_refers_to_the_rest_in_few_segments() {
+    /// A state holding the owned keys below `below` once each, after its
+    /// first (full) checkpoint 1, confirmed: the state, those keys, the
+    /// ledger, what was written and checkpoint 1's segments.
+    fn after_a_full_checkpoint(
+        below: u64,
+    ) -> (State, Vec<u64>, KeyGroupLedger, Written, Vec<Segment>) {
         let mut state = state();
-        let keys: Vec<u64> = (0..20_000u64).filter(|key| state.owns(key)).collect();
+        let keys: Vec<u64> = (0..below).filter(|key| state.owns(key)).collect();
         for key in &keys {
             state.get_or_default(key).count += 1;
         }
@@ -408,6 +409,12 @@ mod tests {
         let first = take(&mut ledger, 1, &mut state).encode().unwrap();
         written.record(&first, 1);
         ledger.on_complete(CheckpointId(1));
+        (state, keys, ledger, written, first)
+    }
+
+    #[test]
+    fn one_touched_key_writes_one_slice_and_refers_to_the_rest_in_few_segments() {
+        let (mut state, keys, mut ledger, mut written, first) = after_a_full_checkpoint(20_000);
         // A full one: one shared run per key group, header included.
         let shared_runs = |segments: &[Segment]| {
             segments
@@ -453,17 +460,7 @@ mod tests {
 
     #[test]
     fn a_corrupted_reused_range_fails_the_parts_body_crc() {
-        let mut state = state();
-        let keys: Vec<u64> = (0..5_000u64).filter(|key| state.owns(key)).collect();
-        for key in &keys {
-            state.get_or_default(key).count += 1;
-        }
-        let mut ledger =
-            KeyGroupLedger::new(IncrementalCheckpoints::default(), state.range().len());
-        let mut written = Written::default();
-        let first = take(&mut ledger, 1, &mut state).encode().unwrap();
-        written.record(&first, 1);
-        ledger.on_complete(CheckpointId(1));
+        let (mut state, keys, mut ledger, written, _) = after_a_full_checkpoint(5_000);
         state.get_or_default(&keys[3]).count += 1;
         let second = take(&mut ledger, 2, &mut state).encode().unwrap();
         // Unharmed, it verifies; with one byte of checkpoint 1's file
