@@ -323,26 +323,6 @@ impl<K: StateKey, S> KeyedState<K, S> {
     pub(crate) fn into_table(self) -> (HashTable<(K, S)>, Vec<bool>) {
         (self.table, self.dirty)
     }
-
-    /// Whether `key` (with [`key_hash`] `hash`) has state here, without
-    /// marking anything dirty: the spilling backend asks before it looks on
-    /// disk.
-    #[cfg(feature = "spill")]
-    #[inline]
-    pub(crate) fn contains_hashed(&self, key: &K, hash: u64) -> bool {
-        self.table.find(hash, |(other, _)| other == key).is_some()
-    }
-
-    /// Takes up to `count` entries out of the table, in its memory order
-    /// (which follows the hash, so it is an arbitrary choice of keys), without
-    /// marking anything dirty: the spilling backend moves them to disk, so
-    /// the logical state does not change.
-    #[cfg(feature = "spill")]
-    pub(crate) fn take_entries(&mut self, count: usize) -> Vec<(K, S)> {
-        // `extract_if` is lazy and keeps what it has not visited, so this
-        // visits about `count` entries, not the whole table.
-        self.table.extract_if(|_| true).take(count).collect()
-    }
 }
 
 impl<K: StateKey, S: Default> KeyedState<K, S> {

@@ -376,33 +376,8 @@ mod tests {
 
     use super::*;
     use crate::keyed::cow_state::CowKeyedState;
-    use crate::keyed::test_support::Count;
+    use crate::keyed::test_support::{seed, Count, Rng};
     use crate::keyed::{KeyedState, MaxParallelism, SLICES_PER_KEY_GROUP};
-
-    /// `SNAPFLOW_SEED` replays a run; otherwise a fresh seed, printed.
-    fn seed() -> u64 {
-        match std::env::var("SNAPFLOW_SEED") {
-            Ok(text) => text.parse().expect("SNAPFLOW_SEED must be a u64"),
-            Err(_) => rand::random(),
-        }
-    }
-
-    /// splitmix64: enough randomness for a workload, and replayable.
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^ (z >> 31)
-        }
-
-        fn below(&mut self, bound: u64) -> u64 {
-            self.next() % bound
-        }
-    }
 
     type Model = BTreeMap<u64, u64>;
 

@@ -53,7 +53,7 @@
 //! so, not by a sweep; only 64 was measured (BENCHMARKS.md).
 
 use super::backend::{parts_covering, KeyGroupPart, KeyedState};
-use super::cow::{GroupTable, HandedGroup, KeyGroupHandoff, SliceHandoff};
+use super::cow::{GroupSlices, GroupTable, HandedGroup, KeyGroupHandoff, SliceHandoff};
 use super::hash::key_hash;
 use super::key_group::{KeyGroupError, KeyGroupOf, KeyGroupRange, MaxParallelism};
 use super::part;
@@ -416,6 +416,76 @@ impl<K: StateKey, S> CowKeyedState<K, S> {
     pub fn clear_dirty(&mut self) {
         self.groups.iter_mut().for_each(|slot| slot.dirty = false);
     }
+
+    /// Whether `key` (with [`key_hash`] `hash`, of an owned key group) has
+    /// state here, without marking anything dirty or taking a shared
+    /// slice back: the spilling backend asks before it looks on disk.
+    #[cfg(feature = "spill")]
+    #[inline]
+    pub(crate) fn contains_hashed(&self, key: &K, hash: u64) -> bool {
+        self.groups
+            .get(self.routed_index(hash))
+            .is_some_and(|slot| {
+                slot.table
+                    .get()
+                    .find(hash, |(other, _)| other == key)
+                    .is_some()
+            })
+    }
+
+    /// The entries of the owned key group `key_group` (none for another),
+    /// in memory order.
+    #[cfg(feature = "spill")]
+    pub(crate) fn iter_key_group(&self, key_group: u32) -> impl Iterator<Item = (&K, &S)> + '_ {
+        let slots = if self.range.contains(key_group) {
+            let first = (key_group - self.range.start) as usize * SLICES_PER_KEY_GROUP;
+            &self.groups[first..first + SLICES_PER_KEY_GROUP]
+        } else {
+            &self.groups[..0]
+        };
+        slots
+            .iter()
+            .flat_map(|slot| slot.table.get().iter().map(|(key, state)| (key, state)))
+    }
+
+    /// Takes up to `count` entries out of the slices from slot `from` on
+    /// (wrapping around), in memory order, without marking anything
+    /// dirty: the spilling backend moves them to disk, so the logical
+    /// state does not change. A slice a snapshot still holds is copied
+    /// first (the copy-on-write rule of [`super::cow`]), so the snapshot
+    /// keeps its entries. Returns the entries and the slot to start from
+    /// next time, so that successive evictions sweep the whole table
+    /// rather than always emptying the first key groups.
+    #[cfg(feature = "spill")]
+    pub(crate) fn take_entries_from(&mut self, from: usize, count: usize) -> (Vec<(K, S)>, usize) {
+        let slots = self.groups.len();
+        let mut taken = Vec::with_capacity(count);
+        let mut next = from % slots.max(1);
+        for step in 0..slots {
+            if taken.len() >= count {
+                break;
+            }
+            let index = (from + step) % slots;
+            next = (index + 1) % slots;
+            let slot = &mut self.groups[index];
+            if slot.table.get().is_empty() {
+                continue;
+            }
+            let wanted = count - taken.len();
+            // `extract_if` is lazy and keeps what it has not visited.
+            taken.extend(
+                slot.table
+                    .get_mut(&mut self.copies)
+                    .extract_if(|_| true)
+                    .take(wanted),
+            );
+            if !slot.table.get().is_empty() {
+                // Stopped inside this slice: start here next time.
+                next = index;
+            }
+        }
+        (taken, next)
+    }
 }
 
 impl<K: StateKey, S: Default> CowKeyedState<K, S> {
@@ -557,10 +627,20 @@ impl<K: StateKey + Clone, S: Snapshot + Clone> CowKeyedState<K, S> {
     /// rule and its memory bound). Dirty flags are left as they are.
     pub fn hand_off_key_groups(
         &mut self,
-        mut include: impl FnMut(u32) -> bool,
+        include: impl FnMut(u32) -> bool,
     ) -> KeyGroupHandoff<K, S> {
-        let groups = self
-            .range
+        KeyGroupHandoff::new(self.max_parallelism, self.share_key_groups(include))
+    }
+
+    /// The slice tables of the owned key groups that `include` picks,
+    /// ascending by key group, shared in constant time per slice (see
+    /// [`Self::hand_off_key_groups`]): also what the spilling backend's
+    /// snapshot freezes of its in-memory entries.
+    pub(crate) fn share_key_groups(
+        &mut self,
+        mut include: impl FnMut(u32) -> bool,
+    ) -> Vec<(u32, GroupSlices<K, S>)> {
+        self.range
             .iter()
             .zip(self.groups.chunks_mut(SLICES_PER_KEY_GROUP))
             .filter(|(key_group, _)| include(*key_group))
@@ -568,8 +648,7 @@ impl<K: StateKey + Clone, S: Snapshot + Clone> CowKeyedState<K, S> {
                 let tables = slots.iter_mut().map(|slot| slot.table.share()).collect();
                 (key_group, tables)
             })
-            .collect();
-        KeyGroupHandoff::new(self.max_parallelism, groups)
+            .collect()
     }
 
     /// Hands the slices that `writes` picks (by slot, see

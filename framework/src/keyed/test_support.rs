@@ -9,3 +9,31 @@ pub(crate) struct Count {
     /// How many times the key was seen (or whatever the test adds).
     pub(crate) count: u64,
 }
+
+/// `SNAPFLOW_SEED` replays a randomised test's run; otherwise a fresh
+/// seed (each test prints it when it fails).
+pub(crate) fn seed() -> u64 {
+    match std::env::var("SNAPFLOW_SEED") {
+        Ok(text) => text.parse().expect("SNAPFLOW_SEED must be a u64"),
+        Err(_) => rand::random(),
+    }
+}
+
+/// splitmix64: enough randomness for a workload, and replayable.
+pub(crate) struct Rng(pub(crate) u64);
+
+impl Rng {
+    /// The next 64 random bits.
+    pub(crate) fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A number below `bound` (which must not be 0).
+    pub(crate) fn below(&mut self, bound: u64) -> u64 {
+        self.next() % bound
+    }
+}

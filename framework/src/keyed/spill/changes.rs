@@ -8,6 +8,10 @@
 //! never reads or writes the disk table or a file, and never decides when
 //! a snapshot is taken.
 //!
+//! A deletion from the disk table is logged too, as a tombstone (a record
+//! whose value length is [`TOMBSTONE`]), so that a merge drops the key
+//! from the previous base instead of bringing it back.
+//!
 //! # The bound
 //!
 //! The log holds at most `limit_entries` entries and `limit_bytes` bytes
@@ -19,6 +23,13 @@
 
 /// One entry's key and value, borrowed.
 pub(crate) type EntryRef<'a> = (&'a [u8], &'a [u8]);
+
+/// One change's key and its new value, or `None` for a deletion.
+pub(crate) type ChangeRef<'a> = (&'a [u8], Option<&'a [u8]>);
+
+/// The value length that marks a record as a deletion: no value that the
+/// log accepts is this long (a value must fit below it).
+const TOMBSTONE: u32 = u32::MAX;
 
 /// The bytes of one record's header: the key's and the value's lengths.
 const HEADER_LEN: usize = 8;
@@ -54,11 +65,23 @@ impl ChangeLog {
     /// Records that `key` now holds `value` on disk. Past the bound the log
     /// becomes incomplete and frees its memory.
     pub(crate) fn record(&mut self, key: &[u8], value: &[u8]) {
+        self.append(key, Some(value));
+    }
+
+    /// Records that `key` was deleted from disk.
+    pub(crate) fn record_deletion(&mut self, key: &[u8]) {
+        self.append(key, None);
+    }
+
+    fn append(&mut self, key: &[u8], value: Option<&[u8]>) {
         if !self.complete {
             return;
         }
-        let record_len = HEADER_LEN + key.len() + value.len();
-        let too_long = u32::try_from(key.len().max(value.len())).is_err();
+        let value_len = value.map_or(0, <[u8]>::len);
+        let record_len = HEADER_LEN + key.len() + value_len;
+        // A value must stay below the tombstone's length.
+        let too_long = u32::try_from(key.len()).is_err()
+            || u32::try_from(value_len).map_or(true, |len| len == TOMBSTONE);
         if too_long
             || self.starts.len() >= self.limit_entries
             || self.bytes.len() + record_len > self.limit_bytes
@@ -68,12 +91,14 @@ impl ChangeLog {
         }
         self.starts.push(self.bytes.len());
         // Both fit a u32 (checked above).
+        let value_word = value.map_or(TOMBSTONE, |value| value.len() as u32);
         self.bytes
             .extend_from_slice(&(key.len() as u32).to_le_bytes());
-        self.bytes
-            .extend_from_slice(&(value.len() as u32).to_le_bytes());
+        self.bytes.extend_from_slice(&value_word.to_le_bytes());
         self.bytes.extend_from_slice(key);
-        self.bytes.extend_from_slice(value);
+        if let Some(value) = value {
+            self.bytes.extend_from_slice(value);
+        }
     }
 
     /// Forgets every change and records none until the next
@@ -130,20 +155,19 @@ impl Changes {
     }
 }
 
-/// The key and value of the record at `start` in `bytes`.
-fn record(bytes: &[u8], start: usize) -> EntryRef<'_> {
-    let length = |at: usize| {
+/// The key and value (`None` for a deletion) of the record at `start` in
+/// `bytes`.
+fn record(bytes: &[u8], start: usize) -> ChangeRef<'_> {
+    let word = |at: usize| {
         let mut word = [0; 4];
         word.copy_from_slice(&bytes[at..at + 4]);
-        u32::from_le_bytes(word) as usize
+        u32::from_le_bytes(word)
     };
-    let (key_len, value_len) = (length(start), length(start + 4));
+    let (key_len, value_word) = (word(start) as usize, word(start + 4));
     let key_at = start + HEADER_LEN;
     let value_at = key_at + key_len;
-    (
-        &bytes[key_at..value_at],
-        &bytes[value_at..value_at + value_len],
-    )
+    let value = (value_word != TOMBSTONE).then(|| &bytes[value_at..value_at + value_word as usize]);
+    (&bytes[key_at..value_at], value)
 }
 
 /// A cursor over the newest value of each changed key, ascending.
@@ -155,8 +179,9 @@ pub(crate) struct SortedChanges {
 }
 
 impl SortedChanges {
-    /// The next key and value, without moving past them.
-    pub(crate) fn peek(&self) -> Option<EntryRef<'_>> {
+    /// The next key and value (`None` for a deletion), without moving
+    /// past them.
+    pub(crate) fn peek(&self) -> Option<ChangeRef<'_>> {
         self.starts
             .get(self.next)
             .map(|start| record(&self.bytes, *start))
@@ -180,10 +205,35 @@ mod tests {
     fn drain(mut sorted: SortedChanges) -> Vec<(Vec<u8>, Vec<u8>)> {
         let mut out = Vec::new();
         while let Some((key, value)) = sorted.peek() {
-            out.push((key.to_vec(), value.to_vec()));
+            out.push((key.to_vec(), value.expect("no deletion here").to_vec()));
             sorted.advance();
         }
         out
+    }
+
+    #[test]
+    fn a_deletion_is_a_tombstone_that_the_newest_record_of_its_key_decides() {
+        let mut log = ChangeLog::new(10, 1_000);
+        log.take();
+        log.record(b"a", b"1");
+        log.record_deletion(b"a");
+        log.record_deletion(b"b");
+        log.record(b"b", b"");
+        log.record_deletion(b"c");
+        let mut sorted = log.take().unwrap().sorted();
+        let mut out = Vec::new();
+        while let Some((key, value)) = sorted.peek() {
+            out.push((key.to_vec(), value.map(<[u8]>::to_vec)));
+            sorted.advance();
+        }
+        assert_eq!(
+            out,
+            vec![
+                (b"a".to_vec(), None),
+                (b"b".to_vec(), Some(Vec::new())),
+                (b"c".to_vec(), None)
+            ]
+        );
     }
 
     #[test]

@@ -104,6 +104,12 @@ impl DiskTable {
         batch.commit().map_err(|source| self.error(source))
     }
 
+    /// Deletes `key` (writes a tombstone; nothing happens to a key that is
+    /// not there).
+    pub(crate) fn remove(&self, key: &[u8]) -> Result<(), SpillError> {
+        self.items.remove(key).map_err(|source| self.error(source))
+    }
+
     /// Calls `f` with every `(key, value)` of the table, in key order.
     pub(crate) fn scan_all(
         &self,

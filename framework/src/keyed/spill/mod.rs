@@ -51,6 +51,9 @@ mod base;
 mod changes;
 mod disk;
 mod filter;
+mod hot;
+#[cfg(test)]
+mod overlay_tests;
 mod sizing;
 mod snapshot;
 mod source;

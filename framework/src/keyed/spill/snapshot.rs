@@ -42,12 +42,12 @@
 //! the state, not with the changes; one base file per key group would let
 //! unchanged groups keep theirs.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 
 use super::base::{BaseWriter, Bases};
 use super::changes::Changes;
 use super::disk::DiskSnapshot;
+use super::hot::{HotEntries, HotGroups};
 use super::source::GroupSource;
 use super::SpillError;
 use crate::keyed::backend::KeyGroupPart;
@@ -61,26 +61,16 @@ type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// [`Self::next_part`]. It is `Send`: it may be read on another thread
 /// while the state goes on changing.
 pub struct SpillSnapshot {
-    source: Source,
+    streamed: Box<Streamed>,
 }
 
-/// Where the parts come from.
-enum Source {
-    /// Built when the snapshot was taken (the state never spilled).
-    Built(VecDeque<KeyGroupPart>),
-    /// Read from the store's view or the previous base, one key group per
-    /// call.
-    Store(Box<Streamed>),
-}
-
-/// What a snapshot of a state with a disk table took, and how far its
-/// reading is.
+/// What a snapshot of a state took, and how far its reading is.
 pub(super) struct Taken {
-    /// The disk table's view, taken after the write-back; dropped as soon
-    /// as the snapshot merges instead (it keeps fjall's old versions).
+    /// The disk table's view; dropped as soon as the snapshot merges
+    /// instead (it keeps fjall's old versions).
     pub(super) view: Option<DiskSnapshot>,
-    /// The entries written to the disk table since the previous snapshot,
-    /// if the log missed none.
+    /// The entries written to (and deleted from) the disk table since the
+    /// previous snapshot, if the log missed none.
     pub(super) changes: Option<Changes>,
     pub(super) bases: Arc<Bases>,
     /// This snapshot's number; the previous snapshot's is one less.
@@ -91,6 +81,12 @@ pub(super) struct Taken {
     /// The part's schema section, the same for every key group.
     pub(super) schema: Vec<u8>,
     pub(super) max_parallelism: MaxParallelism,
+    /// The in-memory entries of the picked key groups, laid over the disk
+    /// table's (they are newer).
+    pub(super) hot: Box<dyn HotGroups>,
+    /// Whether the state has a disk table; without one the hot entries are
+    /// the whole state and no base is written.
+    pub(super) spilled: bool,
 }
 
 /// A snapshot being read.
@@ -119,19 +115,12 @@ impl std::fmt::Debug for SpillSnapshot {
 }
 
 impl SpillSnapshot {
-    /// A snapshot whose parts are already built, ascending.
-    pub(super) fn built(parts: Vec<KeyGroupPart>) -> Self {
-        SpillSnapshot {
-            source: Source::Built(parts.into()),
-        }
-    }
-
     /// A snapshot reading what `taken` holds.
-    pub(super) fn from_store(taken: Taken) -> Self {
+    pub(super) fn new(taken: Taken) -> Self {
         let parts_left = taken.picked.iter().filter(|picked| **picked).count();
         let next = taken.range.start;
         SpillSnapshot {
-            source: Source::Store(Box::new(Streamed {
+            streamed: Box::new(Streamed {
                 taken,
                 reader: None,
                 base: None,
@@ -139,16 +128,13 @@ impl SpillSnapshot {
                 parts_left,
                 done: false,
                 merged: false,
-            })),
+            }),
         }
     }
 
     /// How many parts are still to come.
     pub fn parts_left(&self) -> usize {
-        match &self.source {
-            Source::Built(parts) => parts.len(),
-            Source::Store(streamed) => streamed.parts_left,
-        }
+        self.streamed.parts_left
     }
 
     /// Whether this snapshot was built from the previous snapshot's base
@@ -156,7 +142,7 @@ impl SpillSnapshot {
     /// once its first part was asked for.
     #[cfg(test)]
     pub(crate) fn merged(&self) -> bool {
-        matches!(&self.source, Source::Store(streamed) if streamed.merged)
+        self.streamed.merged
     }
 
     /// The next key group's part, ascending, or `None` when every part was
@@ -177,15 +163,13 @@ impl SpillSnapshot {
     }
 
     fn next_spill_part(&mut self) -> Option<Result<KeyGroupPart, SpillError>> {
-        match &mut self.source {
-            Source::Built(parts) => parts.pop_front().map(Ok),
-            Source::Store(streamed) => match streamed.step() {
-                Ok(part) => part.map(Ok),
-                Err(error) => {
-                    streamed.abandon();
-                    Some(Err(error))
-                }
-            },
+        let streamed = &mut self.streamed;
+        match streamed.step() {
+            Ok(part) => part.map(Ok),
+            Err(error) => {
+                streamed.abandon();
+                Some(Err(error))
+            }
         }
     }
 }
@@ -216,10 +200,15 @@ impl Streamed {
         Ok(None)
     }
 
-    /// Chooses the source: the previous base with the changes, when both
-    /// are complete, or else the view.
+    /// Chooses the disk table's source: none when the state never
+    /// spilled, the previous base with the changes when both are
+    /// complete, or else the view.
     fn start(&mut self) -> Result<(), SpillError> {
         let taken = &mut self.taken;
+        if !taken.spilled {
+            self.reader = Some(GroupSource::Empty);
+            return Ok(());
+        }
         let changes = taken.changes.take();
         let view = taken.view.take();
         let previous = taken.epoch.checked_sub(1);
@@ -231,8 +220,8 @@ impl Streamed {
             (Some(base), Some(changes)) => {
                 let changes = changes.sorted();
                 if changes.len() == 0 {
-                    // Nothing was written since: the previous base is this
-                    // snapshot's too.
+                    // Nothing was written to disk since: the previous base
+                    // is this snapshot's too.
                     taken.bases.relabel(taken.epoch - 1, taken.epoch);
                 } else {
                     self.base = Some(taken.bases.writer(taken.epoch)?);
@@ -253,30 +242,58 @@ impl Streamed {
         Ok(())
     }
 
-    /// Reads `key_group` into the base being written and, if it was
-    /// requested, into its part.
+    /// Reads `key_group` of the disk table into the base being written
+    /// and, if it was requested, the disk's entries overlaid by the hot
+    /// ones into its part (both runs ascending by key; on the same key the
+    /// hot entry wins, since the disk's is the older).
     fn read_group(&mut self, key_group: u32) -> Result<Option<KeyGroupPart>, SpillError> {
-        let taken = &self.taken;
+        let taken = &mut self.taken;
         let picked = taken.picked[(key_group - taken.range.start) as usize];
         let mut part = picked.then(|| PartWriter::new(&taken.schema));
+        let hot = if picked {
+            taken.hot.group(key_group)?
+        } else {
+            HotEntries::default()
+        };
+        let mut next_hot = 0;
         let base = &mut self.base;
         let reader = self
             .reader
             .as_mut()
             .ok_or_else(|| SpillError::Internal("a snapshot read before it started".into()))?;
         reader.for_each_in(key_group, |key, value| {
-            if let Some(part) = &mut part {
-                part.push_encoded(&key[4..], value)?;
-            }
             if let Some(base) = base {
                 base.push(key, value)?;
             }
-            Ok(())
+            let Some(part) = &mut part else {
+                return Ok(());
+            };
+            while let Some((hot_key, hot_value)) = hot.get(next_hot) {
+                if hot_key > key {
+                    break;
+                }
+                part.push_encoded(&hot_key[4..], hot_value)?;
+                next_hot += 1;
+                if hot_key == key {
+                    // The hot value replaces the disk's.
+                    return Ok(());
+                }
+            }
+            Ok(part.push_encoded(&key[4..], value)?)
         })?;
-        Ok(part.map(|part| KeyGroupPart {
-            key_group,
-            bytes: part.finish(taken.max_parallelism, key_group),
-        }))
+        Ok(match part {
+            Some(mut part) => {
+                while let Some((hot_key, hot_value)) = hot.get(next_hot) {
+                    part.push_encoded(&hot_key[4..], hot_value)?;
+                    next_hot += 1;
+                }
+                Some(KeyGroupPart {
+                    key_group,
+                    bytes: part.finish(taken.max_parallelism, key_group),
+                })
+            }
+            None => None,
+        })
     }
 
     /// Reads every key group left and publishes the base.
@@ -461,18 +478,17 @@ mod tests {
     }
 
     #[test]
-    fn state_that_never_spilled_is_yielded_as_the_in_memory_backend_writes_it() {
+    fn state_that_never_spilled_is_yielded_in_the_in_memory_backends_format() {
         let dir = tempfile::tempdir().unwrap();
         let (mut spilled, mut plain) = (spilling(dir.path(), 1_000), memory());
         touch(&mut spilled, &mut plain, &owned_keys(50), 0);
         let snapshot = spilled
             .snapshot(&mut |key_group| key_group % 2 == 1)
             .unwrap();
+        // The entries ordered by their encoded keys, as a spilled state's.
         assert_eq!(
             drain(snapshot),
-            plain
-                .snapshot_key_groups(|key_group| key_group % 2 == 1)
-                .unwrap()
+            expected_parts(&plain, |key_group| key_group % 2 == 1)
         );
         assert!(!dir.path().join("instance").exists());
     }

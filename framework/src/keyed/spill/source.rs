@@ -3,19 +3,21 @@
 //! previous snapshot's base file merged with the changes since.
 //!
 //! This module owns the merge of a base with the sorted changes (the
-//! newer value wins) and the checks that both runs stay in key-group
-//! order. It never builds a part, never writes a base and never decides
+//! newer value wins, and a deletion drops the key) and the checks that
+//! both runs stay in key-group order. It never builds a part, never writes a base and never decides
 //! which source a snapshot uses ([`super::snapshot`] does).
 
 use std::cmp::Ordering;
 
 use super::base::BaseReader;
-use super::changes::{EntryRef, SortedChanges};
+use super::changes::SortedChanges;
 use super::disk::DiskSnapshot;
 use super::SpillError;
 
-/// The entries of one snapshot, in the disk table's key order.
+/// The entries of one snapshot's disk table, in its key order.
 pub(crate) enum GroupSource {
+    /// No disk table: the state never spilled.
+    Empty,
     /// The disk table as the snapshot's view sees it (a prefix scan per
     /// key group).
     View(DiskSnapshot),
@@ -43,6 +45,7 @@ impl GroupSource {
         mut f: impl FnMut(&[u8], &[u8]) -> Result<(), SpillError>,
     ) -> Result<(), SpillError> {
         let (base, changes) = match self {
+            GroupSource::Empty => return Ok(()),
             GroupSource::View(view) => return view.scan_key_group(key_group, f),
             GroupSource::Merge { base, changes } => (base, changes),
         };
@@ -58,7 +61,10 @@ impl GroupSource {
                         Step::Base
                     }
                     (None, Some((key, value))) => {
-                        f(key, value)?;
+                        // A deletion of a key the base does not hold.
+                        if let Some(value) = value {
+                            f(key, value)?;
+                        }
                         Step::Changes
                     }
                     (Some((base_key, base_value)), Some((key, value))) => match base_key.cmp(key) {
@@ -67,11 +73,17 @@ impl GroupSource {
                             Step::Base
                         }
                         Ordering::Greater => {
-                            f(key, value)?;
+                            if let Some(value) = value {
+                                f(key, value)?;
+                            }
                             Step::Changes
                         }
                         Ordering::Equal => {
-                            f(key, value)?;
+                            // The change replaces the base's value, or a
+                            // deletion drops it.
+                            if let Some(value) = value {
+                                f(key, value)?;
+                            }
                             Step::Both
                         }
                     },
@@ -92,7 +104,7 @@ impl GroupSource {
     /// asked for, i.e. a bug.
     pub(crate) fn finish(mut self) -> Result<(), SpillError> {
         match &mut self {
-            GroupSource::View(_) => Ok(()),
+            GroupSource::Empty | GroupSource::View(_) => Ok(()),
             GroupSource::Merge { base, changes } => {
                 if base.peek()?.is_some() || changes.peek().is_some() {
                     return Err(SpillError::Internal(
@@ -108,10 +120,10 @@ impl GroupSource {
 /// `entry` if its key is in the key group `prefix` names, `None` if it is
 /// in a later one; a key of an earlier group (or too short to name one)
 /// means the runs were out of order, a bug.
-fn in_group<'a>(
-    entry: Option<EntryRef<'a>>,
+fn in_group<'a, V>(
+    entry: Option<(&'a [u8], V)>,
     prefix: &[u8; 4],
-) -> Result<Option<EntryRef<'a>>, SpillError> {
+) -> Result<Option<(&'a [u8], V)>, SpillError> {
     let Some((key, value)) = entry else {
         return Ok(None);
     };
@@ -205,6 +217,28 @@ mod tests {
             group(&mut source, 3),
             owned(&[(key(3, b"a"), b"1"), (key(3, b"b"), b"2")])
         );
+        source.finish().unwrap();
+    }
+
+    #[test]
+    fn a_deletion_drops_the_key_from_the_base_and_a_key_never_there_stays_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let bases = Bases::new(dir.path().join("bases"));
+        let mut writer = bases.writer(1).unwrap();
+        writer.push(&key(1, b"a"), b"1").unwrap();
+        writer.push(&key(1, b"b"), b"1").unwrap();
+        writer.finish().unwrap();
+        let mut log = ChangeLog::new(100, 10_000);
+        log.take();
+        log.record_deletion(&key(1, b"a"));
+        log.record_deletion(&key(1, b"c"));
+        log.record(&key(1, b"d"), b"2");
+        log.record_deletion(&key(1, b"d"));
+        let mut source = GroupSource::Merge {
+            base: bases.open(1).unwrap().unwrap(),
+            changes: log.take().unwrap().sorted(),
+        };
+        assert_eq!(group(&mut source, 1), vec![(key(1, b"b"), b"1".to_vec())]);
         source.finish().unwrap();
     }
 
