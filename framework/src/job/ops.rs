@@ -259,10 +259,11 @@ where
 
     /// The copy-on-write and the spilling state's snapshots are
     /// asynchronous: the copy-on-write key groups to write are handed off
-    /// (constant time per group), the spilling state writes its in-memory
-    /// entries of those groups down and takes a snapshot of its disk store,
-    /// and the checkpoint writer encodes (or reads) the parts; the flat
-    /// state encodes here, on the operator's thread.
+    /// (constant time per group), the spilling state freezes its in-memory
+    /// tables of those groups the same way and takes a view of its disk
+    /// store and its change log, and the checkpoint writer encodes (or
+    /// reads and merges) the parts; the flat state encodes here, on the
+    /// operator's thread.
     fn take_state(&mut self, checkpoint: CheckpointId) -> Result<TakenState, BoxError> {
         let (plan, parts): (SnapshotPlan, Box<dyn DeferredParts>) = match &mut self.states {
             KeyedStore::Memory(_) => {

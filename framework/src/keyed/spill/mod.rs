@@ -30,18 +30,20 @@
 //! - A lookup of a key that is on disk (or a false positive of the
 //!   filter, under 1 %) still goes through fjall's memtables and segments
 //!   on the operator's thread.
-//! - A snapshot ([`SpillingState::snapshot`]) writes the in-memory entries
-//!   of the requested key groups back to disk on the operator's thread (at
-//!   most the memory budget, not the whole state: 137 ms at p50 for
-//!   100,000 entries, far above issue 16's 10 ms) and takes a fjall MVCC
-//!   snapshot and the change log; [`SpillSnapshot`] then builds one key
-//!   group's part at a time on the checkpoint writer's thread, by merging
-//!   the previous snapshot's base file with the changes since (`base.rs`,
-//!   `changes.rs`, `source.rs`), or from the fjall view when there is no
-//!   such base. The merge rewrites the whole base, so its sequential I/O
-//!   grows with the state. The parts are written to the checkpoint store,
-//!   not as references to fjall's segment files (fjall's API does not
-//!   expose them; BENCHMARKS.md).
+//! - A snapshot ([`SpillingState::snapshot`]) takes, on the operator's
+//!   thread, the picked key groups' in-memory tables (copy-on-write,
+//!   constant time per slice), a fjall MVCC snapshot and the change log;
+//!   [`SpillSnapshot`] then builds one key group's part at a time on the
+//!   checkpoint writer's thread, as the previous snapshot's base merged
+//!   with the changes since (`base.rs`, `changes.rs`, `source.rs`), or the
+//!   fjall view when there is no such base, overlaid by the group's hot
+//!   entries (`hot.rs`). The merge rewrites the whole base, so its
+//!   sequential I/O grows with the state. The parts are written to the
+//!   checkpoint store, not as references to fjall's segment files
+//!   (fjall's API does not expose them; BENCHMARKS.md).
+//! - A state type without `Clone` cannot be frozen: its synchronous path
+//!   ([`SpillingState::snapshot_encoded`], used by `parts_of`) encodes the
+//!   hot entries on the operator's thread (at most the budget).
 //! - Only the keyed operators of `process`, `reduce` and `aggregate` use
 //!   it; timers, windows and time-to-live keep their state in memory.
 //! - A process killed without unwinding leaves its instance directories

@@ -25,17 +25,31 @@
 //! change log overflowed its bound; the fallback reads every key group
 //! (not only the requested ones), since the base must hold them all.
 //!
+//! # The hot overlay
+//!
+//! The disk table (and so every base) holds only what was evicted to it,
+//! possibly stale for a key that was read back and changed since. The
+//! in-memory ("hot") entries of the picked key groups come frozen with
+//! the snapshot ([`super::hot`]); each part is the group's disk entries
+//! with the hot ones laid over them, both runs in key order, the hot entry
+//! winning on the same key. The base written beside the parts gets the
+//! disk entries only, so the next snapshot's merge still starts from the
+//! disk table as it was (the module doc of [`super::state`] says why a
+//! deleted key cannot come back: it is deleted on disk at once).
+//!
 //! # The bound
 //!
 //! Taking the snapshot ([`super::SpillingState::snapshot`]) costs, on the
-//! operator's thread, the write-back of the in-memory entries of the
-//! requested key groups (at most the memory budget), taking the change
+//! operator's thread, constant time per slice of the picked key groups
+//! (their copy-on-write tables are shared, not read), taking the change
 //! log (constant time) and a constant-time fjall snapshot. While it is
-//! alive it holds at most one part, the sorted change log (bounded in
-//! `sizing.rs`) and two file buffers in memory; a view it reads keeps
-//! fjall's old versions on disk meanwhile. State that never left memory
-//! has no store: its parts are built at once and held until they are
-//! yielded (bounded by the memory budget too).
+//! alive it holds at most one part and one group's encoded hot entries,
+//! the sorted change log (bounded in `sizing.rs`) and two file buffers in
+//! memory, besides the frozen slices (the operator copies a slice it
+//! changes while frozen, once: at most one extra copy of what changed, at
+//! most the memory budget); a view it reads keeps fjall's old versions on
+//! disk meanwhile. State that never left memory has no store: its parts
+//! are the hot entries alone, encoded on the writer's thread too.
 //!
 //! Known gap: the merge rewrites the whole base at each snapshot with
 //! changes, so its sequential I/O (off the operator's thread) grows with
