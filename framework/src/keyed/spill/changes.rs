@@ -193,6 +193,7 @@ impl SortedChanges {
     }
 
     /// How many distinct keys changed.
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.starts.len()
     }

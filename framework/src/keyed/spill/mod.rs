@@ -37,8 +37,11 @@
 //!   checkpoint writer's thread, as the previous snapshot's base merged
 //!   with the changes since (`base.rs`, `changes.rs`, `source.rs`), or the
 //!   fjall view when there is no such base, overlaid by the group's hot
-//!   entries (`hot.rs`). The merge rewrites the whole base, so its
-//!   sequential I/O grows with the state. The parts are written to the
+//!   entries (`hot.rs`). The merge rewrites the base file of each key
+//!   group changed on disk (the others keep theirs), so a workload that
+//!   evicts into every group each interval still rewrites the whole disk
+//!   table's worth of files, off the operator's thread. The parts are
+//!   written to the
 //!   checkpoint store, not as references to fjall's segment files
 //!   (fjall's API does not expose them; BENCHMARKS.md).
 //! - A state type without `Clone` cannot be frozen: its synchronous path

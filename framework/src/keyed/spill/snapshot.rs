@@ -51,10 +51,12 @@
 //! disk meanwhile. State that never left memory has no store: its parts
 //! are the hot entries alone, encoded on the writer's thread too.
 //!
-//! Known gap: the merge rewrites the whole base at each snapshot with
-//! changes, so its sequential I/O (off the operator's thread) grows with
-//! the state, not with the changes; one base file per key group would let
-//! unchanged groups keep theirs.
+//! A key group with no change on disk since the previous base keeps that
+//! base's file, and is not read at all unless it is requested; a changed
+//! group's file is rewritten whole. Known gap: so the sequential I/O
+//! (off the operator's thread) grows with the changed groups' size, not
+//! with the changes, and a requested group is read whole even when only
+//! its hot entries changed.
 
 use std::sync::Arc;
 
@@ -227,25 +229,20 @@ impl Streamed {
         let view = taken.view.take();
         let previous = taken.epoch.checked_sub(1);
         let base = match (&changes, previous) {
-            (Some(_), Some(previous)) => taken.bases.open(previous)?,
+            (Some(_), Some(previous)) => taken.bases.open(previous),
             _ => None,
         };
+        self.base = Some(taken.bases.writer(taken.epoch)?);
         let reader = match (base, changes) {
             (Some(base), Some(changes)) => {
-                let changes = changes.sorted();
-                if changes.len() == 0 {
-                    // Nothing was written to disk since: the previous base
-                    // is this snapshot's too.
-                    taken.bases.relabel(taken.epoch - 1, taken.epoch);
-                } else {
-                    self.base = Some(taken.bases.writer(taken.epoch)?);
-                }
                 self.merged = true;
                 drop(view);
-                GroupSource::Merge { base, changes }
+                GroupSource::Merge {
+                    base,
+                    changes: changes.sorted(),
+                }
             }
             _ => {
-                self.base = Some(taken.bases.writer(taken.epoch)?);
                 let view = view.ok_or_else(|| {
                     SpillError::Internal("a snapshot's view was taken twice".into())
                 })?;
@@ -259,10 +256,27 @@ impl Streamed {
     /// Reads `key_group` of the disk table into the base being written
     /// and, if it was requested, the disk's entries overlaid by the hot
     /// ones into its part (both runs ascending by key; on the same key the
-    /// hot entry wins, since the disk's is the older).
+    /// hot entry wins, since the disk's is the older). A group that did
+    /// not change on disk since the previous base keeps that base's file
+    /// (not rewritten), and is not read at all unless requested.
     fn read_group(&mut self, key_group: u32) -> Result<Option<KeyGroupPart>, SpillError> {
         let taken = &mut self.taken;
         let picked = taken.picked[(key_group - taken.range.start) as usize];
+        let reader = self
+            .reader
+            .as_mut()
+            .ok_or_else(|| SpillError::Internal("a snapshot read before it started".into()))?;
+        let kept = reader.unchanged_file(key_group)?;
+        let rewrites_base = kept.is_none();
+        if let Some(base) = &mut self.base {
+            match kept {
+                Some(file) => base.keep_group(key_group, file)?,
+                None => base.begin_group(key_group)?,
+            }
+        }
+        if !picked && !rewrites_base {
+            return Ok(None);
+        }
         let mut part = picked.then(|| PartWriter::new(&taken.schema));
         let hot = if picked {
             taken.hot.group(key_group)?
@@ -271,12 +285,8 @@ impl Streamed {
         };
         let mut next_hot = 0;
         let base = &mut self.base;
-        let reader = self
-            .reader
-            .as_mut()
-            .ok_or_else(|| SpillError::Internal("a snapshot read before it started".into()))?;
         reader.for_each_in(key_group, |key, value| {
-            if let Some(base) = base {
+            if let (true, Some(base)) = (rewrites_base, base.as_mut()) {
                 base.push(key, value)?;
             }
             let Some(part) = &mut part else {
@@ -552,15 +562,45 @@ mod tests {
         );
     }
 
+    /// The base files in the state's bases directory, by epoch.
+    fn base_files(dir: &std::path::Path) -> BTreeMap<u64, Vec<u32>> {
+        let mut files: BTreeMap<u64, Vec<u32>> = BTreeMap::new();
+        for entry in std::fs::read_dir(dir.join("instance.bases")).unwrap() {
+            let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+            let mut fields = name.trim_start_matches("base-").split('-');
+            let epoch = fields.next().unwrap().parse().unwrap();
+            let group = fields.next().unwrap().parse().unwrap();
+            files.entry(epoch).or_default().push(group);
+        }
+        files.values_mut().for_each(|groups| groups.sort());
+        files
+    }
+
     #[test]
-    fn a_snapshot_with_nothing_written_since_the_last_reuses_its_base() {
+    fn a_snapshot_rewrites_the_base_files_of_only_the_groups_changed_on_disk() {
         let dir = tempfile::tempdir().unwrap();
         let (mut spilled, mut plain) = (spilling(dir.path(), 8), memory());
-        touch(&mut spilled, &mut plain, &owned_keys(200), 0);
+        let keys = owned_keys(200);
+        touch(&mut spilled, &mut plain, &keys, 0);
         assert!(!check_snapshot(&mut spilled, &plain, |_| true));
-        // Nothing picked, so nothing written back: the base is relabelled.
+        let first = base_files(dir.path());
+        assert_eq!(first.keys().copied().collect::<Vec<_>>(), vec![1]);
+        assert_eq!(first[&1], range().iter().collect::<Vec<_>>());
+        // Nothing written to disk since, whatever is picked: every group
+        // keeps its file.
         assert!(check_snapshot(&mut spilled, &plain, |_| false));
         assert!(check_snapshot(&mut spilled, &plain, |_| true));
+        assert_eq!(base_files(dir.path()), first);
+        // A deletion on disk changes one group: only its file is new.
+        let key = *keys.iter().find(|key| !spilled.in_memory(key)).unwrap();
+        spilled.remove(&key).unwrap();
+        plain.remove(&key);
+        let group = plain.key_group_of(&key);
+        assert!(check_snapshot(&mut spilled, &plain, |_| true));
+        let files = base_files(dir.path());
+        assert_eq!(files[&4], vec![group]);
+        assert_eq!(files[&1].len(), range().len() - 1);
+        assert!(check_snapshot(&mut spilled, &plain, |key_group| key_group != group));
     }
 
     #[test]

@@ -9,7 +9,9 @@
 
 use std::cmp::Ordering;
 
-use super::base::BaseReader;
+use std::sync::Arc;
+
+use super::base::{Base, GroupFile};
 use super::changes::SortedChanges;
 use super::disk::DiskSnapshot;
 use super::SpillError;
@@ -23,7 +25,7 @@ pub(crate) enum GroupSource {
     View(DiskSnapshot),
     /// The previous base, with every entry written since laid over it.
     Merge {
-        base: BaseReader,
+        base: Arc<Base>,
         changes: SortedChanges,
     },
 }
@@ -49,10 +51,21 @@ impl GroupSource {
             GroupSource::View(view) => return view.scan_key_group(key_group, f),
             GroupSource::Merge { base, changes } => (base, changes),
         };
+        let mut base = base.reader(key_group)?;
         let prefix = key_group.to_be_bytes();
         loop {
             let step = {
-                let from_base = in_group(base.peek()?, &prefix)?;
+                let from_base = match base.peek()? {
+                    Some((key, value)) if key.get(..4) == Some(prefix.as_slice()) => {
+                        Some((key, value))
+                    }
+                    Some((key, _)) => {
+                        return Err(SpillError::Internal(format!(
+                            "the base file of key group {key_group} holds the key {key:?}"
+                        )))
+                    }
+                    None => None,
+                };
                 let from_changes = in_group(changes.peek(), &prefix)?;
                 match (from_base, from_changes) {
                     (None, None) => return Ok(()),
@@ -100,15 +113,33 @@ impl GroupSource {
         }
     }
 
-    /// Fails if a merge left entries unread: keys outside the key groups
+    /// For a merge, when nothing of `key_group` changed on disk since
+    /// the previous base: `Some` of that base's file of the group (`None`
+    /// inside for an empty group), which the next base may keep as it is.
+    /// `None` when the group changed, or for any other source. Key groups
+    /// must be asked for in ascending order, before their entries.
+    pub(crate) fn unchanged_file(
+        &mut self,
+        key_group: u32,
+    ) -> Result<Option<Option<Arc<GroupFile>>>, SpillError> {
+        let GroupSource::Merge { base, changes } = self else {
+            return Ok(None);
+        };
+        if in_group(changes.peek(), &key_group.to_be_bytes())?.is_some() {
+            return Ok(None);
+        }
+        Ok(Some(base.file(key_group).cloned()))
+    }
+
+    /// Fails if a merge left changes unread: keys outside the key groups
     /// asked for, i.e. a bug.
     pub(crate) fn finish(mut self) -> Result<(), SpillError> {
         match &mut self {
             GroupSource::Empty | GroupSource::View(_) => Ok(()),
-            GroupSource::Merge { base, changes } => {
-                if base.peek()?.is_some() || changes.peek().is_some() {
+            GroupSource::Merge { changes, .. } => {
+                if changes.peek().is_some() {
                     return Err(SpillError::Internal(
-                        "a snapshot's base or changes held keys outside its key groups".into(),
+                        "a snapshot's changes held keys outside its key groups".into(),
                     ));
                 }
                 Ok(())
@@ -148,14 +179,22 @@ mod tests {
         key
     }
 
+    /// A merge of `base` and `changes`, with the bases that own its files
+    /// (dropping them deletes the files).
     fn merge(
         dir: &std::path::Path,
         base: &[(Vec<u8>, &[u8])],
         changes: &[(Vec<u8>, &[u8])],
-    ) -> GroupSource {
+    ) -> (std::sync::Arc<Bases>, GroupSource) {
         let bases = Bases::new(dir.join("bases"));
         let mut writer = bases.writer(1).unwrap();
+        let mut group = None;
         for (key, value) in base {
+            let key_group = u32::from_be_bytes(key[..4].try_into().unwrap());
+            if group != Some(key_group) {
+                writer.begin_group(key_group).unwrap();
+                group = Some(key_group);
+            }
             writer.push(key, value).unwrap();
         }
         writer.finish().unwrap();
@@ -164,10 +203,11 @@ mod tests {
         for (key, value) in changes {
             log.record(key, value);
         }
-        GroupSource::Merge {
-            base: bases.open(1).unwrap().unwrap(),
+        let source = GroupSource::Merge {
+            base: bases.open(1).unwrap(),
             changes: log.take().unwrap().sorted(),
-        }
+        };
+        (bases, source)
     }
 
     fn group(source: &mut GroupSource, key_group: u32) -> Vec<(Vec<u8>, Vec<u8>)> {
@@ -196,7 +236,7 @@ mod tests {
             (key(2, b"a"), b"2"),
             (key(1, b"c"), b"3"),
         ];
-        let mut source = merge(dir.path(), &base, &changes);
+        let (_bases, mut source) = merge(dir.path(), &base, &changes);
         let owned = |entries: &[(Vec<u8>, &[u8])]| -> Vec<(Vec<u8>, Vec<u8>)> {
             entries
                 .iter()
@@ -225,6 +265,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let bases = Bases::new(dir.path().join("bases"));
         let mut writer = bases.writer(1).unwrap();
+        writer.begin_group(1).unwrap();
         writer.push(&key(1, b"a"), b"1").unwrap();
         writer.push(&key(1, b"b"), b"1").unwrap();
         writer.finish().unwrap();
@@ -235,7 +276,7 @@ mod tests {
         log.record(&key(1, b"d"), b"2");
         log.record_deletion(&key(1, b"d"));
         let mut source = GroupSource::Merge {
-            base: bases.open(1).unwrap().unwrap(),
+            base: bases.open(1).unwrap(),
             changes: log.take().unwrap().sorted(),
         };
         assert_eq!(group(&mut source, 1), vec![(key(1, b"b"), b"1".to_vec())]);
@@ -243,16 +284,43 @@ mod tests {
     }
 
     #[test]
-    fn entries_left_outside_the_groups_asked_for_are_an_error() {
+    fn changes_left_outside_the_groups_asked_for_or_a_misfiled_base_entry_are_errors() {
         let dir = tempfile::tempdir().unwrap();
-        let mut source = merge(dir.path(), &[(key(5, b"a"), &b"1"[..])], &[]);
+        let (_bases, mut source) = merge(dir.path(), &[], &[(key(5, b"a"), &b"1"[..])]);
         assert_eq!(group(&mut source, 4), Vec::new());
         assert!(source.finish().is_err());
-        // A group asked for after its entries' group was passed: the runs
+        // A group asked for after its changes' group was passed: the runs
         // are out of order.
-        let mut source = merge(dir.path(), &[], &[(key(2, b"a"), &b"1"[..])]);
+        let (_bases, mut source) = merge(dir.path(), &[], &[(key(2, b"a"), &b"1"[..])]);
         assert!(source.for_each_in(3, |_, _| Ok(())).is_err());
-        let mut source = merge(dir.path(), &[(key(2, b"a"), &b"1"[..])], &[]);
+        // A base file holding another group's key.
+        let bases = Bases::new(dir.path().join("misfiled"));
+        let mut writer = bases.writer(1).unwrap();
+        writer.begin_group(3).unwrap();
+        writer.push(&key(2, b"a"), b"1").unwrap();
+        writer.finish().unwrap();
+        let mut log = ChangeLog::new(100, 10_000);
+        log.take();
+        let mut source = GroupSource::Merge {
+            base: bases.open(1).unwrap(),
+            changes: log.take().unwrap().sorted(),
+        };
         assert!(source.for_each_in(3, |_, _| Ok(())).is_err());
+    }
+
+    #[test]
+    fn a_group_without_changes_offers_its_previous_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_bases, mut source) = merge(
+            dir.path(),
+            &[(key(1, b"a"), &b"1"[..]), (key(2, b"a"), b"1")],
+            &[(key(2, b"b"), &b"2"[..])],
+        );
+        assert!(matches!(source.unchanged_file(0), Ok(Some(None))));
+        assert!(matches!(source.unchanged_file(1), Ok(Some(Some(_)))));
+        assert!(matches!(source.unchanged_file(2), Ok(None)));
+        assert_eq!(group(&mut source, 2).len(), 2);
+        assert!(matches!(source.unchanged_file(3), Ok(Some(None))));
+        source.finish().unwrap();
     }
 }

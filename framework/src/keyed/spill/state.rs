@@ -126,6 +126,12 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
         self.hot.len()
     }
 
+    /// Whether `key` is in memory now (for tests: nothing is loaded).
+    #[cfg(test)]
+    pub(crate) fn in_memory(&self, key: &K) -> bool {
+        self.hot.contains_hashed(key, key_hash(key))
+    }
+
     /// How many entries eviction has written to disk so far.
     pub fn evicted_entries(&self) -> u64 {
         self.evicted
