@@ -259,7 +259,7 @@ fn job_config(options: &Options, interval_ms: Option<u64>, metrics: bool) -> Job
     let defaults = JobConfig::default();
     JobConfig {
         metrics,
-        checkpoint_interval_ms: interval_ms,
+        checkpoint_interval_ms: support::periodic_interval_ms(interval_ms),
         mode: options.mode,
         default_parallelism: options.parallelism,
         window_batches: options.window_batches.unwrap_or(defaults.window_batches),

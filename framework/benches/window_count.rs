@@ -193,7 +193,7 @@ struct JobRun {
 
 fn job_config(options: &Options) -> JobConfig {
     JobConfig {
-        checkpoint_interval_ms: options.interval_ms,
+        checkpoint_interval_ms: support::periodic_interval_ms(options.interval_ms),
         default_parallelism: options.parallelism,
         ..JobConfig::default()
     }

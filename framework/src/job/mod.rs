@@ -471,6 +471,21 @@ pub enum JobError {
         #[source]
         error: SinkError,
     },
+    /// The job had already finished (its newest checkpoint is its final
+    /// one), and the final state of a keyed operator with a state handle
+    /// in that checkpoint does not decode as the job now declares it.
+    #[error(
+        "the job already finished, but the final state of `{operator}` in checkpoint \
+         {checkpoint} does not decode: {reason}"
+    )]
+    FinalStateUnreadable {
+        /// The keyed operator.
+        operator: String,
+        /// The final checkpoint.
+        checkpoint: u64,
+        /// Why its part does not decode.
+        reason: String,
+    },
     /// The job was cancelled.
     #[error("the job was cancelled")]
     Cancelled,

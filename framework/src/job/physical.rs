@@ -415,7 +415,18 @@ pub(crate) struct PlannedOperator {
     pub(crate) rescale: Rescale,
     /// A sink's recovery hooks.
     pub(crate) sink: Option<SinkHooks>,
+    /// A keyed operator with a state handle: how it publishes the states
+    /// of a final checkpoint when the job had already finished.
+    pub(crate) publish_restored: Option<PublishRestored>,
 }
+
+/// Publishes a keyed operator's final per-key states from the parts of
+/// the final checkpoint a job resumed from (per subtask, at the job's
+/// parallelism): a job that had already finished runs nothing, so no
+/// subtask publishes them at the end of its input. The error says why a
+/// part did not decode.
+pub(crate) type PublishRestored =
+    Arc<dyn Fn(&BTreeMap<PartId, Vec<u8>>, MaxParallelism) -> Result<(), String> + Send + Sync>;
 
 /// Redistributes the stored states of a user operator's old subtasks (in
 /// subtask order) over a new parallelism; see
@@ -566,6 +577,31 @@ impl PhysicalPlan {
     /// The node count.
     pub(crate) fn node_count(&self) -> usize {
         self.nodes.len()
+    }
+
+    /// Fills the state handles of the keyed operators that have one from
+    /// `parts` (a final checkpoint `checkpoint`, mapped onto this plan's
+    /// subtasks by [`Self::redistribute`]), for a job that had already
+    /// finished and so runs nothing.
+    pub(crate) fn publish_restored(
+        &self,
+        checkpoint: u64,
+        parts: &BTreeMap<PartId, Vec<u8>>,
+    ) -> Result<(), JobError> {
+        let max_parallelism = MaxParallelism::new(self.config.max_parallelism)
+            .map_err(|error| JobError::InvalidConfig(error.to_string()))?;
+        for operator in &self.operators {
+            if let Some(publish) = &operator.publish_restored {
+                publish(parts, max_parallelism).map_err(|reason| {
+                    JobError::FinalStateUnreadable {
+                        operator: operator.name.clone(),
+                        checkpoint,
+                        reason,
+                    }
+                })?;
+            }
+        }
+        Ok(())
     }
 
     /// Maps the parts of a restored checkpoint onto this plan's subtasks.

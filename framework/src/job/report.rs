@@ -40,7 +40,8 @@ pub struct JobReport {
     /// The job had already finished: the checkpoint it resumed from
     /// ([`JobReport::resumed_from`]) was its final one, taken after every
     /// input ended. Nothing ran and no checkpoint was written; only the
-    /// sinks committed what that checkpoint lists.
+    /// sinks committed what that checkpoint lists, and the state handles
+    /// of keyed operators (`process_with_state`) show its per-key states.
     pub already_finished: bool,
 }
 

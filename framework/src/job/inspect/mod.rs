@@ -79,7 +79,7 @@ use std::path::Path;
 
 use serde::de::DeserializeOwned;
 
-use crate::keyed::{KeyedError, KeyedState, MaxParallelism, StateKey};
+use crate::keyed::{parts_in_range, KeyedError, KeyedState, MaxParallelism, StateKey};
 use crate::sink::SinkState;
 use crate::source::SourcePosition;
 use crate::state::{blob, Snapshot, StateError};
@@ -403,11 +403,15 @@ impl PartView {
     }
 
     /// The keyed state of this subtask, as the keyed operator writes it,
-    /// restored for the key groups its subtask's range covers.
+    /// restored for the key groups its subtask's range covers. With
+    /// `Groups::InRange`, groups outside that range are skipped (the parts
+    /// a rescale maps onto a subtask hold every overlapping old subtask's
+    /// groups); with `Groups::Exact` they are an error, as in a stored part.
     fn keyed_state<K: StateKey, S: Snapshot>(
         &self,
         max_parallelism: MaxParallelism,
         parallelism: u32,
+        groups: Groups,
     ) -> Result<KeyedState<K, S>, InspectError> {
         let keyed = |source| InspectError::Keyed {
             part: self.id.clone(),
@@ -421,8 +425,72 @@ impl PartView {
         let range = max_parallelism
             .range_for_subtask(parallelism, self.id.subtask)
             .map_err(|error| keyed(KeyedError::from(error)))?;
-        KeyedState::restore(max_parallelism, range, key_groups).map_err(keyed)
+        match groups {
+            Groups::Exact => KeyedState::restore(max_parallelism, range, key_groups),
+            Groups::InRange => {
+                KeyedState::restore(max_parallelism, range, parts_in_range(range, key_groups))
+            }
+        }
+        .map_err(keyed)
     }
+}
+
+/// Which key groups a part's keyed state may hold (see
+/// [`PartView::keyed_state`]).
+#[derive(Clone, Copy)]
+enum Groups {
+    /// Exactly its subtask's range: a part as the store holds it.
+    Exact,
+    /// At least its range: a part as a rescaling restore maps it.
+    InRange,
+}
+
+/// Per subtask index, every key's state.
+pub(crate) type SubtaskStates<K, S> = Vec<(u32, HashMap<K, S>)>;
+
+/// Every key's state in each of `parts` (one keyed operator's parts, one
+/// per subtask), by subtask index, each checked against the key groups
+/// its subtask owns.
+fn keyed_states_by_subtask<K: StateKey, S: Snapshot>(
+    parts: &[&PartView],
+    max_parallelism: MaxParallelism,
+    groups: Groups,
+) -> Result<SubtaskStates<K, S>, InspectError> {
+    // Every subtask writes one part, so the parts are the parallelism (a
+    // subtask index beyond it fails the range check).
+    let parallelism = u32::try_from(parts.len()).unwrap_or(u32::MAX);
+    parts
+        .iter()
+        .map(|part| {
+            let mut keyed: KeyedState<K, S> =
+                part.keyed_state(max_parallelism, parallelism, groups)?;
+            let keys: Vec<K> = keyed.iter().map(|(key, _)| key.clone()).collect();
+            let states = keys
+                .into_iter()
+                .filter_map(|key| keyed.remove(&key).map(|state| (key, state)))
+                .collect();
+            Ok((part.id.subtask, states))
+        })
+        .collect()
+}
+
+/// Every key's state of keyed operator `operator` in `parts`, the parts
+/// of a restored checkpoint as the job's plan maps them onto its subtasks,
+/// by subtask: what each subtask would publish at the end of its input.
+/// A job that resumes from its own final checkpoint runs nothing, so its
+/// state handles are filled from here (`job::physical::PublishRestored`).
+pub(crate) fn restored_keyed_states<K: StateKey, S: Snapshot>(
+    operator: &str,
+    parts: &BTreeMap<PartId, Vec<u8>>,
+    max_parallelism: MaxParallelism,
+) -> Result<SubtaskStates<K, S>, InspectError> {
+    let views = parts
+        .iter()
+        .filter(|(id, _)| id.operator == operator)
+        .map(|(id, bytes)| PartView::decode(id.clone(), bytes))
+        .collect::<Result<Vec<PartView>, InspectError>>()?;
+    let views: Vec<&PartView> = views.iter().collect();
+    keyed_states_by_subtask(&views, max_parallelism, Groups::InRange)
 }
 
 /// A completed checkpoint or savepoint, read back and split into its
@@ -622,20 +690,11 @@ impl CheckpointView {
                 checkpoint: self.checkpoint(),
                 max_parallelism: stored,
             })?;
-        // Every subtask writes one part, so the parts are the parallelism
-        // (a subtask index beyond it fails the range check below).
-        let parallelism = u32::try_from(parts.len()).unwrap_or(u32::MAX);
         let mut states = HashMap::new();
-        for part in parts {
-            let mut keyed: KeyedState<K, S> = part.keyed_state(max_parallelism, parallelism)?;
+        for (_, subtask) in keyed_states_by_subtask(&parts, max_parallelism, Groups::Exact)? {
             // Disjoint ranges: a key can only come from the subtask that
             // owns its key group, so no key is overwritten here.
-            let keys: Vec<K> = keyed.iter().map(|(key, _)| key.clone()).collect();
-            for key in keys {
-                if let Some(state) = keyed.remove(&key) {
-                    states.insert(key, state);
-                }
-            }
+            states.extend(subtask);
         }
         Ok(states)
     }

@@ -137,6 +137,7 @@ impl Job {
             rescale: Rescale::Stateless,
             sink: None,
             late_dropped: None,
+            publish_restored: None,
         });
         graph.operators.len() - 1
     }
@@ -274,6 +275,7 @@ impl Job {
                 loop_idle_ms: operator.loop_idle_ms,
                 rescale: operator.rescale,
                 sink,
+                publish_restored: operator.publish_restored,
             });
             first_node += parallelism;
         }

@@ -6,7 +6,7 @@ use std::any::Any;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
-use crate::job::physical::{Rescale, Template};
+use crate::job::physical::{PublishRestored, Rescale, Template};
 use crate::job::recovery::{SinkCheckFn, SinkRestoreFn};
 use crate::job::JobError;
 
@@ -27,6 +27,8 @@ pub(super) struct OperatorSpec {
     /// A window operator's count of dropped late records, shown in the
     /// job report.
     pub(super) late_dropped: Option<Arc<AtomicU64>>,
+    /// A keyed operator's state handle, filled from a final checkpoint.
+    pub(super) publish_restored: Option<PublishRestored>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]

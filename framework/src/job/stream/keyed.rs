@@ -13,9 +13,10 @@ use crate::state::Snapshot;
 use super::builder::Job;
 use super::graph::{EdgeKind, Producer};
 use super::typed::Stream;
+use crate::job::inspect::restored_keyed_states;
 use crate::job::operator::Aggregator;
 use crate::job::ops::{FinalStates, Key, KeyedCore, Reduced, StatePlan};
-use crate::job::physical::Rescale;
+use crate::job::physical::{PublishRestored, Rescale};
 use crate::job::route::{Collector, KeyHash};
 use crate::job::shell::{Core, Data};
 use crate::time::{
@@ -40,7 +41,12 @@ pub struct KeyedStream<'j, K, T, F: ?Sized = dyn Fn(&T) -> K + Send + Sync> {
 }
 
 /// Reads the final per-key state of a keyed operator after its job ran:
-/// each subtask publishes its whole state when its input ends.
+/// each subtask publishes its whole state when its input ends. A job that
+/// had already finished ([`JobReport::already_finished`]: it resumed from
+/// its own final checkpoint) runs nothing; its handle shows that
+/// checkpoint's states.
+///
+/// [`JobReport::already_finished`]: crate::job::JobReport::already_finished
 pub struct KeyedStateHandle<K, S> {
     states: FinalStates<K, S>,
 }
@@ -57,6 +63,30 @@ impl<K: Key, S: Clone> KeyedStateHandle<K, S> {
             .flat_map(|map| map.iter().map(|(key, state)| (key.clone(), state.clone())))
             .collect()
     }
+}
+
+/// How a state handle is filled from a final checkpoint's parts when the
+/// job had already finished: each subtask's states, as its `on_end`
+/// would have published them.
+fn publish_restored<K: Key, S: Snapshot + Send + 'static>(
+    operator: &str,
+    states: FinalStates<K, S>,
+) -> PublishRestored {
+    let operator = operator.to_owned();
+    Arc::new(move |parts, max_parallelism| {
+        let restored = restored_keyed_states::<K, S>(&operator, parts, max_parallelism)
+            .map_err(|error| error.to_string())?;
+        let mut published = states
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        published.clear();
+        published.extend(
+            restored
+                .into_iter()
+                .map(|(subtask, states)| (subtask as usize, states)),
+        );
+        Ok(())
+    })
 }
 
 /// The producing operators of a keyed stream, each feeding the keyed
@@ -110,7 +140,11 @@ where
         U: Data,
     {
         let states: FinalStates<K, S> = Arc::new(Mutex::new(HashMap::new()));
+        let job = self.job;
         let stream = self.process_inner(name, function, Some(Arc::clone(&states)));
+        let operator = stream.producers[0].operator;
+        job.graph.borrow_mut().operators[operator].publish_restored =
+            Some(publish_restored(name, Arc::clone(&states)));
         (stream, KeyedStateHandle { states })
     }
 

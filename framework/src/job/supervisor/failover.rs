@@ -112,10 +112,13 @@ impl Supervisor {
                 .restored
                 .as_ref()
                 .map(|(checkpoint, ..)| checkpoint.0);
-            if let Some((_, parts, layout)) = recovery.restored {
+            if let Some((checkpoint, parts, layout)) = recovery.restored {
                 // The job as declared now must still fit the checkpoint
                 // (parallelism, key groups), as it would for a real run.
-                self.plan.redistribute(parts, &layout)?;
+                let parts = self.plan.redistribute(parts, &layout)?;
+                // No subtask runs to publish its state at the end of its
+                // input, so the handles get the final checkpoint's.
+                self.plan.publish_restored(checkpoint.0, &parts)?;
             }
             let span = self.span.clone();
             let _entered = span.enter();
