@@ -55,7 +55,7 @@ pub(crate) struct ChangeLog {
     starts: Vec<usize>,
     limit_entries: usize,
     limit_bytes: usize,
-    /// False until the first [`Self::take`], after an overflow and after
+    /// False until the first [`Self::take`], after giving up and after
     /// [`Self::invalidate`]: the log then misses changes and records none.
     complete: bool,
     /// How many times the log was compacted since it was created.

@@ -179,6 +179,14 @@ mod tests {
         assert_eq!(large.write_buffer_bytes, 3_000_000);
         assert_eq!(large.cache_bytes, 2_000_000);
         assert_eq!(StoreSizing::for_budget(usize::MAX).memtable_bytes, 2 << 20);
+        // The change log's bound: six entries per budgeted key, but never
+        // below the floor that one interval of a small budget needs.
+        assert_eq!(small.change_log_entries, CHANGE_LOG_ENTRIES_FLOOR);
+        assert_eq!(large.change_log_entries, 6_000_000);
+        assert_eq!(
+            large.change_log_bytes,
+            6_000_000 * CHANGE_LOG_BYTES_PER_ENTRY
+        );
         // A batch is at most a quarter of the budget.
         assert_eq!(StoreSizing::for_budget(8).eviction_batch_entries, 2);
         assert_eq!(

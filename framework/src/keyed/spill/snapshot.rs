@@ -22,8 +22,14 @@
 //! disk table since ([`super::changes`]), a sequential pass of tens of
 //! nanoseconds per entry, and drops its fjall view at once. It falls back
 //! to the view when there is no finished base of the epoch before, or the
-//! change log overflowed its bound; the fallback reads every key group
-//! (not only the requested ones), since the base must hold them all.
+//! change log gave up (the distinct keys written since the previous
+//! snapshot took more than half its bound, even compacted); the fallback
+//! reads every key group (not only the requested ones), since the base
+//! must hold them all. The fallback costs a microsecond or more per entry
+//! and version on the writer's thread and keeps fjall's old versions
+//! alive meanwhile: at 100 k keys, when the log's bound was six entries
+//! per budgeted key, every snapshot fell back and checkpoints took about
+//! a second (BENCHMARKS.md, "The spilling backend's change log").
 //!
 //! # The hot overlay
 //!
