@@ -19,7 +19,7 @@
 //! `e` (the file is shared, not copied), so a snapshot rewrites only the
 //! groups that changed on disk. A base is used only by the snapshot of
 //! the very next epoch, and only if it was finished: a snapshot dropped
-//! half-way, a restore or an overflowing change log leaves the next
+//! half-way, a restore or a change log that gave up leaves the next
 //! snapshot on the fallback, which starts a new chain.
 //!
 //! # Layout

@@ -44,6 +44,22 @@
 //!   written to the
 //!   checkpoint store, not as references to fjall's segment files
 //!   (fjall's API does not expose them; BENCHMARKS.md).
+//! - The change log (`changes.rs`) is bounded by the budget (six entries
+//!   per budgeted key, at least 2^18): when it fills it compacts to the
+//!   newest record of each key, a sort on the operator's thread (not
+//!   timed alone; the writer's sort of a similar log suggests tens of
+//!   milliseconds at the floor), at most once per half a bound of writes,
+//!   and when the distinct keys written since the last snapshot exceed
+//!   half the bound (a long interval over a large, evenly written state)
+//!   it gives up and the next snapshot scans fjall whole, on the writer's
+//!   thread, as before the log existed. A log spilled to sorted runs on
+//!   disk would remove that cliff; not built.
+//! - When every key group changes each interval, every checkpoint
+//!   rewrites every base file and part and encodes and sorts the whole
+//!   hot table on the writer's thread: at 10 M keys (1 M in memory per
+//!   subtask) 1 s checkpoints run at 0.70-0.77 of the job without them,
+//!   below issue 16's 0.9 (BENCHMARKS.md, "The spilling backend's change
+//!   log at small budgets").
 //! - A state type without `Clone` cannot be frozen: its synchronous path
 //!   ([`SpillingState::snapshot_encoded`], used by `parts_of`) encodes the
 //!   hot entries on the operator's thread (at most the budget).

@@ -41,6 +41,18 @@ const CACHE_BYTES_PER_KEY: u64 = 2;
 /// thousand records per second and subtask (BENCHMARKS.md).
 const CHANGE_LOG_ENTRIES_PER_KEY: usize = 6;
 
+/// The change log's least bound in entries, whatever the budget: the
+/// entries a subtask writes to disk in one interval depend on its record
+/// rate and miss rate, not on its budget (each miss loads a key and evicts
+/// another), so a small budget under a high record rate overflowed a
+/// bound of six entries per budgeted key every interval and fell back to
+/// reading the whole disk table (at 100 k keys and a budget of 10 k, about
+/// 180,000 writes per second and subtask against a bound of 60,000:
+/// BENCHMARKS.md). 2^18 entries cover a second and a half of that rate
+/// without a compaction, for 8 MiB of records and 2 MiB of index per
+/// instance; past it the log compacts (`changes.rs`).
+const CHANGE_LOG_ENTRIES_FLOOR: usize = 1 << 18;
+
 /// The change log's bytes per entry it may hold: an 8-byte header and the
 /// key and payload of a small state (about 20 bytes for a keyed count).
 const CHANGE_LOG_BYTES_PER_ENTRY: usize = 32;
@@ -105,15 +117,19 @@ impl StoreSizing {
             block_bytes: 1024,
             segment_target_bytes: 8 << 20,
             eviction_batch_entries: batch.min(memory_entries.max(4) / 4).max(1),
-            change_log_entries: memory_entries
-                .max(1_024)
-                .saturating_mul(CHANGE_LOG_ENTRIES_PER_KEY),
-            change_log_bytes: memory_entries
-                .max(1_024)
-                .saturating_mul(CHANGE_LOG_ENTRIES_PER_KEY)
+            change_log_entries: change_log_entries(memory_entries),
+            change_log_bytes: change_log_entries(memory_entries)
                 .saturating_mul(CHANGE_LOG_BYTES_PER_ENTRY),
         }
     }
+}
+
+/// The change log's bound in entries for a budget of `memory_entries`
+/// keys: a few budgets' worth, and at least [`CHANGE_LOG_ENTRIES_FLOOR`].
+fn change_log_entries(memory_entries: usize) -> usize {
+    memory_entries
+        .saturating_mul(CHANGE_LOG_ENTRIES_PER_KEY)
+        .max(CHANGE_LOG_ENTRIES_FLOOR)
 }
 
 #[cfg(test)]
@@ -163,6 +179,14 @@ mod tests {
         assert_eq!(large.write_buffer_bytes, 3_000_000);
         assert_eq!(large.cache_bytes, 2_000_000);
         assert_eq!(StoreSizing::for_budget(usize::MAX).memtable_bytes, 2 << 20);
+        // The change log's bound: six entries per budgeted key, but never
+        // below the floor that one interval of a small budget needs.
+        assert_eq!(small.change_log_entries, CHANGE_LOG_ENTRIES_FLOOR);
+        assert_eq!(large.change_log_entries, 6_000_000);
+        assert_eq!(
+            large.change_log_bytes,
+            6_000_000 * CHANGE_LOG_BYTES_PER_ENTRY
+        );
         // A batch is at most a quarter of the budget.
         assert_eq!(StoreSizing::for_budget(8).eviction_batch_entries, 2);
         assert_eq!(

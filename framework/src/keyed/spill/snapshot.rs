@@ -22,8 +22,14 @@
 //! disk table since ([`super::changes`]), a sequential pass of tens of
 //! nanoseconds per entry, and drops its fjall view at once. It falls back
 //! to the view when there is no finished base of the epoch before, or the
-//! change log overflowed its bound; the fallback reads every key group
-//! (not only the requested ones), since the base must hold them all.
+//! change log gave up (the distinct keys written since the previous
+//! snapshot took more than half its bound, even compacted); the fallback
+//! reads every key group (not only the requested ones), since the base
+//! must hold them all. The fallback costs a microsecond or more per entry
+//! and version on the writer's thread and keeps fjall's old versions
+//! alive meanwhile: at 100 k keys, when the log's bound was six entries
+//! per budgeted key, every snapshot fell back and checkpoints took about
+//! a second (BENCHMARKS.md, "The spilling backend's change log").
 //!
 //! # The hot overlay
 //!
@@ -621,15 +627,25 @@ mod tests {
         assert!(check_snapshot(&mut spilled, &plain, |_| true));
     }
 
+    /// A state with 8 keys in memory and a change log of at most 1,000
+    /// entries, and its model.
+    fn with_small_change_log(
+        dir: &std::path::Path,
+    ) -> (SpillingState<u64, Count>, KeyedState<u64, Count>) {
+        let spilled = spilling(dir, 8).with_change_log_bound(1_000, 100_000);
+        (spilled, memory())
+    }
+
     #[test]
     fn an_overflowing_change_log_or_a_restore_falls_back_to_the_store() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut spilled, mut plain) = (spilling(dir.path(), 8), memory());
+        let (mut spilled, mut plain) = with_small_change_log(dir.path());
         let keys = owned_keys(3_000);
         touch(&mut spilled, &mut plain, &keys, 0);
         assert!(!check_snapshot(&mut spilled, &plain, |_| true));
-        // With 8 keys in memory nearly every touch writes one entry: more
-        // than the log's bound (6 × 1,024 entries).
+        // With 8 keys in memory nearly every touch writes one entry, of
+        // about 3,000 distinct keys: more than half the log's bound of
+        // 1,000 entries even once compacted.
         for round in 1..4 {
             touch(&mut spilled, &mut plain, &keys, round);
         }
@@ -643,6 +659,35 @@ mod tests {
             .unwrap();
         touch(&mut spilled, &mut plain, &keys[..10], 5);
         assert!(!check_snapshot(&mut spilled, &plain, |_| true));
+        assert!(check_snapshot(&mut spilled, &plain, |_| true));
+    }
+
+    #[test]
+    fn a_change_log_past_its_bound_compacts_and_the_next_snapshot_still_merges() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut spilled, mut plain) = with_small_change_log(dir.path());
+        let keys = owned_keys(300);
+        touch(&mut spilled, &mut plain, &keys, 0);
+        assert!(!check_snapshot(&mut spilled, &plain, |_| true));
+        // About 2,400 writes to disk of 300 distinct keys between two
+        // snapshots: past the bound of 1,000 entries more than once, but
+        // each compaction keeps at most 300, under half of it.
+        for round in 1..9 {
+            touch(&mut spilled, &mut plain, &keys, round);
+        }
+        assert!(spilled.change_log_compactions() >= 2);
+        assert!(check_snapshot(&mut spilled, &plain, |_| true));
+        // Again, with deletions among the writes: a compacted tombstone
+        // still drops its key from the base.
+        for key in keys.iter().step_by(7) {
+            spilled.remove(key).unwrap();
+            plain.remove(key);
+        }
+        let compactions = spilled.change_log_compactions();
+        for round in 9..17 {
+            touch(&mut spilled, &mut plain, &keys[..150], round);
+        }
+        assert!(spilled.change_log_compactions() > compactions);
         assert!(check_snapshot(&mut spilled, &plain, |_| true));
     }
 }

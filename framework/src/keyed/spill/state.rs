@@ -116,6 +116,20 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
         })
     }
 
+    /// This state with a change log of at most `entries` entries and
+    /// `bytes` bytes instead of the budget's (for tests of its bound).
+    #[cfg(test)]
+    pub(crate) fn with_change_log_bound(mut self, entries: usize, bytes: usize) -> Self {
+        self.changes = ChangeLog::new(entries, bytes);
+        self
+    }
+
+    /// How many times the change log was compacted (for tests).
+    #[cfg(test)]
+    pub(crate) fn change_log_compactions(&self) -> u64 {
+        self.changes.compactions()
+    }
+
     /// The key groups owned.
     pub fn range(&self) -> KeyGroupRange {
         self.hot.range()
