@@ -9,8 +9,9 @@
 //! # Layout, and why
 //!
 //! One `hashbrown::HashTable<(K, S)>` for the whole subtask. A lookup hashes
-//! the key once with the stable hash, derives the key group from that hash
-//! (to refuse keys of foreign key groups and to mark the group dirty), and
+//! the key once with the stable hash, derives the key group and its slice
+//! from that hash (to refuse keys of foreign key groups and to mark the
+//! slice dirty, see "Dirty slices" below), and
 //! probes the table with the same hash (`HashTable` takes a precomputed
 //! hash; std's `HashMap` cannot, which is why we depend on hashbrown). An
 //! existing key costs one hash and no allocation; a new key is cloned once.
@@ -33,9 +34,30 @@
 //! was slower still. std's `HashMap` with SipHash ran at 94 M (0.29x). The
 //! hot path matters more than the snapshot's one-hash-per-key bucketing
 //! pass (1 M keys snapshot in about 50 ms).
+//!
+//! # Dirty slices
+//!
+//! The dirty flags are per slice of a key group, the copy-on-write
+//! layout's unit ([`SLICES_PER_KEY_GROUP`] per group, the six hash bits
+//! right below the group's, see [`super::cow_state`]'s "Slices"), not per
+//! group: a lookup finds its flag with the same shift that gives the
+//! group, so marking a slice costs what marking a group did (one shift,
+//! one subtraction, one byte store). An incremental checkpoint then writes
+//! only the slices touched since the last one ([`KeyedState::encode_slices`]),
+//! in the form the copy-on-write hand-off gives, and refers to the rest;
+//! and because both layouts flag the same slots, a state that moves to
+//! the copy-on-write layout keeps its flags and its checkpoints' ledger
+//! (`job::incremental`) stays valid. The flags take 64 bytes per key
+//! group. The sliced encoding is synchronous, on the operator's thread:
+//! it hashes every key once to find its slice, orders the written
+//! slices' entries by slot (a counting sort of references) and encodes
+//! them; the flat layout holds at most the copy-on-write threshold of
+//! keys by default, so that stays a few milliseconds.
 
+use super::cow::{encode_group_slices, EncodedSlices};
+use super::cow_state::{SLICES_PER_KEY_GROUP, SLICE_BITS};
 use super::hash::key_hash;
-use super::key_group::{KeyGroupError, KeyGroupRange, MaxParallelism};
+use super::key_group::{KeyGroupError, KeyGroupOf, KeyGroupRange, MaxParallelism};
 use super::part::{self, PartWriter};
 use super::{KeyedError, StateKey};
 use crate::state::{Snapshot, StateError};
@@ -47,12 +69,19 @@ use hashbrown::HashTable;
 #[derive(Debug)]
 pub struct KeyedState<K, S> {
     max_parallelism: MaxParallelism,
+    /// `max_parallelism`'s key-group formula with its scaling chosen once,
+    /// for the slot of each lookup.
+    key_group_of: KeyGroupOf,
     range: KeyGroupRange,
+    /// `range.start << SLICE_BITS`: the slot number of the first slot.
+    first_slot: u32,
     /// Every key of every owned key group.
     table: HashTable<(K, S)>,
-    /// Whether each key group may have changed since [`Self::clear_dirty`].
-    /// Set on every mutable access, so it over-approximates: reading through
-    /// `get_or_default` without writing still marks the group.
+    /// Whether each slot (`group index * SLICES_PER_KEY_GROUP + slice`, see
+    /// "Dirty slices" in the module docs) may have changed since
+    /// [`Self::clear_dirty`]. Set on every mutable access, so it
+    /// over-approximates: reading through `get_or_default` without writing
+    /// still marks the slice.
     dirty: Vec<bool>,
 }
 
@@ -151,9 +180,11 @@ impl<K: StateKey, S> KeyedState<K, S> {
         max_parallelism.check_range(range)?;
         Ok(KeyedState {
             max_parallelism,
+            key_group_of: KeyGroupOf::new(max_parallelism),
             range,
+            first_slot: range.start << SLICE_BITS,
             table: HashTable::new(),
-            dirty: vec![false; range.len()],
+            dirty: vec![false; range.len() * SLICES_PER_KEY_GROUP],
         })
     }
 
@@ -189,28 +220,37 @@ impl<K: StateKey, S> KeyedState<K, S> {
         self.range.contains(self.key_group_of(key))
     }
 
-    /// The hash of `key` and its key group's index in `dirty`, or the key
-    /// group of a key this state does not own. The error is a bare `u32` so
-    /// that the hot path carries no large error value.
+    /// The hash of `key` and its slot's index in `dirty`, or the key group
+    /// of a key this state does not own. The error is a bare `u32` so that
+    /// the hot path carries no large error value.
     #[inline]
     fn locate(&self, key: &K) -> Result<(u64, usize), u32> {
         let hash = key_hash(key);
         self.locate_hash(hash).map(|index| (hash, index))
     }
 
-    /// The index in `dirty` of the key group of a key with hash `hash`, or
-    /// that key group when this state does not own it.
+    /// The index in `dirty` of the slot of a key with hash `hash`, or its
+    /// key group when this state does not own it.
     #[inline]
     fn locate_hash(&self, hash: u64) -> Result<usize, u32> {
-        let key_group = self.max_parallelism.key_group_of(hash);
-        // Below `start` wraps to a huge index, so one comparison checks both
-        // ends of the range.
-        let index = key_group.wrapping_sub(self.range.start) as usize;
-        if index < self.dirty.len() {
-            Ok(index)
-        } else {
-            Err(key_group)
-        }
+        self.key_group_of
+            .locate_slot(hash, SLICE_BITS, self.first_slot, self.dirty.len())
+    }
+
+    /// The index in `dirty` of the slot of a key with hash `hash`, out of
+    /// bounds for a key of a group this state does not own.
+    #[inline(always)]
+    fn routed_index(&self, hash: u64) -> usize {
+        self.key_group_of
+            .slot_index(hash, SLICE_BITS, self.first_slot)
+    }
+
+    /// The slot (`group index * SLICES_PER_KEY_GROUP + slice`, from 0 at
+    /// the range's first group) of `key`, or `None` for a key of a group
+    /// this state does not own: what [`Self::dirty_slots`] names, the same
+    /// as [`CowKeyedState::slot_of`](super::CowKeyedState::slot_of).
+    pub fn slot_of(&self, key: &K) -> Option<usize> {
+        self.locate(key).ok().map(|(_, index)| index)
     }
 
     /// Out of line so that the formatting machinery stays out of the
@@ -294,34 +334,69 @@ impl<K: StateKey, S> KeyedState<K, S> {
         self.table.iter().map(|(key, state)| (key, state))
     }
 
-    /// Every key and its state for update. Marks every key group dirty.
+    /// Every key and its state for update. Marks every slice dirty.
     pub fn iter_mut(&mut self) -> impl Iterator<Item = (&K, &mut S)> + '_ {
         self.dirty.iter_mut().for_each(|dirty| *dirty = true);
         self.table.iter_mut().map(|(key, state)| (&*key, state))
     }
 
-    /// The key groups accessed mutably since the last [`Self::clear_dirty`]
-    /// (or since creation), ascending: what an incremental checkpoint
-    /// writes again ([`Self::snapshot_key_groups`]).
+    /// The key groups with a slice accessed mutably since the last
+    /// [`Self::clear_dirty`] (or since creation), ascending.
     pub fn dirty_key_groups(&self) -> impl Iterator<Item = u32> + '_ {
         let start = self.range.start;
+        self.dirty
+            .chunks(SLICES_PER_KEY_GROUP)
+            .enumerate()
+            .filter(|(_, slots)| slots.contains(&true))
+            .map(move |(index, _)| start + index as u32)
+    }
+
+    /// The slots (see [`Self::slot_of`]) accessed mutably since the last
+    /// [`Self::clear_dirty`], ascending: the slices an incremental
+    /// checkpoint writes again ([`Self::encode_slices`]).
+    pub fn dirty_slots(&self) -> impl Iterator<Item = usize> + '_ {
         self.dirty
             .iter()
             .enumerate()
             .filter(|(_, dirty)| **dirty)
-            .map(move |(index, _)| start + index as u32)
+            .map(|(index, _)| index)
     }
 
-    /// Marks every key group clean, after a checkpoint has captured them.
+    /// Marks every slice clean, after a checkpoint has captured them.
     pub fn clear_dirty(&mut self) {
         self.dirty.iter_mut().for_each(|dirty| *dirty = false);
     }
 
-    /// The table and the dirty flags, taken apart: what
+    /// The table and the dirty flags (per slot), taken apart: what
     /// [`CowKeyedState::from_flat`](super::cow_state::CowKeyedState::from_flat)
     /// builds the copy-on-write layout from. Off the hot path.
     pub(crate) fn into_table(self) -> (HashTable<(K, S)>, Vec<bool>) {
         (self.table, self.dirty)
+    }
+
+    /// The slot of every entry of the table, in the table's order.
+    ///
+    /// # Panics
+    ///
+    /// On a key of a key group this state does not own, which its ways in
+    /// refuse (a routing bug, as in [`Self::snapshot`]).
+    fn slots_of_entries(&self) -> Vec<u32> {
+        self.table
+            .iter()
+            .map(|(key, _)| {
+                let index = self.routed_index(key_hash(key));
+                if index >= self.dirty.len() {
+                    panic!(
+                        "bug: a key of key group {} is stored in the state of {:?}: a record \
+                         was routed to the wrong subtask",
+                        self.key_group_of(key),
+                        self.range
+                    );
+                }
+                // Below `dirty.len()`, which is at most 2^15 groups times 64.
+                index as u32
+            })
+            .collect()
     }
 }
 
@@ -377,11 +452,11 @@ impl<K: StateKey, S: Default> KeyedState<K, S> {
     /// Unlike [`Self::try_get_or_default_hashed`], it does not refuse a
     /// key of a foreign key group: ownership is asserted in debug builds
     /// only, because such a key here is a routing bug, and in a release
-    /// build [`Self::snapshot`] catches it. It marks exactly the key's group
-    /// dirty, from the hash it is given (a multiply, a shift and one byte
-    /// store; a foreign group's index is out of range and marks nothing,
-    /// so the bug costs no panic here), which is what an incremental
-    /// checkpoint reads through [`Self::dirty_key_groups`].
+    /// build [`Self::snapshot`] catches it. It marks exactly the key's
+    /// slice dirty, from the hash it is given (a multiply, a shift and one
+    /// byte store; a foreign group's index is out of range and marks
+    /// nothing, so the bug costs no panic here), which is what an
+    /// incremental checkpoint reads through [`Self::dirty_slots`].
     #[inline]
     pub fn get_or_default_routed(&mut self, key: &K, hash: u64) -> &mut S {
         debug_assert_eq!(hash, key_hash(key), "the hash given is not the key's");
@@ -391,10 +466,7 @@ impl<K: StateKey, S: Default> KeyedState<K, S> {
             self.max_parallelism.key_group_of(hash),
             self.range
         );
-        let index = self
-            .max_parallelism
-            .key_group_of(hash)
-            .wrapping_sub(self.range.start) as usize;
+        let index = self.routed_index(hash);
         if let Some(dirty) = self.dirty.get_mut(index) {
             *dirty = true;
         }
@@ -544,6 +616,57 @@ impl<K: StateKey, S: Snapshot> KeyedState<K, S> {
         Ok(writer.finish(self.max_parallelism, key_group))
     }
 
+    /// The fresh slices of every owned key group, ascending by key group
+    /// (also the groups that write none), encoded now, in the form the
+    /// copy-on-write hand-off gives ([`EncodedSlices`], by the same
+    /// encoding): the slots `writes` picks (see [`Self::slot_of`]) written
+    /// again, each slice's entries contiguous and the slices ascending,
+    /// and per group the entry count of the others. What an incremental
+    /// checkpoint of the flat layout writes; dirty flags are left as they
+    /// are.
+    ///
+    /// It reads every key once to find its slot (the others' entry counts
+    /// need it too), so it takes time in the state's size, a few
+    /// milliseconds at the copy-on-write threshold; see "Dirty slices" in
+    /// the module docs.
+    ///
+    /// # Errors
+    ///
+    /// A state type without a schema, or a key or state that does not
+    /// encode.
+    pub(crate) fn encode_slices(
+        &self,
+        writes: impl FnMut(usize) -> bool,
+    ) -> Result<Vec<EncodedSlices>, StateError> {
+        let schema = part::schema_section::<S>()?;
+        let fresh: Vec<bool> = (0..self.dirty.len()).map(writes).collect();
+        let order = SlotOrder::of(self, &fresh);
+        let mut groups = Vec::with_capacity(self.range.len());
+        for (index, key_group) in self.range.iter().enumerate() {
+            let slots = index * SLICES_PER_KEY_GROUP..(index + 1) * SLICES_PER_KEY_GROUP;
+            let reused_entries = slots
+                .clone()
+                .filter(|slot| !fresh[*slot])
+                .map(|slot| order.counts[slot])
+                .sum();
+            let written = slots.filter(|slot| fresh[*slot]).map(|slot| {
+                let entries = order
+                    .entries_of(slot)
+                    .iter()
+                    .map(|(key, state)| (key, state));
+                ((slot % SLICES_PER_KEY_GROUP) as u32, entries)
+            });
+            groups.push(encode_group_slices(
+                key_group,
+                written,
+                reused_entries,
+                &schema,
+                self.max_parallelism,
+            )?);
+        }
+        Ok(groups)
+    }
+
     /// Rebuilds the state of the key groups in `range` from their parts,
     /// which may have been written at any parallelism (with the same max
     /// parallelism). Exactly one part per key group of `range` is required;
@@ -575,6 +698,65 @@ impl<K: StateKey, S: Snapshot> KeyedState<K, S> {
             )?;
         }
         Ok(state)
+    }
+}
+
+/// The entries of a [`KeyedState`]'s table ordered by slot, for the
+/// slices a snapshot writes (a counting sort of references: two passes
+/// over the table, no entry copied), and every slot's entry count.
+struct SlotOrder<'a, K, S> {
+    /// Per slot, its entries in the table (written or not).
+    counts: Vec<u64>,
+    /// Per slot, where its entries start in `ordered`, and one past the
+    /// last slot; a slot not written has none.
+    starts: Vec<usize>,
+    /// The written slots' entries, slot by slot.
+    ordered: Vec<&'a (K, S)>,
+}
+
+impl<'a, K: StateKey, S> SlotOrder<'a, K, S> {
+    /// The entries of `state` in the slots `fresh` marks (one flag per
+    /// slot), ordered by slot.
+    fn of(state: &'a KeyedState<K, S>, fresh: &[bool]) -> Self {
+        let slot_of_entry = state.slots_of_entries();
+        let mut counts = vec![0u64; fresh.len()];
+        for slot in &slot_of_entry {
+            counts[*slot as usize] += 1;
+        }
+        let mut starts = Vec::with_capacity(fresh.len() + 1);
+        let mut total = 0usize;
+        for (count, fresh) in counts.iter().zip(fresh) {
+            starts.push(total);
+            if *fresh {
+                total += *count as usize;
+            }
+        }
+        starts.push(total);
+        // Every place is filled below (`total` counts exactly the written
+        // slots' entries), so any entry serves as the placeholder; with no
+        // entry there is no place to fill.
+        let mut ordered = match state.table.iter().next() {
+            Some(any) => vec![any; total],
+            None => Vec::new(),
+        };
+        let mut next = starts.clone();
+        for (entry, slot) in state.table.iter().zip(&slot_of_entry) {
+            let slot = *slot as usize;
+            if fresh[slot] {
+                ordered[next[slot]] = entry;
+                next[slot] += 1;
+            }
+        }
+        SlotOrder {
+            counts,
+            starts,
+            ordered,
+        }
+    }
+
+    /// The entries of a written slot, in the table's order.
+    fn entries_of(&self, slot: usize) -> &[&'a (K, S)] {
+        &self.ordered[self.starts[slot]..self.starts[slot + 1]]
     }
 }
 

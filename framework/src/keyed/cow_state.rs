@@ -63,7 +63,7 @@ use hashbrown::hash_table::Entry;
 use hashbrown::HashTable;
 
 /// log2 of [`SLICES_PER_KEY_GROUP`].
-const SLICE_BITS: u32 = 6;
+pub(crate) const SLICE_BITS: u32 = 6;
 
 /// How many slices (copy-on-write tables, each with a dirty flag) each key
 /// group of a [`CowKeyedState`] is split into; see the module's "Slices".
@@ -160,9 +160,17 @@ impl<K: StateKey, S> CowKeyedState<K, S> {
         let (max_parallelism, range) = (flat.max_parallelism(), flat.range());
         let mut state = Self::new(max_parallelism, range)
             .unwrap_or_else(|error| panic!("bug: a keyed state's own range is invalid: {error}"));
+        // Both layouts flag the same slots, so the slices an incremental
+        // checkpoint writes next are the same as if the state had not
+        // moved, and the ledger's references stay valid.
         let (table, dirty) = flat.into_table();
-        for (slots, dirty) in state.groups.chunks_mut(SLICES_PER_KEY_GROUP).zip(dirty) {
-            slots.iter_mut().for_each(|slot| slot.dirty = dirty);
+        assert_eq!(
+            dirty.len(),
+            state.groups.len(),
+            "bug: the flat state flags other slots than the copy-on-write one"
+        );
+        for (slot, dirty) in state.groups.iter_mut().zip(dirty) {
+            slot.dirty = dirty;
         }
         for (key, value) in table {
             let hash = key_hash(&key);
@@ -210,15 +218,8 @@ impl<K: StateKey, S> CowKeyedState<K, S> {
     /// its key group when this state does not own it.
     #[inline]
     fn locate_hash(&self, hash: u64) -> Result<usize, u32> {
-        let slot = self.key_group_of.key_group_slice_of(hash, SLICE_BITS);
-        // Below `first_slot` wraps to a huge index, so one comparison
-        // checks both ends of the range.
-        let index = slot.wrapping_sub(self.first_slot) as usize;
-        if index < self.groups.len() {
-            Ok(index)
-        } else {
-            Err(slot >> SLICE_BITS)
-        }
+        self.key_group_of
+            .locate_slot(hash, SLICE_BITS, self.first_slot, self.groups.len())
     }
 
     /// The index of the slot of a routed key's slice (see
@@ -229,8 +230,7 @@ impl<K: StateKey, S> CowKeyedState<K, S> {
     #[inline(always)]
     pub(crate) fn routed_index(&self, hash: u64) -> usize {
         self.key_group_of
-            .key_group_slice_of(hash, SLICE_BITS)
-            .wrapping_sub(self.first_slot) as usize
+            .slot_index(hash, SLICE_BITS, self.first_slot)
     }
 
     /// The slot (`group index * SLICES_PER_KEY_GROUP + slice`, from 0 at

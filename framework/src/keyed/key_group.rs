@@ -159,6 +159,39 @@ impl KeyGroupOf {
             (((mixed >> 32) * u64::from(self.max_parallelism.get())) >> (32 - slice_bits)) as u32
         }
     }
+
+    /// The index of `key_hash`'s slot ([`Self::key_group_slice_of`])
+    /// counted from `first_slot`, the slot of the first slice of a state's
+    /// first key group: what the in-memory layouts index their per-slice
+    /// arrays by, one shift and one subtraction at a power-of-two max
+    /// parallelism. A key of a group before the range wraps to a huge
+    /// index, so one comparison with an array's length checks both ends
+    /// of the range ([`Self::locate_slot`]).
+    #[inline(always)]
+    pub(crate) fn slot_index(self, key_hash: u64, slice_bits: u32, first_slot: u32) -> usize {
+        self.key_group_slice_of(key_hash, slice_bits)
+            .wrapping_sub(first_slot) as usize
+    }
+
+    /// [`Self::slot_index`] checked against the `slots` slots a state
+    /// has: the index, or the key group of a key the state does not own
+    /// (a bare `u32`, so that the hot path carries no large error value).
+    #[inline(always)]
+    pub(crate) fn locate_slot(
+        self,
+        key_hash: u64,
+        slice_bits: u32,
+        first_slot: u32,
+        slots: usize,
+    ) -> Result<usize, u32> {
+        let slot = self.key_group_slice_of(key_hash, slice_bits);
+        let index = slot.wrapping_sub(first_slot) as usize;
+        if index < slots {
+            Ok(index)
+        } else {
+            Err(slot >> slice_bits)
+        }
+    }
 }
 
 /// A validated max parallelism: the number of key groups of a job, between 1

@@ -246,7 +246,7 @@ fn into_segments(body: Vec<BodyPiece>, bytes: Vec<u8>) -> Vec<Segment> {
 mod tests {
     use std::collections::BTreeSet;
 
-    use super::super::tests::Written;
+    use super::super::tests::{plan_dirty, shared_len, Written};
     use super::super::{assemble, IncrementalCheckpoints, KeyGroupLedger};
     use super::*;
     use crate::job::ops::{decode_keyed_state, encode_keyed_state, KeyGroupParts};
@@ -285,12 +285,7 @@ mod tests {
         state: &mut State,
     ) -> KeyedSnapshotSlices {
         let dirty: Vec<usize> = state.dirty_slots().collect();
-        let plan = ledger.plan_slices(
-            CheckpointId(checkpoint),
-            state.range(),
-            SLICES_PER_KEY_GROUP,
-            dirty,
-        );
+        let plan = plan_dirty(ledger, checkpoint, state.range(), dirty);
         let handoff = state.hand_off_slices(|slot| plan.writes_slot(slot));
         state.clear_dirty();
         plan.with_slices(Box::new(handoff))
@@ -305,14 +300,6 @@ mod tests {
             .map(|part| (part.key_group, part.bytes))
             .collect();
         encode_keyed_state(&parts).unwrap()
-    }
-
-    fn shared_bytes(segments: &[Segment]) -> u64 {
-        segments
-            .iter()
-            .filter(|segment| matches!(segment, Segment::Shared(_)))
-            .map(Segment::len)
-            .sum()
     }
 
     /// Every part of the envelope `bytes` passes its header and body CRCs.
@@ -369,9 +356,9 @@ mod tests {
                 // the last handoff) are written again: bounded by the
                 // largest slices' bytes, far below the state's.
                 assert!(
-                    shared_bytes(&segments) * 20 < expected.len() as u64,
+                    shared_len(&segments) * 20 < expected.len() as u64,
                     "seed {seed}: checkpoint {checkpoint} wrote {} of {} bytes for {} slices",
-                    shared_bytes(&segments),
+                    shared_len(&segments),
                     expected.len(),
                     touched.len()
                 );
@@ -431,9 +418,9 @@ mod tests {
         // The touched group's header and its one slice (one run when the
         // slice is the first, which follows the header).
         assert!(shared_runs(&second) <= 2, "one slice written");
-        let one_slice = shared_bytes(&second);
+        let one_slice = shared_len(&second);
         assert!(
-            one_slice * 200 < shared_bytes(&first),
+            one_slice * 200 < shared_len(&first),
             "{one_slice} bytes for one key"
         );
         // Reused ranges of one file merge: per untouched key group one
@@ -449,7 +436,7 @@ mod tests {
         // Nothing touched: nothing written, the touched slice now read
         // from checkpoint 2's file.
         let third = take(&mut ledger, 3, &mut state).encode().unwrap();
-        assert_eq!(shared_bytes(&third), 0);
+        assert_eq!(shared_len(&third), 0);
         assert!(third.iter().any(|segment| matches!(
             segment,
             Segment::Reuse(range) if range.checkpoint == 2
