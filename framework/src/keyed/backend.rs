@@ -796,23 +796,194 @@ mod tests {
         check(&(0..1000).map(|i| i % 37).collect::<Vec<_>>());
     }
 
+    /// The sorted, deduplicated values of `items`.
+    fn set<T: Ord>(items: impl IntoIterator<Item = T>) -> Vec<T> {
+        let mut items: Vec<T> = items.into_iter().collect();
+        items.sort_unstable();
+        items.dedup();
+        items
+    }
+
+    /// The first `count` keys `state` owns.
+    fn owned<S>(state: &KeyedState<u64, S>, count: usize) -> Vec<u64> {
+        (0..u64::MAX)
+            .filter(|key| state.owns(key))
+            .take(count)
+            .collect()
+    }
+
     #[test]
-    fn a_routed_lookup_marks_only_its_key_group_dirty_until_cleared() {
+    fn a_routed_lookup_marks_only_its_slice_dirty_until_cleared() {
         let mut routed = state(2, 1);
-        let keys: Vec<u64> = (0..u64::MAX)
-            .filter(|key| routed.owns(key))
-            .take(3)
-            .collect();
+        let keys = owned(&routed, 3);
         for key in &keys {
             *routed.get_or_default_routed(key, key_hash(key)) += 1;
         }
-        let mut expected: Vec<u32> = keys.iter().map(|key| routed.key_group_of(key)).collect();
-        expected.sort_unstable();
-        expected.dedup();
-        assert_eq!(routed.dirty_key_groups().collect::<Vec<_>>(), expected);
-        assert!(expected.len() < routed.range().len());
+        let slots = set(keys.iter().map(|key| routed.slot_of(key).unwrap()));
+        assert_eq!(routed.dirty_slots().collect::<Vec<_>>(), slots);
+        // The groups are derived from the slots.
+        let groups = set(keys.iter().map(|key| routed.key_group_of(key)));
+        assert_eq!(routed.dirty_key_groups().collect::<Vec<_>>(), groups);
+        let start = routed.range().start;
+        let of_slots = set(slots
+            .iter()
+            .map(|slot| start + (slot / SLICES_PER_KEY_GROUP) as u32));
+        assert_eq!(groups, of_slots);
+        assert!(groups.len() < routed.range().len());
         routed.clear_dirty();
+        assert_eq!(routed.dirty_slots().count(), 0);
         assert_eq!(routed.dirty_key_groups().count(), 0);
+    }
+
+    #[test]
+    fn every_way_of_writing_marks_the_keys_slice_and_reading_marks_none() {
+        let mut state = state(3, 2);
+        let keys = owned(&state, 6);
+        *state.get_or_default(&keys[0]) += 1;
+        *state.try_get_or_default(&keys[1]).unwrap() += 1;
+        *state
+            .try_get_or_default_hashed(&keys[2], key_hash(&keys[2]))
+            .unwrap() += 1;
+        state.insert(keys[3], 4).unwrap();
+        state.insert(keys[4], 5).unwrap();
+        state.clear_dirty();
+        // A read, and the removal of an absent key, mark nothing.
+        assert_eq!(state.get(&keys[0]), Some(&1));
+        assert!(state.remove(&keys[5]).is_none());
+        assert_eq!(state.dirty_slots().count(), 0);
+        for (index, key) in keys[..5].iter().enumerate() {
+            match index {
+                0 => *state.get_mut(key).unwrap() += 1,
+                1 => *state.get_or_default(key) += 1,
+                2 => assert!(state.remove(key).is_some()),
+                _ => assert!(state.insert(*key, 9).unwrap().is_some()),
+            }
+            let slot = state.slot_of(key).unwrap();
+            assert_eq!(
+                state.dirty_slots().collect::<Vec<_>>(),
+                vec![slot],
+                "write {index}"
+            );
+            state.clear_dirty();
+        }
+        let _ = state.iter_mut().count();
+        assert_eq!(
+            state.dirty_slots().count(),
+            state.range().len() * SLICES_PER_KEY_GROUP
+        );
+    }
+
+    /// A flat state of `keys` keys (of subtask 1 of 2), each counting its
+    /// own number.
+    fn counted(keys: u64) -> KeyedState<u64, Count> {
+        let mut state: KeyedState<u64, Count> =
+            KeyedState::for_subtask(MaxParallelism::default(), 2, 1).unwrap();
+        for key in owned(&state, keys as usize) {
+            state.get_or_default(&key).count = key;
+        }
+        state
+    }
+
+    /// A key group whose every slice is fresh as one full part, with the
+    /// header the incremental snapshot would write in front.
+    fn as_part(group: &EncodedSlices) -> Vec<u8> {
+        let mut bytes = group.bytes.clone();
+        let body = &bytes[part::PART_HEADER_LEN..];
+        let entries: u64 = group.slices.iter().map(|(_, _, entries)| entries).sum();
+        let header = part::header_for(
+            group.max_parallelism,
+            group.key_group,
+            entries + group.reused_entries,
+            group.schema_len,
+            body.len() as u64,
+            crc32fast::hash(body),
+        );
+        bytes[..part::PART_HEADER_LEN].copy_from_slice(&header);
+        bytes
+    }
+
+    /// The entries of `slot` (a slice's bytes, without the header's room
+    /// and, for slice 0, the schema) in `groups`.
+    fn slice_bytes(groups: &[EncodedSlices], slot: usize) -> Option<Vec<u8>> {
+        let group = &groups[slot / SLICES_PER_KEY_GROUP];
+        let slice = (slot % SLICES_PER_KEY_GROUP) as u32;
+        let mut start = part::PART_HEADER_LEN;
+        for (fresh, end, _) in &group.slices {
+            if *fresh == slice {
+                let skip = if slice == 0 {
+                    group.schema_len as usize
+                } else {
+                    0
+                };
+                return Some(group.bytes[start + skip..*end].to_vec());
+            }
+            start = *end;
+        }
+        None
+    }
+
+    #[test]
+    fn the_written_slices_hold_exactly_their_keys_each_contiguous_and_ascending() {
+        let state = counted(20_000);
+        let range = state.range();
+        let slots = range.len() * SLICES_PER_KEY_GROUP;
+        let mut per_slot = vec![0u64; slots];
+        for (key, _) in state.iter() {
+            per_slot[state.slot_of(key).unwrap()] += 1;
+        }
+        // Every slice: the parts restore to the state, and each slice
+        // lists exactly its keys.
+        let all = state.encode_slices(|_| true).unwrap();
+        assert_eq!(all.len(), range.len());
+        let restored: KeyedState<u64, Count> = KeyedState::restore(
+            state.max_parallelism(),
+            range,
+            all.iter().map(|group| (group.key_group, as_part(group))),
+        )
+        .unwrap();
+        assert_eq!(restored.len(), state.len());
+        for (key, count) in state.iter() {
+            assert_eq!(restored.get(key), Some(count));
+        }
+        for (index, group) in all.iter().enumerate() {
+            assert_eq!(group.key_group, range.start + index as u32);
+            assert_eq!(group.reused_entries, 0);
+            let listed: Vec<u32> = group.slices.iter().map(|(slice, ..)| *slice).collect();
+            assert_eq!(listed, (0..SLICES_PER_KEY_GROUP as u32).collect::<Vec<_>>());
+            for (slice, _, entries) in &group.slices {
+                assert_eq!(
+                    *entries,
+                    per_slot[index * SLICES_PER_KEY_GROUP + *slice as usize]
+                );
+            }
+        }
+        // Some slots alone: the same bytes as in the whole encoding (so a
+        // slice's entries are one contiguous run), and the others counted
+        // as reused.
+        let picked: Vec<usize> = (0..slots).step_by(37).collect();
+        let some = state.encode_slices(|slot| picked.contains(&slot)).unwrap();
+        for slot in 0..slots {
+            let alone = slice_bytes(&some, slot);
+            assert_eq!(alone.is_some(), picked.contains(&slot), "slot {slot}");
+            if let Some(alone) = alone {
+                assert_eq!(Some(alone), slice_bytes(&all, slot), "slot {slot}");
+            }
+        }
+        for (index, group) in some.iter().enumerate() {
+            let group_slots = index * SLICES_PER_KEY_GROUP..(index + 1) * SLICES_PER_KEY_GROUP;
+            let reused: u64 = group_slots
+                .filter(|slot| !picked.contains(slot))
+                .map(|slot| per_slot[slot])
+                .sum();
+            assert_eq!(group.reused_entries, reused);
+        }
+        // None: header room only, every entry reused.
+        let none = state.encode_slices(|_| false).unwrap();
+        assert!(none
+            .iter()
+            .all(|group| group.slices.is_empty() && group.bytes.len() == part::PART_HEADER_LEN));
+        let reused: u64 = none.iter().map(|group| group.reused_entries).sum();
+        assert_eq!(reused, state.len() as u64);
     }
 
     #[test]
