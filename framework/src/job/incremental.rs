@@ -1,7 +1,8 @@
-//! Incremental checkpoints of keyed state, on the job's side: which key
-//! groups a keyed operator writes again at a checkpoint, which it refers
-//! to in an earlier checkpoint's shared file, and the segments that say so
-//! to the store ([`crate::storage::segment`]).
+//! Incremental checkpoints of keyed state, on the job's side: which units
+//! (slices of key groups for the in-memory layouts, key groups for the
+//! spilling backend) a keyed operator writes again at a checkpoint, which
+//! it refers to in an earlier checkpoint's shared file, and the segments
+//! that say so to the store ([`crate::storage::segment`]).
 //!
 //! This module owns that bookkeeping ([`KeyGroupLedger`]), the settings
 //! ([`IncrementalCheckpoints`]), the job-wide record of which checkpoint
@@ -13,7 +14,7 @@
 //!
 //! # The rule (why a reference is always valid)
 //!
-//! A key group is referred to, instead of written, only when it has not
+//! A unit is referred to, instead of written, only when it has not
 //! changed since the snapshot that last wrote it (its dirty flag) and that
 //! snapshot's checkpoint was confirmed complete (durable) to this very
 //! operator instance. Every complete checkpoint this instance took after
@@ -98,8 +99,8 @@ impl SnapshotKinds {
     }
 }
 
-/// Where one unit's (a key group's, or a slice's of the copy-on-write
-/// state) current bytes were last written: 32 bytes per unit (a unit test
+/// Where one unit's (a key group's of the spilling state, or a slice's
+/// or part header's of an in-memory state) current bytes were last written: 32 bytes per unit (a unit test
 /// holds it to that).
 #[derive(Debug, Clone, Copy)]
 enum Written {
@@ -154,9 +155,10 @@ const MAX_PENDING_SNAPSHOTS: usize = 16;
 
 /// One keyed operator instance's record of where each of its units was
 /// last written, and the choice at each checkpoint of which to write. A
-/// unit is a key group for the flat and the spilling state, and a slice
-/// of a key group for the copy-on-write state (see
-/// [`crate::keyed::SLICES_PER_KEY_GROUP`]).
+/// unit is a key group for the spilling state, and a slice of a key group
+/// (or its part's header) for both in-memory layouts, flat and
+/// copy-on-write (see [`crate::keyed::SLICES_PER_KEY_GROUP`]), so a state
+/// that moves from one to the other keeps its record.
 #[derive(Debug)]
 pub(crate) struct KeyGroupLedger {
     full_every: u32,
@@ -164,8 +166,9 @@ pub(crate) struct KeyGroupLedger {
     /// `full_every - 1`.
     next_position: u32,
     /// Units per key group of what `written` records: 1 (key groups) or
-    /// the copy-on-write state's slices. A plan in the other unit (the
-    /// flat state converted to copy-on-write) starts the chain again.
+    /// an in-memory state's header and slices. A plan in the other unit
+    /// (which no instance makes: its backend is fixed, and a restore
+    /// resets the ledger anyway) starts the chain again.
     units_per_group: usize,
     /// Per unit of the instance's range, in order.
     written: Vec<Option<Written>>,
@@ -313,9 +316,10 @@ impl KeyGroupLedger {
         }
     }
 
-    /// [`Self::plan_units`] for the copy-on-write state: per key group its
-    /// part's header and `slices` slices; `dirty` are slots (group index
-    /// times `slices` plus slice, as `CowKeyedState::dirty_slots`).
+    /// [`Self::plan_units`] for an in-memory state, flat or copy-on-write:
+    /// per key group its part's header and `slices` slices; `dirty` are
+    /// slots (group index times `slices` plus slice, as
+    /// `KeyedState::dirty_slots` and `CowKeyedState::dirty_slots` give).
     pub(crate) fn plan_slices(
         &mut self,
         checkpoint: CheckpointId,
@@ -382,8 +386,9 @@ impl SnapshotPlan {
         self.writes_unit(slice_unit(slices, slot))
     }
 
-    /// The snapshot with the copy-on-write state's fresh slices of every
-    /// key group, to be encoded on the writer's thread.
+    /// The snapshot with an in-memory state's fresh slices of every key
+    /// group (handed off by the copy-on-write state, encoded already by
+    /// the flat one), to be assembled on the writer's thread.
     pub(crate) fn with_slices(self, slices: Box<dyn DeferredSlices>) -> KeyedSnapshotSlices {
         KeyedSnapshotSlices { plan: self, slices }
     }

@@ -253,7 +253,8 @@ pub(crate) struct HandedGroup<K, S> {
     pub(crate) reused_entries: u64,
 }
 
-/// What [`SliceHandoff`] gives per key group: room for the part's header
+/// What [`SliceHandoff`] (and the flat state's `KeyedState::encode_slices`)
+/// gives per key group: room for the part's header
 /// ([`part::PART_HEADER_LEN`] zero bytes, filled in by the caller once it
 /// knows the body's CRC), then the fresh slices' entries encoded one
 /// after the other, in slice order, with the schema section in front of

@@ -40,7 +40,11 @@
 //! schema section as the start of slice 0's bytes, so each slice is one
 //! contiguous byte range of the part's body and a part assembled from
 //! fresh and earlier slices is byte for byte a full part
-//! (`job::incremental`).
+//! (`job::incremental`). The flat layout ([`KeyedState`]) flags the same
+//! slots and writes its incremental checkpoints in the same units,
+//! encoded on the operator's thread, so [`CowKeyedState::from_flat`]
+//! carries the flags over slot by slot and the checkpoints' ledger stays
+//! valid across the switch.
 //!
 //! Why 64: 8 hot keys then dirty at most 8 slices of 8,192 (0.1 % of the
 //! state) at the default 128 key groups, while the slots take 64 × about

@@ -1,11 +1,14 @@
-//! The copy-on-write state's incremental snapshot in slices
-//! ([`KeyedSnapshotSlices`]): per key group a fresh part header, then each
-//! slice either written again or referred to where an earlier checkpoint
-//! wrote it, with the header's body CRC combined from the pieces' CRCs.
+//! An in-memory state's incremental snapshot in slices
+//! ([`KeyedSnapshotSlices`]), of the copy-on-write or the flat layout:
+//! per key group a fresh part header, then each slice either written
+//! again or referred to where an earlier checkpoint wrote it, with the
+//! header's body CRC combined from the pieces' CRCs.
 //!
 //! This module owns only that assembly of segments; which slices to
 //! write is the ledger's choice (the parent module) and the slices'
-//! bytes come from the state's hand-off (`keyed::cow`). It never does
+//! bytes come from the copy-on-write state's hand-off (`keyed::cow`) or
+//! from the flat state's encoding on the operator's thread
+//! (`KeyedState::encode_slices`), in the same form. It never does
 //! I/O and never reads an unchanged byte: the part it stands for is, byte
 //! for byte, a format-1 part whose entries run slice by slice, so
 //! restoring, rescaling and `snapflow show` see a full part.
@@ -20,8 +23,8 @@ use crate::storage::{Segment, SharedRange};
 use super::super::shell::DeferredState;
 use super::{push_own, settle_landed, SnapshotPlan};
 
-/// One copy-on-write state's incremental snapshot, planned per slice at
-/// the snapshot and encoded by [`Self::encode`] on the checkpoint writer's
+/// One in-memory state's incremental snapshot, planned per slice at the
+/// snapshot and encoded by [`Self::encode`] on the checkpoint writer's
 /// thread: per key group a fresh header (as own bytes), then each slice
 /// either written again (shared bytes) or referred to where an earlier
 /// checkpoint wrote it. The part assembles to a format-1 part whose
