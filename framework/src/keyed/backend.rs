@@ -55,9 +55,9 @@
 //! keys by default, so that stays a few milliseconds.
 
 use super::cow::{encode_group_slices, EncodedSlices};
-use super::cow_state::{SLICES_PER_KEY_GROUP, SLICE_BITS};
+use super::cow_state::SLICES_PER_KEY_GROUP;
 use super::hash::key_hash;
-use super::key_group::{KeyGroupError, KeyGroupOf, KeyGroupRange, MaxParallelism};
+use super::key_group::{KeyGroupError, KeyGroupOf, KeyGroupRange, MaxParallelism, SLICE_BITS};
 use super::part::{self, PartWriter};
 use super::{KeyedError, StateKey};
 use crate::state::{Snapshot, StateError};
@@ -234,15 +234,14 @@ impl<K: StateKey, S> KeyedState<K, S> {
     #[inline]
     fn locate_hash(&self, hash: u64) -> Result<usize, u32> {
         self.key_group_of
-            .locate_slot(hash, SLICE_BITS, self.first_slot, self.dirty.len())
+            .locate_slot(hash, self.first_slot, self.dirty.len())
     }
 
     /// The index in `dirty` of the slot of a key with hash `hash`, out of
     /// bounds for a key of a group this state does not own.
     #[inline(always)]
     fn routed_index(&self, hash: u64) -> usize {
-        self.key_group_of
-            .slot_index(hash, SLICE_BITS, self.first_slot)
+        self.key_group_of.slot_index(hash, self.first_slot)
     }
 
     /// The slot (`group index * SLICES_PER_KEY_GROUP + slice`, from 0 at

@@ -59,15 +59,12 @@
 use super::backend::{parts_covering, KeyGroupPart, KeyedState};
 use super::cow::{GroupSlices, GroupTable, HandedGroup, KeyGroupHandoff, SliceHandoff};
 use super::hash::key_hash;
-use super::key_group::{KeyGroupError, KeyGroupOf, KeyGroupRange, MaxParallelism};
+use super::key_group::{KeyGroupError, KeyGroupOf, KeyGroupRange, MaxParallelism, SLICE_BITS};
 use super::part;
 use super::{KeyedError, StateKey};
 use crate::state::{Snapshot, StateError};
 use hashbrown::hash_table::Entry;
 use hashbrown::HashTable;
-
-/// log2 of [`SLICES_PER_KEY_GROUP`].
-pub(crate) const SLICE_BITS: u32 = 6;
 
 /// How many slices (copy-on-write tables, each with a dirty flag) each key
 /// group of a [`CowKeyedState`] is split into; see the module's "Slices".
@@ -223,7 +220,7 @@ impl<K: StateKey, S> CowKeyedState<K, S> {
     #[inline]
     fn locate_hash(&self, hash: u64) -> Result<usize, u32> {
         self.key_group_of
-            .locate_slot(hash, SLICE_BITS, self.first_slot, self.groups.len())
+            .locate_slot(hash, self.first_slot, self.groups.len())
     }
 
     /// The index of the slot of a routed key's slice (see
@@ -233,8 +230,7 @@ impl<K: StateKey, S> CowKeyedState<K, S> {
     /// is out of bounds and panics when used.
     #[inline(always)]
     pub(crate) fn routed_index(&self, hash: u64) -> usize {
-        self.key_group_of
-            .slot_index(hash, SLICE_BITS, self.first_slot)
+        self.key_group_of.slot_index(hash, self.first_slot)
     }
 
     /// The slot (`group index * SLICES_PER_KEY_GROUP + slice`, from 0 at
@@ -768,8 +764,8 @@ impl<K: StateKey, S: Snapshot> CowKeyedState<K, S> {
                 max_parallelism,
                 *key_group,
                 |hash, key, value| {
-                    let slice = key_group_of.key_group_slice_of(hash, SLICE_BITS) as usize
-                        % SLICES_PER_KEY_GROUP;
+                    let slice =
+                        key_group_of.key_group_slice_of(hash) as usize % SLICES_PER_KEY_GROUP;
                     let table = slots[slice].table.get_mut(&mut copies);
                     part::insert_unique(table, *key_group, hash, key, value)
                 },
