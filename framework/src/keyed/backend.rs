@@ -372,31 +372,6 @@ impl<K: StateKey, S> KeyedState<K, S> {
     pub(crate) fn into_table(self) -> (HashTable<(K, S)>, Vec<bool>) {
         (self.table, self.dirty)
     }
-
-    /// The slot of every entry of the table, in the table's order.
-    ///
-    /// # Panics
-    ///
-    /// On a key of a key group this state does not own, which its ways in
-    /// refuse (a routing bug, as in [`Self::snapshot`]).
-    fn slots_of_entries(&self) -> Vec<u32> {
-        self.table
-            .iter()
-            .map(|(key, _)| {
-                let index = self.routed_index(key_hash(key));
-                if index >= self.dirty.len() {
-                    panic!(
-                        "bug: a key of key group {} is stored in the state of {:?}: a record \
-                         was routed to the wrong subtask",
-                        self.key_group_of(key),
-                        self.range
-                    );
-                }
-                // Below `dirty.len()`, which is at most 2^15 groups times 64.
-                index as u32
-            })
-            .collect()
-    }
 }
 
 impl<K: StateKey, S: Default> KeyedState<K, S> {
@@ -624,7 +599,7 @@ impl<K: StateKey, S: Snapshot> KeyedState<K, S> {
     /// checkpoint of the flat layout writes; dirty flags are left as they
     /// are.
     ///
-    /// It reads every key once to find its slot (the others' entry counts
+    /// It hashes every key once to find its slot (the others' entry counts
     /// need it too), so it takes time in the state's size, a few
     /// milliseconds at the copy-on-write threshold; see "Dirty slices" in
     /// the module docs.
@@ -701,8 +676,10 @@ impl<K: StateKey, S: Snapshot> KeyedState<K, S> {
 }
 
 /// The entries of a [`KeyedState`]'s table ordered by slot, for the
-/// slices a snapshot writes (a counting sort of references: two passes
-/// over the table, no entry copied), and every slot's entry count.
+/// slices a snapshot writes, and every slot's entry count: one pass over
+/// the table that hashes each key once, then a counting sort of
+/// references to the written slots' entries (no entry copied; when few
+/// slots are written, little is sorted).
 struct SlotOrder<'a, K, S> {
     /// Per slot, its entries in the table (written or not).
     counts: Vec<u64>,
@@ -716,11 +693,28 @@ struct SlotOrder<'a, K, S> {
 impl<'a, K: StateKey, S> SlotOrder<'a, K, S> {
     /// The entries of `state` in the slots `fresh` marks (one flag per
     /// slot), ordered by slot.
+    ///
+    /// # Panics
+    ///
+    /// On a key of a key group `state` does not own, which its ways in
+    /// refuse (a routing bug, as in [`KeyedState::snapshot`]).
     fn of(state: &'a KeyedState<K, S>, fresh: &[bool]) -> Self {
-        let slot_of_entry = state.slots_of_entries();
         let mut counts = vec![0u64; fresh.len()];
-        for slot in &slot_of_entry {
-            counts[*slot as usize] += 1;
+        let mut picked: Vec<(usize, &'a (K, S))> = Vec::new();
+        for entry in state.table.iter() {
+            let slot = state.routed_index(key_hash(&entry.0));
+            let Some(count) = counts.get_mut(slot) else {
+                panic!(
+                    "bug: a key of key group {} is stored in the state of {:?}: a record was \
+                     routed to the wrong subtask",
+                    state.key_group_of(&entry.0),
+                    state.range
+                );
+            };
+            *count += 1;
+            if fresh[slot] {
+                picked.push((slot, entry));
+            }
         }
         let mut starts = Vec::with_capacity(fresh.len() + 1);
         let mut total = 0usize;
@@ -731,20 +725,16 @@ impl<'a, K: StateKey, S> SlotOrder<'a, K, S> {
             }
         }
         starts.push(total);
-        // Every place is filled below (`total` counts exactly the written
-        // slots' entries), so any entry serves as the placeholder; with no
-        // entry there is no place to fill.
-        let mut ordered = match state.table.iter().next() {
-            Some(any) => vec![any; total],
+        // Every place is filled below (`total` counts exactly the picked
+        // entries), so any of them serves as the placeholder.
+        let mut ordered = match picked.first() {
+            Some((_, any)) => vec![*any; total],
             None => Vec::new(),
         };
         let mut next = starts.clone();
-        for (entry, slot) in state.table.iter().zip(&slot_of_entry) {
-            let slot = *slot as usize;
-            if fresh[slot] {
-                ordered[next[slot]] = entry;
-                next[slot] += 1;
-            }
+        for (slot, entry) in picked {
+            ordered[next[slot]] = entry;
+            next[slot] += 1;
         }
         SlotOrder {
             counts,
