@@ -700,7 +700,14 @@ impl<'a, K: StateKey, S> SlotOrder<'a, K, S> {
     /// refuse (a routing bug, as in [`KeyedState::snapshot`]).
     fn of(state: &'a KeyedState<K, S>, fresh: &[bool]) -> Self {
         let mut counts = vec![0u64; fresh.len()];
-        let mut picked: Vec<(usize, &'a (K, S))> = Vec::new();
+        // Sized once for the entries the written slots are expected to
+        // hold (keys spread evenly over slots), an eighth more for the
+        // spread: at a full snapshot, growing by doubling instead copied
+        // the list several times and touched fresh pages on the
+        // operator's thread.
+        let written = fresh.iter().filter(|fresh| **fresh).count();
+        let expected = state.table.len() * written / fresh.len().max(1);
+        let mut picked: Vec<(usize, &'a (K, S))> = Vec::with_capacity(expected + expected / 8);
         for entry in state.table.iter() {
             let slot = state.routed_index(key_hash(&entry.0));
             let Some(count) = counts.get_mut(slot) else {
