@@ -1,11 +1,13 @@
 //! Incremental checkpoints of keyed state through the public API:
 //!
 //! - a job that touches few keys after its first checkpoint writes only
-//!   their key groups: each later checkpoint of the keyed operator writes
-//!   at most one key group per subtask, and far fewer bytes than it holds;
-//! - with the copy-on-write layout, only the slices of the keys touched:
-//!   8 keys of 100 k write under 2 % of the state, and a job resumed from
-//!   that chain at 3 subtasks holds every key's exact count;
+//!   the slices of their key groups: each later checkpoint of the keyed
+//!   operator writes at most one slice (and its group's header) per
+//!   subtask, and far fewer bytes than it holds;
+//! - in both in-memory layouts (flat, and copy-on-write), only the slices
+//!   of the keys touched: 8 keys of 100 k write under 2 % of the state,
+//!   and a job resumed from that chain at another parallelism (2 -> 3,
+//!   and 3 -> 1) holds every key's exact count;
 //! - a job cancelled after incremental checkpoints resumes from one at
 //!   another parallelism (2 -> 3 and 3 -> 1) with every key's state exact;
 //! - a damaged shared file that the newest checkpoint refers to makes
@@ -154,15 +156,10 @@ fn bytes_written_follow(copy_on_write_threshold_keys: usize) {
         "at least two checkpoints write under 5% of their size"
     );
     // Per checkpoint of the keyed operator: once the second phase runs,
-    // at most one key group per subtask is written again: one shared run
-    // for a flat part, and for a copy-on-write one its header and the one
-    // slice (two runs, unless the slice is the first, right after the
-    // header).
-    let fresh_runs_max = if copy_on_write_threshold_keys == 0 {
-        2
-    } else {
-        1
-    };
+    // at most one slice per subtask is written again, in either layout:
+    // its key group's header and the one slice (two runs, unless no slice
+    // with entries comes between them).
+    let fresh_runs_max = 2;
     let mut few_groups = 0;
     for entry in store.list().expect("the store lists") {
         let loaded = store
@@ -201,7 +198,7 @@ fn bytes_written_follow(copy_on_write_threshold_keys: usize) {
     shared_files::check(&store).expect("no unreferenced shared file");
 }
 
-// ----- bytes written follow the keys touched (copy-on-write slices) -----
+// ----- bytes written follow the keys touched (slices, both layouts) -----
 
 const SLICED_KEYS: u64 = 100_000;
 const HOT_KEYS: u64 = 8;
@@ -285,11 +282,12 @@ fn tiny_checkpoints(store: &dyn CheckpointStore) -> (usize, u64) {
     (tiny, full_size)
 }
 
-/// One attempt of the slice test: runs at 2 subtasks until two tiny
-/// checkpoints are stored and the newest refers back, cancels, resumes at
-/// 3. `None` when the first run ended before that (then its newest
-/// checkpoint is the final one, with nothing left to resume).
-fn sliced_chain_then_rescale() -> Option<()> {
+/// One attempt of the slice test: runs at `from` subtasks, with
+/// `JobConfig::copy_on_write_threshold_keys` `threshold_keys`, until two
+/// tiny checkpoints are stored and the newest refers back, cancels,
+/// resumes at `to`. `None` when the first run ended before that (then
+/// its newest checkpoint is the final one, with nothing left to resume).
+fn sliced_chain_then_rescale(from: usize, to: usize, threshold_keys: usize) -> Option<()> {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let store = Arc::new(
         FsCheckpointStore::open_with(
@@ -308,12 +306,12 @@ fn sliced_chain_then_rescale() -> Option<()> {
         incremental_checkpoints: long_chains(),
         default_parallelism: parallelism,
         batch_size_max: 32,
-        copy_on_write_threshold_keys: 0,
+        copy_on_write_threshold_keys: threshold_keys,
         ..JobConfig::default()
     };
     let output = CollectHandle::<u64>::new();
-    let job = Job::new("slices", config(2));
-    let _ = declare_hot_keys(&job, 2, &output);
+    let job = Job::new("slices", config(from));
+    let _ = declare_hot_keys(&job, from, &output);
     let running = job.start().expect("the first run starts");
     let started = Instant::now();
     let ready =
@@ -342,13 +340,13 @@ fn sliced_chain_then_rescale() -> Option<()> {
     shared_files::check(&store).expect("no unreferenced shared file");
     let restored = newest_refers_back(store.as_ref()).expect("the newest refers back");
 
-    // Resumed from that chain at 3 subtasks: every key's exact count, and
-    // every record once.
-    let resumed = Job::new("slices", config(3));
-    let state = declare_hot_keys(&resumed, 3, &output);
-    let report = resumed.run().expect("the job resumes at 3");
+    // Resumed from that chain at `to` subtasks: every key's exact count,
+    // and every record once.
+    let resumed = Job::new("slices", config(to));
+    let state = declare_hot_keys(&resumed, to, &output);
+    let report = resumed.run().expect("the job resumes");
     assert_eq!(report.resumed_from, Some(restored));
-    check_hot_key_counts(&state, "resumed at 3");
+    check_hot_key_counts(&state, &format!("{from} -> {to}"));
     assert_eq!(
         output.committed().len() as u64,
         SLICED_KEYS + HOT_RECORDS,
@@ -358,6 +356,20 @@ fn sliced_chain_then_rescale() -> Option<()> {
     Some(())
 }
 
+/// Runs [`sliced_chain_then_rescale`] until an attempt cancels its first
+/// run mid-chain.
+fn check_sliced_chain(from: usize, to: usize, threshold_keys: usize) {
+    for attempt in 1..=TRIES {
+        if sliced_chain_then_rescale(from, to, threshold_keys).is_some() {
+            return;
+        }
+        eprintln!(
+            "{from} -> {to}: attempt {attempt}: the first run ended before it was cancelled; again"
+        );
+    }
+    panic!("{from} -> {to}: no attempt cancelled the first run mid-chain");
+}
+
 /// With the copy-on-write layout from the start (threshold 0), once a
 /// full checkpoint holds 100 k keys, a checkpoint after which only 8 keys
 /// changed writes under 2 % of the state's size (the slices of 8 keys and
@@ -365,13 +377,18 @@ fn sliced_chain_then_rescale() -> Option<()> {
 /// another parallelism (2 -> 3) holds exactly the failure-free state.
 #[test]
 fn bytes_written_follow_the_keys_touched_in_copy_on_write_slices() {
-    for attempt in 1..=TRIES {
-        if sliced_chain_then_rescale().is_some() {
-            return;
-        }
-        eprintln!("attempt {attempt}: the first run ended before it was cancelled; again");
-    }
-    panic!("no attempt cancelled the first run mid-chain");
+    check_sliced_chain(2, 3, 0);
+}
+
+/// The same with the flat layout (a threshold above the keys per
+/// subtask: 50 k at 2 subtasks, 33 k at 3), whose incremental checkpoints
+/// write the same slices, encoded on the operator's thread; resumed at 3
+/// from 2 subtasks and at 1 from 3 (where the restored 100 k keys reach
+/// the threshold, so the resumed state is copy-on-write).
+#[test]
+fn bytes_written_follow_the_keys_touched_in_flat_slices() {
+    check_sliced_chain(2, 3, FLAT);
+    check_sliced_chain(3, 1, FLAT);
 }
 
 // ----- rescale from an incremental checkpoint -----

@@ -1,7 +1,8 @@
-//! Incremental checkpoints of keyed state, on the job's side: which key
-//! groups a keyed operator writes again at a checkpoint, which it refers
-//! to in an earlier checkpoint's shared file, and the segments that say so
-//! to the store ([`crate::storage::segment`]).
+//! Incremental checkpoints of keyed state, on the job's side: which units
+//! (slices of key groups for the in-memory layouts, key groups for the
+//! spilling backend) a keyed operator writes again at a checkpoint, which
+//! it refers to in an earlier checkpoint's shared file, and the segments
+//! that say so to the store ([`crate::storage::segment`]).
 //!
 //! This module owns that bookkeeping ([`KeyGroupLedger`]), the settings
 //! ([`IncrementalCheckpoints`]), the job-wide record of which checkpoint
@@ -13,7 +14,7 @@
 //!
 //! # The rule (why a reference is always valid)
 //!
-//! A key group is referred to, instead of written, only when it has not
+//! A unit is referred to, instead of written, only when it has not
 //! changed since the snapshot that last wrote it (its dirty flag) and that
 //! snapshot's checkpoint was confirmed complete (durable) to this very
 //! operator instance. Every complete checkpoint this instance took after
@@ -27,7 +28,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use crate::keyed::deferred::{DeferredParts, DeferredSlices, ReadyParts};
+use crate::keyed::deferred::{DeferredParts, DeferredSlices};
 use crate::keyed::store::KeyGroupSnapshots;
 use crate::keyed::KeyGroupRange;
 use crate::protocol::CheckpointId;
@@ -98,8 +99,8 @@ impl SnapshotKinds {
     }
 }
 
-/// Where one unit's (a key group's, or a slice's of the copy-on-write
-/// state) current bytes were last written: 32 bytes per unit (a unit test
+/// Where one unit's (a key group's of the spilling state, or a slice's
+/// or part header's of an in-memory state) current bytes were last written: 32 bytes per unit (a unit test
 /// holds it to that).
 #[derive(Debug, Clone, Copy)]
 enum Written {
@@ -154,9 +155,10 @@ const MAX_PENDING_SNAPSHOTS: usize = 16;
 
 /// One keyed operator instance's record of where each of its units was
 /// last written, and the choice at each checkpoint of which to write. A
-/// unit is a key group for the flat and the spilling state, and a slice
-/// of a key group for the copy-on-write state (see
-/// [`crate::keyed::SLICES_PER_KEY_GROUP`]).
+/// unit is a key group for the spilling state, and a slice of a key group
+/// (or its part's header) for both in-memory layouts, flat and
+/// copy-on-write (see [`crate::keyed::SLICES_PER_KEY_GROUP`]), so a state
+/// that moves from one to the other keeps its record.
 #[derive(Debug)]
 pub(crate) struct KeyGroupLedger {
     full_every: u32,
@@ -164,8 +166,9 @@ pub(crate) struct KeyGroupLedger {
     /// `full_every - 1`.
     next_position: u32,
     /// Units per key group of what `written` records: 1 (key groups) or
-    /// the copy-on-write state's slices. A plan in the other unit (the
-    /// flat state converted to copy-on-write) starts the chain again.
+    /// an in-memory state's header and slices. A plan in the other unit
+    /// (which no instance makes: its backend is fixed, and a restore
+    /// resets the ledger anyway) starts the chain again.
     units_per_group: usize,
     /// Per unit of the instance's range, in order.
     written: Vec<Option<Written>>,
@@ -313,9 +316,10 @@ impl KeyGroupLedger {
         }
     }
 
-    /// [`Self::plan_units`] for the copy-on-write state: per key group its
-    /// part's header and `slices` slices; `dirty` are slots (group index
-    /// times `slices` plus slice, as `CowKeyedState::dirty_slots`).
+    /// [`Self::plan_units`] for an in-memory state, flat or copy-on-write:
+    /// per key group its part's header and `slices` slices; `dirty` are
+    /// slots (group index times `slices` plus slice, as
+    /// `KeyedState::dirty_slots` and `CowKeyedState::dirty_slots` give).
     pub(crate) fn plan_slices(
         &mut self,
         checkpoint: CheckpointId,
@@ -325,21 +329,6 @@ impl KeyGroupLedger {
     ) -> SnapshotPlan {
         let units = dirty.into_iter().map(|slot| slice_unit(slices, slot));
         self.plan_units(checkpoint, key_groups, slices + 1, true, units)
-    }
-
-    /// The segments of `state`'s snapshot for checkpoint `checkpoint`,
-    /// encoded now, on the caller's thread (the flat and the spilling
-    /// state): changed or unconfirmed groups written shared, the others
-    /// referred to. Clears the changes.
-    pub(crate) fn snapshot(
-        &mut self,
-        checkpoint: CheckpointId,
-        state: &mut impl KeyGroupSnapshots,
-    ) -> Result<Vec<Segment>, BoxError> {
-        let plan = self.plan(checkpoint, state.key_groups(), state.changed_key_groups());
-        let parts = state.parts_of(&mut |key_group| plan.writes(key_group))?;
-        state.forget_changes();
-        plan.with_parts(Box::new(ReadyParts::new(parts))).encode()
     }
 }
 
@@ -397,8 +386,9 @@ impl SnapshotPlan {
         self.writes_unit(slice_unit(slices, slot))
     }
 
-    /// The snapshot with the copy-on-write state's fresh slices of every
-    /// key group, to be encoded on the writer's thread.
+    /// The snapshot with an in-memory state's fresh slices of every key
+    /// group (handed off by the copy-on-write state, encoded already by
+    /// the flat one), to be assembled on the writer's thread.
     pub(crate) fn with_slices(self, slices: Box<dyn DeferredSlices>) -> KeyedSnapshotSlices {
         KeyedSnapshotSlices { plan: self, slices }
     }
@@ -532,8 +522,10 @@ pub(super) mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
+    use crate::job::ops::decode_keyed_state;
+    use crate::keyed::deferred::ReadySlices;
     use crate::keyed::test_support::Count;
-    use crate::keyed::{CowKeyedState, KeyedState, MaxParallelism};
+    use crate::keyed::{CowKeyedState, KeyedState, MaxParallelism, SLICES_PER_KEY_GROUP};
 
     fn state() -> KeyedState<u64, Count> {
         KeyedState::for_subtask(MaxParallelism::new(16).unwrap(), 2, 1).unwrap()
@@ -564,9 +556,45 @@ pub(super) mod tests {
         }
     }
 
-    fn full_bytes(state: &KeyedState<u64, Count>) -> Vec<u8> {
-        let parts: KeyGroupParts = state.snapshot().unwrap().into_parts().collect();
-        encode_keyed_state(&parts).unwrap()
+    /// The keys and counts of the keyed-state envelope `bytes`, restored
+    /// into a flat state of `range` (every part's CRCs checked).
+    pub(super) fn decoded(bytes: &[u8], range: KeyGroupRange) -> BTreeMap<u64, u64> {
+        let parts = decode_keyed_state(bytes).unwrap();
+        let restored: KeyedState<u64, Count> =
+            KeyedState::restore(MaxParallelism::new(16).unwrap(), range, parts).unwrap();
+        counts(restored.iter())
+    }
+
+    /// The keys and counts of a state's entries.
+    pub(super) fn counts<'a>(
+        entries: impl Iterator<Item = (&'a u64, &'a Count)>,
+    ) -> BTreeMap<u64, u64> {
+        entries.map(|(key, count)| (*key, count.count)).collect()
+    }
+
+    /// The plan in slices of an in-memory state's incremental snapshot
+    /// for `checkpoint`, whose `dirty` slots changed.
+    pub(super) fn plan_dirty(
+        ledger: &mut KeyGroupLedger,
+        checkpoint: u64,
+        range: KeyGroupRange,
+        dirty: Vec<usize>,
+    ) -> SnapshotPlan {
+        ledger.plan_slices(CheckpointId(checkpoint), range, SLICES_PER_KEY_GROUP, dirty)
+    }
+
+    /// The keyed core's incremental snapshot of a flat state: planned per
+    /// slice and encoded now, its segments assembled by the caller.
+    pub(super) fn take_flat(
+        ledger: &mut KeyGroupLedger,
+        checkpoint: u64,
+        state: &mut KeyedState<u64, Count>,
+    ) -> KeyedSnapshotSlices {
+        let dirty: Vec<usize> = state.dirty_slots().collect();
+        let plan = plan_dirty(ledger, checkpoint, state.range(), dirty);
+        let slices = state.encode_slices(|slot| plan.writes_slot(slot)).unwrap();
+        state.clear_dirty();
+        plan.with_slices(Box::new(ReadySlices::new(slices)))
     }
 
     fn count_shared(segments: &[Segment]) -> usize {
@@ -576,8 +604,16 @@ pub(super) mod tests {
             .count()
     }
 
+    pub(super) fn shared_len(segments: &[Segment]) -> u64 {
+        segments
+            .iter()
+            .filter(|segment| matches!(segment, Segment::Shared(_)))
+            .map(Segment::len)
+            .sum()
+    }
+
     #[test]
-    fn snapshots_assemble_to_the_full_bytes_and_write_only_changed_groups() {
+    fn flat_snapshots_restore_the_state_and_write_only_changed_slices() {
         let mut state = state();
         let keys: Vec<u64> = (0..1000).filter(|key| state.owns(key)).collect();
         let settings = IncrementalCheckpoints {
@@ -589,40 +625,40 @@ pub(super) mod tests {
         for key in &keys {
             state.get_or_default(key).count += 1;
         }
-        let first = ledger.snapshot(CheckpointId(1), &mut state).unwrap();
-        written.record(&first, 1);
-        assert_eq!(
-            count_shared(&first),
-            state.range().len(),
-            "the first is full"
-        );
-        assert_eq!(written.assemble(&first), full_bytes(&state));
+        let range = state.range();
+        let mut take = |ledger: &mut KeyGroupLedger, state: &mut KeyedState<u64, Count>, id| {
+            let segments = take_flat(ledger, id, state).encode().unwrap();
+            written.record(&segments, id);
+            let assembled = written.assemble(&segments);
+            assert_eq!(decoded(&assembled, range), counts(state.iter()));
+            segments
+        };
+        let first = take(&mut ledger, &mut state, 1);
+        assert_eq!(count_shared(&first), range.len(), "full: a run per group");
 
         // Not yet confirmed: everything is written again.
         state.get_or_default(&keys[0]).count += 1;
-        let second = ledger.snapshot(CheckpointId(2), &mut state).unwrap();
-        written.record(&second, 2);
-        assert_eq!(count_shared(&second), state.range().len());
+        let second = take(&mut ledger, &mut state, 2);
+        assert_eq!(count_shared(&second), range.len());
         ledger.on_complete(CheckpointId(2));
 
-        // Confirmed: only the touched group is written.
+        // Confirmed: only the touched slice and its group's header are
+        // written (one run when no slice with entries comes between).
         state.get_or_default(&keys[1]).count += 1;
-        let third = ledger.snapshot(CheckpointId(3), &mut state).unwrap();
-        written.record(&third, 3);
-        assert_eq!(count_shared(&third), 1);
-        assert_eq!(written.assemble(&third), full_bytes(&state));
+        let third = take(&mut ledger, &mut state, 3);
+        assert!((1..=2).contains(&count_shared(&third)));
+        assert!(shared_len(&third) * 20 < shared_len(&second));
         ledger.on_complete(CheckpointId(3));
 
         // Nothing touched: nothing written but the framing.
-        let fourth = ledger.snapshot(CheckpointId(4), &mut state).unwrap();
+        let fourth = take(&mut ledger, &mut state, 4);
         assert_eq!(count_shared(&fourth), 0);
-        assert_eq!(written.assemble(&fourth), full_bytes(&state));
         ledger.on_complete(CheckpointId(4));
 
         // 1 started the chain and 2, 3 and 4 continued it: with
         // `full_every` 4, checkpoint 5 is full again.
-        let fifth = ledger.snapshot(CheckpointId(5), &mut state).unwrap();
-        assert_eq!(count_shared(&fifth), state.range().len());
+        let fifth = take(&mut ledger, &mut state, 5);
+        assert_eq!(count_shared(&fifth), range.len());
     }
 
     /// The keyed core's asynchronous snapshot of a copy-on-write state:

@@ -21,9 +21,9 @@ use std::sync::{Arc, Mutex};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::keyed::deferred::DeferredParts;
+use crate::keyed::deferred::{DeferredParts, DeferredSlices, ReadySlices};
 use crate::keyed::store::{KeyGroupSnapshots, KeyedStore};
-use crate::keyed::{key_hash, KeyedBackend, MaxParallelism, SLICES_PER_KEY_GROUP};
+use crate::keyed::{key_hash, KeyGroupRange, KeyedBackend, MaxParallelism, SLICES_PER_KEY_GROUP};
 use crate::protocol::CheckpointId;
 use crate::runtime::BoxError;
 use crate::state::{blob, Snapshot, StateError};
@@ -248,12 +248,11 @@ where
         Ok(encode_keyed_state(&parts)?)
     }
 
+    /// What [`Self::take_state`] takes, encoded at once.
     fn snapshot_segments(&mut self, checkpoint: CheckpointId) -> Result<Vec<Segment>, BoxError> {
-        match &mut self.incremental {
-            Some(incremental) if !incremental.kinds.is_savepoint(checkpoint) => {
-                incremental.ledger.snapshot(checkpoint, &mut self.states)
-            }
-            _ => full_segments(&mut self.states),
+        match self.take_state(checkpoint)? {
+            TakenState::Segments(segments) => Ok(segments),
+            TakenState::Deferred(state) => state.encode(),
         }
     }
 
@@ -263,26 +262,39 @@ where
     /// tables of those groups the same way and takes a view of its disk
     /// store and its change log, and the checkpoint writer encodes (or
     /// reads and merges) the parts; the flat state encodes here, on the
-    /// operator's thread.
+    /// operator's thread (its state is small), and with incremental
+    /// checkpoints leaves the assembly of its sliced parts (CRCs, segments)
+    /// to the writer. Both in-memory layouts write incremental checkpoints
+    /// in the same units (the slices of each key group), so a state that
+    /// moves from flat to copy-on-write keeps referring to what it wrote.
     fn take_state(&mut self, checkpoint: CheckpointId) -> Result<TakenState, BoxError> {
         let (plan, parts): (SnapshotPlan, Box<dyn DeferredParts>) = match &mut self.states {
-            KeyedStore::Memory(_) => {
-                return Ok(TakenState::Segments(self.snapshot_segments(checkpoint)?));
+            KeyedStore::Memory(states) => {
+                let Some(incremental) = incremental_of(&mut self.incremental, checkpoint) else {
+                    return Ok(TakenState::Segments(full_segments(states)?));
+                };
+                let plan = plan_slices(
+                    incremental,
+                    checkpoint,
+                    states.range(),
+                    states.dirty_slots(),
+                );
+                let slices = states.encode_slices(|slot| plan.writes_slot(slot))?;
+                states.forget_changes();
+                return Ok(sliced(plan, Box::new(ReadySlices::new(slices))));
             }
             KeyedStore::CopyOnWrite(states) => {
                 if let Some(incremental) = incremental_of(&mut self.incremental, checkpoint) {
                     // Incremental: planned and handed off per slice.
-                    let plan = incremental.ledger.plan_slices(
+                    let plan = plan_slices(
+                        incremental,
                         checkpoint,
                         states.range(),
-                        SLICES_PER_KEY_GROUP,
                         states.dirty_slots(),
                     );
                     let handoff = states.hand_off_slices(|slot| plan.writes_slot(slot));
                     states.clear_dirty();
-                    return Ok(TakenState::Deferred(Box::new(
-                        plan.with_slices(Box::new(handoff)),
-                    )));
+                    return Ok(sliced(plan, Box::new(handoff)));
                 }
                 let plan = plan_of(&mut self.incremental, checkpoint, &*states);
                 let handoff = states.hand_off_key_groups(|key_group| plan.writes(key_group));
@@ -352,6 +364,26 @@ fn incremental_of(
     incremental
         .as_mut()
         .filter(|incremental| !incremental.kinds.is_savepoint(checkpoint))
+}
+
+/// The plan of an incremental snapshot of an in-memory state in slices:
+/// the `dirty` slots (and those not yet confirmed, or all when the chain
+/// starts again) written, the others referred to.
+fn plan_slices(
+    incremental: &mut Incremental,
+    checkpoint: CheckpointId,
+    range: KeyGroupRange,
+    dirty: impl IntoIterator<Item = usize>,
+) -> SnapshotPlan {
+    incremental
+        .ledger
+        .plan_slices(checkpoint, range, SLICES_PER_KEY_GROUP, dirty)
+}
+
+/// The taken state of an incremental snapshot in slices: `plan` with the
+/// fresh slices of every key group, assembled on the writer's thread.
+fn sliced(plan: SnapshotPlan, slices: Box<dyn DeferredSlices>) -> TakenState {
+    TakenState::Deferred(Box::new(plan.with_slices(slices)))
 }
 
 /// What a snapshot of `states` for `checkpoint` writes and what it refers

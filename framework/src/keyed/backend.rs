@@ -9,8 +9,9 @@
 //! # Layout, and why
 //!
 //! One `hashbrown::HashTable<(K, S)>` for the whole subtask. A lookup hashes
-//! the key once with the stable hash, derives the key group from that hash
-//! (to refuse keys of foreign key groups and to mark the group dirty), and
+//! the key once with the stable hash, derives the key group and its slice
+//! from that hash (to refuse keys of foreign key groups and to mark the
+//! slice dirty, see "Dirty slices" below), and
 //! probes the table with the same hash (`HashTable` takes a precomputed
 //! hash; std's `HashMap` cannot, which is why we depend on hashbrown). An
 //! existing key costs one hash and no allocation; a new key is cloned once.
@@ -33,9 +34,30 @@
 //! was slower still. std's `HashMap` with SipHash ran at 94 M (0.29x). The
 //! hot path matters more than the snapshot's one-hash-per-key bucketing
 //! pass (1 M keys snapshot in about 50 ms).
+//!
+//! # Dirty slices
+//!
+//! The dirty flags are per slice of a key group, the copy-on-write
+//! layout's unit ([`SLICES_PER_KEY_GROUP`] per group, the six hash bits
+//! right below the group's, see [`super::cow_state`]'s "Slices"), not per
+//! group: a lookup finds its flag with the same shift that gives the
+//! group, so marking a slice costs what marking a group did (one shift,
+//! one subtraction, one byte store). An incremental checkpoint then writes
+//! only the slices touched since the last one ([`KeyedState::encode_slices`]),
+//! in the form the copy-on-write hand-off gives, and refers to the rest;
+//! and because both layouts flag the same slots, a state that moves to
+//! the copy-on-write layout keeps its flags and its checkpoints' ledger
+//! (`job::incremental`) stays valid. The flags take 64 bytes per key
+//! group. The sliced encoding is synchronous, on the operator's thread:
+//! it hashes every key once to find its slice, orders the written
+//! slices' entries by slot (a counting sort of references) and encodes
+//! them; the flat layout holds at most the copy-on-write threshold of
+//! keys by default, so that stays a few milliseconds.
 
+use super::cow::{encode_group_slices, EncodedSlices};
+use super::cow_state::SLICES_PER_KEY_GROUP;
 use super::hash::key_hash;
-use super::key_group::{KeyGroupError, KeyGroupRange, MaxParallelism};
+use super::key_group::{KeyGroupError, KeyGroupOf, KeyGroupRange, MaxParallelism, SLICE_BITS};
 use super::part::{self, PartWriter};
 use super::{KeyedError, StateKey};
 use crate::state::{Snapshot, StateError};
@@ -47,12 +69,19 @@ use hashbrown::HashTable;
 #[derive(Debug)]
 pub struct KeyedState<K, S> {
     max_parallelism: MaxParallelism,
+    /// `max_parallelism`'s key-group formula with its scaling chosen once,
+    /// for the slot of each lookup.
+    key_group_of: KeyGroupOf,
     range: KeyGroupRange,
+    /// `range.start << SLICE_BITS`: the slot number of the first slot.
+    first_slot: u32,
     /// Every key of every owned key group.
     table: HashTable<(K, S)>,
-    /// Whether each key group may have changed since [`Self::clear_dirty`].
-    /// Set on every mutable access, so it over-approximates: reading through
-    /// `get_or_default` without writing still marks the group.
+    /// Whether each slot (`group index * SLICES_PER_KEY_GROUP + slice`, see
+    /// "Dirty slices" in the module docs) may have changed since
+    /// [`Self::clear_dirty`]. Set on every mutable access, so it
+    /// over-approximates: reading through `get_or_default` without writing
+    /// still marks the slice.
     dirty: Vec<bool>,
 }
 
@@ -151,9 +180,11 @@ impl<K: StateKey, S> KeyedState<K, S> {
         max_parallelism.check_range(range)?;
         Ok(KeyedState {
             max_parallelism,
+            key_group_of: KeyGroupOf::new(max_parallelism),
             range,
+            first_slot: range.start << SLICE_BITS,
             table: HashTable::new(),
-            dirty: vec![false; range.len()],
+            dirty: vec![false; range.len() * SLICES_PER_KEY_GROUP],
         })
     }
 
@@ -189,28 +220,36 @@ impl<K: StateKey, S> KeyedState<K, S> {
         self.range.contains(self.key_group_of(key))
     }
 
-    /// The hash of `key` and its key group's index in `dirty`, or the key
-    /// group of a key this state does not own. The error is a bare `u32` so
-    /// that the hot path carries no large error value.
+    /// The hash of `key` and its slot's index in `dirty`, or the key group
+    /// of a key this state does not own. The error is a bare `u32` so that
+    /// the hot path carries no large error value.
     #[inline]
     fn locate(&self, key: &K) -> Result<(u64, usize), u32> {
         let hash = key_hash(key);
         self.locate_hash(hash).map(|index| (hash, index))
     }
 
-    /// The index in `dirty` of the key group of a key with hash `hash`, or
-    /// that key group when this state does not own it.
+    /// The index in `dirty` of the slot of a key with hash `hash`, or its
+    /// key group when this state does not own it.
     #[inline]
     fn locate_hash(&self, hash: u64) -> Result<usize, u32> {
-        let key_group = self.max_parallelism.key_group_of(hash);
-        // Below `start` wraps to a huge index, so one comparison checks both
-        // ends of the range.
-        let index = key_group.wrapping_sub(self.range.start) as usize;
-        if index < self.dirty.len() {
-            Ok(index)
-        } else {
-            Err(key_group)
-        }
+        self.key_group_of
+            .locate_slot(hash, self.first_slot, self.dirty.len())
+    }
+
+    /// The index in `dirty` of the slot of a key with hash `hash`, out of
+    /// bounds for a key of a group this state does not own.
+    #[inline(always)]
+    fn routed_index(&self, hash: u64) -> usize {
+        self.key_group_of.slot_index(hash, self.first_slot)
+    }
+
+    /// The slot (`group index * SLICES_PER_KEY_GROUP + slice`, from 0 at
+    /// the range's first group) of `key`, or `None` for a key of a group
+    /// this state does not own: what [`Self::dirty_slots`] names, the same
+    /// as [`CowKeyedState::slot_of`](super::CowKeyedState::slot_of).
+    pub fn slot_of(&self, key: &K) -> Option<usize> {
+        self.locate(key).ok().map(|(_, index)| index)
     }
 
     /// Out of line so that the formatting machinery stays out of the
@@ -294,30 +333,40 @@ impl<K: StateKey, S> KeyedState<K, S> {
         self.table.iter().map(|(key, state)| (key, state))
     }
 
-    /// Every key and its state for update. Marks every key group dirty.
+    /// Every key and its state for update. Marks every slice dirty.
     pub fn iter_mut(&mut self) -> impl Iterator<Item = (&K, &mut S)> + '_ {
         self.dirty.iter_mut().for_each(|dirty| *dirty = true);
         self.table.iter_mut().map(|(key, state)| (&*key, state))
     }
 
-    /// The key groups accessed mutably since the last [`Self::clear_dirty`]
-    /// (or since creation), ascending: what an incremental checkpoint
-    /// writes again ([`Self::snapshot_key_groups`]).
+    /// The key groups with a slice accessed mutably since the last
+    /// [`Self::clear_dirty`] (or since creation), ascending.
     pub fn dirty_key_groups(&self) -> impl Iterator<Item = u32> + '_ {
         let start = self.range.start;
+        self.dirty
+            .chunks(SLICES_PER_KEY_GROUP)
+            .enumerate()
+            .filter(|(_, slots)| slots.contains(&true))
+            .map(move |(index, _)| start + index as u32)
+    }
+
+    /// The slots (see [`Self::slot_of`]) accessed mutably since the last
+    /// [`Self::clear_dirty`], ascending: the slices an incremental
+    /// checkpoint writes again ([`Self::encode_slices`]).
+    pub fn dirty_slots(&self) -> impl Iterator<Item = usize> + '_ {
         self.dirty
             .iter()
             .enumerate()
             .filter(|(_, dirty)| **dirty)
-            .map(move |(index, _)| start + index as u32)
+            .map(|(index, _)| index)
     }
 
-    /// Marks every key group clean, after a checkpoint has captured them.
+    /// Marks every slice clean, after a checkpoint has captured them.
     pub fn clear_dirty(&mut self) {
         self.dirty.iter_mut().for_each(|dirty| *dirty = false);
     }
 
-    /// The table and the dirty flags, taken apart: what
+    /// The table and the dirty flags (per slot), taken apart: what
     /// [`CowKeyedState::from_flat`](super::cow_state::CowKeyedState::from_flat)
     /// builds the copy-on-write layout from. Off the hot path.
     pub(crate) fn into_table(self) -> (HashTable<(K, S)>, Vec<bool>) {
@@ -377,11 +426,11 @@ impl<K: StateKey, S: Default> KeyedState<K, S> {
     /// Unlike [`Self::try_get_or_default_hashed`], it does not refuse a
     /// key of a foreign key group: ownership is asserted in debug builds
     /// only, because such a key here is a routing bug, and in a release
-    /// build [`Self::snapshot`] catches it. It marks exactly the key's group
-    /// dirty, from the hash it is given (a multiply, a shift and one byte
-    /// store; a foreign group's index is out of range and marks nothing,
-    /// so the bug costs no panic here), which is what an incremental
-    /// checkpoint reads through [`Self::dirty_key_groups`].
+    /// build [`Self::snapshot`] catches it. It marks exactly the key's
+    /// slice dirty, from the hash it is given (a multiply, a shift and one
+    /// byte store; a foreign group's index is out of range and marks
+    /// nothing, so the bug costs no panic here), which is what an
+    /// incremental checkpoint reads through [`Self::dirty_slots`].
     #[inline]
     pub fn get_or_default_routed(&mut self, key: &K, hash: u64) -> &mut S {
         debug_assert_eq!(hash, key_hash(key), "the hash given is not the key's");
@@ -391,10 +440,7 @@ impl<K: StateKey, S: Default> KeyedState<K, S> {
             self.max_parallelism.key_group_of(hash),
             self.range
         );
-        let index = self
-            .max_parallelism
-            .key_group_of(hash)
-            .wrapping_sub(self.range.start) as usize;
+        let index = self.routed_index(hash);
         if let Some(dirty) = self.dirty.get_mut(index) {
             *dirty = true;
         }
@@ -544,6 +590,57 @@ impl<K: StateKey, S: Snapshot> KeyedState<K, S> {
         Ok(writer.finish(self.max_parallelism, key_group))
     }
 
+    /// The fresh slices of every owned key group, ascending by key group
+    /// (also the groups that write none), encoded now, in the form the
+    /// copy-on-write hand-off gives ([`EncodedSlices`], by the same
+    /// encoding): the slots `writes` picks (see [`Self::slot_of`]) written
+    /// again, each slice's entries contiguous and the slices ascending,
+    /// and per group the entry count of the others. What an incremental
+    /// checkpoint of the flat layout writes; dirty flags are left as they
+    /// are.
+    ///
+    /// It hashes every key once to find its slot (the others' entry counts
+    /// need it too), so it takes time in the state's size, a few
+    /// milliseconds at the copy-on-write threshold; see "Dirty slices" in
+    /// the module docs.
+    ///
+    /// # Errors
+    ///
+    /// A state type without a schema, or a key or state that does not
+    /// encode.
+    pub(crate) fn encode_slices(
+        &self,
+        writes: impl FnMut(usize) -> bool,
+    ) -> Result<Vec<EncodedSlices>, StateError> {
+        let schema = part::schema_section::<S>()?;
+        let fresh: Vec<bool> = (0..self.dirty.len()).map(writes).collect();
+        let order = SlotOrder::of(self, &fresh);
+        let mut groups = Vec::with_capacity(self.range.len());
+        for (index, key_group) in self.range.iter().enumerate() {
+            let slots = index * SLICES_PER_KEY_GROUP..(index + 1) * SLICES_PER_KEY_GROUP;
+            let reused_entries = slots
+                .clone()
+                .filter(|slot| !fresh[*slot])
+                .map(|slot| order.counts[slot])
+                .sum();
+            let written = slots.filter(|slot| fresh[*slot]).map(|slot| {
+                let entries = order
+                    .entries_of(slot)
+                    .iter()
+                    .map(|(key, state)| (key, state));
+                ((slot % SLICES_PER_KEY_GROUP) as u32, entries)
+            });
+            groups.push(encode_group_slices(
+                key_group,
+                written,
+                reused_entries,
+                &schema,
+                self.max_parallelism,
+            )?);
+        }
+        Ok(groups)
+    }
+
     /// Rebuilds the state of the key groups in `range` from their parts,
     /// which may have been written at any parallelism (with the same max
     /// parallelism). Exactly one part per key group of `range` is required;
@@ -575,6 +672,87 @@ impl<K: StateKey, S: Snapshot> KeyedState<K, S> {
             )?;
         }
         Ok(state)
+    }
+}
+
+/// The entries of a [`KeyedState`]'s table ordered by slot, for the
+/// slices a snapshot writes, and every slot's entry count: one pass over
+/// the table that hashes each key once, then a counting sort of
+/// references to the written slots' entries (no entry copied; when few
+/// slots are written, little is sorted).
+struct SlotOrder<'a, K, S> {
+    /// Per slot, its entries in the table (written or not).
+    counts: Vec<u64>,
+    /// Per slot, where its entries start in `ordered`, and one past the
+    /// last slot; a slot not written has none.
+    starts: Vec<usize>,
+    /// The written slots' entries, slot by slot.
+    ordered: Vec<&'a (K, S)>,
+}
+
+impl<'a, K: StateKey, S> SlotOrder<'a, K, S> {
+    /// The entries of `state` in the slots `fresh` marks (one flag per
+    /// slot), ordered by slot.
+    ///
+    /// # Panics
+    ///
+    /// On a key of a key group `state` does not own, which its ways in
+    /// refuse (a routing bug, as in [`KeyedState::snapshot`]).
+    fn of(state: &'a KeyedState<K, S>, fresh: &[bool]) -> Self {
+        let mut counts = vec![0u64; fresh.len()];
+        // Sized once for the entries the written slots are expected to
+        // hold (keys spread evenly over slots), an eighth more for the
+        // spread: at a full snapshot, growing by doubling instead copied
+        // the list several times and touched fresh pages on the
+        // operator's thread.
+        let written = fresh.iter().filter(|fresh| **fresh).count();
+        let expected = state.table.len() * written / fresh.len().max(1);
+        let mut picked: Vec<(usize, &'a (K, S))> = Vec::with_capacity(expected + expected / 8);
+        for entry in state.table.iter() {
+            let slot = state.routed_index(key_hash(&entry.0));
+            let Some(count) = counts.get_mut(slot) else {
+                panic!(
+                    "bug: a key of key group {} is stored in the state of {:?}: a record was \
+                     routed to the wrong subtask",
+                    state.key_group_of(&entry.0),
+                    state.range
+                );
+            };
+            *count += 1;
+            if fresh[slot] {
+                picked.push((slot, entry));
+            }
+        }
+        let mut starts = Vec::with_capacity(fresh.len() + 1);
+        let mut total = 0usize;
+        for (count, fresh) in counts.iter().zip(fresh) {
+            starts.push(total);
+            if *fresh {
+                total += *count as usize;
+            }
+        }
+        starts.push(total);
+        // Every place is filled below (`total` counts exactly the picked
+        // entries), so any of them serves as the placeholder.
+        let mut ordered = match picked.first() {
+            Some((_, any)) => vec![*any; total],
+            None => Vec::new(),
+        };
+        let mut next = starts.clone();
+        for (slot, entry) in picked {
+            ordered[next[slot]] = entry;
+            next[slot] += 1;
+        }
+        SlotOrder {
+            counts,
+            starts,
+            ordered,
+        }
+    }
+
+    /// The entries of a written slot, in the table's order.
+    fn entries_of(&self, slot: usize) -> &[&'a (K, S)] {
+        &self.ordered[self.starts[slot]..self.starts[slot + 1]]
     }
 }
 
@@ -614,23 +792,194 @@ mod tests {
         check(&(0..1000).map(|i| i % 37).collect::<Vec<_>>());
     }
 
+    /// The sorted, deduplicated values of `items`.
+    fn set<T: Ord>(items: impl IntoIterator<Item = T>) -> Vec<T> {
+        let mut items: Vec<T> = items.into_iter().collect();
+        items.sort_unstable();
+        items.dedup();
+        items
+    }
+
+    /// The first `count` keys `state` owns.
+    fn owned<S>(state: &KeyedState<u64, S>, count: usize) -> Vec<u64> {
+        (0..u64::MAX)
+            .filter(|key| state.owns(key))
+            .take(count)
+            .collect()
+    }
+
     #[test]
-    fn a_routed_lookup_marks_only_its_key_group_dirty_until_cleared() {
+    fn a_routed_lookup_marks_only_its_slice_dirty_until_cleared() {
         let mut routed = state(2, 1);
-        let keys: Vec<u64> = (0..u64::MAX)
-            .filter(|key| routed.owns(key))
-            .take(3)
-            .collect();
+        let keys = owned(&routed, 3);
         for key in &keys {
             *routed.get_or_default_routed(key, key_hash(key)) += 1;
         }
-        let mut expected: Vec<u32> = keys.iter().map(|key| routed.key_group_of(key)).collect();
-        expected.sort_unstable();
-        expected.dedup();
-        assert_eq!(routed.dirty_key_groups().collect::<Vec<_>>(), expected);
-        assert!(expected.len() < routed.range().len());
+        let slots = set(keys.iter().map(|key| routed.slot_of(key).unwrap()));
+        assert_eq!(routed.dirty_slots().collect::<Vec<_>>(), slots);
+        // The groups are derived from the slots.
+        let groups = set(keys.iter().map(|key| routed.key_group_of(key)));
+        assert_eq!(routed.dirty_key_groups().collect::<Vec<_>>(), groups);
+        let start = routed.range().start;
+        let of_slots = set(slots
+            .iter()
+            .map(|slot| start + (slot / SLICES_PER_KEY_GROUP) as u32));
+        assert_eq!(groups, of_slots);
+        assert!(groups.len() < routed.range().len());
         routed.clear_dirty();
+        assert_eq!(routed.dirty_slots().count(), 0);
         assert_eq!(routed.dirty_key_groups().count(), 0);
+    }
+
+    #[test]
+    fn every_way_of_writing_marks_the_keys_slice_and_reading_marks_none() {
+        let mut state = state(3, 2);
+        let keys = owned(&state, 6);
+        *state.get_or_default(&keys[0]) += 1;
+        *state.try_get_or_default(&keys[1]).unwrap() += 1;
+        *state
+            .try_get_or_default_hashed(&keys[2], key_hash(&keys[2]))
+            .unwrap() += 1;
+        state.insert(keys[3], 4).unwrap();
+        state.insert(keys[4], 5).unwrap();
+        state.clear_dirty();
+        // A read, and the removal of an absent key, mark nothing.
+        assert_eq!(state.get(&keys[0]), Some(&1));
+        assert!(state.remove(&keys[5]).is_none());
+        assert_eq!(state.dirty_slots().count(), 0);
+        for (index, key) in keys[..5].iter().enumerate() {
+            match index {
+                0 => *state.get_mut(key).unwrap() += 1,
+                1 => *state.get_or_default(key) += 1,
+                2 => assert!(state.remove(key).is_some()),
+                _ => assert!(state.insert(*key, 9).unwrap().is_some()),
+            }
+            let slot = state.slot_of(key).unwrap();
+            assert_eq!(
+                state.dirty_slots().collect::<Vec<_>>(),
+                vec![slot],
+                "write {index}"
+            );
+            state.clear_dirty();
+        }
+        let _ = state.iter_mut().count();
+        assert_eq!(
+            state.dirty_slots().count(),
+            state.range().len() * SLICES_PER_KEY_GROUP
+        );
+    }
+
+    /// A flat state of `keys` keys (of subtask 1 of 2), each counting its
+    /// own number.
+    fn counted(keys: u64) -> KeyedState<u64, Count> {
+        let mut state: KeyedState<u64, Count> =
+            KeyedState::for_subtask(MaxParallelism::default(), 2, 1).unwrap();
+        for key in owned(&state, keys as usize) {
+            state.get_or_default(&key).count = key;
+        }
+        state
+    }
+
+    /// A key group whose every slice is fresh as one full part, with the
+    /// header the incremental snapshot would write in front.
+    fn as_part(group: &EncodedSlices) -> Vec<u8> {
+        let mut bytes = group.bytes.clone();
+        let body = &bytes[part::PART_HEADER_LEN..];
+        let entries: u64 = group.slices.iter().map(|(_, _, entries)| entries).sum();
+        let header = part::header_for(
+            group.max_parallelism,
+            group.key_group,
+            entries + group.reused_entries,
+            group.schema_len,
+            body.len() as u64,
+            crc32fast::hash(body),
+        );
+        bytes[..part::PART_HEADER_LEN].copy_from_slice(&header);
+        bytes
+    }
+
+    /// The entries of `slot` (a slice's bytes, without the header's room
+    /// and, for slice 0, the schema) in `groups`.
+    fn slice_bytes(groups: &[EncodedSlices], slot: usize) -> Option<Vec<u8>> {
+        let group = &groups[slot / SLICES_PER_KEY_GROUP];
+        let slice = (slot % SLICES_PER_KEY_GROUP) as u32;
+        let mut start = part::PART_HEADER_LEN;
+        for (fresh, end, _) in &group.slices {
+            if *fresh == slice {
+                let skip = if slice == 0 {
+                    group.schema_len as usize
+                } else {
+                    0
+                };
+                return Some(group.bytes[start + skip..*end].to_vec());
+            }
+            start = *end;
+        }
+        None
+    }
+
+    #[test]
+    fn the_written_slices_hold_exactly_their_keys_each_contiguous_and_ascending() {
+        let state = counted(20_000);
+        let range = state.range();
+        let slots = range.len() * SLICES_PER_KEY_GROUP;
+        let mut per_slot = vec![0u64; slots];
+        for (key, _) in state.iter() {
+            per_slot[state.slot_of(key).unwrap()] += 1;
+        }
+        // Every slice: the parts restore to the state, and each slice
+        // lists exactly its keys.
+        let all = state.encode_slices(|_| true).unwrap();
+        assert_eq!(all.len(), range.len());
+        let restored: KeyedState<u64, Count> = KeyedState::restore(
+            state.max_parallelism(),
+            range,
+            all.iter().map(|group| (group.key_group, as_part(group))),
+        )
+        .unwrap();
+        assert_eq!(restored.len(), state.len());
+        for (key, count) in state.iter() {
+            assert_eq!(restored.get(key), Some(count));
+        }
+        for (index, group) in all.iter().enumerate() {
+            assert_eq!(group.key_group, range.start + index as u32);
+            assert_eq!(group.reused_entries, 0);
+            let listed: Vec<u32> = group.slices.iter().map(|(slice, ..)| *slice).collect();
+            assert_eq!(listed, (0..SLICES_PER_KEY_GROUP as u32).collect::<Vec<_>>());
+            for (slice, _, entries) in &group.slices {
+                assert_eq!(
+                    *entries,
+                    per_slot[index * SLICES_PER_KEY_GROUP + *slice as usize]
+                );
+            }
+        }
+        // Some slots alone: the same bytes as in the whole encoding (so a
+        // slice's entries are one contiguous run), and the others counted
+        // as reused.
+        let picked: Vec<usize> = (0..slots).step_by(37).collect();
+        let some = state.encode_slices(|slot| picked.contains(&slot)).unwrap();
+        for slot in 0..slots {
+            let alone = slice_bytes(&some, slot);
+            assert_eq!(alone.is_some(), picked.contains(&slot), "slot {slot}");
+            if let Some(alone) = alone {
+                assert_eq!(Some(alone), slice_bytes(&all, slot), "slot {slot}");
+            }
+        }
+        for (index, group) in some.iter().enumerate() {
+            let group_slots = index * SLICES_PER_KEY_GROUP..(index + 1) * SLICES_PER_KEY_GROUP;
+            let reused: u64 = group_slots
+                .filter(|slot| !picked.contains(slot))
+                .map(|slot| per_slot[slot])
+                .sum();
+            assert_eq!(group.reused_entries, reused);
+        }
+        // None: header room only, every entry reused.
+        let none = state.encode_slices(|_| false).unwrap();
+        assert!(none
+            .iter()
+            .all(|group| group.slices.is_empty() && group.bytes.len() == part::PART_HEADER_LEN));
+        let reused: u64 = none.iter().map(|group| group.reused_entries).sum();
+        assert_eq!(reused, state.len() as u64);
     }
 
     #[test]

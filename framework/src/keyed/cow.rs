@@ -253,7 +253,8 @@ pub(crate) struct HandedGroup<K, S> {
     pub(crate) reused_entries: u64,
 }
 
-/// What [`SliceHandoff`] gives per key group: room for the part's header
+/// What [`SliceHandoff`] (and the flat state's `KeyedState::encode_slices`)
+/// gives per key group: room for the part's header
 /// ([`part::PART_HEADER_LEN`] zero bytes, filled in by the caller once it
 /// knows the body's CRC), then the fresh slices' entries encoded one
 /// after the other, in slice order, with the schema section in front of
@@ -324,35 +325,73 @@ fn encode_slices<K: StateKey, S: Snapshot>(
     schema: &[u8],
     max_parallelism: MaxParallelism,
 ) -> Result<EncodedSlices, StateError> {
+    let fresh = group.fresh.iter().map(|(slice, table)| {
+        let entries = table.iter().map(|(key, state)| (key, state));
+        (*slice, entries)
+    });
+    encode_group_slices(
+        group.key_group,
+        fresh,
+        group.reused_entries,
+        schema,
+        max_parallelism,
+    )
+}
+
+/// Encodes the fresh slices of `key_group`, each given as its number and
+/// its entries, ascending by slice, back to back into an
+/// [`EncodedSlices`] (header room first, the schema section in front of
+/// slice 0's entries); `reused_entries` counts the entries of the slices
+/// not written again. The one encoding of sliced parts, shared by the
+/// copy-on-write hand-off and the flat state's synchronous snapshot
+/// (`KeyedState::encode_slices`), so both write the same bytes for the
+/// same entries in the same order.
+///
+/// # Errors
+///
+/// A key or state that does not encode, or a slice whose entries'
+/// iterator yielded another number of entries than its length said.
+pub(crate) fn encode_group_slices<'a, K, S, E>(
+    key_group: u32,
+    fresh: impl IntoIterator<Item = (u32, E)>,
+    reused_entries: u64,
+    schema: &[u8],
+    max_parallelism: MaxParallelism,
+) -> Result<EncodedSlices, StateError>
+where
+    K: StateKey + 'a,
+    S: Snapshot + 'a,
+    E: ExactSizeIterator<Item = (&'a K, &'a S)>,
+{
     let mut bytes = vec![0; part::PART_HEADER_LEN];
-    let mut slices = Vec::with_capacity(group.fresh.len());
-    for (slice, table) in &group.fresh {
-        if *slice == 0 {
+    let mut slices = Vec::new();
+    for (slice, entries) in fresh {
+        if slice == 0 {
             bytes.extend_from_slice(schema);
         }
+        let expected = entries.len() as u64;
         let mut writer = part::PartWriter::entries_into(bytes);
-        for (key, state) in table.iter() {
+        for (key, state) in entries {
             writer.push(key, state)?;
         }
-        let (out, entries) = writer.into_entries();
+        let (out, written) = writer.into_entries();
         bytes = out;
-        if entries != table.len() as u64 {
+        if written != expected {
             return Err(StateError::Encode {
                 type_name: S::SCHEMA.type_name,
                 reason: format!(
-                    "slice {slice} of key group {} encoded {entries} entries; its table held {}",
-                    group.key_group,
-                    table.len()
+                    "slice {slice} of key group {key_group} encoded {written} entries; it held \
+                     {expected}"
                 ),
             });
         }
-        slices.push((*slice, bytes.len(), entries));
+        slices.push((slice, bytes.len(), written));
     }
     Ok(EncodedSlices {
-        key_group: group.key_group,
+        key_group,
         bytes,
         slices,
-        reused_entries: group.reused_entries,
+        reused_entries,
         // `schema_section` refused anything over MAX_SCHEMA_LEN.
         schema_len: schema.len() as u32,
         max_parallelism,

@@ -40,7 +40,11 @@
 //! schema section as the start of slice 0's bytes, so each slice is one
 //! contiguous byte range of the part's body and a part assembled from
 //! fresh and earlier slices is byte for byte a full part
-//! (`job::incremental`).
+//! (`job::incremental`). The flat layout ([`KeyedState`]) flags the same
+//! slots and writes its incremental checkpoints in the same units,
+//! encoded on the operator's thread, so [`CowKeyedState::from_flat`]
+//! carries the flags over slot by slot and the checkpoints' ledger stays
+//! valid across the switch.
 //!
 //! Why 64: 8 hot keys then dirty at most 8 slices of 8,192 (0.1 % of the
 //! state) at the default 128 key groups, while the slots take 64 × about
@@ -55,15 +59,12 @@
 use super::backend::{parts_covering, KeyGroupPart, KeyedState};
 use super::cow::{GroupSlices, GroupTable, HandedGroup, KeyGroupHandoff, SliceHandoff};
 use super::hash::key_hash;
-use super::key_group::{KeyGroupError, KeyGroupOf, KeyGroupRange, MaxParallelism};
+use super::key_group::{KeyGroupError, KeyGroupOf, KeyGroupRange, MaxParallelism, SLICE_BITS};
 use super::part;
 use super::{KeyedError, StateKey};
 use crate::state::{Snapshot, StateError};
 use hashbrown::hash_table::Entry;
 use hashbrown::HashTable;
-
-/// log2 of [`SLICES_PER_KEY_GROUP`].
-const SLICE_BITS: u32 = 6;
 
 /// How many slices (copy-on-write tables, each with a dirty flag) each key
 /// group of a [`CowKeyedState`] is split into; see the module's "Slices".
@@ -160,9 +161,17 @@ impl<K: StateKey, S> CowKeyedState<K, S> {
         let (max_parallelism, range) = (flat.max_parallelism(), flat.range());
         let mut state = Self::new(max_parallelism, range)
             .unwrap_or_else(|error| panic!("bug: a keyed state's own range is invalid: {error}"));
+        // Both layouts flag the same slots, so the slices an incremental
+        // checkpoint writes next are the same as if the state had not
+        // moved, and the ledger's references stay valid.
         let (table, dirty) = flat.into_table();
-        for (slots, dirty) in state.groups.chunks_mut(SLICES_PER_KEY_GROUP).zip(dirty) {
-            slots.iter_mut().for_each(|slot| slot.dirty = dirty);
+        assert_eq!(
+            dirty.len(),
+            state.groups.len(),
+            "bug: the flat state flags other slots than the copy-on-write one"
+        );
+        for (slot, dirty) in state.groups.iter_mut().zip(dirty) {
+            slot.dirty = dirty;
         }
         for (key, value) in table {
             let hash = key_hash(&key);
@@ -210,15 +219,8 @@ impl<K: StateKey, S> CowKeyedState<K, S> {
     /// its key group when this state does not own it.
     #[inline]
     fn locate_hash(&self, hash: u64) -> Result<usize, u32> {
-        let slot = self.key_group_of.key_group_slice_of(hash, SLICE_BITS);
-        // Below `first_slot` wraps to a huge index, so one comparison
-        // checks both ends of the range.
-        let index = slot.wrapping_sub(self.first_slot) as usize;
-        if index < self.groups.len() {
-            Ok(index)
-        } else {
-            Err(slot >> SLICE_BITS)
-        }
+        self.key_group_of
+            .locate_slot(hash, self.first_slot, self.groups.len())
     }
 
     /// The index of the slot of a routed key's slice (see
@@ -228,9 +230,7 @@ impl<K: StateKey, S> CowKeyedState<K, S> {
     /// is out of bounds and panics when used.
     #[inline(always)]
     pub(crate) fn routed_index(&self, hash: u64) -> usize {
-        self.key_group_of
-            .key_group_slice_of(hash, SLICE_BITS)
-            .wrapping_sub(self.first_slot) as usize
+        self.key_group_of.slot_index(hash, self.first_slot)
     }
 
     /// The slot (`group index * SLICES_PER_KEY_GROUP + slice`, from 0 at
@@ -764,8 +764,8 @@ impl<K: StateKey, S: Snapshot> CowKeyedState<K, S> {
                 max_parallelism,
                 *key_group,
                 |hash, key, value| {
-                    let slice = key_group_of.key_group_slice_of(hash, SLICE_BITS) as usize
-                        % SLICES_PER_KEY_GROUP;
+                    let slice =
+                        key_group_of.key_group_slice_of(hash) as usize % SLICES_PER_KEY_GROUP;
                     let table = slots[slice].table.get_mut(&mut copies);
                     part::insert_unique(table, *key_group, hash, key, value)
                 },

@@ -2,12 +2,13 @@
 //! the checkpoint writer: [`DeferredParts`], which yields the parts of the
 //! key groups a snapshot took, one at a time, in ascending key group order.
 //!
-//! This module owns only that trait and its trivial form over parts
-//! encoded already ([`ReadyParts`]). It never decides which groups a
-//! snapshot takes, never encodes anything itself and never does I/O. The
-//! copy-on-write state's hand-off ([`super::cow::KeyGroupHandoff`])
-//! implements it; a spilling backend can supply one over a snapshot of its
-//! disk store.
+//! This module owns only that trait, its counterpart for an incremental
+//! snapshot in slices ([`DeferredSlices`]) and that one's trivial form
+//! over slices encoded already ([`ReadySlices`], the flat state's). It never
+//! decides which groups a snapshot takes, never encodes anything itself
+//! and never does I/O. The copy-on-write state's hand-off
+//! ([`super::cow::KeyGroupHandoff`]) implements it; a spilling backend can
+//! supply one over a snapshot of its disk store.
 
 use super::cow::EncodedSlices;
 use super::KeyGroupPart;
@@ -28,28 +29,30 @@ pub(crate) trait DeferredParts: Send {
     fn next_part(&mut self) -> Option<Result<KeyGroupPart, BoxError>>;
 }
 
-/// Parts encoded already (on the operator's thread), handed on in order.
-#[derive(Debug)]
-pub(crate) struct ReadyParts(pub(crate) std::vec::IntoIter<KeyGroupPart>);
-
-impl ReadyParts {
-    /// `parts`, ascending by key group.
-    pub(crate) fn new(parts: Vec<KeyGroupPart>) -> Self {
-        ReadyParts(parts.into_iter())
-    }
-}
-
-impl DeferredParts for ReadyParts {
-    fn next_part(&mut self) -> Option<Result<KeyGroupPart, BoxError>> {
-        self.0.next().map(Ok)
-    }
-}
-
-/// The fresh slices of each key group of an incremental snapshot of the
-/// copy-on-write state, one key group at a time, ascending (every group
+/// The fresh slices of each key group of an incremental snapshot of an
+/// in-memory state (the copy-on-write hand-off, or [`ReadySlices`] the flat
+/// state encoded already), one key group at a time, ascending (every group
 /// of the state's range, also those that write no slice), produced on
 /// whatever thread holds the value.
 pub(crate) trait DeferredSlices: Send {
     /// The next key group's fresh slices, `None` after the last.
     fn next_group(&mut self) -> Option<Result<EncodedSlices, BoxError>>;
+}
+
+/// A flat state's fresh slices encoded already (on the operator's thread),
+/// handed on in order.
+#[derive(Debug)]
+pub(crate) struct ReadySlices(std::vec::IntoIter<EncodedSlices>);
+
+impl ReadySlices {
+    /// `groups`, ascending by key group, every group of the state's range.
+    pub(crate) fn new(groups: Vec<EncodedSlices>) -> Self {
+        ReadySlices(groups.into_iter())
+    }
+}
+
+impl DeferredSlices for ReadySlices {
+    fn next_group(&mut self) -> Option<Result<EncodedSlices, BoxError>> {
+        self.0.next().map(Ok)
+    }
 }

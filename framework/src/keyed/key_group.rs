@@ -107,22 +107,30 @@ const GROUP_MIX: u64 = 0xd6e8_feb8_6659_fd93;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct KeyGroupOf {
     max_parallelism: MaxParallelism,
-    /// `64 - k` when the max parallelism is `2^k` with `k >= 1`; 0 otherwise.
-    shift: u32,
+    /// `64 - k - SLICE_BITS` when the max parallelism is `2^k` with
+    /// `k >= 1` (at least 64 - 15 - 6, so never 0); 0 otherwise. Worked
+    /// out once, so that a lookup shifts by it without a subtraction.
+    slot_shift: u32,
 }
+
+/// log2 of the number of slices each key group of the in-memory keyed
+/// state is split into (`SLICES_PER_KEY_GROUP`, see
+/// [`super::cow_state`]'s "Slices"): the bits of the mixed hash right
+/// below the key group's.
+pub(crate) const SLICE_BITS: u32 = 6;
 
 impl KeyGroupOf {
     /// The lookup for `max_parallelism`.
     pub(crate) fn new(max_parallelism: MaxParallelism) -> Self {
         let max = max_parallelism.get();
-        let shift = if max > 1 && max.is_power_of_two() {
-            64 - max.trailing_zeros()
+        let slot_shift = if max > 1 && max.is_power_of_two() {
+            64 - max.trailing_zeros() - SLICE_BITS
         } else {
             0
         };
         KeyGroupOf {
             max_parallelism,
-            shift,
+            slot_shift,
         }
     }
 
@@ -132,31 +140,61 @@ impl KeyGroupOf {
     #[cfg(test)]
     pub(crate) fn key_group_of(self, key_hash: u64) -> u32 {
         let mixed = key_hash.wrapping_mul(GROUP_MIX);
-        if self.shift != 0 {
-            (mixed >> self.shift) as u32
+        if self.slot_shift != 0 {
+            (mixed >> (self.slot_shift + SLICE_BITS)) as u32
         } else {
             (((mixed >> 32) * u64::from(self.max_parallelism.get())) >> 32) as u32
         }
     }
 
-    /// The key group of `key_hash` followed by the `slice_bits` bits that
-    /// come right after the group's in the same mixed product:
-    /// `key_group << slice_bits | slice`. The copy-on-write state splits
-    /// each group's table into `2^slice_bits` slices by these bits, so
-    /// one shift gives both (the same cost as [`Self::key_group_of`]).
-    /// They are not the bits hashbrown uses inside a table (the low bits
-    /// of the hash for the bucket, the top 7 for the tag), so each slice's
-    /// table stays evenly spread. `slice_bits` must be at most 16.
+    /// The key group of `key_hash` followed by the [`SLICE_BITS`] bits
+    /// that come right after the group's in the same mixed product:
+    /// `key_group << SLICE_BITS | slice`, the key's slot. The in-memory
+    /// keyed state splits each group into slices by these bits, so one
+    /// shift gives both (the same cost as [`Self::key_group_of`]). They
+    /// are not the bits hashbrown uses inside a table (the low bits of the
+    /// hash for the bucket, the top 7 for the tag), so each slice's table
+    /// stays evenly spread.
     #[inline(always)]
-    pub(crate) fn key_group_slice_of(self, key_hash: u64, slice_bits: u32) -> u32 {
+    pub(crate) fn key_group_slice_of(self, key_hash: u64) -> u32 {
         let mixed = key_hash.wrapping_mul(GROUP_MIX);
-        if self.shift != 0 {
-            // `shift` is at least 64 - 15, so it stays positive.
-            (mixed >> (self.shift - slice_bits)) as u32
+        if self.slot_shift != 0 {
+            (mixed >> self.slot_shift) as u32
         } else {
             // `(mixed >> 32) * max` is below 2^47: the group is its bits
-            // from 32 up, the slice the `slice_bits` below them.
-            (((mixed >> 32) * u64::from(self.max_parallelism.get())) >> (32 - slice_bits)) as u32
+            // from 32 up, the slice the `SLICE_BITS` below them.
+            (((mixed >> 32) * u64::from(self.max_parallelism.get())) >> (32 - SLICE_BITS)) as u32
+        }
+    }
+
+    /// The index of `key_hash`'s slot ([`Self::key_group_slice_of`])
+    /// counted from `first_slot`, the slot of the first slice of a state's
+    /// first key group: what the in-memory layouts index their per-slice
+    /// arrays by, one shift and one subtraction at a power-of-two max
+    /// parallelism. A key of a group before the range wraps to a huge
+    /// index, so one comparison with an array's length checks both ends
+    /// of the range ([`Self::locate_slot`]).
+    #[inline(always)]
+    pub(crate) fn slot_index(self, key_hash: u64, first_slot: u32) -> usize {
+        self.key_group_slice_of(key_hash).wrapping_sub(first_slot) as usize
+    }
+
+    /// [`Self::slot_index`] checked against the `slots` slots a state
+    /// has: the index, or the key group of a key the state does not own
+    /// (a bare `u32`, so that the hot path carries no large error value).
+    #[inline(always)]
+    pub(crate) fn locate_slot(
+        self,
+        key_hash: u64,
+        first_slot: u32,
+        slots: usize,
+    ) -> Result<usize, u32> {
+        let slot = self.key_group_slice_of(key_hash);
+        let index = slot.wrapping_sub(first_slot) as usize;
+        if index < slots {
+            Ok(index)
+        } else {
+            Err(slot >> SLICE_BITS)
         }
     }
 }
@@ -417,7 +455,7 @@ mod tests {
                         "max parallelism {max}, hash {probe:#x}"
                     );
                     assert_eq!(
-                        fast.key_group_slice_of(probe, 6) >> 6,
+                        fast.key_group_slice_of(probe) >> SLICE_BITS,
                         max_parallelism.key_group_of(probe),
                         "the slice's group, max parallelism {max}, hash {probe:#x}"
                     );

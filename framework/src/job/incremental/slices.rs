@@ -1,11 +1,14 @@
-//! The copy-on-write state's incremental snapshot in slices
-//! ([`KeyedSnapshotSlices`]): per key group a fresh part header, then each
-//! slice either written again or referred to where an earlier checkpoint
-//! wrote it, with the header's body CRC combined from the pieces' CRCs.
+//! An in-memory state's incremental snapshot in slices
+//! ([`KeyedSnapshotSlices`]), of the copy-on-write or the flat layout:
+//! per key group a fresh part header, then each slice either written
+//! again or referred to where an earlier checkpoint wrote it, with the
+//! header's body CRC combined from the pieces' CRCs.
 //!
 //! This module owns only that assembly of segments; which slices to
 //! write is the ledger's choice (the parent module) and the slices'
-//! bytes come from the state's hand-off (`keyed::cow`). It never does
+//! bytes come from the copy-on-write state's hand-off (`keyed::cow`) or
+//! from the flat state's encoding on the operator's thread
+//! (`KeyedState::encode_slices`), in the same form. It never does
 //! I/O and never reads an unchanged byte: the part it stands for is, byte
 //! for byte, a format-1 part whose entries run slice by slice, so
 //! restoring, rescaling and `snapflow show` see a full part.
@@ -20,8 +23,8 @@ use crate::storage::{Segment, SharedRange};
 use super::super::shell::DeferredState;
 use super::{push_own, settle_landed, SnapshotPlan};
 
-/// One copy-on-write state's incremental snapshot, planned per slice at
-/// the snapshot and encoded by [`Self::encode`] on the checkpoint writer's
+/// One in-memory state's incremental snapshot, planned per slice at the
+/// snapshot and encoded by [`Self::encode`] on the checkpoint writer's
 /// thread: per key group a fresh header (as own bytes), then each slice
 /// either written again (shared bytes) or referred to where an earlier
 /// checkpoint wrote it. The part assembles to a format-1 part whose
@@ -246,12 +249,12 @@ fn into_segments(body: Vec<BodyPiece>, bytes: Vec<u8>) -> Vec<Segment> {
 mod tests {
     use std::collections::BTreeSet;
 
-    use super::super::tests::Written;
+    use super::super::tests::{counts, decoded, plan_dirty, shared_len, take_flat, Written};
     use super::super::{assemble, IncrementalCheckpoints, KeyGroupLedger};
     use super::*;
     use crate::job::ops::{decode_keyed_state, encode_keyed_state, KeyGroupParts};
     use crate::keyed::test_support::Count;
-    use crate::keyed::{CowKeyedState, MaxParallelism, SLICES_PER_KEY_GROUP};
+    use crate::keyed::{CowKeyedState, KeyedState, MaxParallelism, SLICES_PER_KEY_GROUP};
 
     type State = CowKeyedState<u64, Count>;
 
@@ -285,12 +288,7 @@ mod tests {
         state: &mut State,
     ) -> KeyedSnapshotSlices {
         let dirty: Vec<usize> = state.dirty_slots().collect();
-        let plan = ledger.plan_slices(
-            CheckpointId(checkpoint),
-            state.range(),
-            SLICES_PER_KEY_GROUP,
-            dirty,
-        );
+        let plan = plan_dirty(ledger, checkpoint, state.range(), dirty);
         let handoff = state.hand_off_slices(|slot| plan.writes_slot(slot));
         state.clear_dirty();
         plan.with_slices(Box::new(handoff))
@@ -305,14 +303,6 @@ mod tests {
             .map(|part| (part.key_group, part.bytes))
             .collect();
         encode_keyed_state(&parts).unwrap()
-    }
-
-    fn shared_bytes(segments: &[Segment]) -> u64 {
-        segments
-            .iter()
-            .filter(|segment| matches!(segment, Segment::Shared(_)))
-            .map(Segment::len)
-            .sum()
     }
 
     /// Every part of the envelope `bytes` passes its header and body CRCs.
@@ -363,23 +353,55 @@ mod tests {
                 "seed {seed}: checkpoint {checkpoint} assembles to other bytes"
             );
             check_parts(&assembled).unwrap();
-            let full = (checkpoint - 1) % 4 == 0;
+            // Only the touched slices (and keys[0]'s, written after the
+            // last handoff) are written again: bounded by the largest
+            // slices' bytes, far below the state's.
+            let wrote = Wrote {
+                checkpoint,
+                shared: shared_len(&segments),
+                total: expected.len() as u64,
+                slices: touched.len(),
+            };
+            confirmed_last = wrote.check_then_confirm(seed, &mut rng, &mut ledger, confirmed_last);
+        }
+    }
+
+    /// What a checkpoint of a random chain (every 4th full) wrote: its
+    /// shared bytes of its `total`, for `slices` touched slices.
+    struct Wrote {
+        checkpoint: u64,
+        shared: u64,
+        total: u64,
+        slices: usize,
+    }
+
+    impl Wrote {
+        /// Checks that the checkpoint, when it is not full and follows a
+        /// confirmed one, wrote under 5 % of its bytes, then confirms it
+        /// or not at random; returns whether it did.
+        fn check_then_confirm(
+            &self,
+            seed: u64,
+            rng: &mut u64,
+            ledger: &mut KeyGroupLedger,
+            confirmed_last: bool,
+        ) -> bool {
+            let full = (self.checkpoint - 1) % 4 == 0;
             if !full && confirmed_last {
-                // Only the touched slices (and keys[0]'s, written after
-                // the last handoff) are written again: bounded by the
-                // largest slices' bytes, far below the state's.
                 assert!(
-                    shared_bytes(&segments) * 20 < expected.len() as u64,
-                    "seed {seed}: checkpoint {checkpoint} wrote {} of {} bytes for {} slices",
-                    shared_bytes(&segments),
-                    expected.len(),
-                    touched.len()
+                    self.shared * 20 < self.total,
+                    "seed {seed}: checkpoint {} wrote {} of {} bytes for {} slices",
+                    self.checkpoint,
+                    self.shared,
+                    self.total,
+                    self.slices
                 );
             }
-            confirmed_last = next(&mut rng) % 4 != 0;
-            if confirmed_last {
-                ledger.on_complete(CheckpointId(checkpoint));
+            let confirmed = next(rng) % 4 != 0;
+            if confirmed {
+                ledger.on_complete(CheckpointId(self.checkpoint));
             }
+            confirmed
         }
     }
 
@@ -390,6 +412,159 @@ mod tests {
         if result.is_err() {
             panic!("sliced chain check failed; replay with SNAPFLOW_SEED={seed}");
         }
+    }
+
+    /// An in-memory state in either layout, as the keyed store holds it.
+    enum Layout {
+        Flat(KeyedState<u64, Count>),
+        Cow(State),
+    }
+
+    impl Layout {
+        fn count(&mut self, key: u64) {
+            match self {
+                Layout::Flat(state) => state.get_or_default(&key).count += 1,
+                Layout::Cow(state) => state.get_or_default(&key).count += 1,
+            }
+        }
+
+        fn range(&self) -> crate::keyed::KeyGroupRange {
+            match self {
+                Layout::Flat(state) => state.range(),
+                Layout::Cow(state) => state.range(),
+            }
+        }
+
+        fn counts(&self) -> std::collections::BTreeMap<u64, u64> {
+            match self {
+                Layout::Flat(state) => counts(state.iter()),
+                Layout::Cow(state) => counts(state.iter()),
+            }
+        }
+
+        /// The keyed core's incremental snapshot of the state.
+        fn take(&mut self, ledger: &mut KeyGroupLedger, checkpoint: u64) -> KeyedSnapshotSlices {
+            match self {
+                Layout::Flat(state) => take_flat(ledger, checkpoint, state),
+                Layout::Cow(state) => take(ledger, checkpoint, state),
+            }
+        }
+
+        /// The state moved to the copy-on-write layout, as the keyed
+        /// store does at its threshold.
+        fn convert(self) -> Self {
+            match self {
+                Layout::Flat(state) => Layout::Cow(CowKeyedState::from_flat(state)),
+                cow => cow,
+            }
+        }
+    }
+
+    /// A random chain of the flat layout's incremental snapshots (random
+    /// keys touched, new ones among them so that the table grows and
+    /// reorders its entries, checkpoints confirmed or not, a full one
+    /// every 4), moved to the copy-on-write layout before checkpoint
+    /// `convert_at` when it is given: each assembles to parts whose CRCs
+    /// verify and which restore to exactly the state at the snapshot, and
+    /// a checkpoint after a confirmed one that is not full writes only the
+    /// touched slices, also right after the move (the ledger's units are
+    /// the same in both layouts, so nothing starts again).
+    fn check_flat_chain(seed: u64, convert_at: Option<u64>) {
+        let mut rng = seed;
+        let mut state =
+            Layout::Flat(KeyedState::for_subtask(MaxParallelism::new(16).unwrap(), 2, 1).unwrap());
+        let range = state.range();
+        let max_parallelism = MaxParallelism::new(16).unwrap();
+        let owned =
+            |key: &u64| range.contains(max_parallelism.key_group_of(crate::keyed::key_hash(key)));
+        let mut keys: Vec<u64> = (0..40_000u64).filter(owned).collect();
+        let mut unused = (40_000u64..).filter(owned);
+        for key in &keys {
+            state.count(*key);
+        }
+        let settings = IncrementalCheckpoints {
+            enabled: true,
+            full_every: 4,
+        };
+        let mut ledger = KeyGroupLedger::new(settings, range.len());
+        let mut written = Written::default();
+        let mut confirmed_last = false;
+        for checkpoint in 1..=24u64 {
+            if convert_at == Some(checkpoint) {
+                state = state.convert();
+            }
+            let touches = next(&mut rng) % 12;
+            for _ in 0..touches {
+                let key = if next(&mut rng) % 3 == 0 {
+                    let key = unused.next().expect("an owned key");
+                    keys.push(key);
+                    key
+                } else {
+                    keys[(next(&mut rng) % keys.len() as u64) as usize]
+                };
+                state.count(key);
+            }
+            let segments = state.take(&mut ledger, checkpoint).encode().unwrap();
+            written.record(&segments, checkpoint);
+            let assembled = written.assemble(&segments);
+            check_parts(&assembled).unwrap();
+            assert!(
+                decoded(&assembled, range) == state.counts(),
+                "seed {seed}: checkpoint {checkpoint} restores another state"
+            );
+            let wrote = Wrote {
+                checkpoint,
+                shared: shared_len(&segments),
+                total: assembled.len() as u64,
+                slices: touches as usize,
+            };
+            confirmed_last = wrote.check_then_confirm(seed, &mut rng, &mut ledger, confirmed_last);
+        }
+    }
+
+    #[test]
+    fn a_flat_chain_of_sliced_parts_restores_exactly_and_writes_only_touched_slices() {
+        let seed = seed();
+        let result = std::panic::catch_unwind(|| {
+            check_flat_chain(seed, None);
+            // Moved after a confirmed incremental checkpoint (3 follows 2,
+            // which is not full, when 2 was confirmed), and at a random one.
+            check_flat_chain(seed, Some(3));
+            check_flat_chain(seed, Some(2 + seed % 20));
+        });
+        if result.is_err() {
+            panic!("flat sliced chain check failed; replay with SNAPFLOW_SEED={seed}");
+        }
+    }
+
+    #[test]
+    fn a_flat_state_moved_to_copy_on_write_refers_to_the_slices_it_wrote_flat() {
+        let mut flat: KeyedState<u64, Count> =
+            KeyedState::for_subtask(MaxParallelism::new(16).unwrap(), 2, 1).unwrap();
+        let keys: Vec<u64> = (0..20_000).filter(|key| flat.owns(key)).collect();
+        for key in &keys {
+            flat.get_or_default(key).count += 1;
+        }
+        let mut ledger = KeyGroupLedger::new(IncrementalCheckpoints::default(), flat.range().len());
+        let mut written = Written::default();
+        let first = take_flat(&mut ledger, 1, &mut flat).encode().unwrap();
+        written.record(&first, 1);
+        ledger.on_complete(CheckpointId(1));
+        flat.get_or_default(&keys[7]).count += 1;
+        let range = flat.range();
+        let mut cow = CowKeyedState::from_flat(flat);
+        let second = take(&mut ledger, 2, &mut cow).encode().unwrap();
+        written.record(&second, 2);
+        // One slice and its header written; everything else read from
+        // what the flat layout wrote at checkpoint 1.
+        assert!(shared_len(&second) * 200 < shared_len(&first));
+        assert!(second.iter().any(|segment| matches!(
+            segment,
+            Segment::Reuse(range) if range.checkpoint == 1
+        )));
+        let assembled = written.assemble(&second);
+        check_parts(&assembled).unwrap();
+        assert_eq!(decoded(&assembled, range), counts(cow.iter()));
     }
 
     /// A state holding the owned keys below `below` once each, after its
@@ -431,9 +606,9 @@ mod tests {
         // The touched group's header and its one slice (one run when the
         // slice is the first, which follows the header).
         assert!(shared_runs(&second) <= 2, "one slice written");
-        let one_slice = shared_bytes(&second);
+        let one_slice = shared_len(&second);
         assert!(
-            one_slice * 200 < shared_bytes(&first),
+            one_slice * 200 < shared_len(&first),
             "{one_slice} bytes for one key"
         );
         // Reused ranges of one file merge: per untouched key group one
@@ -449,7 +624,7 @@ mod tests {
         // Nothing touched: nothing written, the touched slice now read
         // from checkpoint 2's file.
         let third = take(&mut ledger, 3, &mut state).encode().unwrap();
-        assert_eq!(shared_bytes(&third), 0);
+        assert_eq!(shared_len(&third), 0);
         assert!(third.iter().any(|segment| matches!(
             segment,
             Segment::Reuse(range) if range.checkpoint == 2
