@@ -57,7 +57,7 @@
 //! so, not by a sweep; only 64 was measured (BENCHMARKS.md).
 
 use super::backend::{parts_covering, KeyGroupPart, KeyedState};
-use super::cow::{GroupSlices, GroupTable, HandedGroup, KeyGroupHandoff, SliceHandoff};
+use super::cow::{GroupSlices, GroupTable, HandedGroup, KeyGroupHandoff, SliceHandoff, TakeBacks};
 use super::hash::key_hash;
 use super::key_group::{KeyGroupError, KeyGroupOf, KeyGroupRange, MaxParallelism, SLICE_BITS};
 use super::part;
@@ -88,8 +88,9 @@ pub struct CowKeyedState<K, S> {
     /// touches one cache line for both.
     groups: Vec<Slot<K, S>>,
     /// Slice tables copied because a snapshot still held them when the
-    /// state wrote them.
-    copies: u64,
+    /// state wrote them, and frozen slices encoded at their first write
+    /// for a snapshot that had not read them yet.
+    take_backs: TakeBacks,
 }
 
 /// One slice of a key group of a [`CowKeyedState`].
@@ -132,7 +133,7 @@ impl<K: StateKey, S> CowKeyedState<K, S> {
                     dirty: false,
                 })
                 .collect(),
-            copies: 0,
+            take_backs: TakeBacks::default(),
         })
     }
 
@@ -179,9 +180,11 @@ impl<K: StateKey, S> CowKeyedState<K, S> {
             let Some(slot) = state.groups.get_mut(index) else {
                 misrouted_panic(max_parallelism, range, hash)
             };
-            slot.table
-                .get_mut(&mut state.copies)
-                .insert_unique(hash, (key, value), |(k, _)| key_hash(k));
+            slot.table.get_mut(&mut state.take_backs).insert_unique(
+                hash,
+                (key, value),
+                |(k, _)| key_hash(k),
+            );
         }
         state
     }
@@ -287,7 +290,7 @@ impl<K: StateKey, S> CowKeyedState<K, S> {
         self.groups[index].dirty = true;
         self.groups[index]
             .table
-            .get_mut(&mut self.copies)
+            .get_mut(&mut self.take_backs)
             .find_mut(hash, |(other, _)| other == key)
             .map(|(_, state)| state)
     }
@@ -299,11 +302,10 @@ impl<K: StateKey, S> CowKeyedState<K, S> {
             .locate(&key)
             .map_err(|key_group| self.foreign_key(key_group))?;
         self.groups[index].dirty = true;
-        let entry = self.groups[index].table.get_mut(&mut self.copies).entry(
-            hash,
-            |(other, _)| *other == key,
-            |(k, _)| key_hash(k),
-        );
+        let entry = self.groups[index]
+            .table
+            .get_mut(&mut self.take_backs)
+            .entry(hash, |(other, _)| *other == key, |(k, _)| key_hash(k));
         match entry {
             Entry::Occupied(mut occupied) => {
                 Ok(Some(std::mem::replace(&mut occupied.get_mut().1, state)))
@@ -323,7 +325,7 @@ impl<K: StateKey, S> CowKeyedState<K, S> {
         }
         let entry = self.groups[index]
             .table
-            .get_mut(&mut self.copies)
+            .get_mut(&mut self.take_backs)
             .find_entry(hash, |(other, _)| other == key)
             .ok()?;
         let ((_, state), _) = entry.remove();
@@ -352,12 +354,12 @@ impl<K: StateKey, S> CowKeyedState<K, S> {
     /// (and so takes back, copying if need be, every group a snapshot
     /// still holds).
     pub fn iter_mut(&mut self) -> impl Iterator<Item = (&K, &mut S)> + '_ {
-        let copies = &mut self.copies;
+        let take_backs = &mut self.take_backs;
         self.groups
             .iter_mut()
             .map(|slot| {
                 slot.dirty = true;
-                slot.table.get_mut(copies)
+                slot.table.get_mut(take_backs)
             })
             .collect::<Vec<_>>()
             .into_iter()
@@ -369,7 +371,14 @@ impl<K: StateKey, S> CowKeyedState<K, S> {
     /// asynchronous snapshots (see [`super::cow`]). Each is one slice of a
     /// key group ([`SLICES_PER_KEY_GROUP`] per group).
     pub fn copied_key_groups(&self) -> u64 {
-        self.copies
+        self.take_backs.copies
+    }
+
+    /// How many frozen slices of incremental snapshots this state encoded
+    /// at its first write to them, because a snapshot had not read them
+    /// yet (instead of copying them, see [`super::cow`]'s `FrozenSlot`).
+    pub fn encoded_at_write(&self) -> u64 {
+        self.take_backs.encodings
     }
 
     /// How many slice tables are still shared with a snapshot they were
@@ -475,7 +484,7 @@ impl<K: StateKey, S> CowKeyedState<K, S> {
             // `extract_if` is lazy and keeps what it has not visited.
             taken.extend(
                 slot.table
-                    .get_mut(&mut self.copies)
+                    .get_mut(&mut self.take_backs)
                     .extract_if(|_| true)
                     .take(wanted),
             );
@@ -574,14 +583,14 @@ impl<K: StateKey, S: Default> CowKeyedState<K, S> {
             misrouted_panic(self.max_parallelism, self.range, hash)
         };
         slot.dirty = true;
-        Self::find_or_insert_default(slot.table.get_mut(&mut self.copies), key, hash)
+        Self::find_or_insert_default(slot.table.get_mut(&mut self.take_backs), key, hash)
     }
 
     #[inline(always)]
     fn slot_or_default(&mut self, key: &K, hash: u64, index: usize) -> &mut S {
         self.groups[index].dirty = true;
         Self::find_or_insert_default(
-            self.groups[index].table.get_mut(&mut self.copies),
+            self.groups[index].table.get_mut(&mut self.take_backs),
             key,
             hash,
         )
@@ -675,7 +684,7 @@ impl<K: StateKey + Clone, S: Snapshot + Clone> CowKeyedState<K, S> {
             };
             for (slice, slot) in slots.iter_mut().enumerate() {
                 if writes(index * SLICES_PER_KEY_GROUP + slice) {
-                    group.fresh.push((slice as u32, slot.table.share()));
+                    group.fresh.push((slice as u32, slot.table.freeze()));
                 } else {
                     group.reused_entries += slot.table.get().len() as u64;
                 }
@@ -746,7 +755,7 @@ impl<K: StateKey, S: Snapshot> CowKeyedState<K, S> {
         let owned_parts = parts_covering(range, parts)?;
         let key_group_of = state.key_group_of;
         // Restored tables are owned: nothing is ever copied here.
-        let mut copies = 0;
+        let mut take_backs = TakeBacks::default();
         for (key_group, bytes) in &owned_parts {
             let first = (key_group - range.start) as usize * SLICES_PER_KEY_GROUP;
             let slots = &mut state.groups[first..first + SLICES_PER_KEY_GROUP];
@@ -756,7 +765,7 @@ impl<K: StateKey, S: Snapshot> CowKeyedState<K, S> {
             let per_slice = part::plausible_entries(bytes.as_ref()) / SLICES_PER_KEY_GROUP;
             for slot in slots.iter_mut() {
                 slot.table
-                    .get_mut(&mut copies)
+                    .get_mut(&mut take_backs)
                     .reserve(per_slice, |(key, _)| key_hash(key));
             }
             part::decode_entries(
@@ -766,7 +775,7 @@ impl<K: StateKey, S: Snapshot> CowKeyedState<K, S> {
                 |hash, key, value| {
                     let slice =
                         key_group_of.key_group_slice_of(hash) as usize % SLICES_PER_KEY_GROUP;
-                    let table = slots[slice].table.get_mut(&mut copies);
+                    let table = slots[slice].table.get_mut(&mut take_backs);
                     part::insert_unique(table, *key_group, hash, key, value)
                 },
             )?;
