@@ -753,13 +753,7 @@ mod tests {
     /// written afterwards, and the tables copied are exactly the handed-off
     /// groups written while the handoff was held.
     fn check_copy_on_write(seed: u64) {
-        let mut rng = Rng(seed);
-        let mut state = state();
-        let keys: Vec<u64> = (0..4_000u64)
-            .filter(|key| state.owns(key))
-            .take(600)
-            .collect();
-        let mut model = Model::new();
+        let (mut rng, mut state, keys, mut model) = workload(seed);
         for _round in 0..20 {
             for _ in 0..rng.below(2_000) {
                 random_op(&mut rng, &keys, &mut state, &mut model);
@@ -842,20 +836,41 @@ mod tests {
         }
     }
 
+    /// A seeded workload's start: its random numbers, an empty state, 600
+    /// keys the state owns, and the model of what it holds.
+    fn workload(seed: u64) -> (Rng, CowKeyedState<u64, Count>, Vec<u64>, Model) {
+        let state = state();
+        let keys = (0..4_000u64)
+            .filter(|key| state.owns(key))
+            .take(600)
+            .collect();
+        (Rng(seed), state, keys, Model::new())
+    }
+
+    /// Runs a seeded check and names the seed that replays a failure.
+    fn replay(name: &str, check: fn(u64)) {
+        let seed = seed();
+        if std::panic::catch_unwind(|| check(seed)).is_err() {
+            panic!("{name} check failed; replay with SNAPFLOW_SEED={seed}");
+        }
+    }
+
+    /// A state holding one owned key, counted 7, and that key.
+    fn state_with_one_key() -> (CowKeyedState<u64, Count>, u64) {
+        let mut state = state();
+        let key = (0..u64::MAX).find(|key| state.owns(key)).unwrap();
+        state.get_or_default(&key).count = 7;
+        (state, key)
+    }
+
     #[test]
     fn writes_after_a_handoff_never_reach_the_snapshot_and_copy_only_written_groups() {
-        let seed = seed();
-        let result = std::panic::catch_unwind(|| check_copy_on_write(seed));
-        if result.is_err() {
-            panic!("copy-on-write check failed; replay with SNAPFLOW_SEED={seed}");
-        }
+        replay("copy-on-write", check_copy_on_write);
     }
 
     #[test]
     fn a_group_no_snapshot_holds_any_more_is_taken_back_without_a_copy() {
-        let mut state = state();
-        let key = (0..u64::MAX).find(|key| state.owns(key)).unwrap();
-        state.get_or_default(&key).count = 7;
+        let (mut state, key) = state_with_one_key();
         let handoff = state.hand_off();
         assert_eq!(
             state.shared_key_groups(),
@@ -903,13 +918,7 @@ mod tests {
     /// state writes here), and a slice written while a snapshot still
     /// needed it was encoded at that write, once.
     fn check_frozen_slices(seed: u64) {
-        let mut rng = Rng(seed);
-        let mut state = state();
-        let keys: Vec<u64> = (0..4_000u64)
-            .filter(|key| state.owns(key))
-            .take(600)
-            .collect();
-        let mut model = Model::new();
+        let (mut rng, mut state, keys, mut model) = workload(seed);
         for _round in 0..12 {
             for _ in 0..rng.below(1_500) {
                 random_op(&mut rng, &keys, &mut state, &mut model);
@@ -987,18 +996,12 @@ mod tests {
 
     #[test]
     fn frozen_slices_written_before_the_writer_reads_them_are_encoded_once_and_never_copied() {
-        let seed = seed();
-        let result = std::panic::catch_unwind(|| check_frozen_slices(seed));
-        if result.is_err() {
-            panic!("frozen slice check failed; replay with SNAPFLOW_SEED={seed}");
-        }
+        replay("frozen slice", check_frozen_slices);
     }
 
     #[test]
     fn a_snapshot_of_a_state_dropped_before_it_is_read_fails_instead_of_waiting() {
-        let mut state = state();
-        let key = (0..u64::MAX).find(|key| state.owns(key)).unwrap();
-        state.get_or_default(&key).count = 7;
+        let (mut state, _) = state_with_one_key();
         let handoff = state.hand_off_slices(|_| true);
         drop(state);
         let error = parts_of_slices(handoff).unwrap_err().to_string();
@@ -1007,9 +1010,7 @@ mod tests {
 
     #[test]
     fn a_slice_the_writer_has_read_is_taken_back_without_encoding_or_copy() {
-        let mut state = state();
-        let key = (0..u64::MAX).find(|key| state.owns(key)).unwrap();
-        state.get_or_default(&key).count = 7;
+        let (mut state, key) = state_with_one_key();
         let parts = parts_of_slices(state.hand_off_slices(|_| true)).unwrap();
         assert_eq!(decode(&parts, state.range()), Model::from([(key, 7)]));
         state.get_or_default(&key).count += 1;
