@@ -28,11 +28,12 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use crate::keyed::deferred::{DeferredParts, DeferredSlices};
+use crate::keyed::deferred::{DeferredParts, DeferredSlices, ReadySlices};
 use crate::keyed::store::KeyGroupSnapshots;
-use crate::keyed::KeyGroupRange;
+use crate::keyed::{CowKeyedState, KeyGroupRange, KeyedState, StateKey, SLICES_PER_KEY_GROUP};
 use crate::protocol::CheckpointId;
 use crate::runtime::BoxError;
+use crate::state::Snapshot;
 use crate::storage::{Segment, SharedRange};
 
 use super::ops::{encode_keyed_state, KeyGroupParts};
@@ -330,6 +331,52 @@ impl KeyGroupLedger {
         let units = dirty.into_iter().map(|slot| slice_unit(slices, slot));
         self.plan_units(checkpoint, key_groups, slices + 1, true, units)
     }
+
+    /// The flat state's incremental snapshot for checkpoint `checkpoint`:
+    /// planned per slice, the written slices encoded now, on the caller's
+    /// thread (the flat state is small), and their assembly into segments
+    /// left to [`KeyedSnapshotSlices::encode`]. Clears the dirty flags.
+    pub(crate) fn snapshot_flat<K: StateKey, S: Snapshot>(
+        &mut self,
+        checkpoint: CheckpointId,
+        state: &mut KeyedState<K, S>,
+    ) -> Result<KeyedSnapshotSlices, BoxError> {
+        let plan = self.plan_in_slices(checkpoint, state.range(), state.dirty_slots());
+        let slices = state.encode_slices(|slot| plan.writes_slot(slot))?;
+        state.clear_dirty();
+        Ok(plan.with_slices(Box::new(ReadySlices::new(slices))))
+    }
+
+    /// The copy-on-write state's incremental snapshot for checkpoint
+    /// `checkpoint`: planned per slice and the written slices handed off
+    /// frozen, in constant time per slice, to be encoded by
+    /// [`KeyedSnapshotSlices::encode`] on the writer's thread. Clears the
+    /// dirty flags.
+    pub(crate) fn hand_off_cow<K, S>(
+        &mut self,
+        checkpoint: CheckpointId,
+        state: &mut CowKeyedState<K, S>,
+    ) -> KeyedSnapshotSlices
+    where
+        K: StateKey + Clone + Send + Sync + 'static,
+        S: Snapshot + Clone + Send + Sync + 'static,
+    {
+        let plan = self.plan_in_slices(checkpoint, state.range(), state.dirty_slots());
+        let handoff = state.hand_off_slices(|slot| plan.writes_slot(slot));
+        state.clear_dirty();
+        plan.with_slices(Box::new(handoff))
+    }
+
+    /// [`Self::plan_slices`] at the in-memory layouts' slices per key
+    /// group.
+    fn plan_in_slices(
+        &mut self,
+        checkpoint: CheckpointId,
+        key_groups: KeyGroupRange,
+        dirty: impl IntoIterator<Item = usize>,
+    ) -> SnapshotPlan {
+        self.plan_slices(checkpoint, key_groups, SLICES_PER_KEY_GROUP, dirty)
+    }
 }
 
 /// The ledger's unit of the copy-on-write slot `slot` (group index times
@@ -523,9 +570,8 @@ pub(super) mod tests {
 
     use super::*;
     use crate::job::ops::decode_keyed_state;
-    use crate::keyed::deferred::ReadySlices;
     use crate::keyed::test_support::Count;
-    use crate::keyed::{CowKeyedState, KeyedState, MaxParallelism, SLICES_PER_KEY_GROUP};
+    use crate::keyed::MaxParallelism;
 
     fn state() -> KeyedState<u64, Count> {
         KeyedState::for_subtask(MaxParallelism::new(16).unwrap(), 2, 1).unwrap()
@@ -572,29 +618,17 @@ pub(super) mod tests {
         entries.map(|(key, count)| (*key, count.count)).collect()
     }
 
-    /// The plan in slices of an in-memory state's incremental snapshot
-    /// for `checkpoint`, whose `dirty` slots changed.
-    pub(super) fn plan_dirty(
-        ledger: &mut KeyGroupLedger,
-        checkpoint: u64,
-        range: KeyGroupRange,
-        dirty: Vec<usize>,
-    ) -> SnapshotPlan {
-        ledger.plan_slices(CheckpointId(checkpoint), range, SLICES_PER_KEY_GROUP, dirty)
-    }
-
-    /// The keyed core's incremental snapshot of a flat state: planned per
-    /// slice and encoded now, its segments assembled by the caller.
+    /// The keyed core's incremental snapshot of a flat state
+    /// ([`KeyGroupLedger::snapshot_flat`]), its segments assembled by the
+    /// caller.
     pub(super) fn take_flat(
         ledger: &mut KeyGroupLedger,
         checkpoint: u64,
         state: &mut KeyedState<u64, Count>,
     ) -> KeyedSnapshotSlices {
-        let dirty: Vec<usize> = state.dirty_slots().collect();
-        let plan = plan_dirty(ledger, checkpoint, state.range(), dirty);
-        let slices = state.encode_slices(|slot| plan.writes_slot(slot)).unwrap();
-        state.clear_dirty();
-        plan.with_slices(Box::new(ReadySlices::new(slices)))
+        ledger
+            .snapshot_flat(CheckpointId(checkpoint), state)
+            .unwrap()
     }
 
     fn count_shared(segments: &[Segment]) -> usize {

@@ -21,9 +21,9 @@ use std::sync::{Arc, Mutex};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::keyed::deferred::{DeferredParts, DeferredSlices, ReadySlices};
+use crate::keyed::deferred::DeferredParts;
 use crate::keyed::store::{KeyGroupSnapshots, KeyedStore};
-use crate::keyed::{key_hash, KeyGroupRange, KeyedBackend, MaxParallelism, SLICES_PER_KEY_GROUP};
+use crate::keyed::{key_hash, KeyedBackend, MaxParallelism};
 use crate::protocol::CheckpointId;
 use crate::runtime::BoxError;
 use crate::state::{blob, Snapshot, StateError};
@@ -273,28 +273,14 @@ where
                 let Some(incremental) = incremental_of(&mut self.incremental, checkpoint) else {
                     return Ok(TakenState::Segments(full_segments(states)?));
                 };
-                let plan = plan_slices(
-                    incremental,
-                    checkpoint,
-                    states.range(),
-                    states.dirty_slots(),
-                );
-                let slices = states.encode_slices(|slot| plan.writes_slot(slot))?;
-                states.forget_changes();
-                return Ok(sliced(plan, Box::new(ReadySlices::new(slices))));
+                let slices = incremental.ledger.snapshot_flat(checkpoint, states)?;
+                return Ok(TakenState::Deferred(Box::new(slices)));
             }
             KeyedStore::CopyOnWrite(states) => {
                 if let Some(incremental) = incremental_of(&mut self.incremental, checkpoint) {
                     // Incremental: planned and handed off per slice.
-                    let plan = plan_slices(
-                        incremental,
-                        checkpoint,
-                        states.range(),
-                        states.dirty_slots(),
-                    );
-                    let handoff = states.hand_off_slices(|slot| plan.writes_slot(slot));
-                    states.clear_dirty();
-                    return Ok(sliced(plan, Box::new(handoff)));
+                    let slices = incremental.ledger.hand_off_cow(checkpoint, states);
+                    return Ok(TakenState::Deferred(Box::new(slices)));
                 }
                 let plan = plan_of(&mut self.incremental, checkpoint, &*states);
                 let handoff = states.hand_off_key_groups(|key_group| plan.writes(key_group));
@@ -364,26 +350,6 @@ fn incremental_of(
     incremental
         .as_mut()
         .filter(|incremental| !incremental.kinds.is_savepoint(checkpoint))
-}
-
-/// The plan of an incremental snapshot of an in-memory state in slices:
-/// the `dirty` slots (and those not yet confirmed, or all when the chain
-/// starts again) written, the others referred to.
-fn plan_slices(
-    incremental: &mut Incremental,
-    checkpoint: CheckpointId,
-    range: KeyGroupRange,
-    dirty: impl IntoIterator<Item = usize>,
-) -> SnapshotPlan {
-    incremental
-        .ledger
-        .plan_slices(checkpoint, range, SLICES_PER_KEY_GROUP, dirty)
-}
-
-/// The taken state of an incremental snapshot in slices: `plan` with the
-/// fresh slices of every key group, assembled on the writer's thread.
-fn sliced(plan: SnapshotPlan, slices: Box<dyn DeferredSlices>) -> TakenState {
-    TakenState::Deferred(Box::new(plan.with_slices(slices)))
 }
 
 /// What a snapshot of `states` for `checkpoint` writes and what it refers

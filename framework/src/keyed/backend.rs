@@ -880,24 +880,6 @@ mod tests {
         state
     }
 
-    /// A key group whose every slice is fresh as one full part, with the
-    /// header the incremental snapshot would write in front.
-    fn as_part(group: &EncodedSlices) -> Vec<u8> {
-        let mut bytes = group.bytes.clone();
-        let body = &bytes[part::PART_HEADER_LEN..];
-        let entries: u64 = group.slices.iter().map(|(_, _, entries)| entries).sum();
-        let header = part::header_for(
-            group.max_parallelism,
-            group.key_group,
-            entries + group.reused_entries,
-            group.schema_len,
-            body.len() as u64,
-            crc32fast::hash(body),
-        );
-        bytes[..part::PART_HEADER_LEN].copy_from_slice(&header);
-        bytes
-    }
-
     /// The entries of `slot` (a slice's bytes, without the header's room
     /// and, for slice 0, the schema) in `groups`.
     fn slice_bytes(groups: &[EncodedSlices], slot: usize) -> Option<Vec<u8>> {
@@ -934,7 +916,7 @@ mod tests {
         let restored: KeyedState<u64, Count> = KeyedState::restore(
             state.max_parallelism(),
             range,
-            all.iter().map(|group| (group.key_group, as_part(group))),
+            all.iter().map(|group| (group.key_group, group.to_part())),
         )
         .unwrap();
         assert_eq!(restored.len(), state.len());

@@ -520,6 +520,28 @@ pub(crate) struct EncodedSlices {
     pub(crate) max_parallelism: MaxParallelism,
 }
 
+#[cfg(test)]
+impl EncodedSlices {
+    /// The whole part these bytes make with their header filled in, for
+    /// tests that hand off or encode every slice (the header counts the
+    /// reused entries too, which such a group has none of).
+    pub(crate) fn to_part(&self) -> Vec<u8> {
+        let mut bytes = self.bytes.clone();
+        let body = &bytes[part::PART_HEADER_LEN..];
+        let entries: u64 = self.slices.iter().map(|(_, _, entries)| entries).sum();
+        let header = part::header_for(
+            self.max_parallelism,
+            self.key_group,
+            entries + self.reused_entries,
+            self.schema_len,
+            body.len() as u64,
+            crc32fast::hash(body),
+        );
+        bytes[..part::PART_HEADER_LEN].copy_from_slice(&header);
+        bytes
+    }
+}
+
 /// The slices of key groups an incremental snapshot of a
 /// [`CowKeyedState`](super::cow_state::CowKeyedState) writes again, taken
 /// in constant time per slice and encoded later, on any thread, one key
@@ -891,21 +913,9 @@ mod tests {
         let mut parts = Vec::new();
         while let Some(group) = handoff.encode_next() {
             let group = group?;
-            let body = &group.bytes[part::PART_HEADER_LEN..];
-            let entries = group.slices.iter().map(|(_, _, count)| count).sum();
-            let header = part::header_for(
-                group.max_parallelism,
-                group.key_group,
-                entries,
-                group.schema_len,
-                body.len() as u64,
-                crc32fast::hash(body),
-            );
-            let mut bytes = header.to_vec();
-            bytes.extend_from_slice(body);
             parts.push(KeyGroupPart {
                 key_group: group.key_group,
-                bytes,
+                bytes: group.to_part(),
             });
         }
         Ok(parts)

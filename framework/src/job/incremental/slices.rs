@@ -249,7 +249,7 @@ fn into_segments(body: Vec<BodyPiece>, bytes: Vec<u8>) -> Vec<Segment> {
 mod tests {
     use std::collections::BTreeSet;
 
-    use super::super::tests::{counts, decoded, plan_dirty, shared_len, take_flat, Written};
+    use super::super::tests::{counts, decoded, shared_len, take_flat, Written};
     use super::super::{assemble, IncrementalCheckpoints, KeyGroupLedger};
     use super::*;
     use crate::job::ops::{decode_keyed_state, encode_keyed_state, KeyGroupParts};
@@ -280,18 +280,14 @@ mod tests {
         CowKeyedState::for_subtask(MaxParallelism::new(16).unwrap(), 2, 1).unwrap()
     }
 
-    /// The keyed core's incremental snapshot of a copy-on-write state:
-    /// planned and handed off per slice now, encoded by the caller.
+    /// The keyed core's incremental snapshot of a copy-on-write state
+    /// ([`KeyGroupLedger::hand_off_cow`]), encoded by the caller.
     fn take(
         ledger: &mut KeyGroupLedger,
         checkpoint: u64,
         state: &mut State,
     ) -> KeyedSnapshotSlices {
-        let dirty: Vec<usize> = state.dirty_slots().collect();
-        let plan = plan_dirty(ledger, checkpoint, state.range(), dirty);
-        let handoff = state.hand_off_slices(|slot| plan.writes_slot(slot));
-        state.clear_dirty();
-        plan.with_slices(Box::new(handoff))
+        ledger.hand_off_cow(CheckpointId(checkpoint), state)
     }
 
     /// A full encoding of `state`, each key group's entries slice by slice.
