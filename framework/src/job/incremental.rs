@@ -343,7 +343,7 @@ impl KeyGroupLedger {
     ) -> Result<KeyedSnapshotSlices, BoxError> {
         let plan = self.plan_in_slices(checkpoint, state.range(), state.dirty_slots());
         let slices = state.encode_slices(|slot| plan.writes_slot(slot))?;
-        state.clear_dirty();
+        state.forget_changes();
         Ok(plan.with_slices(Box::new(ReadySlices::new(slices))))
     }
 
