@@ -123,6 +123,7 @@ impl PartWriter {
     /// small state is under 128 bytes, whose length is one varint byte, so
     /// the payload is written once and never copied. A longer one is moved
     /// up by the extra length bytes.
+    #[inline(always)]
     pub(crate) fn push<K: Serialize, S: Snapshot>(
         &mut self,
         key: &K,
