@@ -158,6 +158,16 @@ impl<K: StateKey, S: Snapshot> KeyGroupSnapshots for CowKeyedState<K, S> {
     }
 }
 
+/// How many keys `parts` claim (each part's claim capped by its length,
+/// so hostile headers cannot inflate it): what a restore compares with the
+/// copy-on-write threshold to pick its layout.
+pub(crate) fn claimed_keys(parts: &[(u32, Vec<u8>)]) -> usize {
+    parts
+        .iter()
+        .map(|(_, bytes)| super::part::plausible_entries(bytes))
+        .sum()
+}
+
 /// The keyed state a keyed operator holds, in the backend its job chose.
 #[derive(Debug)]
 pub(crate) enum KeyedStore<K, S> {
@@ -252,11 +262,7 @@ impl<K: StateKey, S: Snapshot + Default> KeyedStore<K, S> {
         let parts: Vec<(u32, Vec<u8>)> = super::parts_in_range(range, parts).collect();
         match self.in_memory_max_parallelism() {
             Some(max_parallelism) => {
-                let claimed: usize = parts
-                    .iter()
-                    .map(|(_, bytes)| super::part::plausible_entries(bytes))
-                    .sum();
-                *self = if claimed >= copy_on_write_threshold_keys {
+                *self = if claimed_keys(&parts) >= copy_on_write_threshold_keys {
                     KeyedStore::CopyOnWrite(CowKeyedState::restore(max_parallelism, range, parts)?)
                 } else {
                     KeyedStore::Memory(KeyedState::restore(max_parallelism, range, parts)?)
