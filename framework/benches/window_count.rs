@@ -62,7 +62,7 @@ const WINDOW_MS: u64 = 1_000;
 
 const USAGE: &str = "window_count [--records N] [--keys K] [--parallelism P] \
 [--checkpoint-interval-ms MS|off] [--watermark-interval-ms MS] [--split interleaved|contiguous] \
-[--runs R] [--progress] [--smoke]";
+[--copy-on-write-threshold-keys N] [--full-checkpoints] [--runs R] [--progress] [--smoke]";
 
 /// The command line.
 #[derive(Debug, Clone)]
@@ -75,6 +75,10 @@ struct Options {
     /// Whether source subtask `s` reads `s, s + p, ...` (else a
     /// contiguous share).
     interleaved: bool,
+    /// `JobConfig::copy_on_write_threshold_keys` (default: the job's).
+    copy_on_write_threshold_keys: usize,
+    /// Turns incremental checkpoints off (every checkpoint full).
+    full_checkpoints: bool,
     runs: usize,
     smoke: bool,
     /// Print a progress line per second to stderr while each job runs.
@@ -90,6 +94,8 @@ impl Default for Options {
             interval_ms: Some(1000),
             watermark_interval_ms: 1,
             interleaved: true,
+            copy_on_write_threshold_keys: snapflow::job::DEFAULT_COPY_ON_WRITE_THRESHOLD_KEYS,
+            full_checkpoints: false,
             runs: 1,
             smoke: false,
             progress: false,
@@ -125,6 +131,11 @@ fn parse(arguments: impl IntoIterator<Item = String>) -> Result<Options, String>
                     other => return Err(format!("--split: unknown split {other:?}")),
                 }
             }
+            "--copy-on-write-threshold-keys" => {
+                options.copy_on_write_threshold_keys =
+                    parse_number(&flag, value(&mut arguments).as_deref())?
+            }
+            "--full-checkpoints" => options.full_checkpoints = true,
             "--smoke" => options.smoke = true,
             "--progress" => options.progress = true,
             "--bench" => {}
@@ -199,6 +210,11 @@ fn job_config(options: &Options) -> JobConfig {
     JobConfig {
         checkpoint_interval_ms: support::periodic_interval_ms(options.interval_ms),
         default_parallelism: options.parallelism,
+        copy_on_write_threshold_keys: options.copy_on_write_threshold_keys,
+        incremental_checkpoints: snapflow::job::IncrementalCheckpoints {
+            enabled: !options.full_checkpoints,
+            ..Default::default()
+        },
         ..JobConfig::default()
     }
 }

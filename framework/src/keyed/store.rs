@@ -158,6 +158,18 @@ impl<K: StateKey, S: Snapshot> KeyGroupSnapshots for CowKeyedState<K, S> {
     }
 }
 
+/// Moves every entry of `state` (left empty, same range) into a
+/// copy-on-write state, with its slices' changed flags: the adaptive
+/// rule's one switch, for the keyed core's store and the timed core's
+/// tables alike.
+pub(crate) fn take_into_cow<K: StateKey, S: Snapshot + Default>(
+    state: &mut KeyedState<K, S>,
+) -> CowKeyedState<K, S> {
+    let empty = KeyedState::new(state.max_parallelism(), state.range())
+        .unwrap_or_else(|error| panic!("bug: a keyed state's own range: {error}"));
+    CowKeyedState::from_flat(std::mem::replace(state, empty))
+}
+
 /// How many keys `parts` claim (each part's claim capped by its length,
 /// so hostile headers cannot inflate it): what a restore compares with the
 /// copy-on-write threshold to pick its layout.
@@ -241,10 +253,7 @@ impl<K: StateKey, S: Snapshot + Default> KeyedStore<K, S> {
     #[inline(never)]
     fn convert(&mut self) {
         if let KeyedStore::Memory(state) = self {
-            let empty = KeyedState::new(state.max_parallelism(), state.range())
-                .unwrap_or_else(|error| panic!("bug: a keyed state's own range: {error}"));
-            let flat = std::mem::replace(state, empty);
-            *self = KeyedStore::CopyOnWrite(CowKeyedState::from_flat(flat));
+            *self = KeyedStore::CopyOnWrite(take_into_cow(state));
         }
     }
 

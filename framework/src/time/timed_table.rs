@@ -20,7 +20,7 @@ use crate::job::{
     encode_keyed_state, full_segments, KeyGroupLedger, KeyedSnapshotParts, KeyedSnapshotSlices,
     SnapshotPlan,
 };
-use crate::keyed::store::{claimed_keys, KeyGroupSnapshots};
+use crate::keyed::store::{claimed_keys, take_into_cow, KeyGroupSnapshots};
 use crate::keyed::{
     CowKeyedState, KeyGroupRange, KeyedError, KeyedState, MaxParallelism, StateKey,
 };
@@ -157,10 +157,7 @@ impl<K: StateKey, V: Snapshot + Default> TimedTable<K, V> {
     #[inline(never)]
     fn convert(&mut self) {
         if let TimedTable::Flat(state) = self {
-            let empty = KeyedState::new(state.max_parallelism(), state.range())
-                .unwrap_or_else(|error| panic!("bug: a keyed state's own range: {error}"));
-            let flat = std::mem::replace(state, empty);
-            *self = TimedTable::CopyOnWrite(CowKeyedState::from_flat(flat));
+            *self = TimedTable::CopyOnWrite(take_into_cow(state));
         }
     }
 

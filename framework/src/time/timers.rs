@@ -1,14 +1,19 @@
 //! Event-time and processing-time timers of keyed process functions.
 //!
 //! A timer is keyed state: per key, the sorted times it fires at (one
-//! list per [`TimeDomain`]), in a [`KeyedState`] of its own, snapshotted
-//! by key group next to the user's per-key state, so timers rescale with
-//! their keys. An index by time per domain (rebuilt on restore, never
-//! stored) lets the watermark fire every due event-time timer in
-//! timestamp order, before the shell sends the watermark on, and the
-//! shell's periodic tick fire every processing-time timer the [`Clock`]
-//! has passed. Both run on the operator's actor, between batches, never
-//! concurrently with a record.
+//! list per [`TimeDomain`]), in a keyed table of its own (flat or
+//! copy-on-write, `timed_table.rs`), snapshotted by key group next to the
+//! user's per-key state, so timers rescale with their keys. An index by
+//! time per domain (rebuilt on restore, never stored) lets the watermark
+//! fire every due event-time timer in timestamp order, before the shell
+//! sends the watermark on, and the shell's periodic tick fire every
+//! processing-time timer the [`Clock`] has passed. Both run on the
+//! operator's actor, between batches, never concurrently with a record.
+//!
+//! This module owns the timer service, the timed keyed core and its
+//! per-record loop. It never knows the stored layout (`timed_state.rs`
+//! does) and never encodes a table itself (`timed_table.rs` takes them
+//! at a checkpoint).
 
 use std::collections::BTreeMap;
 use std::marker::PhantomData;
