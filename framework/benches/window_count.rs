@@ -51,7 +51,8 @@ use snapflow::time::{WatermarkStrategy, Windowed, Windows};
 
 use support::{
     bench_main, describe, median, mega_per_second, parse_number, peak_rss_kb, periodic_figures,
-    print_optional, quantile, reset_peak_rss, run_with_progress, summary, DiscardSink, SharedFlags,
+    print_optional, quantile, reset_peak_rss, run_with_metrics, summary, sync_parts_us,
+    DiscardSink, SharedFlags,
 };
 
 /// Records per millisecond of event time.
@@ -61,7 +62,7 @@ const WINDOW_MS: u64 = 1_000;
 
 const USAGE: &str = "window_count [--records N] [--keys K] [--parallelism P] \
 [--checkpoint-interval-ms MS|off] [--watermark-interval-ms MS] [--split interleaved|contiguous] \
-[--runs R] [--progress] [--smoke]";
+[--copy-on-write-threshold-keys N] [--full-checkpoints] [--runs R] [--progress] [--smoke]";
 
 /// The command line.
 #[derive(Debug, Clone)]
@@ -74,6 +75,10 @@ struct Options {
     /// Whether source subtask `s` reads `s, s + p, ...` (else a
     /// contiguous share).
     interleaved: bool,
+    /// `JobConfig::copy_on_write_threshold_keys` (default: the job's).
+    copy_on_write_threshold_keys: usize,
+    /// Turns incremental checkpoints off (every checkpoint full).
+    full_checkpoints: bool,
     runs: usize,
     smoke: bool,
     /// Print a progress line per second to stderr while each job runs.
@@ -89,6 +94,8 @@ impl Default for Options {
             interval_ms: Some(1000),
             watermark_interval_ms: 1,
             interleaved: true,
+            copy_on_write_threshold_keys: snapflow::job::DEFAULT_COPY_ON_WRITE_THRESHOLD_KEYS,
+            full_checkpoints: false,
             runs: 1,
             smoke: false,
             progress: false,
@@ -124,6 +131,11 @@ fn parse(arguments: impl IntoIterator<Item = String>) -> Result<Options, String>
                     other => return Err(format!("--split: unknown split {other:?}")),
                 }
             }
+            "--copy-on-write-threshold-keys" => {
+                options.copy_on_write_threshold_keys =
+                    parse_number(&flag, value(&mut arguments).as_deref())?
+            }
+            "--full-checkpoints" => options.full_checkpoints = true,
             "--smoke" => options.smoke = true,
             "--progress" => options.progress = true,
             "--bench" => {}
@@ -189,12 +201,20 @@ struct JobRun {
     elapsed: Duration,
     report: JobReport,
     peak_rss_kb: Option<u64>,
+    /// The window operator's synchronous parts (every subtask, every
+    /// completed checkpoint), microseconds, from the live metrics.
+    sync_parts_us: Vec<u64>,
 }
 
 fn job_config(options: &Options) -> JobConfig {
     JobConfig {
         checkpoint_interval_ms: support::periodic_interval_ms(options.interval_ms),
         default_parallelism: options.parallelism,
+        copy_on_write_threshold_keys: options.copy_on_write_threshold_keys,
+        incremental_checkpoints: snapflow::job::IncrementalCheckpoints {
+            enabled: !options.full_checkpoints,
+            ..Default::default()
+        },
         ..JobConfig::default()
     }
 }
@@ -238,15 +258,17 @@ fn run_job(options: &Options) -> Result<JobRun, String> {
         .sink("discard", sink.clone());
     let peak_rss_reset = reset_peak_rss();
     let started = Instant::now();
-    let report = run_with_progress(job, options.progress)
+    let (report, metrics) = run_with_metrics(job, options.progress)
         .map_err(|error| format!("the job failed: {error}"))?;
     let elapsed = started.elapsed();
+    let sync_parts_us = sync_parts_us(&metrics, "count");
     let peak_rss_kb = peak_rss_reset.then(peak_rss_kb).flatten();
     check_output(options, &seen, sink.committed(), late.dropped())?;
     Ok(JobRun {
         elapsed,
         report,
         peak_rss_kb,
+        sync_parts_us,
     })
 }
 
@@ -343,6 +365,7 @@ fn print_job_runs(options: &Options, runs: &[JobRun]) -> f64 {
     let durations = periodic_figures(runs.iter().map(|run| &run.report), |c| c.duration_ms);
     print_optional("checkpoint duration p50", quantile(&durations, 0.5), "ms");
     print_optional("checkpoint duration p99", quantile(&durations, 0.99), "ms");
+    print_sync_parts(runs);
     let sizes = periodic_figures(runs.iter().map(|run| &run.report), |c| c.size_bytes);
     print_optional("bytes per checkpoint p50", quantile(&sizes, 0.5), "B");
     print_optional("bytes per checkpoint max", sizes.last().copied(), "B");
@@ -361,6 +384,23 @@ fn print_job_runs(options: &Options, runs: &[JobRun]) -> f64 {
         println!("  peak RSS: unavailable (the kernel cannot reset VmHWM)");
     }
     median(&mut rates)
+}
+
+/// Prints the quantiles of the window operator's synchronous parts: the
+/// share of each checkpoint that ran on the operator's own thread.
+fn print_sync_parts(runs: &[JobRun]) {
+    let mut sync_parts: Vec<u64> = runs
+        .iter()
+        .flat_map(|run| run.sync_parts_us.iter().copied())
+        .collect();
+    sync_parts.sort_unstable();
+    if sync_parts.is_empty() {
+        return;
+    }
+    let label = "synchronous part (per subtask, all checkpoints)";
+    print_optional(&format!("{label} p50"), quantile(&sync_parts, 0.5), "us");
+    print_optional(&format!("{label} p99"), quantile(&sync_parts, 0.99), "us");
+    print_optional(&format!("{label} max"), sync_parts.last().copied(), "us");
 }
 
 fn run_loop(options: &Options) -> Result<f64, String> {

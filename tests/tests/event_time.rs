@@ -226,10 +226,21 @@ fn fire_window(
 }
 
 /// One run's committed output, per sink subtask (in commit order).
-fn run(input: &Input, parallelism: usize, edge: Edge, faults: &Faults) -> Vec<Vec<Output>> {
+fn run(
+    input: &Input,
+    (parallelism, cow): (usize, bool),
+    edge: Edge,
+    faults: &Faults,
+) -> Vec<Vec<Output>> {
     let store: Arc<dyn CheckpointStore> =
         Arc::new(MemoryCheckpointStore::new("event-time").expect("a memory store opens"));
-    let job = Job::new("event-time", event_time_config(&store, parallelism));
+    let mut config = event_time_config(&store, parallelism);
+    if cow {
+        // Keyed timer state in the copy-on-write layout from the start:
+        // checkpoints hand it to the checkpoint writer.
+        config.copy_on_write_threshold_keys = 0;
+    }
+    let job = Job::new("event-time", config);
     let output = CollectHandle::new();
     let strategy = WatermarkStrategy::bounded_out_of_orderness(BOUND_MS, |event: &Event| event.2);
     let events = job
@@ -346,13 +357,29 @@ fn verify(
 /// operator, whose committed results must then equal the failure-free
 /// run's exactly (with forward edges).
 fn check(parallelism: usize, edge: Edge, fault_count: u64) {
+    check_in(false, parallelism, edge, fault_count);
+}
+
+/// [`check`] with the keyed state flat, or with `cow` copy-on-write from
+/// the start (whose failure-free results must then equal the flat
+/// layout's where lateness is exact).
+fn check_in(cow: bool, parallelism: usize, edge: Edge, fault_count: u64) {
     quiet_injected_panics();
     for seed in seeds("SNAPFLOW_EVENT_TIME_SEEDS", 2) {
         let input = input(seed);
-        let clean = run(&input, parallelism, edge, &Faults::none());
+        let clean = run(&input, (parallelism, cow), edge, &Faults::none());
         let clean = verify(&input, (parallelism, edge), &clean).unwrap_or_else(|error| {
-            panic!("SNAPFLOW_SEED={seed} p={parallelism} {edge:?}: {error}")
+            panic!("SNAPFLOW_SEED={seed} p={parallelism} {edge:?} copy-on-write {cow}: {error}")
         });
+        if cow {
+            let flat = run(&input, (parallelism, false), edge, &Faults::none());
+            let flat = verify(&input, (parallelism, edge), &flat)
+                .unwrap_or_else(|error| panic!("SNAPFLOW_SEED={seed} flat: {error}"));
+            assert!(
+                !edge.exact_lateness(parallelism) || flat == clean,
+                "SNAPFLOW_SEED={seed} p={parallelism}: copy-on-write differs from flat"
+            );
+        }
         if fault_count == 0 {
             continue;
         }
@@ -368,8 +395,9 @@ fn check(parallelism: usize, edge: Edge, fault_count: u64) {
             })
             .collect();
         let faults = Faults::new(planned);
-        let faulty = run(&input, parallelism, edge, &faults);
-        let context = format!("SNAPFLOW_SEED={seed} p={parallelism} {edge:?} with faults");
+        let faulty = run(&input, (parallelism, cow), edge, &faults);
+        let context =
+            format!("SNAPFLOW_SEED={seed} p={parallelism} {edge:?} cow {cow} with faults");
         assert_eq!(
             faults.fired(),
             faults.planned(),
@@ -451,6 +479,21 @@ fn timer_windows_with_failures_keep_the_totals_at_parallelism_3() {
     check(3, Edge::Timers, 3);
 }
 
+#[test]
+fn copy_on_write_timer_windows_with_failures_are_the_failure_free_ones_at_parallelism_1() {
+    check_in(true, 1, Edge::Timers, 3);
+}
+
+#[test]
+fn copy_on_write_timer_windows_at_parallelism_2() {
+    check_in(true, 2, Edge::Timers, 0);
+}
+
+#[test]
+fn copy_on_write_timer_windows_with_failures_keep_the_totals_at_parallelism_3() {
+    check_in(true, 3, Edge::Timers, 3);
+}
+
 /// A job of the keyed timer windows, source and sink at parallelism 1,
 /// windows at `parallelism`, counting the records it has windowed into
 /// `progress`.
@@ -525,7 +568,7 @@ fn check_rescale(from: usize, to: usize) {
         let all: Vec<Output> = before.into_iter().chain(after).collect();
         let rescaled = verify(&input, (1, Edge::Timers), &[all])
             .unwrap_or_else(|error| panic!("{context}: {error}"));
-        let unstopped = run(&input, 1, Edge::Timers, &Faults::none());
+        let unstopped = run(&input, (1, false), Edge::Timers, &Faults::none());
         let unstopped = verify(&input, (1, Edge::Timers), &unstopped)
             .unwrap_or_else(|error| panic!("{context}, unstopped: {error}"));
         assert!(

@@ -110,10 +110,16 @@ fn count_with_ttl<'j>(events: Stream<'j, Event>, ttl: StateTtl<Event>) -> Stream
 
 /// The keyed count with an event-time time-to-live; the source runs at
 /// parallelism 1 (so the watermark's lag is a read batch).
-fn run(events: &[Event], parallelism: usize, faults: &Faults) -> Vec<Counted> {
+fn run(events: &[Event], (parallelism, cow): (usize, bool), faults: &Faults) -> Vec<Counted> {
     let store: Arc<dyn CheckpointStore> =
         Arc::new(MemoryCheckpointStore::new("ttl").expect("a memory store opens"));
-    let job = Job::new("ttl", event_time_config(&store, parallelism));
+    let mut config = event_time_config(&store, parallelism);
+    if cow {
+        // The copy-on-write layout from the start: checkpoints hand the
+        // state and its timers to the checkpoint writer.
+        config.copy_on_write_threshold_keys = 0;
+    }
+    let job = Job::new("ttl", config);
     let output = CollectHandle::new();
     let faults = faults.clone();
     let ttl = StateTtl::event_time(TTL_MS, |event: &Event| event.2)
@@ -144,9 +150,15 @@ fn run(events: &[Event], parallelism: usize, faults: &Faults) -> Vec<Counted> {
 }
 
 fn check(parallelism: usize, fault_count: u64) {
+    check_in(false, parallelism, fault_count);
+}
+
+/// [`check`] in the flat layout, or with `cow` in the copy-on-write one:
+/// the counts are exact either way.
+fn check_in(cow: bool, parallelism: usize, fault_count: u64) {
     quiet_injected_panics();
     for seed in seeds("SNAPFLOW_TTL_SEEDS", 2) {
-        let context = format!("SNAPFLOW_SEED={seed} p={parallelism}");
+        let context = format!("SNAPFLOW_SEED={seed} p={parallelism} copy-on-write {cow}");
         let events = input(seed);
         let want = direct(&events);
         let restarts = want
@@ -162,7 +174,7 @@ fn check(parallelism: usize, fault_count: u64) {
             .map(|_| ("faults", rng.between(100, EVENTS - 1), FaultKind::Panic))
             .collect();
         let faults = Faults::new(planned);
-        let got = run(&events, parallelism, &faults);
+        let got = run(&events, (parallelism, cow), &faults);
         assert_eq!(
             faults.fired(),
             faults.planned(),
@@ -197,6 +209,21 @@ fn event_time_ttl_at_parallelism_3() {
 #[test]
 fn event_time_ttl_with_failures_is_exact_at_parallelism_2() {
     check(2, 3);
+}
+
+#[test]
+fn copy_on_write_event_time_ttl_at_parallelism_1() {
+    check_in(true, 1, 0);
+}
+
+#[test]
+fn copy_on_write_event_time_ttl_at_parallelism_3() {
+    check_in(true, 3, 0);
+}
+
+#[test]
+fn copy_on_write_event_time_ttl_with_failures_is_exact_at_parallelism_2() {
+    check_in(true, 2, 3);
 }
 
 #[test]

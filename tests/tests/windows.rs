@@ -10,6 +10,12 @@
 //! so a window or session of them is either wholly accepted (before any
 //! watermark reached the window operator) or wholly late, at any
 //! parallelism; which of them are late is exact at parallelism 1.
+//!
+//! The window operator's state starts flat (these tests hold few keys);
+//! the `copy_on_write` tests run it in the copy-on-write layout from the
+//! start (`copy_on_write_threshold_keys` 0), whose checkpoints hand the
+//! windows and timers to the checkpoint writer, and compare with the flat
+//! layout's firings as well as with the direct computation.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,7 +23,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use snapflow::job::{Job, Stream};
+use snapflow::job::{Job, JobConfig, Stream, DEFAULT_COPY_ON_WRITE_THRESHOLD_KEYS};
 use snapflow::sink::CollectHandle;
 use snapflow::source::VecSourceFactory;
 use snapflow::storage::{CheckpointStore, MemoryCheckpointStore};
@@ -243,6 +249,26 @@ fn windowed<'j>(
     }
 }
 
+/// The window operator's keyed-state layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    /// The default threshold: these tests' few keys stay flat.
+    Flat,
+    /// Copy-on-write from the start (threshold 0).
+    CopyOnWrite,
+}
+
+/// The tests' job configuration at `parallelism` in `layout`.
+fn config(store: &Arc<dyn CheckpointStore>, parallelism: usize, layout: Layout) -> JobConfig {
+    JobConfig {
+        copy_on_write_threshold_keys: match layout {
+            Layout::Flat => DEFAULT_COPY_ON_WRITE_THRESHOLD_KEYS,
+            Layout::CopyOnWrite => 0,
+        },
+        ..event_time_config(store, parallelism)
+    }
+}
+
 /// One run's committed firings and late records.
 struct Run {
     fired: Vec<Windowed<u32, Summary>>,
@@ -251,13 +277,13 @@ struct Run {
 
 fn run(
     input: &Input,
-    parallelism: usize,
+    (parallelism, layout): (usize, Layout),
     (shape, function): (Shape, Function),
     faults: &Faults,
 ) -> Run {
     let store: Arc<dyn CheckpointStore> =
         Arc::new(MemoryCheckpointStore::new("windows").expect("a memory store opens"));
-    let job = Job::new("windows", event_time_config(&store, parallelism));
+    let job = Job::new("windows", config(&store, parallelism, layout));
     let (fired, late) = (CollectHandle::new(), CollectHandle::new());
     let faults = faults.clone();
     let events = source(&job, input).map("faults", move |event: Event| {
@@ -332,13 +358,41 @@ fn verify(
 /// `fault_count` injected panics; each run equals the direct computation
 /// over its accepted records, and at parallelism 1 both runs are equal.
 fn check(parallelism: usize, shape: Shape, function: Function, fault_count: u64) {
+    check_in(Layout::Flat, parallelism, (shape, function), fault_count);
+}
+
+/// [`check`] in `layout`; in the copy-on-write layout the failure-free
+/// run is also compared with the flat layout's (equal at parallelism 1,
+/// where which records are late is exact).
+fn check_in(
+    layout: Layout,
+    parallelism: usize,
+    (shape, function): (Shape, Function),
+    fault_count: u64,
+) {
     quiet_injected_panics();
     for seed in seeds("SNAPFLOW_WINDOW_SEEDS", 2) {
-        let context = format!("SNAPFLOW_SEED={seed} p={parallelism} {shape:?} {function:?}");
+        let context =
+            format!("SNAPFLOW_SEED={seed} p={parallelism} {layout:?} {shape:?} {function:?}");
         let input = input(seed);
-        let clean = run(&input, parallelism, (shape, function), &Faults::none());
+        let at = (parallelism, layout);
+        let clean = run(&input, at, (shape, function), &Faults::none());
         let clean = verify(&input, (parallelism, shape, function), &clean)
             .unwrap_or_else(|error| panic!("{context}: {error}"));
+        if layout == Layout::CopyOnWrite {
+            let flat = run(
+                &input,
+                (parallelism, Layout::Flat),
+                (shape, function),
+                &Faults::none(),
+            );
+            let flat = verify(&input, (parallelism, shape, function), &flat)
+                .unwrap_or_else(|error| panic!("{context}, flat: {error}"));
+            assert!(
+                parallelism != 1 || flat == clean,
+                "{context}: the copy-on-write firings differ from the flat layout's"
+            );
+        }
         if fault_count == 0 {
             continue;
         }
@@ -347,7 +401,7 @@ fn check(parallelism: usize, shape: Shape, function: Function, fault_count: u64)
             .map(|_| ("faults", rng.between(100, EVENTS - 1), FaultKind::Panic))
             .collect();
         let faults = Faults::new(planned);
-        let faulty = run(&input, parallelism, (shape, function), &faults);
+        let faulty = run(&input, at, (shape, function), &faults);
         assert_eq!(
             faults.fired(),
             faults.planned(),
@@ -415,6 +469,61 @@ fn sessions_with_failures_are_the_failure_free_ones_at_parallelism_1() {
 #[test]
 fn sessions_with_failures_stay_exact_at_parallelism_3() {
     check(3, Shape::LenientSession, Function::Count, 3);
+}
+
+#[test]
+fn copy_on_write_session_counts_at_parallelism_1() {
+    check_in(Layout::CopyOnWrite, 1, (Shape::Session, Function::Count), 0);
+}
+
+#[test]
+fn copy_on_write_tumbling_reduce_at_parallelism_2() {
+    check_in(
+        Layout::CopyOnWrite,
+        2,
+        (Shape::Tumbling, Function::Reduce),
+        0,
+    );
+}
+
+#[test]
+fn copy_on_write_sliding_process_at_parallelism_3() {
+    check_in(
+        Layout::CopyOnWrite,
+        3,
+        (Shape::Sliding, Function::Process),
+        0,
+    );
+}
+
+#[test]
+fn copy_on_write_sessions_with_failures_are_the_failure_free_ones_at_parallelism_1() {
+    check_in(
+        Layout::CopyOnWrite,
+        1,
+        (Shape::Session, Function::Process),
+        3,
+    );
+}
+
+#[test]
+fn copy_on_write_tumbling_with_failures_stays_exact_at_parallelism_2() {
+    check_in(
+        Layout::CopyOnWrite,
+        2,
+        (Shape::Tumbling, Function::Count),
+        3,
+    );
+}
+
+#[test]
+fn copy_on_write_sessions_with_failures_stay_exact_at_parallelism_3() {
+    check_in(
+        Layout::CopyOnWrite,
+        3,
+        (Shape::LenientSession, Function::Count),
+        3,
+    );
 }
 
 /// Without a side output, late records are dropped and counted, in the
@@ -539,14 +648,14 @@ fn declare_sessions(job: &Job, input: &Input, progress: &Arc<AtomicU64>, (fired,
 
 /// Stops the sessions at `from` with a savepoint while sessions are open
 /// and resumes at `to`: every session fires once with the right records.
-fn check_rescale(from: usize, to: usize) {
+fn check_rescale(from: (usize, Layout), to: (usize, Layout)) {
     for seed in seeds("SNAPFLOW_WINDOW_SEEDS", 2) {
-        let context = format!("SNAPFLOW_SEED={seed} {from} -> {to}");
+        let context = format!("SNAPFLOW_SEED={seed} {from:?} -> {to:?}");
         let input = input(seed);
         let store: Arc<dyn CheckpointStore> =
             Arc::new(MemoryCheckpointStore::new("rescale").expect("a memory store opens"));
         let progress = Arc::new(AtomicU64::new(0));
-        let first = Job::new("rescale", event_time_config(&store, from));
+        let first = Job::new("rescale", config(&store, from.0, from.1));
         let outputs: Outputs = (CollectHandle::new(), CollectHandle::new());
         declare_sessions(&first, &input, &progress, &outputs);
         let running = first.start().expect("the first run starts");
@@ -564,7 +673,7 @@ fn check_rescale(from: usize, to: usize) {
             .savepoint
             .unwrap_or_else(|| panic!("{context}: no savepoint"));
         let fired_before = outputs.0.committed().len();
-        let second = Job::new("rescale", event_time_config(&store, to));
+        let second = Job::new("rescale", config(&store, to.0, to.1));
         declare_sessions(&second, &input, &progress, &outputs);
         let resumed = second
             .run()
@@ -585,12 +694,22 @@ fn check_rescale(from: usize, to: usize) {
 
 #[test]
 fn sessions_rescale_from_2_to_3() {
-    check_rescale(2, 3);
+    check_rescale((2, Layout::Flat), (3, Layout::Flat));
 }
 
 #[test]
 fn sessions_rescale_from_3_to_1() {
-    check_rescale(3, 1);
+    check_rescale((3, Layout::Flat), (1, Layout::Flat));
+}
+
+#[test]
+fn copy_on_write_sessions_rescale_from_2_to_3() {
+    check_rescale((2, Layout::CopyOnWrite), (3, Layout::CopyOnWrite));
+}
+
+#[test]
+fn copy_on_write_sessions_rescale_from_3_to_1_flat() {
+    check_rescale((3, Layout::CopyOnWrite), (1, Layout::Flat));
 }
 
 #[test]

@@ -565,7 +565,7 @@ pub(crate) fn assemble(
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+pub(crate) mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
@@ -580,10 +580,10 @@ pub(super) mod tests {
     /// Every checkpoint's shared file so far (its shared segments back to
     /// back), as the store writes it.
     #[derive(Default)]
-    pub(super) struct Written(pub(super) BTreeMap<u64, Vec<u8>>);
+    pub(crate) struct Written(pub(super) BTreeMap<u64, Vec<u8>>);
 
     impl Written {
-        pub(super) fn record(&mut self, segments: &[Segment], checkpoint: u64) {
+        pub(crate) fn record(&mut self, segments: &[Segment], checkpoint: u64) {
             let file = self.0.entry(checkpoint).or_default();
             for segment in segments {
                 if let Segment::Shared(bytes) = segment {
@@ -592,7 +592,7 @@ pub(super) mod tests {
             }
         }
 
-        pub(super) fn assemble(&self, segments: &[Segment]) -> Vec<u8> {
+        pub(crate) fn assemble(&self, segments: &[Segment]) -> Vec<u8> {
             assemble(segments, |range| {
                 let start = range.offset as usize;
                 let bytes = self.0[&range.checkpoint][start..start + range.len as usize].to_vec();

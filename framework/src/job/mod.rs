@@ -107,8 +107,15 @@ pub(crate) use route::Router;
 pub(crate) use shell::Control;
 pub use shell::Data;
 // For `crate::time`'s timed keyed core, which plugs into the shells.
+#[cfg(test)]
+pub(crate) use incremental::tests::Written as WrittenShared;
+pub(crate) use incremental::{
+    full_segments, push_own, KeyGroupLedger, KeyedSnapshotParts, KeyedSnapshotSlices,
+    SnapshotKinds, SnapshotPlan,
+};
 pub(crate) use ops::{decode_keyed_state, encode_keyed_state, merge_keyed_states};
 pub(crate) use shell::Core;
+pub(crate) use shell::{DeferredState, TakenState};
 pub use stream::{Feedback, Job, KeyedStateHandle, KeyedStream, SinkHandle, Stream};
 pub use supervisor::{RunningJob, StuckDetection};
 

@@ -158,6 +158,28 @@ impl<K: StateKey, S: Snapshot> KeyGroupSnapshots for CowKeyedState<K, S> {
     }
 }
 
+/// Moves every entry of `state` (left empty, same range) into a
+/// copy-on-write state, with its slices' changed flags: the adaptive
+/// rule's one switch, for the keyed core's store and the timed core's
+/// tables alike.
+pub(crate) fn take_into_cow<K: StateKey, S: Snapshot + Default>(
+    state: &mut KeyedState<K, S>,
+) -> CowKeyedState<K, S> {
+    let empty = KeyedState::new(state.max_parallelism(), state.range())
+        .unwrap_or_else(|error| panic!("bug: a keyed state's own range: {error}"));
+    CowKeyedState::from_flat(std::mem::replace(state, empty))
+}
+
+/// How many keys `parts` claim (each part's claim capped by its length,
+/// so hostile headers cannot inflate it): what a restore compares with the
+/// copy-on-write threshold to pick its layout.
+pub(crate) fn claimed_keys(parts: &[(u32, Vec<u8>)]) -> usize {
+    parts
+        .iter()
+        .map(|(_, bytes)| super::part::plausible_entries(bytes))
+        .sum()
+}
+
 /// The keyed state a keyed operator holds, in the backend its job chose.
 #[derive(Debug)]
 pub(crate) enum KeyedStore<K, S> {
@@ -231,10 +253,7 @@ impl<K: StateKey, S: Snapshot + Default> KeyedStore<K, S> {
     #[inline(never)]
     fn convert(&mut self) {
         if let KeyedStore::Memory(state) = self {
-            let empty = KeyedState::new(state.max_parallelism(), state.range())
-                .unwrap_or_else(|error| panic!("bug: a keyed state's own range: {error}"));
-            let flat = std::mem::replace(state, empty);
-            *self = KeyedStore::CopyOnWrite(CowKeyedState::from_flat(flat));
+            *self = KeyedStore::CopyOnWrite(take_into_cow(state));
         }
     }
 
@@ -252,11 +271,7 @@ impl<K: StateKey, S: Snapshot + Default> KeyedStore<K, S> {
         let parts: Vec<(u32, Vec<u8>)> = super::parts_in_range(range, parts).collect();
         match self.in_memory_max_parallelism() {
             Some(max_parallelism) => {
-                let claimed: usize = parts
-                    .iter()
-                    .map(|(_, bytes)| super::part::plausible_entries(bytes))
-                    .sum();
-                *self = if claimed >= copy_on_write_threshold_keys {
+                *self = if claimed_keys(&parts) >= copy_on_write_threshold_keys {
                     KeyedStore::CopyOnWrite(CowKeyedState::restore(max_parallelism, range, parts)?)
                 } else {
                     KeyedStore::Memory(KeyedState::restore(max_parallelism, range, parts)?)

@@ -23,6 +23,10 @@
 mod clock;
 mod source;
 mod strategy;
+mod timed_state;
+mod timed_table;
+#[cfg(test)]
+mod timed_tests;
 mod timers;
 mod ttl;
 mod watermark;
@@ -46,8 +50,7 @@ pub use windowed::{
 
 pub(crate) use source::{SourceSignal, SourceWatermarks};
 #[cfg(test)]
-pub(crate) use timers::timed_state_of_pieces;
-pub(crate) use timers::{
-    rescale_timed_states, timed_state_pieces, ProcessingTime, TimedFn, TimedFns, TimedKeyedCore,
-};
+pub(crate) use timed_state::timed_state_of_pieces;
+pub(crate) use timed_state::{rescale_timed_states, timed_state_pieces};
+pub(crate) use timers::{ProcessingTime, TimedFn, TimedFns, TimedKeyedCore, TimedStatePlan};
 pub(crate) use watermark::WatermarkState;

@@ -1,28 +1,36 @@
 //! Event-time and processing-time timers of keyed process functions.
 //!
 //! A timer is keyed state: per key, the sorted times it fires at (one
-//! list per [`TimeDomain`]), in a [`KeyedState`] of its own, snapshotted
-//! by key group next to the user's per-key state, so timers rescale with
-//! their keys. An index by time per domain (rebuilt on restore, never
-//! stored) lets the watermark fire every due event-time timer in
-//! timestamp order, before the shell sends the watermark on, and the
-//! shell's periodic tick fire every processing-time timer the [`Clock`]
-//! has passed. Both run on the operator's actor, between batches, never
-//! concurrently with a record.
+//! list per [`TimeDomain`]), in a keyed table of its own (flat or
+//! copy-on-write, `timed_table.rs`), snapshotted by key group next to the
+//! user's per-key state, so timers rescale with their keys. An index by
+//! time per domain (rebuilt on restore, never stored) lets the watermark
+//! fire every due event-time timer in timestamp order, before the shell
+//! sends the watermark on, and the shell's periodic tick fire every
+//! processing-time timer the [`Clock`] has passed. Both run on the
+//! operator's actor, between batches, never concurrently with a record.
+//!
+//! This module owns the timer service, the timed keyed core and its
+//! per-record loop. It never knows the stored layout (`timed_state.rs`
+//! does) and never encodes a table itself (`timed_table.rs` takes them
+//! at a checkpoint).
 
 use std::collections::BTreeMap;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
-
-use crate::job::{Collector, Core, Data, Key};
-use crate::keyed::{key_hash, parts_in_range, KeyedState, MaxParallelism};
+use crate::job::{
+    Collector, Core, Data, IncrementalCheckpoints, Key, KeyGroupLedger, SnapshotKinds, TakenState,
+};
+use crate::keyed::{key_hash, CowKeyedState, MaxParallelism};
 use crate::protocol::CheckpointId;
 use crate::runtime::BoxError;
 use crate::state::Snapshot;
+use crate::storage::Segment;
 
 use super::clock::Clock;
+use super::timed_state::{decode_timed_state, encode_timed_state, TimedSnapshot, TimedState};
+use super::timed_table::{RoutedLookup, TimedTable};
 
 /// The timer calls a function made while it ran, applied after it returns
 /// (the function holds its key's state, not the timer tables).
@@ -179,80 +187,15 @@ impl KeyTimers {
     fn is_empty(&self) -> bool {
         self.event_time_ms.is_empty() && self.processing_time_ms.is_empty()
     }
-}
 
-/// The stored state of a timed keyed operator: the user's key groups, the
-/// timers' key groups (both in the keyed-state envelope of
-/// [`crate::job`]), and the watermark the core last saw. This and
-/// [`decode_timed_state`] are the only places that know this layout.
-#[derive(Debug, Default, Serialize, Deserialize)]
-pub(crate) struct TimedState {
-    user: Vec<u8>,
-    timers: Vec<u8>,
-    watermark_ms: Option<u64>,
-}
-
-pub(crate) fn encode_timed_state(state: &TimedState) -> Result<Vec<u8>, postcard::Error> {
-    postcard::to_allocvec(state)
-}
-
-pub(crate) fn decode_timed_state(bytes: &[u8]) -> Result<TimedState, postcard::Error> {
-    postcard::from_bytes(bytes)
-}
-
-/// A stored timed state made of its pieces, as [`timed_state_pieces`]
-/// gives them back: for tests of readers that have no types.
-#[cfg(test)]
-pub(crate) fn timed_state_of_pieces(
-    user: Vec<u8>,
-    timers: Vec<u8>,
-    watermark_ms: Option<u64>,
-) -> Vec<u8> {
-    encode_timed_state(&TimedState {
-        user,
-        timers,
-        watermark_ms,
-    })
-    .expect("a timed state encodes")
-}
-
-/// A stored timed state's pieces, for describing it without its types
-/// (`job::inspect`'s layout): the user's keyed-state bytes, the timers'
-/// keyed-state bytes and the watermark. `None` unless `bytes` are exactly
-/// one timed state, nothing after it.
-pub(crate) fn timed_state_pieces(bytes: &[u8]) -> Option<(Vec<u8>, Vec<u8>, Option<u64>)> {
-    let (state, rest): (TimedState, &[u8]) = postcard::take_from_bytes(bytes).ok()?;
-    rest.is_empty()
-        .then_some((state.user, state.timers, state.watermark_ms))
-}
-
-/// The stored states of the old subtasks of a timed operator, for
-/// `parallelism` new subtasks: each gets the union of the key groups (it
-/// keeps its own range on restore), and the lowest watermark any old
-/// subtask had seen (`None` if one had none), which no new subtask has
-/// passed.
-pub(crate) fn rescale_timed_states(
-    states: &[Vec<u8>],
-    parallelism: usize,
-) -> Result<Vec<Vec<u8>>, String> {
-    let decoded = states
-        .iter()
-        .map(|state| decode_timed_state(state).map_err(|error| error.to_string()))
-        .collect::<Result<Vec<_>, _>>()?;
-    let users: Vec<Vec<u8>> = decoded.iter().map(|state| state.user.clone()).collect();
-    let timers: Vec<Vec<u8>> = decoded.iter().map(|state| state.timers.clone()).collect();
-    let watermark_ms = decoded
-        .iter()
-        .map(|state| state.watermark_ms)
-        .min()
-        .flatten();
-    let merged = TimedState {
-        user: crate::job::merge_keyed_states(&users)?,
-        timers: crate::job::merge_keyed_states(&timers)?,
-        watermark_ms,
-    };
-    let bytes = encode_timed_state(&merged).map_err(|error| error.to_string())?;
-    Ok(vec![bytes; parallelism])
+    /// A key's timers at these event times (sorted, without duplicates).
+    #[cfg(test)]
+    pub(crate) fn at(event_time_ms: &[u64]) -> Self {
+        KeyTimers {
+            event_time_ms: event_time_ms.to_vec(),
+            processing_time_ms: Vec::new(),
+        }
+    }
 }
 
 /// A timed process function's per-record or per-timer call, erased.
@@ -325,8 +268,121 @@ fn slot(domain: TimeDomain) -> usize {
     }
 }
 
+/// How a timed core keeps its state: from how many keys a table moves to
+/// the copy-on-write layout (`JobConfig::copy_on_write_threshold_keys`),
+/// and, when checkpoints are incremental, their settings and the job's
+/// record of which checkpoints are savepoints (written whole).
+#[derive(Debug, Clone)]
+pub(crate) struct TimedStatePlan {
+    pub(crate) copy_on_write_threshold_keys: usize,
+    pub(crate) incremental: Option<(IncrementalCheckpoints, Arc<SnapshotKinds>)>,
+}
+
+impl Default for TimedStatePlan {
+    /// The default threshold and full checkpoints.
+    fn default() -> Self {
+        TimedStatePlan {
+            copy_on_write_threshold_keys: crate::keyed::DEFAULT_COPY_ON_WRITE_THRESHOLD_KEYS,
+            incremental: None,
+        }
+    }
+}
+
+/// A timed core's incremental checkpoints: one ledger per table (the
+/// tables' slices are written and referred to independently, into one
+/// part) and the job's savepoint marks.
+#[derive(Debug)]
+struct TimedIncremental {
+    user: KeyGroupLedger,
+    timers: KeyGroupLedger,
+    kinds: Arc<SnapshotKinds>,
+}
+
+/// The timers of a timed core: per key, its sorted times (a keyed table
+/// of its own, snapshotted beside the user's state), and per domain the
+/// index by time (never stored, rebuilt on restore).
+struct TimerBook<K> {
+    table: TimedTable<K, KeyTimers>,
+    /// Per domain, due times → keys registered at them; an entry whose
+    /// key no longer holds that time (deleted) is skipped when it comes
+    /// due.
+    due: [BTreeMap<u64, Vec<K>>; 2],
+}
+
+impl<K: Key> TimerBook<K> {
+    /// Applies the timer calls the last function call made for `key`.
+    fn apply(&mut self, ops: &mut Vec<TimerOp>, key: &K) {
+        for op in ops.drain(..) {
+            match op {
+                TimerOp::Register(domain, timestamp_ms) => {
+                    if self.table.get_or_default(key).insert(domain, timestamp_ms) {
+                        self.due[slot(domain)]
+                            .entry(timestamp_ms)
+                            .or_default()
+                            .push(key.clone());
+                    }
+                }
+                TimerOp::Delete(domain, timestamp_ms) => {
+                    let now_empty = self.table.get_mut(key).is_some_and(|timers| {
+                        timers.remove(domain, timestamp_ms) && timers.is_empty()
+                    });
+                    if now_empty {
+                        self.table.remove(key);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Removes `key`'s timer at `timestamp_ms`; false when it was deleted.
+    fn take(&mut self, key: &K, domain: TimeDomain, timestamp_ms: u64) -> bool {
+        let Some(timers) = self.table.get_mut(key) else {
+            return false;
+        };
+        let taken = timers.remove(domain, timestamp_ms);
+        if timers.is_empty() {
+            self.table.remove(key);
+        }
+        taken
+    }
+
+    /// Takes every index entry of `domain` at or below `through_ms`, in
+    /// timestamp order.
+    fn take_due(&mut self, domain: TimeDomain, through_ms: u64) -> Vec<(u64, Vec<K>)> {
+        let due_map = &mut self.due[slot(domain)];
+        let mut due = Vec::new();
+        while let Some(entry) = due_map.first_entry() {
+            if *entry.key() > through_ms {
+                break;
+            }
+            due.push(entry.remove_entry());
+        }
+        due
+    }
+
+    /// Rebuilds the index by time from the table (after a restore).
+    fn rebuild_due(&mut self) {
+        let mut due = [BTreeMap::new(), BTreeMap::new()];
+        self.table.for_each(|key, timers| {
+            for (domain, times) in [
+                (TimeDomain::EventTime, &timers.event_time_ms),
+                (TimeDomain::ProcessingTime, &timers.processing_time_ms),
+            ] {
+                for &timestamp_ms in times {
+                    let keys: &mut Vec<K> = due[slot(domain)].entry(timestamp_ms).or_default();
+                    keys.push(key.clone());
+                }
+            }
+        });
+        self.due = due;
+    }
+}
+
 /// The keyed process core with event-time and processing-time timers;
-/// `KF` and `R` as in [`TimedFns`].
+/// `KF` and `R` as in [`TimedFns`]. Its two tables (the user's state and
+/// the timers) each start flat and move to the copy-on-write layout at
+/// the job's threshold (`timed_table.rs`), so a checkpoint of a large
+/// state is handed off to the writer ([`TimedSnapshot`]).
 pub(crate) struct TimedKeyedCore<
     K,
     S,
@@ -336,18 +392,81 @@ pub(crate) struct TimedKeyedCore<
     R: ?Sized = TimedFn<K, S, In, Out>,
 > {
     fns: TimedFns<K, S, In, Out, KF, R>,
-    states: KeyedState<K, S>,
-    timers: KeyedState<K, KeyTimers>,
-    /// Per domain, due times → keys registered at them; an entry whose
-    /// key no longer holds that time (deleted) is skipped when it comes
-    /// due.
-    due: [BTreeMap<u64, Vec<K>>; 2],
+    states: TimedTable<K, S>,
+    book: TimerBook<K>,
     watermark_ms: Option<u64>,
     /// The clock's reading at the last processing-time firing.
     fired_processing_ms: Option<u64>,
     time: ProcessingTime,
     ops: Vec<TimerOp>,
+    copy_on_write_threshold_keys: usize,
+    incremental: Option<TimedIncremental>,
     _records: PhantomData<fn(In) -> Out>,
+}
+
+/// What a record's call needs besides its key's state, borrowed from the
+/// core apart from the user's table, so that one loop serves both
+/// layouts.
+struct RecordRun<'c, K, S, In, Out: Send + 'static, KF: ?Sized, R: ?Sized> {
+    fns: &'c TimedFns<K, S, In, Out, KF, R>,
+    book: &'c mut TimerBook<K>,
+    ops: &'c mut Vec<TimerOp>,
+    watermark_ms: Option<u64>,
+    clock: &'c dyn Clock,
+    fired_processing_ms: Option<u64>,
+}
+
+impl<K, S, In, Out, KF, R> RecordRun<'_, K, S, In, Out, KF, R>
+where
+    K: Key,
+    S: Snapshot + Default,
+    Out: Send + 'static,
+    KF: Fn(&In) -> K + ?Sized,
+    R: Fn(&K, &mut S, In, &mut Timers<'_>, &mut Collector<'_, Out>) -> Result<(), BoxError>
+        + ?Sized,
+{
+    /// Runs `batch` against `states`: key, stable hash, routed lookup,
+    /// the user's function, and its timer calls when it made any.
+    #[inline(always)]
+    fn batch<T: RoutedLookup<K, S>>(
+        &mut self,
+        states: &mut T,
+        batch: Vec<In>,
+        out: &mut Collector<'_, Out>,
+    ) -> Result<(), BoxError> {
+        for record in batch {
+            let key = (self.fns.key_of)(&record);
+            let state = states.get_or_default_routed(&key, key_hash(&key));
+            let mut timers = Timers {
+                ops: self.ops,
+                watermark_ms: self.watermark_ms,
+                clock: self.clock,
+                fired_processing_ms: self.fired_processing_ms,
+                firing: None,
+            };
+            let result = (self.fns.on_record)(&key, state, record, &mut timers, out);
+            // Most records register nothing (a window's timers come with
+            // its first record): no call for them.
+            if !self.ops.is_empty() {
+                self.book.apply(self.ops, &key);
+            }
+            result?;
+        }
+        Ok(())
+    }
+
+    /// [`Self::batch`] for the copy-on-write layout, out of line so that
+    /// the core's `process` keeps only the flat table's loop inline (as
+    /// the keyed core does).
+    #[inline(never)]
+    fn cow_batch(
+        &mut self,
+        states: &mut CowKeyedState<K, S>,
+        batch: Vec<In>,
+        out: &mut Collector<'_, Out>,
+    ) -> Result<(), BoxError> {
+        self.batch(states, batch, out)
+    }
 }
 
 impl<
@@ -359,7 +478,7 @@ impl<
         R: ?Sized,
     > TimedKeyedCore<K, S, In, Out, KF, R>
 {
-    /// Empty state for `subtask` of `parallelism`.
+    /// Empty state for `subtask` of `parallelism`, kept as `plan` says.
     ///
     /// # Panics
     ///
@@ -369,42 +488,47 @@ impl<
         (max_parallelism, parallelism, subtask): (MaxParallelism, usize, usize),
         fns: TimedFns<K, S, In, Out, KF, R>,
         time: ProcessingTime,
+        plan: &TimedStatePlan,
     ) -> Self {
+        let threshold = plan.copy_on_write_threshold_keys;
+        let subtask = (parallelism as u32, subtask as u32);
+        let states = TimedTable::for_subtask(max_parallelism, subtask, threshold)
+            .unwrap_or_else(|error| panic!("bug: the plan let through {error}"));
+        let timers = TimedTable::for_subtask(max_parallelism, subtask, threshold)
+            .unwrap_or_else(|error| panic!("bug: the plan let through {error}"));
+        let key_groups = states.range().len();
+        let incremental = plan
+            .incremental
+            .clone()
+            .map(|(settings, kinds)| TimedIncremental {
+                user: KeyGroupLedger::new(settings, key_groups),
+                timers: KeyGroupLedger::new(settings, key_groups),
+                kinds,
+            });
         TimedKeyedCore {
             fns,
-            states: subtask_state(max_parallelism, parallelism, subtask),
-            timers: subtask_state(max_parallelism, parallelism, subtask),
-            due: [BTreeMap::new(), BTreeMap::new()],
+            states,
+            book: TimerBook {
+                table: timers,
+                due: [BTreeMap::new(), BTreeMap::new()],
+            },
             watermark_ms: None,
             fired_processing_ms: None,
             time,
             ops: Vec::new(),
+            copy_on_write_threshold_keys: threshold,
+            incremental,
             _records: PhantomData,
         }
     }
 
-    /// Applies the timer calls the last function call made for `key`.
-    fn apply_ops(&mut self, key: &K) {
-        for op in self.ops.drain(..) {
-            match op {
-                TimerOp::Register(domain, timestamp_ms) => {
-                    if self.timers.get_or_default(key).insert(domain, timestamp_ms) {
-                        self.due[slot(domain)]
-                            .entry(timestamp_ms)
-                            .or_default()
-                            .push(key.clone());
-                    }
-                }
-                TimerOp::Delete(domain, timestamp_ms) => {
-                    let now_empty = self.timers.get_mut(key).is_some_and(|timers| {
-                        timers.remove(domain, timestamp_ms) && timers.is_empty()
-                    });
-                    if now_empty {
-                        self.timers.remove(key);
-                    }
-                }
-            }
-        }
+    /// Moves either table to the copy-on-write layout once it is large
+    /// (two comparisons when nothing moves).
+    #[inline]
+    fn convert_if_large(&mut self) {
+        let threshold = self.copy_on_write_threshold_keys;
+        self.states.convert_if_large(threshold);
+        self.book.table.convert_if_large(threshold);
     }
 
     /// Removes `key`'s state when it has no timer left and the prune rule
@@ -413,21 +537,9 @@ impl<
         let Some(prune) = self.fns.prune else {
             return;
         };
-        if self.timers.get(key).is_none() && self.states.get(key).is_some_and(prune) {
+        if self.book.table.get(key).is_none() && self.states.get(key).is_some_and(prune) {
             self.states.remove(key);
         }
-    }
-
-    /// Removes `key`'s timer at `timestamp_ms`; false when it was deleted.
-    fn take_timer(&mut self, key: &K, domain: TimeDomain, timestamp_ms: u64) -> bool {
-        let Some(timers) = self.timers.get_mut(key) else {
-            return false;
-        };
-        let taken = timers.remove(domain, timestamp_ms);
-        if timers.is_empty() {
-            self.timers.remove(key);
-        }
-        taken
     }
 
     /// Fires every timer of `domain` at or below `through_ms`, in
@@ -440,17 +552,9 @@ impl<
         through_ms: u64,
         out: &mut Collector<'_, Out>,
     ) -> Result<(), BoxError> {
-        let due_map = &mut self.due[slot(domain)];
-        let mut due = Vec::new();
-        while let Some(entry) = due_map.first_entry() {
-            if *entry.key() > through_ms {
-                break;
-            }
-            due.push(entry.remove_entry());
-        }
-        for (timestamp_ms, keys) in due {
+        for (timestamp_ms, keys) in self.book.take_due(domain, through_ms) {
             for key in keys {
-                if !self.take_timer(&key, domain, timestamp_ms) {
+                if !self.book.take(&key, domain, timestamp_ms) {
                     continue;
                 }
                 let state = self.states.get_or_default(&key);
@@ -462,29 +566,21 @@ impl<
                     firing: Some(domain),
                 };
                 let result = (self.fns.on_timer)(&key, state, timestamp_ms, &mut timers, out);
-                self.apply_ops(&key);
+                self.book.apply(&mut self.ops, &key);
                 result?;
                 self.maybe_prune(&key);
             }
         }
+        // Firings may register timers of new keys.
+        self.convert_if_large();
         Ok(())
     }
-}
-
-/// Empty keyed state of one subtask.
-fn subtask_state<K: Key, V: Snapshot + Default + Clone>(
-    max_parallelism: MaxParallelism,
-    parallelism: usize,
-    subtask: usize,
-) -> KeyedState<K, V> {
-    KeyedState::for_subtask(max_parallelism, parallelism as u32, subtask as u32)
-        .unwrap_or_else(|error| panic!("bug: the plan let through {error}"))
 }
 
 impl<K, S, In, Out, KF, R> Core<In, Out> for TimedKeyedCore<K, S, In, Out, KF, R>
 where
     K: Key,
-    S: Snapshot + Default + Clone + 'static,
+    S: Snapshot + Default + Clone + Send + Sync + 'static,
     In: Data,
     Out: Data,
     KF: Fn(&In) -> K + ?Sized + 'static,
@@ -493,24 +589,21 @@ where
         + 'static,
 {
     fn process(&mut self, batch: Vec<In>, out: &mut Collector<'_, Out>) -> Result<(), BoxError> {
-        for record in batch {
-            let key = (self.fns.key_of)(&record);
-            let state = self.states.get_or_default_routed(&key, key_hash(&key));
-            let mut timers = Timers {
-                ops: &mut self.ops,
-                watermark_ms: self.watermark_ms,
-                clock: &*self.time.clock,
-                fired_processing_ms: self.fired_processing_ms,
-                firing: None,
-            };
-            let result = (self.fns.on_record)(&key, state, record, &mut timers, out);
-            // Most records register nothing (a window's timers come with
-            // its first record): no call for them.
-            if !self.ops.is_empty() {
-                self.apply_ops(&key);
-            }
-            result?;
+        let mut run = RecordRun {
+            fns: &self.fns,
+            book: &mut self.book,
+            ops: &mut self.ops,
+            watermark_ms: self.watermark_ms,
+            clock: &*self.time.clock,
+            fired_processing_ms: self.fired_processing_ms,
+        };
+        // One match per batch, and a loop per layout.
+        match &mut self.states {
+            TimedTable::Flat(states) => run.batch(states, batch, out)?,
+            TimedTable::CopyOnWrite(states) => run.cow_batch(states, batch, out)?,
         }
+        // Between batches, and two comparisons when nothing moves.
+        self.convert_if_large();
         Ok(())
     }
 
@@ -544,15 +637,55 @@ where
         self.fire_due(TimeDomain::ProcessingTime, u64::MAX, out)
     }
 
+    /// The whole state encoded now, on the operator's thread (for
+    /// snapshots that are not checkpoints, and as the reference bytes of
+    /// every other form).
     fn snapshot(&mut self, _checkpoint: CheckpointId) -> Result<Vec<u8>, BoxError> {
-        let user: Vec<(u32, Vec<u8>)> = self.states.snapshot()?.into_parts().collect();
-        let timers: Vec<(u32, Vec<u8>)> = self.timers.snapshot()?.into_parts().collect();
         let state = TimedState {
-            user: crate::job::encode_keyed_state(&user)?,
-            timers: crate::job::encode_keyed_state(&timers)?,
+            user: self.states.encode_now()?,
+            timers: self.book.table.encode_now()?,
             watermark_ms: self.watermark_ms,
         };
         Ok(encode_timed_state(&state)?)
+    }
+
+    /// What [`Self::take_state`] takes, encoded at once.
+    fn snapshot_segments(&mut self, checkpoint: CheckpointId) -> Result<Vec<Segment>, BoxError> {
+        match self.take_state(checkpoint)? {
+            TakenState::Segments(segments) => Ok(segments),
+            TakenState::Deferred(state) => state.encode(),
+        }
+    }
+
+    /// Both tables taken as the keyed core takes its state: a flat table
+    /// encodes here (whole, or its changed slices with incremental
+    /// checkpoints), a copy-on-write table is handed off in time
+    /// proportional to its key groups (its slices with incremental
+    /// checkpoints) and encoded by the checkpoint writer. A savepoint, or
+    /// a job without incremental checkpoints, writes both whole.
+    fn take_state(&mut self, checkpoint: CheckpointId) -> Result<TakenState, BoxError> {
+        let incremental = self
+            .incremental
+            .as_mut()
+            .filter(|incremental| !incremental.kinds.is_savepoint(checkpoint));
+        let (user_ledger, timer_ledger) = match incremental {
+            Some(incremental) => (Some(&mut incremental.user), Some(&mut incremental.timers)),
+            None => (None, None),
+        };
+        let snapshot = TimedSnapshot {
+            user: self.states.take(checkpoint, user_ledger)?,
+            timers: self.book.table.take(checkpoint, timer_ledger)?,
+            watermark_ms: self.watermark_ms,
+        };
+        snapshot.into_taken()
+    }
+
+    fn on_complete(&mut self, checkpoint: CheckpointId) -> Result<(), BoxError> {
+        if let Some(incremental) = &mut self.incremental {
+            incremental.user.on_complete(checkpoint);
+            incremental.timers.on_complete(checkpoint);
+        }
+        Ok(())
     }
 
     fn capture(&mut self) -> Result<Vec<u8>, BoxError> {
@@ -561,30 +694,23 @@ where
     }
 
     fn restore(&mut self, state: Option<&[u8]>) -> Result<(), BoxError> {
+        if let Some(incremental) = &mut self.incremental {
+            // Restored state was written by another instance: nothing of
+            // it may be referred to, so the first checkpoint is full.
+            incremental.user.reset();
+            incremental.timers.reset();
+        }
         let Some(state) = state else {
             return Ok(());
         };
         let state = decode_timed_state(state)?;
-        let (max_parallelism, range) = (self.states.max_parallelism(), self.states.range());
+        let threshold = self.copy_on_write_threshold_keys;
         let user = crate::job::decode_keyed_state(&state.user)?;
-        self.states = KeyedState::restore(max_parallelism, range, parts_in_range(range, user))?;
+        self.states.restore(user, threshold)?;
         let timers = crate::job::decode_keyed_state(&state.timers)?;
-        self.timers = KeyedState::restore(max_parallelism, range, parts_in_range(range, timers))?;
+        self.book.table.restore(timers, threshold)?;
         self.watermark_ms = state.watermark_ms;
-        self.due = [BTreeMap::new(), BTreeMap::new()];
-        for (key, timers) in self.timers.iter() {
-            for (domain, times) in [
-                (TimeDomain::EventTime, &timers.event_time_ms),
-                (TimeDomain::ProcessingTime, &timers.processing_time_ms),
-            ] {
-                for &timestamp_ms in times {
-                    self.due[slot(domain)]
-                        .entry(timestamp_ms)
-                        .or_default()
-                        .push(key.clone());
-                }
-            }
-        }
+        self.book.rebuild_due();
         Ok(())
     }
 }
@@ -611,28 +737,5 @@ mod tests {
         assert!(!timers.is_empty());
         assert!(timers.remove(processing, 30));
         assert!(timers.is_empty());
-    }
-
-    #[test]
-    fn rescaling_keeps_the_lowest_watermark() {
-        let state = |watermark_ms| {
-            let empty = crate::job::encode_keyed_state(&[]).expect("encodes");
-            encode_timed_state(&TimedState {
-                user: empty.clone(),
-                timers: empty,
-                watermark_ms,
-            })
-            .expect("encodes")
-        };
-        let rescaled =
-            rescale_timed_states(&[state(Some(9)), state(Some(4))], 3).expect("rescales");
-        assert_eq!(rescaled.len(), 3);
-        let first = decode_timed_state(&rescaled[0]).expect("decodes");
-        assert_eq!(first.watermark_ms, Some(4));
-        let none = rescale_timed_states(&[state(Some(9)), state(None)], 1).expect("rescales");
-        assert_eq!(
-            decode_timed_state(&none[0]).expect("decodes").watermark_ms,
-            None
-        );
     }
 }

@@ -155,7 +155,7 @@ where
             + 'static,
     ) -> Stream<'j, U>
     where
-        S: Snapshot + Default + Clone + Send + 'static,
+        S: Snapshot + Default + Clone + Send + Sync + 'static,
         U: Data,
     {
         let domain = ttl.domain;
@@ -275,7 +275,12 @@ mod tests {
             clock: Arc::new(ManualClock::new(0)),
             tick_ms: None,
         };
-        TimedKeyedCore::new((MaxParallelism::default(), 1, 0), fns, time)
+        TimedKeyedCore::new(
+            (MaxParallelism::default(), 1, 0),
+            fns,
+            time,
+            &super::super::TimedStatePlan::default(),
+        )
     }
 
     /// Feeds `events` then the watermark `watermark_ms` to a fresh core

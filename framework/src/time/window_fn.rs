@@ -16,7 +16,10 @@ use crate::runtime::BoxError;
 /// The contents of one window and how they become its result.
 pub(crate) trait WindowFunction<K, T>: Send + Sync + 'static {
     /// One window's contents, kept as keyed state.
-    type Contents: Clone + Default + Send + Serialize + DeserializeOwned + 'static;
+    /// `Sync` because a checkpoint of a large window state hands its
+    /// tables to the checkpoint writer, which reads them while the
+    /// operator goes on.
+    type Contents: Clone + Default + Send + Sync + Serialize + DeserializeOwned + 'static;
     /// The window's result.
     type Output: Data;
 
@@ -88,7 +91,7 @@ pub(crate) struct Reducing<F>(pub(crate) F);
 
 impl<K, T, F> WindowFunction<K, T> for Reducing<F>
 where
-    T: Data,
+    T: Data + Sync,
     F: Fn(&T, T) -> T + Send + Sync + 'static,
 {
     type Contents = Option<T>;
@@ -139,7 +142,7 @@ impl<T> Default for Elements<T> {
 
 impl<K, T, R, F> WindowFunction<K, T> for Processing<F>
 where
-    T: Data,
+    T: Data + Sync,
     R: Data,
     F: Fn(&K, &[T]) -> Result<R, BoxError> + Send + Sync + 'static,
 {

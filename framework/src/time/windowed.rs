@@ -352,12 +352,17 @@ where
     /// Reduces each window's records with `function` (the first record is
     /// the reduced value, each next one makes it `function(&reduced,
     /// record)`); fires as [`WindowedStream::aggregate`] does. Merged
-    /// sessions reduce their values with the same function.
+    /// sessions reduce their values with the same function. The record
+    /// type is `Sync`: it is the window's state, which a checkpoint of a
+    /// large state hands to the checkpoint writer.
     pub fn reduce(
         self,
         name: &str,
         function: impl Fn(&T, T) -> T + Send + Sync + 'static,
-    ) -> (Stream<'j, Windowed<K, T>>, L::Late<'j>) {
+    ) -> (Stream<'j, Windowed<K, T>>, L::Late<'j>)
+    where
+        T: Sync,
+    {
         self.build(name, Reducing(function))
     }
 
@@ -365,12 +370,16 @@ where
     /// fires `function(key, records)` sees them all (in arrival order; a
     /// merged session has the older window's records first) and gives
     /// the window's result. An `Err` fails the job. Costs a window's
-    /// records in state, where an aggregate keeps one accumulator.
+    /// records in state, where an aggregate keeps one accumulator. The
+    /// record type is `Sync`, as for [`WindowedStream::reduce`].
     pub fn process<R: Data>(
         self,
         name: &str,
         function: impl Fn(&K, &[T]) -> Result<R, BoxError> + Send + Sync + 'static,
-    ) -> (Stream<'j, Windowed<K, R>>, L::Late<'j>) {
+    ) -> (Stream<'j, Windowed<K, R>>, L::Late<'j>)
+    where
+        T: Sync,
+    {
         self.build(name, Processing(function))
     }
 

@@ -39,12 +39,21 @@ impl KeyedSnapshotSlices {
     /// bytes, then its slices. Tells the ledger where the written slices
     /// landed. Key groups are asked for one at a time.
     pub(crate) fn encode(self) -> Result<Vec<Segment>, BoxError> {
+        self.encode_at(0)
+    }
+
+    /// [`Self::encode`] for a part whose shared file already holds
+    /// `shared_offset` bytes of an earlier state of the same part (the
+    /// timed core writes its user state's and its timers' snapshots into
+    /// one part), so that the ranges the ledger confirms name where the
+    /// written slices really land.
+    pub(crate) fn encode_at(self, shared_offset: u64) -> Result<Vec<Segment>, BoxError> {
         let KeyedSnapshotSlices { plan, mut slices } = self;
         let per_group = plan.units_per_group.max(1);
         let groups = plan.layout.len() / per_group;
         let mut segments = vec![Segment::Own(postcard::to_allocvec(&(groups as u64))?)];
         let mut landed = Vec::new();
-        let mut offset = 0u64;
+        let mut offset = shared_offset;
         for (key_group, layout) in (plan.start..).zip(plan.layout.chunks(per_group)) {
             let encoded = slices.next_group().transpose()?;
             let encoded = encoded

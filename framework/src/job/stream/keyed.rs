@@ -20,7 +20,7 @@ use crate::job::physical::{PublishRestored, Rescale};
 use crate::job::route::{Collector, KeyHash};
 use crate::job::shell::{Core, Data};
 use crate::time::{
-    rescale_timed_states, ProcessingTime, TimedFn, TimedFns, TimedKeyedCore, Timers,
+    rescale_timed_states, ProcessingTime, TimedFn, TimedFns, TimedKeyedCore, TimedStatePlan, Timers,
 };
 
 /// A stream partitioned by key: every record with the same key goes to the
@@ -227,7 +227,7 @@ where
             + 'static,
     ) -> Stream<'j, U>
     where
-        S: Snapshot + Default + Clone + Send + 'static,
+        S: Snapshot + Default + Clone + Send + Sync + 'static,
         U: Data,
     {
         self.timed(name, Arc::new(on_record), Arc::new(on_timer), None, true)
@@ -247,7 +247,7 @@ where
         ticks: bool,
     ) -> Stream<'j, U>
     where
-        S: Snapshot + Default + Clone + Send + 'static,
+        S: Snapshot + Default + Clone + Send + Sync + 'static,
         U: Data,
         R: Fn(&K, &mut S, T, &mut Timers<'_>, &mut Collector<'_, U>) -> Result<(), BoxError>
             + Send
@@ -271,11 +271,16 @@ where
             clock: Arc::clone(&config.clock),
             tick_ms: ticks.then_some(config.processing_time_tick_ms.max(1)),
         };
+        let plan = TimedStatePlan {
+            copy_on_write_threshold_keys: config.copy_on_write_threshold_keys,
+            incremental: self.job.incremental(),
+        };
         let make_core = Arc::new(move |subtask: usize, parallelism: usize| {
             Box::new(TimedKeyedCore::new(
                 (max_parallelism, parallelism, subtask),
                 fns.clone(),
                 time.clone(),
+                &plan,
             )) as Box<dyn Core<T, U>>
         });
         let producers = hash_producers(&self.producers);
