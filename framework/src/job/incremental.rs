@@ -29,7 +29,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use crate::keyed::deferred::{DeferredParts, DeferredSlices, ReadySlices};
-use crate::keyed::part;
 use crate::keyed::store::KeyGroupSnapshots;
 use crate::keyed::{CowKeyedState, KeyGroupRange, KeyedState, StateKey, SLICES_PER_KEY_GROUP};
 use crate::protocol::CheckpointId;
@@ -41,9 +40,10 @@ use super::ops::{encode_keyed_state, KeyGroupParts};
 
 #[cfg(feature = "spill")]
 mod chains;
+mod parts;
 mod slices;
 
-use super::shell::DeferredState;
+pub(crate) use parts::KeyedSnapshotParts;
 pub(crate) use slices::KeyedSnapshotSlices;
 
 /// How keyed operators checkpoint: incrementally (the default) or in full.
@@ -492,96 +492,7 @@ impl SnapshotPlan {
     /// The snapshot with the parts of the groups it writes, ascending, to
     /// be encoded now or on the writer's thread.
     pub(crate) fn with_parts(self, parts: Box<dyn DeferredParts>) -> KeyedSnapshotParts {
-        KeyedSnapshotParts { plan: self, parts }
-    }
-}
-
-/// One keyed state's snapshot, planned at the snapshot and encoded into
-/// the keyed-state envelope's segments by [`Self::encode`] (a
-/// [`DeferredState`], so on the checkpoint writer's thread when its parts
-/// are a copy-on-write hand-off).
-pub(crate) struct KeyedSnapshotParts {
-    plan: SnapshotPlan,
-    parts: Box<dyn DeferredParts>,
-}
-
-impl KeyedSnapshotParts {
-    /// The segments: the envelope's framing as own bytes; each written
-    /// group as shared bytes (from offset 0, in order) for an incremental
-    /// snapshot or as own bytes for a full one (the same bytes as
-    /// [`encode_keyed_state`] of the parts); each other group referred
-    /// to. Parts are asked for one at a time and each moves into its
-    /// segment at once. Tells the ledger where the written groups landed.
-    ///
-    /// Known gap: the store takes a part's segments all at once
-    /// ([`crate::storage::CheckpointStore::write_part_segments`]), so the
-    /// encoded groups of one part are held together until it is written;
-    /// writing each group to the file before encoding the next would need
-    /// an appending write in `storage::io`.
-    pub(crate) fn encode(self) -> Result<Vec<Segment>, BoxError> {
-        let KeyedSnapshotParts { plan, mut parts } = self;
-        let shared = plan.landed.is_some();
-        let mut segments = vec![Segment::Own(postcard::to_allocvec(
-            &(plan.layout.len() as u64),
-        )?)];
-        let mut landing = Landing::default();
-        let mut offset = 0u64;
-        let mut chains = plan.chains.into_iter();
-        for (key_group, layout) in (plan.start..).zip(plan.layout) {
-            let chain = chains.next().unwrap_or_default();
-            let mut group = Vec::new();
-            match layout {
-                Some(range) => {
-                    group.push(Segment::Reuse(range));
-                    group.extend(chain.into_iter().map(Segment::Reuse));
-                }
-                None => {
-                    let part = parts.next_part().transpose()?;
-                    let part =
-                        part.filter(|part| part.key_group == key_group)
-                            .ok_or_else(|| {
-                                format!("bug: key group {key_group} was planned but not handed off")
-                            })?;
-                    let delta = part::is_delta(&part.bytes);
-                    if delta {
-                        if chain.is_empty() || !shared {
-                            return Err(format!(
-                                "bug: key group {key_group} came as a delta without a chain"
-                            )
-                            .into());
-                        }
-                        group.extend(chain.into_iter().map(Segment::Reuse));
-                    }
-                    if shared {
-                        let len = part.bytes.len() as u64;
-                        landing.ranges.push(SharedRange {
-                            checkpoint: plan.checkpoint.0,
-                            offset,
-                            len,
-                            crc32: crc32fast::hash(&part.bytes),
-                        });
-                        landing.deltas.push(delta);
-                        offset += len;
-                        group.push(Segment::Shared(part.bytes));
-                    } else {
-                        group.push(Segment::Own(part.bytes));
-                    }
-                }
-            }
-            let len: u64 = group.iter().map(Segment::len).sum();
-            push_own(&mut segments, postcard::to_allocvec(&(key_group, len))?);
-            for segment in group {
-                match segment {
-                    Segment::Own(bytes) => push_own(&mut segments, bytes),
-                    segment => segments.push(segment),
-                }
-            }
-        }
-        if parts.next_part().is_some() {
-            return Err("bug: a key group was handed off but not planned".into());
-        }
-        settle_landing(plan.landed, landing);
-        Ok(segments)
+        KeyedSnapshotParts::new(self, parts)
     }
 }
 
@@ -601,12 +512,6 @@ fn settle_landed(cell: Option<Landed>, landed: Vec<SharedRange>) {
 fn settle_landing(cell: Option<Landed>, landing: Landing) {
     if let Some(cell) = cell {
         let _ = cell.set(landing);
-    }
-}
-
-impl DeferredState for KeyedSnapshotParts {
-    fn encode(self: Box<Self>) -> Result<Vec<Segment>, BoxError> {
-        (*self).encode()
     }
 }
 

@@ -41,7 +41,8 @@ enum Step {
 impl GroupSource {
     /// Calls `f` with every `(key, value)` of `key_group`, ascending by
     /// key, and whether the value came from the changes since the
-    /// previous base (always `false` for a view). Key groups must be
+    /// previous base and may differ from the key's value then (a record
+    /// not marked unchanged; always `false` for a view). Key groups must be
     /// asked for in ascending order.
     pub(crate) fn for_each_in(
         &mut self,
@@ -70,6 +71,7 @@ impl GroupSource {
                     }
                     None => None,
                 };
+                let changed = changes.peek_changed();
                 let from_changes = in_group(changes.peek(), &prefix)?;
                 match (from_base, from_changes) {
                     (None, None) => return Ok(()),
@@ -80,7 +82,7 @@ impl GroupSource {
                     (None, Some((key, value))) => {
                         // A deletion of a key the base does not hold.
                         if let Some(value) = value {
-                            f(key, value, true)?;
+                            f(key, value, changed)?;
                         }
                         Step::Changes
                     }
@@ -91,7 +93,7 @@ impl GroupSource {
                         }
                         Ordering::Greater => {
                             if let Some(value) = value {
-                                f(key, value, true)?;
+                                f(key, value, changed)?;
                             }
                             Step::Changes
                         }
@@ -99,7 +101,7 @@ impl GroupSource {
                             // The change replaces the base's value, or a
                             // deletion drops it.
                             if let Some(value) = value {
-                                f(key, value, true)?;
+                                f(key, value, changed)?;
                             }
                             Step::Both
                         }

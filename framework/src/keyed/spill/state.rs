@@ -291,10 +291,16 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
     fn store(&mut self, entries: Vec<(DiskEntry, u64)>) -> Result<(), SpillError> {
         // Opened first, then borrowed beside the filter.
         self.disk()?;
-        let (spilled, changes) = (&mut self.spilled, &mut self.changes);
+        let (spilled, changes, touched) = (&mut self.spilled, &mut self.changes, &self.touched);
         let entries = entries.into_iter().map(|(entry, hash)| {
             spilled.insert(hash);
-            changes.record(&entry.0, &entry.1);
+            // A key not written since the last snapshot holds the value it
+            // had then: a delta part leaves it out.
+            if touched.contains(hash) {
+                changes.record(&entry.0, &entry.1);
+            } else {
+                changes.record_unchanged(&entry.0, &entry.1);
+            }
             entry
         });
         match &self.disk {
