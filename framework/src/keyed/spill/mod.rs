@@ -59,9 +59,12 @@
 //!   the previous snapshot (`job/incremental/chains.rs`), so the bytes
 //!   written follow the keys changed, but every snapshot still merges and
 //!   rewrites every base file on the writer's thread, whose CPU follows
-//!   the state: at 10 M keys (1 M in memory per subtask) 1 s checkpoints
-//!   cost about a fifth of the CPU, below issue 16's 0.9 (BENCHMARKS.md,
-//!   "Delta chains of the spilling backend at 10 M keys").
+//!   the state, and cheaper checkpoints come more often: at 10 M keys
+//!   (1 M in memory per subtask) 1 s checkpoints cost a quarter to nearly
+//!   half of the CPU in the runs measured, below issue 16's 0.9
+//!   (BENCHMARKS.md, "Delta chains of the spilling backend at 10 M
+//!   keys"). Keeping the sorted change runs and merging them into the base
+//!   only when a group is written whole would remove it; not built.
 //! - A state type without `Clone` cannot be frozen: its synchronous path
 //!   ([`SpillingState::snapshot_encoded`], used by `parts_of`) encodes the
 //!   hot entries on the operator's thread (at most the budget).
