@@ -19,6 +19,7 @@ pub mod shared_files;
 pub mod slow_commit;
 pub mod tansu;
 pub mod tenths;
+pub mod touch;
 pub mod window_pipeline;
 
 /// The configuration of the event-time tests: checkpoints every 5 ms into

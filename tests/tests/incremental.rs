@@ -36,6 +36,7 @@ use snapflow_tests::damage::{self, Crash, Dirs};
 use snapflow_tests::file_sink::committed;
 use snapflow_tests::pipeline::{declare, expected, Pacing};
 use snapflow_tests::shared_files;
+use snapflow_tests::touch;
 use snapflow_tests::{Faults, TestRng};
 
 const TRIES: u64 = 20;
@@ -84,16 +85,7 @@ fn bytes_written_follow_the_key_groups_touched_copy_on_write() {
 /// `copy_on_write_threshold_keys` write only the groups touched.
 fn bytes_written_follow(copy_on_write_threshold_keys: usize) {
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let store = Arc::new(
-        FsCheckpointStore::open_with(
-            dir.path(),
-            "touch",
-            snapflow::storage::StoreOptions {
-                retained_checkpoints: 1_000,
-            },
-        )
-        .expect("the store opens"),
-    );
+    let store = touch::retaining_store(dir.path(), "touch");
     // A pause after each checkpoint, so that it is persisted and
     // confirmed to the operator before the next one: an operator refers
     // only to confirmed key groups (see the known gap in ARCHITECTURE.md).
@@ -111,25 +103,13 @@ fn bytes_written_follow(copy_on_write_threshold_keys: usize) {
     let job = Job::new("touch", config);
     // Records 0..FIRST_PHASE touch MANY_KEYS keys; the rest all touch key
     // 0, slowly, so that several checkpoints see only that key change.
-    let records: Vec<u64> = (0..FIRST_PHASE + SECOND_PHASE).collect();
-    let output = CollectHandle::<u64>::new();
-    job.source("numbers", VecSourceFactory::new(records))
-        .parallelism(1)
-        .map("slow", |id: u64| {
-            if id >= FIRST_PHASE && id % 10 == 0 {
-                thread::sleep(Duration::from_millis(1));
-            }
-            id
-        })
-        .parallelism(1)
-        .key_by(|&id: &u64| if id < FIRST_PHASE { id % MANY_KEYS } else { 0 })
-        .process("count", |_key: &u64, count: &mut Count, _id: u64, out| {
-            count.count += 1;
-            out.emit(count.count);
-            Ok(())
-        })
-        .sink("collect", output.clone())
-        .parallelism(1);
+    let output = touch::declare_touch(&job, FIRST_PHASE + SECOND_PHASE, FIRST_PHASE, |id| {
+        if id < FIRST_PHASE {
+            id % MANY_KEYS
+        } else {
+            0
+        }
+    });
     let report = job.run().expect("the job runs");
     let max_size = report
         .checkpoints

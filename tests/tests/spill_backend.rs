@@ -26,6 +26,7 @@ use snapflow::source::VecSourceFactory;
 use snapflow::storage::{CheckpointStore, MemoryCheckpointStore};
 use snapflow::Snapshot;
 use snapflow_tests::pipeline::{declare, expected, faulty_collect, Pacing};
+use snapflow_tests::touch;
 use snapflow_tests::{FaultKind, Faults};
 
 const RECORDS: u64 = 3_000;
@@ -345,4 +346,69 @@ fn a_spilling_backend_without_budget_is_refused() {
         }
         other => panic!("expected InvalidConfig, got {other:?}"),
     }
+}
+
+// ----- bytes written follow the keys touched -----
+
+/// Keys in the first phase (one record each), most of them on disk.
+const TOUCH_KEYS: u64 = 100_000;
+/// Keys of the second phase: enough to touch every key group.
+const TOUCH_HOT: u64 = 512;
+const TOUCH_RECORDS: u64 = 8_000;
+
+/// On the spilling backend, once the state holds 100 k keys (most on
+/// disk), a checkpoint after which only a few hundred keys changed, in
+/// every key group, writes under 5 % of the state: delta parts of the
+/// keys touched, not the key groups (which would be all of it).
+#[test]
+fn bytes_written_follow_the_keys_touched_on_the_spilling_backend() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let work = tempfile::tempdir().expect("a working directory");
+    let store = touch::retaining_store(dir.path(), "touch");
+    let config = JobConfig {
+        checkpoint_interval_ms: Some(30),
+        // Persisted and confirmed before the next one: deltas extend only
+        // confirmed chains.
+        min_pause_ms: 30,
+        store: Some(store),
+        incremental_checkpoints: snapflow::job::IncrementalCheckpoints {
+            enabled: true,
+            full_every: 1_000,
+        },
+        default_parallelism: 2,
+        batch_size_max: 32,
+        keyed_backend: KeyedBackend::Spilling {
+            dir: work.path().to_path_buf(),
+            memory_entries: 4_000,
+        },
+        ..JobConfig::default()
+    };
+    let job = Job::new("touch", config);
+    let output = touch::declare_touch(&job, TOUCH_KEYS + TOUCH_RECORDS, TOUCH_KEYS, |id| {
+        if id < TOUCH_KEYS {
+            id
+        } else {
+            id % TOUCH_HOT
+        }
+    });
+    let report = job.run().expect("the job runs");
+    let sizes: Vec<(u64, u64)> = report
+        .checkpoints
+        .iter()
+        .map(|checkpoint| (checkpoint.written_bytes, checkpoint.size_bytes))
+        .collect();
+    eprintln!("written/size per checkpoint: {sizes:?}");
+    let small = sizes
+        .iter()
+        .filter(|(written, size)| *size > 500_000 && written * 20 < *size)
+        .count();
+    assert!(
+        small >= 2,
+        "at least two checkpoints of the whole state write under 5 % of it: {sizes:?}"
+    );
+    assert_eq!(
+        output.committed().len() as u64,
+        TOUCH_KEYS + TOUCH_RECORDS,
+        "every record once"
+    );
 }

@@ -38,9 +38,12 @@ use crate::storage::{Segment, SharedRange};
 
 use super::ops::{encode_keyed_state, KeyGroupParts};
 
+#[cfg(feature = "spill")]
+mod chains;
+mod parts;
 mod slices;
 
-use super::shell::DeferredState;
+pub(crate) use parts::KeyedSnapshotParts;
 pub(crate) use slices::KeyedSnapshotSlices;
 
 /// How keyed operators checkpoint: incrementally (the default) or in full.
@@ -147,7 +150,17 @@ impl CompactRange {
 /// order it wrote them: set when the snapshot is encoded (by the writer
 /// thread for a deferred one), read by the ledger when the checkpoint is
 /// confirmed.
-type Landed = Arc<OnceLock<Vec<SharedRange>>>;
+type Landed = Arc<OnceLock<Landing>>;
+
+/// What [`Landed`] says of an encoded snapshot: per unit it wrote, in
+/// order, its range in the shared file, and whether those bytes are a
+/// delta part appended to the unit's chain (the spilling backend's
+/// incremental checkpoints; `deltas` is empty otherwise).
+#[derive(Debug, Default)]
+pub(crate) struct Landing {
+    ranges: Vec<SharedRange>,
+    deltas: Vec<bool>,
+}
 
 /// How many snapshots' [`Landed`] a ledger keeps while their checkpoints
 /// are not confirmed. An older one is dropped: its groups then stay
@@ -173,6 +186,15 @@ pub(crate) struct KeyGroupLedger {
     units_per_group: usize,
     /// Per unit of the instance's range, in order.
     written: Vec<Option<Written>>,
+    /// Per key group of a spilling state (empty otherwise): its whole
+    /// chain, the base part's range first and then its delta parts', of
+    /// a group whose `written` is confirmed, or while a delta write is
+    /// pending the chain it extends; empty for a group that has none.
+    chains: Vec<Vec<CompactRange>>,
+    /// The spilling state's snapshot count right after this ledger last
+    /// planned for it: a delta may be planned only when no other snapshot
+    /// (a savepoint, a capture) took the state's change records since.
+    chain_epoch: Option<u64>,
     /// The snapshots taken and not yet confirmed, oldest first, at most
     /// [`MAX_PENDING_SNAPSHOTS`].
     pending: VecDeque<(CheckpointId, Landed)>,
@@ -186,6 +208,8 @@ impl KeyGroupLedger {
             next_position: 0,
             units_per_group: 1,
             written: vec![None; key_groups],
+            chains: Vec::new(),
+            chain_epoch: None,
             pending: VecDeque::new(),
         }
     }
@@ -194,6 +218,8 @@ impl KeyGroupLedger {
     pub(crate) fn reset(&mut self) {
         self.next_position = 0;
         self.written.iter_mut().for_each(|written| *written = None);
+        self.chains.iter_mut().for_each(Vec::clear);
+        self.chain_epoch = None;
         self.pending.clear();
     }
 
@@ -214,20 +240,36 @@ impl KeyGroupLedger {
         // A checkpoint completes only after its every part was encoded,
         // so its ranges are set; if not, its groups stay unconfirmed and
         // are written again.
-        let Some(ranges) = landed.as_deref().and_then(OnceLock::get) else {
+        let Some(landing) = landed.as_deref().and_then(OnceLock::get) else {
             return;
         };
-        for written in &mut self.written {
-            if let Some(Written::Pending {
+        for (unit, written) in self.written.iter_mut().enumerate() {
+            let Some(Written::Pending {
                 checkpoint: id,
                 fresh,
             }) = *written
-            {
-                if id == checkpoint.0 {
-                    if let Some(range) = ranges.get(fresh as usize).and_then(CompactRange::of) {
-                        *written = Some(Written::Confirmed(range));
-                    }
+            else {
+                continue;
+            };
+            if id != checkpoint.0 {
+                continue;
+            }
+            let Some(range) = landing
+                .ranges
+                .get(fresh as usize)
+                .and_then(CompactRange::of)
+            else {
+                continue;
+            };
+            *written = Some(Written::Confirmed(range));
+            if let Some(chain) = self.chains.get_mut(unit) {
+                // A delta extends the chain it was planned on; anything
+                // else starts a new one.
+                if landing.deltas.get(fresh as usize) != Some(&true) {
+                    chain.clear();
                 }
+                chain.push(range);
+                *written = Some(Written::Confirmed(chain[0]));
             }
         }
     }
@@ -313,6 +355,7 @@ impl KeyGroupLedger {
             start: key_groups.start,
             units_per_group,
             layout,
+            chains: Vec::new(),
             landed: Some(landed),
         }
     }
@@ -396,6 +439,11 @@ pub(crate) struct SnapshotPlan {
     /// Units per key group: 1, or the copy-on-write state's slices.
     units_per_group: usize,
     layout: Vec<Option<SharedRange>>,
+    /// Per key group of a spilling state's plan (empty otherwise): for a
+    /// referred group, the delta parts after the base in `layout`; for a
+    /// written one, the whole chain a delta part may extend (empty: the
+    /// group is written whole).
+    chains: Vec<Vec<SharedRange>>,
     /// Where to say the written groups landed; `None` for a full snapshot
     /// written into the part's own file (a savepoint, or a job without
     /// incremental checkpoints), which nothing refers to later.
@@ -410,6 +458,7 @@ impl SnapshotPlan {
             start: key_groups.start,
             units_per_group: 1,
             layout: vec![None; key_groups.len()],
+            chains: Vec::new(),
             landed: None,
         }
     }
@@ -443,91 +492,26 @@ impl SnapshotPlan {
     /// The snapshot with the parts of the groups it writes, ascending, to
     /// be encoded now or on the writer's thread.
     pub(crate) fn with_parts(self, parts: Box<dyn DeferredParts>) -> KeyedSnapshotParts {
-        KeyedSnapshotParts { plan: self, parts }
-    }
-}
-
-/// One keyed state's snapshot, planned at the snapshot and encoded into
-/// the keyed-state envelope's segments by [`Self::encode`] (a
-/// [`DeferredState`], so on the checkpoint writer's thread when its parts
-/// are a copy-on-write hand-off).
-pub(crate) struct KeyedSnapshotParts {
-    plan: SnapshotPlan,
-    parts: Box<dyn DeferredParts>,
-}
-
-impl KeyedSnapshotParts {
-    /// The segments: the envelope's framing as own bytes; each written
-    /// group as shared bytes (from offset 0, in order) for an incremental
-    /// snapshot or as own bytes for a full one (the same bytes as
-    /// [`encode_keyed_state`] of the parts); each other group referred
-    /// to. Parts are asked for one at a time and each moves into its
-    /// segment at once. Tells the ledger where the written groups landed.
-    ///
-    /// Known gap: the store takes a part's segments all at once
-    /// ([`crate::storage::CheckpointStore::write_part_segments`]), so the
-    /// encoded groups of one part are held together until it is written;
-    /// writing each group to the file before encoding the next would need
-    /// an appending write in `storage::io`.
-    pub(crate) fn encode(self) -> Result<Vec<Segment>, BoxError> {
-        let KeyedSnapshotParts { plan, mut parts } = self;
-        let shared = plan.landed.is_some();
-        let mut segments = vec![Segment::Own(postcard::to_allocvec(
-            &(plan.layout.len() as u64),
-        )?)];
-        let mut landed = Vec::new();
-        let mut offset = 0u64;
-        for (key_group, layout) in (plan.start..).zip(plan.layout) {
-            let (len, tail) = match layout {
-                Some(range) => (range.len, Segment::Reuse(range)),
-                None => {
-                    let part = parts.next_part().transpose()?;
-                    let part =
-                        part.filter(|part| part.key_group == key_group)
-                            .ok_or_else(|| {
-                                format!("bug: key group {key_group} was planned but not handed off")
-                            })?;
-                    let len = part.bytes.len() as u64;
-                    if shared {
-                        let range = SharedRange {
-                            checkpoint: plan.checkpoint.0,
-                            offset,
-                            len,
-                            crc32: crc32fast::hash(&part.bytes),
-                        };
-                        offset += len;
-                        landed.push(range);
-                        (len, Segment::Shared(part.bytes))
-                    } else {
-                        (len, Segment::Own(part.bytes))
-                    }
-                }
-            };
-            push_own(&mut segments, postcard::to_allocvec(&(key_group, len))?);
-            match tail {
-                Segment::Own(bytes) => push_own(&mut segments, bytes),
-                tail => segments.push(tail),
-            }
-        }
-        if parts.next_part().is_some() {
-            return Err("bug: a key group was handed off but not planned".into());
-        }
-        settle_landed(plan.landed, landed);
-        Ok(segments)
+        KeyedSnapshotParts::new(self, parts)
     }
 }
 
 /// Tells the ledger where an encoded snapshot's groups landed, when it
 /// asked (`cell`); set once, as a snapshot is encoded once.
 fn settle_landed(cell: Option<Landed>, landed: Vec<SharedRange>) {
-    if let Some(cell) = cell {
-        let _ = cell.set(landed);
-    }
+    settle_landing(
+        cell,
+        Landing {
+            ranges: landed,
+            deltas: Vec::new(),
+        },
+    );
 }
 
-impl DeferredState for KeyedSnapshotParts {
-    fn encode(self: Box<Self>) -> Result<Vec<Segment>, BoxError> {
-        (*self).encode()
+/// [`settle_landed`] with the delta flags of the units written.
+fn settle_landing(cell: Option<Landed>, landing: Landing) {
+    if let Some(cell) = cell {
+        let _ = cell.set(landing);
     }
 }
 

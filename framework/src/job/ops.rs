@@ -289,8 +289,21 @@ where
             }
             #[cfg(feature = "spill")]
             KeyedStore::Spilling(states) => {
-                let plan = plan_of(&mut self.incremental, checkpoint, &**states);
-                let snapshot = states.snapshot(&mut |key_group| plan.writes(key_group))?;
+                let plan = match incremental_of(&mut self.incremental, checkpoint) {
+                    // Incremental: changed groups as delta parts on their
+                    // chains where the ledger allows it.
+                    Some(incremental) => incremental.ledger.plan_chained(
+                        checkpoint,
+                        states.key_groups(),
+                        states.changed_key_groups(),
+                        states.epoch(),
+                    ),
+                    None => SnapshotPlan::full(states.key_groups()),
+                };
+                let snapshot = states.snapshot_with_deltas(
+                    &mut |key_group| plan.writes(key_group),
+                    &mut |key_group| plan.writes_delta(key_group),
+                )?;
                 states.forget_changes();
                 (plan, Box::new(snapshot))
             }

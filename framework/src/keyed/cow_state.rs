@@ -772,11 +772,11 @@ impl<K: StateKey, S: Snapshot> CowKeyedState<K, S> {
                 bytes.as_ref(),
                 max_parallelism,
                 *key_group,
-                |hash, key, value| {
+                |hash, key, value, replaces| {
                     let slice =
                         key_group_of.key_group_slice_of(hash) as usize % SLICES_PER_KEY_GROUP;
                     let table = slots[slice].table.get_mut(&mut take_backs);
-                    part::insert_unique(table, *key_group, hash, key, value)
+                    part::insert_entry(table, *key_group, hash, key, value, replaces)
                 },
             )?;
         }

@@ -78,6 +78,8 @@ pub(crate) mod deferred;
 pub mod hash;
 pub mod key_group;
 pub mod part;
+#[cfg(all(test, feature = "spill"))]
+mod part_chain_tests;
 
 mod backend;
 #[cfg(feature = "spill")]

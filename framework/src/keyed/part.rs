@@ -11,7 +11,7 @@
 //! |-------:|-----:|-------|
 //! | 0      | 4    | magic `b"SFKG"` |
 //! | 4      | 2    | format version, `1` |
-//! | 6      | 2    | flags, `0` (reserved; any other value is rejected) |
+//! | 6      | 2    | flags: `0`, or [`PART_FLAG_DELTA`] on a delta part (below); any other bit is rejected |
 //! | 8      | 4    | max parallelism of the job |
 //! | 12     | 4    | key group |
 //! | 16     | 8    | entry count `N` |
@@ -28,6 +28,19 @@
 //! per entry, and each payload is decoded with
 //! [`Snapshot::decode_stored`], so a part written by an older version of the
 //! state type goes through that type's upgrade chain.
+//!
+//! # Delta chains
+//!
+//! A key group's bytes may also be a *chain*: one part as above (flags
+//! `0`), then any number of delta parts, each a complete part of the same
+//! layout and key group with flag [`PART_FLAG_DELTA`] set, back to back.
+//! A delta's entries replace the entries of the same key before it (last
+//! wins); keys it does not hold keep their earlier value. A delta cannot
+//! delete a key: a writer that deleted one writes the group whole. The
+//! spilling backend writes chains so that an incremental checkpoint
+//! writes only the entries changed since the last one and refers to the
+//! earlier parts. A lone part is the chain of length one, so every part
+//! written before chains existed reads as before.
 //!
 //! # Decoding hostile bytes
 //!
@@ -52,6 +65,9 @@ pub const PART_MAGIC: [u8; 4] = *b"SFKG";
 pub const PART_FORMAT_VERSION: u16 = 1;
 /// The length of a part's fixed header.
 pub const PART_HEADER_LEN: usize = 44;
+/// The flag of a delta part: its entries replace those of the same keys
+/// in the parts before it in its key group's chain (module doc).
+pub const PART_FLAG_DELTA: u16 = 1;
 
 /// The fixed header of a part, as decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -170,7 +186,24 @@ impl PartWriter {
     }
 
     /// Writes the header and returns the part's bytes.
-    pub(crate) fn finish(mut self, max_parallelism: MaxParallelism, key_group: u32) -> Vec<u8> {
+    pub(crate) fn finish(self, max_parallelism: MaxParallelism, key_group: u32) -> Vec<u8> {
+        self.finish_with_flags(max_parallelism, key_group, 0)
+    }
+
+    /// Writes the header of a delta part ([`PART_FLAG_DELTA`]: its entries
+    /// replace those of the same keys in the parts before it) and returns
+    /// its bytes.
+    #[cfg(feature = "spill")]
+    pub(crate) fn finish_delta(self, max_parallelism: MaxParallelism, key_group: u32) -> Vec<u8> {
+        self.finish_with_flags(max_parallelism, key_group, PART_FLAG_DELTA)
+    }
+
+    fn finish_with_flags(
+        mut self,
+        max_parallelism: MaxParallelism,
+        key_group: u32,
+        flags: u16,
+    ) -> Vec<u8> {
         let header = PartHeader {
             max_parallelism: max_parallelism.get(),
             key_group,
@@ -179,7 +212,7 @@ impl PartWriter {
             body_len: (self.out.len() - PART_HEADER_LEN) as u64,
             body_crc: crc32fast::hash(&self.out[PART_HEADER_LEN..]),
         };
-        write_header(&header, &mut self.out[..PART_HEADER_LEN]);
+        write_header(&header, flags, &mut self.out[..PART_HEADER_LEN]);
         self.out
     }
 
@@ -224,7 +257,7 @@ pub(crate) fn header_for(
         body_crc,
     };
     let mut out = [0u8; PART_HEADER_LEN];
-    write_header(&header, &mut out);
+    write_header(&header, 0, &mut out);
     out
 }
 
@@ -273,16 +306,39 @@ fn check_part<S: Snapshot>(bytes: &[u8], key_group: u32, expected: u64) -> Resul
 /// its length (each entry takes at least one byte), or 0 when the header
 /// does not decode. Used only to size tables before decoding.
 pub(crate) fn plausible_entries(bytes: &[u8]) -> usize {
-    decode_header(bytes)
-        .map(|header| header.entry_count.min(bytes.len() as u64) as usize)
+    split_chain(bytes)
+        .map(|chain| {
+            let claimed: u64 = chain.iter().map(|(header, _)| header.entry_count).sum();
+            claimed.min(bytes.len() as u64) as usize
+        })
         .unwrap_or(0)
 }
 
 /// Decodes and checks a part's fixed header: magic, format version, header
-/// CRC, flags, the schema length limit and that the lengths add up to the
-/// input's length. It does not check the body CRC, the max parallelism or
-/// the key group; [`decode_into`] does.
+/// CRC, flags (none set), the schema length limit and that the lengths add
+/// up to the input's length. It does not check the body CRC, the max
+/// parallelism or the key group; [`decode_into`] does. A chain (module
+/// doc) is refused here; [`split_chain`] reads one.
 pub(crate) fn decode_header(bytes: &[u8]) -> Result<PartHeader, String> {
+    let (header, flags, len) = decode_header_prefix(bytes)?;
+    if flags != 0 {
+        return Err(format!("reserved flags {flags:#06x} are set"));
+    }
+    if len != bytes.len() {
+        return Err(format!(
+            "header claims a {}-byte body but {} bytes follow the header",
+            header.body_len,
+            bytes.len() - PART_HEADER_LEN
+        ));
+    }
+    Ok(header)
+}
+
+/// Decodes and checks the header of the part `bytes` starts with (magic,
+/// version, header CRC, no flag but [`PART_FLAG_DELTA`], schema length,
+/// a body that fits in `bytes`): the header, its flags and the part's
+/// whole length.
+fn decode_header_prefix(bytes: &[u8]) -> Result<(PartHeader, u16, usize), String> {
     if bytes.len() < PART_HEADER_LEN {
         return Err(format!(
             "{} bytes is shorter than the {PART_HEADER_LEN}-byte header",
@@ -303,7 +359,7 @@ pub(crate) fn decode_header(bytes: &[u8]) -> Result<PartHeader, String> {
         return Err("header checksum mismatch".to_string());
     }
     let flags = read_u16(bytes, 6);
-    if flags != 0 {
+    if flags & !PART_FLAG_DELTA != 0 {
         return Err(format!("reserved flags {flags:#06x} are set"));
     }
     let header = PartHeader {
@@ -314,21 +370,54 @@ pub(crate) fn decode_header(bytes: &[u8]) -> Result<PartHeader, String> {
         body_len: read_u64(bytes, 28),
         body_crc: read_u32(bytes, 36),
     };
-    let body_len = (bytes.len() - PART_HEADER_LEN) as u64;
-    if header.body_len != body_len {
+    let available = (bytes.len() - PART_HEADER_LEN) as u64;
+    if header.body_len > available {
         return Err(format!(
-            "header claims a {}-byte body but {body_len} bytes follow the header",
+            "header claims a {}-byte body but {available} bytes follow the header",
             header.body_len
         ));
     }
-    if header.schema_len > MAX_SCHEMA_LEN || u64::from(header.schema_len) > body_len {
+    if header.schema_len > MAX_SCHEMA_LEN || u64::from(header.schema_len) > header.body_len {
         return Err(format!(
             "schema section claims {} bytes; the limit is {MAX_SCHEMA_LEN} and the body has \
-             {body_len}",
-            header.schema_len
+             {}",
+            header.schema_len, header.body_len
         ));
     }
-    Ok(header)
+    // `body_len <= available`, so it fits in usize.
+    Ok((header, flags, PART_HEADER_LEN + header.body_len as usize))
+}
+
+/// Whether `bytes` start with a delta part ([`PART_FLAG_DELTA`]), read
+/// from its flags without checking anything else: a writer's own part,
+/// never input.
+pub(crate) fn is_delta(bytes: &[u8]) -> bool {
+    bytes.len() >= PART_HEADER_LEN && read_u16(bytes, 6) & PART_FLAG_DELTA != 0
+}
+
+/// Splits a key group's bytes into its chain (module doc): the first part
+/// (no flag) and the delta parts after it, each with its header (checked
+/// as [`decode_header`] does; bodies are not). A lone part is a chain of
+/// one. At most one entry per 44 input bytes, so hostile input cannot
+/// inflate it.
+pub(crate) fn split_chain(bytes: &[u8]) -> Result<Vec<(PartHeader, &[u8])>, String> {
+    let mut chain = Vec::new();
+    let mut rest = bytes;
+    while !rest.is_empty() || chain.is_empty() {
+        let (header, flags, len) = decode_header_prefix(rest)?;
+        let delta = flags & PART_FLAG_DELTA != 0;
+        if delta == chain.is_empty() {
+            return Err(if delta {
+                "the chain starts with a delta part".to_string()
+            } else {
+                format!("part {} of the chain is not a delta part", chain.len() + 1)
+            });
+        }
+        let (part, after) = rest.split_at(len);
+        chain.push((header, part));
+        rest = after;
+    }
+    Ok(chain)
 }
 
 /// What a part holds, read without knowing its key or state type: its
@@ -351,12 +440,19 @@ pub struct PartDescription {
 /// # Errors
 ///
 /// Why the bytes are not a valid part.
+///
+/// For a delta chain (module doc), every part's CRCs are checked, the
+/// schema is the first part's, and `entries` counts every part's entries,
+/// so a key a delta replaced is counted once per part that holds it.
 pub fn describe(bytes: &[u8]) -> Result<PartDescription, String> {
-    let header = decode_header(bytes)?;
-    let body = &bytes[PART_HEADER_LEN..];
-    if crc32fast::hash(body) != header.body_crc {
-        return Err("body checksum mismatch".to_string());
+    let chain = split_chain(bytes)?;
+    for (header, part) in &chain {
+        if crc32fast::hash(&part[PART_HEADER_LEN..]) != header.body_crc {
+            return Err("body checksum mismatch".to_string());
+        }
     }
+    let (header, first) = chain[0];
+    let body = &first[PART_HEADER_LEN..];
     // `decode_header` proved `schema_len <= body.len()`.
     let schema_bytes = &body[..header.schema_len as usize];
     let schema = match postcard::take_from_bytes::<StoredSchema>(schema_bytes) {
@@ -367,14 +463,15 @@ pub fn describe(bytes: &[u8]) -> Result<PartDescription, String> {
     Ok(PartDescription {
         max_parallelism: header.max_parallelism,
         key_group: header.key_group,
-        entries: header.entry_count,
+        entries: chain.iter().map(|(header, _)| header.entry_count).sum(),
         schema,
     })
 }
 
-/// Decodes a part of `key_group` and inserts its entries into `table`,
-/// which may hold other key groups' entries. On error `table` may hold some
-/// of the part's entries; callers discard it.
+/// Decodes a part (or a delta chain, module doc) of `key_group` and
+/// inserts its entries into `table`, which may hold other key groups'
+/// entries. On error `table` may hold some of the part's entries; callers
+/// discard it.
 pub(crate) fn decode_into<K, S>(
     bytes: &[u8],
     max_parallelism: MaxParallelism,
@@ -389,24 +486,33 @@ where
     // input bounds how many entries can really follow. Restore usually
     // reserved for all parts already, and then this is a no-op.
     table.reserve(plausible_entries(bytes), |(key, _)| key_hash(key));
-    decode_entries(bytes, max_parallelism, key_group, |hash, key, state| {
-        insert_unique(table, key_group, hash, key, state)
-    })
+    decode_entries(
+        bytes,
+        max_parallelism,
+        key_group,
+        |hash, key, state, replaces| insert_entry(table, key_group, hash, key, state, replaces),
+    )
 }
 
-/// Inserts a restored entry with hash `hash` into `table`, refusing a key
-/// already there.
-pub(crate) fn insert_unique<K, S>(
+/// Inserts a restored entry with hash `hash` into `table`: a key already
+/// there is refused, unless the entry `replaces` (it comes from a delta
+/// part), when its value replaces the earlier one.
+pub(crate) fn insert_entry<K, S>(
     table: &mut HashTable<(K, S)>,
     key_group: u32,
     hash: u64,
     key: K,
     state: S,
+    replaces: bool,
 ) -> Result<(), KeyedError>
 where
     K: Eq + std::hash::Hash,
 {
     match table.entry(hash, |(other, _)| *other == key, |(k, _)| key_hash(k)) {
+        hashbrown::hash_table::Entry::Occupied(mut occupied) if replaces => {
+            occupied.get_mut().1 = state;
+            Ok(())
+        }
         hashbrown::hash_table::Entry::Occupied(_) => Err(KeyedError::DuplicateKey { key_group }),
         hashbrown::hash_table::Entry::Vacant(vacant) => {
             vacant.insert((key, state));
@@ -415,12 +521,36 @@ where
     }
 }
 
-/// Decodes and checks a part of `key_group` and hands each entry, with
-/// its key's hash, to `insert` (which refuses duplicates); each key's key
-/// group is checked first. On error `insert` may have been given some of
-/// the part's entries; callers discard what they built.
+/// Decodes and checks a part (or a delta chain) of `key_group` and hands
+/// each entry, with its key's hash and whether it comes from a delta part
+/// (so replaces an earlier value of its key), to `insert`, in chain order;
+/// each key's key group is checked first. On error `insert` may have been
+/// given some of the entries; callers discard what they built.
 pub(crate) fn decode_entries<K, S>(
     bytes: &[u8],
+    max_parallelism: MaxParallelism,
+    key_group: u32,
+    mut insert: impl FnMut(u64, K, S, bool) -> Result<(), KeyedError>,
+) -> Result<(), KeyedError>
+where
+    K: DeserializeOwned + Eq + std::hash::Hash,
+    S: Snapshot,
+{
+    let corrupt = |reason: String| KeyedError::CorruptPart { key_group, reason };
+    let chain = split_chain(bytes).map_err(corrupt)?;
+    for (index, (header, part)) in chain.into_iter().enumerate() {
+        let replaces = index > 0;
+        decode_part_entries::<K, S>(part, &header, max_parallelism, key_group, |h, k, s| {
+            insert(h, k, s, replaces)
+        })?;
+    }
+    Ok(())
+}
+
+/// [`decode_entries`] of one part of a chain, whose header is `header`.
+fn decode_part_entries<K, S>(
+    bytes: &[u8],
+    header: &PartHeader,
     max_parallelism: MaxParallelism,
     key_group: u32,
     mut insert: impl FnMut(u64, K, S) -> Result<(), KeyedError>,
@@ -430,7 +560,6 @@ where
     S: Snapshot,
 {
     let corrupt = |reason: String| KeyedError::CorruptPart { key_group, reason };
-    let header = decode_header(bytes).map_err(corrupt)?;
     if header.max_parallelism != max_parallelism.get() {
         return Err(KeyedError::MaxParallelismMismatch {
             key_group,
@@ -556,10 +685,10 @@ fn write_long_length_in_place(out: &mut Vec<u8>, at: usize, payload_len: usize) 
     out[at..at + len].copy_from_slice(&varint[..len]);
 }
 
-fn write_header(header: &PartHeader, out: &mut [u8]) {
+fn write_header(header: &PartHeader, flags: u16, out: &mut [u8]) {
     out[0..4].copy_from_slice(&PART_MAGIC);
     out[4..6].copy_from_slice(&PART_FORMAT_VERSION.to_le_bytes());
-    out[6..8].copy_from_slice(&0u16.to_le_bytes());
+    out[6..8].copy_from_slice(&flags.to_le_bytes());
     out[8..12].copy_from_slice(&header.max_parallelism.to_le_bytes());
     out[12..16].copy_from_slice(&header.key_group.to_le_bytes());
     out[16..24].copy_from_slice(&header.entry_count.to_le_bytes());

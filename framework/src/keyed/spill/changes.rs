@@ -44,6 +44,11 @@ const TOMBSTONE: u32 = u32::MAX;
 
 /// The bytes of one record's header: the key's and the value's lengths.
 const HEADER_LEN: usize = 8;
+/// The bit of a record's key-length word that marks it *unchanged*: the
+/// value written is the one the key had at the last snapshot (an entry
+/// loaded and evicted again without being written), so a delta part
+/// need not hold it. Keys must be shorter than it.
+const UNCHANGED: u32 = 1 << 31;
 
 /// Entries written to the disk table since the log was last taken.
 #[derive(Debug)]
@@ -79,22 +84,30 @@ impl ChangeLog {
     /// Records that `key` now holds `value` on disk. Past the bound the log
     /// becomes incomplete and frees its memory.
     pub(crate) fn record(&mut self, key: &[u8], value: &[u8]) {
-        self.append(key, Some(value));
+        self.append(key, Some(value), false);
+    }
+
+    /// [`Self::record`] of a value `key` already had at the last snapshot
+    /// (the caller knows the key was not written since): a base merge
+    /// takes it like any other, a delta part leaves it out.
+    pub(crate) fn record_unchanged(&mut self, key: &[u8], value: &[u8]) {
+        self.append(key, Some(value), true);
     }
 
     /// Records that `key` was deleted from disk.
     pub(crate) fn record_deletion(&mut self, key: &[u8]) {
-        self.append(key, None);
+        self.append(key, None, false);
     }
 
-    fn append(&mut self, key: &[u8], value: Option<&[u8]>) {
+    fn append(&mut self, key: &[u8], value: Option<&[u8]>, unchanged: bool) {
         if !self.complete {
             return;
         }
         let value_len = value.map_or(0, <[u8]>::len);
         let record_len = HEADER_LEN + key.len() + value_len;
-        // A value must stay below the tombstone's length.
-        let too_long = u32::try_from(key.len()).is_err()
+        // A value must stay below the tombstone's length, a key below the
+        // flag bit.
+        let too_long = u32::try_from(key.len()).map_or(true, |len| len >= UNCHANGED)
             || u32::try_from(value_len).map_or(true, |len| len == TOMBSTONE);
         if too_long || !self.make_room(record_len) {
             self.invalidate();
@@ -105,8 +118,8 @@ impl ChangeLog {
         self.starts.push(self.bytes.len());
         // Both fit a u32 (checked above).
         let value_word = value.map_or(TOMBSTONE, |value| value.len() as u32);
-        self.bytes
-            .extend_from_slice(&(key.len() as u32).to_le_bytes());
+        let key_word = key.len() as u32 | if unchanged { UNCHANGED } else { 0 };
+        self.bytes.extend_from_slice(&key_word.to_le_bytes());
         self.bytes.extend_from_slice(&value_word.to_le_bytes());
         self.bytes.extend_from_slice(key);
         if let Some(value) = value {
@@ -264,11 +277,19 @@ fn record(bytes: &[u8], start: usize) -> ChangeRef<'_> {
         word.copy_from_slice(&bytes[at..at + 4]);
         u32::from_le_bytes(word)
     };
-    let (key_len, value_word) = (word(start) as usize, word(start + 4));
+    let (key_len, value_word) = ((word(start) & !UNCHANGED) as usize, word(start + 4));
     let key_at = start + HEADER_LEN;
     let value_at = key_at + key_len;
     let value = (value_word != TOMBSTONE).then(|| &bytes[value_at..value_at + value_word as usize]);
     (&bytes[key_at..value_at], value)
+}
+
+/// Whether the record at `start` in `bytes` was marked unchanged
+/// ([`ChangeLog::record_unchanged`]).
+fn is_unchanged(bytes: &[u8], start: usize) -> bool {
+    let mut word = [0; 4];
+    word.copy_from_slice(&bytes[start..start + 4]);
+    u32::from_le_bytes(word) & UNCHANGED != 0
 }
 
 /// A cursor over the newest value of each changed key, ascending.
@@ -286,6 +307,15 @@ impl SortedChanges {
         self.starts
             .get(self.next)
             .map(|start| record(&self.bytes, *start))
+    }
+
+    /// Whether the entry [`Self::peek`] shows may hold a value the key did
+    /// not have at the previous snapshot (false only for one recorded by
+    /// [`ChangeLog::record_unchanged`]); false when there is none.
+    pub(crate) fn peek_changed(&self) -> bool {
+        self.starts
+            .get(self.next)
+            .is_some_and(|start| !is_unchanged(&self.bytes, *start))
     }
 
     /// Moves past the entry [`Self::peek`] shows.
@@ -322,6 +352,44 @@ mod tests {
             sorted.advance();
         }
         out
+    }
+
+    /// A record marked unchanged keeps its value for the merge, the newest
+    /// record's mark is the key's, and a compaction keeps the marks.
+    #[test]
+    fn the_unchanged_mark_is_the_newest_records_and_survives_compaction() {
+        let marks = |log: &mut ChangeLog| {
+            let mut sorted = log.take().expect("complete").sorted();
+            let mut out = Vec::new();
+            while let Some((key, value)) = sorted.peek() {
+                out.push((
+                    key.to_vec(),
+                    value.map(<[u8]>::to_vec),
+                    sorted.peek_changed(),
+                ));
+                sorted.advance();
+            }
+            out
+        };
+        let mut log = ChangeLog::new(6, 1_000);
+        log.take();
+        log.record_unchanged(b"a", b"1");
+        log.record(b"b", b"2");
+        log.record(b"c", b"3");
+        log.record_unchanged(b"c", b"3");
+        log.record(b"b", b"2");
+        log.record_unchanged(b"b", b"4");
+        // A seventh record compacts the log to a, b, c first.
+        log.record(b"a", b"5");
+        assert!(log.compactions() > 0);
+        assert_eq!(
+            marks(&mut log),
+            vec![
+                (b"a".to_vec(), Some(b"5".to_vec()), true),
+                (b"b".to_vec(), Some(b"4".to_vec()), false),
+                (b"c".to_vec(), Some(b"3".to_vec()), false),
+            ]
+        );
     }
 
     #[test]

@@ -23,7 +23,7 @@ use std::collections::VecDeque;
 
 use super::SpillError;
 use crate::keyed::cow::GroupSlices;
-use crate::keyed::StateKey;
+use crate::keyed::{key_hash, StateKey};
 use crate::state::append_postcard;
 use crate::state::{Snapshot, StateError};
 
@@ -31,9 +31,70 @@ use crate::state::{Snapshot, StateError};
 /// ascending. `Send`: the checkpoint writer reads them on its thread.
 pub(crate) trait HotGroups: Send {
     /// The hot entries of `key_group`, sorted by their disk keys; empty
-    /// for a group this holds nothing of. Key groups must be asked for in
-    /// ascending order; what is held of an earlier group is dropped.
-    fn group(&mut self, key_group: u32) -> Result<HotEntries, SpillError>;
+    /// for a group this holds nothing of. With `touched`, only entries
+    /// whose key hash it may contain (a superset of them is allowed: a
+    /// holder of encoded entries gives them all). Key groups must be asked
+    /// for in ascending order; what is held of an earlier group is
+    /// dropped.
+    fn group(
+        &mut self,
+        key_group: u32,
+        touched: Option<&TouchedKeys>,
+    ) -> Result<HotEntries, SpillError>;
+}
+
+/// The hashes of the keys the operator accessed for writing since the
+/// last snapshot (so every key whose value may have changed, besides
+/// those written to disk since, which the change log holds): what a delta
+/// part takes of the hot table. Bounded: past `limit` hashes it stops
+/// recording and counts every key as touched (a delta part then holds
+/// every hot entry of its group, larger but still right).
+///
+/// The hashes are [`key_hash`]es, mixed already, so each is its own hash
+/// in the table.
+#[derive(Debug, Default)]
+pub(crate) struct TouchedKeys {
+    hashes: hashbrown::HashTable<u64>,
+    limit: usize,
+    all: bool,
+}
+
+impl TouchedKeys {
+    /// An empty set recording at most `limit` hashes.
+    pub(crate) fn new(limit: usize) -> Self {
+        TouchedKeys {
+            hashes: hashbrown::HashTable::new(),
+            limit,
+            all: false,
+        }
+    }
+
+    /// Records the key with hash `hash`.
+    #[inline]
+    pub(crate) fn insert(&mut self, hash: u64) {
+        if self.all {
+            return;
+        }
+        if self.hashes.len() >= self.limit {
+            self.all = true;
+            self.hashes = hashbrown::HashTable::new();
+            return;
+        }
+        if self.hashes.find(hash, |seen| *seen == hash).is_none() {
+            self.hashes.insert_unique(hash, hash, |seen| *seen);
+        }
+    }
+
+    /// Whether the key with hash `hash` may have been touched.
+    pub(crate) fn contains(&self, hash: u64) -> bool {
+        self.all || self.hashes.find(hash, |seen| *seen == hash).is_some()
+    }
+
+    /// The set so far; this one starts empty with the same bound.
+    pub(crate) fn take(&mut self) -> TouchedKeys {
+        let limit = self.limit;
+        std::mem::replace(self, TouchedKeys::new(limit))
+    }
 }
 
 /// One key group's hot entries in their disk form (the key: its key group
@@ -121,7 +182,11 @@ where
     K: StateKey + Send + Sync,
     S: Snapshot + Send + Sync,
 {
-    fn group(&mut self, key_group: u32) -> Result<HotEntries, SpillError> {
+    fn group(
+        &mut self,
+        key_group: u32,
+        touched: Option<&TouchedKeys>,
+    ) -> Result<HotEntries, SpillError> {
         while self
             .groups
             .front()
@@ -138,7 +203,8 @@ where
         };
         let entries = slices
             .iter()
-            .flat_map(|table| table.iter().map(|(key, state)| (key, state)));
+            .flat_map(|table| table.iter().map(|(key, state)| (key, state)))
+            .filter(|(key, _)| touched.map_or(true, |touched| touched.contains(key_hash(*key))));
         // `slices` drops as this returns.
         HotEntries::encode(key_group, entries)
     }
@@ -159,7 +225,13 @@ impl Encoded {
 }
 
 impl HotGroups for Encoded {
-    fn group(&mut self, key_group: u32) -> Result<HotEntries, SpillError> {
+    /// Gives every entry of the group whatever `touched` says (the keys
+    /// are encoded already; a superset is allowed).
+    fn group(
+        &mut self,
+        key_group: u32,
+        _touched: Option<&TouchedKeys>,
+    ) -> Result<HotEntries, SpillError> {
         while self
             .groups
             .front()
@@ -222,11 +294,11 @@ mod tests {
                 HotEntries::encode(key_group, std::iter::once((&key, &count))).unwrap(),
             );
         }
-        assert_eq!(encoded.group(1).unwrap().len(), 0);
-        assert_eq!(encoded.group(4).unwrap().len(), 1);
+        assert_eq!(encoded.group(1, None).unwrap().len(), 0);
+        assert_eq!(encoded.group(4, None).unwrap().len(), 1);
         // Group 2 was passed: it is gone.
-        assert_eq!(encoded.group(5).unwrap().len(), 0);
-        assert_eq!(encoded.group(6).unwrap().len(), 1);
-        assert_eq!(encoded.group(6).unwrap().len(), 0);
+        assert_eq!(encoded.group(5, None).unwrap().len(), 0);
+        assert_eq!(encoded.group(6, None).unwrap().len(), 1);
+        assert_eq!(encoded.group(6, None).unwrap().len(), 0);
     }
 }

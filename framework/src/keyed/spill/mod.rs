@@ -54,12 +54,17 @@
 //!   it gives up and the next snapshot scans fjall whole, on the writer's
 //!   thread, as before the log existed. A log spilled to sorted runs on
 //!   disk would remove that cliff; not built.
-//! - When every key group changes each interval, every checkpoint
-//!   rewrites every base file and part and encodes and sorts the whole
-//!   hot table on the writer's thread: at 10 M keys (1 M in memory per
-//!   subtask) 1 s checkpoints run at 0.70-0.77 of the job without them,
-//!   below issue 16's 0.9 (BENCHMARKS.md, "The spilling backend's change
-//!   log at small budgets").
+//! - When every key group changes each interval, an incremental
+//!   checkpoint writes each as a delta part of the entries changed since
+//!   the previous snapshot (`job/incremental/chains.rs`), so the bytes
+//!   written follow the keys changed, but every snapshot still merges and
+//!   rewrites every base file on the writer's thread, whose CPU follows
+//!   the state, and cheaper checkpoints come more often: at 10 M keys
+//!   (1 M in memory per subtask) 1 s checkpoints cost a quarter to nearly
+//!   half of the CPU in the runs measured, below issue 16's 0.9
+//!   (BENCHMARKS.md, "Delta chains of the spilling backend at 10 M
+//!   keys"). Keeping the sorted change runs and merging them into the base
+//!   only when a group is written whole would remove it; not built.
 //! - A state type without `Clone` cannot be frozen: its synchronous path
 //!   ([`SpillingState::snapshot_encoded`], used by `parts_of`) encodes the
 //!   hot entries on the operator's thread (at most the budget).

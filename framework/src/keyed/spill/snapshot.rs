@@ -57,6 +57,15 @@
 //! disk meanwhile. State that never left memory has no store: its parts
 //! are the hot entries alone, encoded on the writer's thread too.
 //!
+//! # Delta parts
+//!
+//! A picked group the caller asked for as a delta
+//! ([`super::SpillingState::snapshot_with_deltas`]) gets, when the source
+//! knows what changed (a merge, or no disk table), only the entries the
+//! change log holds and the touched hot entries, as a delta part
+//! ([`crate::keyed::part`], "Delta chains"); otherwise it is yielded
+//! whole and the caller writes it as such.
+//!
 //! A key group with no change on disk since the previous base keeps that
 //! base's file, and is not read at all unless it is requested; a changed
 //! group's file is rewritten whole. Known gap: so the sequential I/O
@@ -69,7 +78,7 @@ use std::sync::Arc;
 use super::base::{BaseWriter, Bases};
 use super::changes::Changes;
 use super::disk::DiskSnapshot;
-use super::hot::{HotEntries, HotGroups};
+use super::hot::{HotEntries, HotGroups, TouchedKeys};
 use super::source::GroupSource;
 use super::SpillError;
 use crate::keyed::backend::KeyGroupPart;
@@ -109,6 +118,14 @@ pub(super) struct Taken {
     /// Whether the state has a disk table; without one the hot entries are
     /// the whole state and no base is written.
     pub(super) spilled: bool,
+    /// Per key group of the range, whether a picked group may be written
+    /// as a delta part (its entries changed since the previous snapshot)
+    /// rather than whole; honoured only when the source knows the changes
+    /// (`GroupSource::knows_changes`).
+    pub(super) deltas: Vec<bool>,
+    /// The keys written in memory since the previous snapshot: a delta
+    /// part's hot entries.
+    pub(super) touched: TouchedKeys,
 }
 
 /// A snapshot being read.
@@ -267,11 +284,13 @@ impl Streamed {
     /// (not rewritten), and is not read at all unless requested.
     fn read_group(&mut self, key_group: u32) -> Result<Option<KeyGroupPart>, SpillError> {
         let taken = &mut self.taken;
-        let picked = taken.picked[(key_group - taken.range.start) as usize];
+        let index = (key_group - taken.range.start) as usize;
+        let picked = taken.picked[index];
         let reader = self
             .reader
             .as_mut()
             .ok_or_else(|| SpillError::Internal("a snapshot read before it started".into()))?;
+        let delta = picked && taken.deltas[index] && reader.knows_changes();
         let kept = reader.unchanged_file(key_group)?;
         let rewrites_base = kept.is_none();
         if let Some(base) = &mut self.base {
@@ -285,13 +304,15 @@ impl Streamed {
         }
         let mut part = picked.then(|| PartWriter::new(&taken.schema));
         let hot = if picked {
-            taken.hot.group(key_group)?
+            taken
+                .hot
+                .group(key_group, delta.then_some(&taken.touched))?
         } else {
             HotEntries::default()
         };
         let mut next_hot = 0;
         let base = &mut self.base;
-        reader.for_each_in(key_group, |key, value| {
+        reader.for_each_in(key_group, |key, value, changed| {
             if let (true, Some(base)) = (rewrites_base, base.as_mut()) {
                 base.push(key, value)?;
             }
@@ -309,6 +330,10 @@ impl Streamed {
                     return Ok(());
                 }
             }
+            if delta && !changed {
+                // Unchanged since the previous snapshot: its chain has it.
+                return Ok(());
+            }
             Ok(part.push_encoded(&key[4..], value)?)
         })?;
         Ok(match part {
@@ -317,10 +342,12 @@ impl Streamed {
                     part.push_encoded(&hot_key[4..], hot_value)?;
                     next_hot += 1;
                 }
-                Some(KeyGroupPart {
-                    key_group,
-                    bytes: part.finish(taken.max_parallelism, key_group),
-                })
+                let bytes = if delta {
+                    part.finish_delta(taken.max_parallelism, key_group)
+                } else {
+                    part.finish(taken.max_parallelism, key_group)
+                };
+                Some(KeyGroupPart { key_group, bytes })
             }
             None => None,
         })

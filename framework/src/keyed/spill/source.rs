@@ -40,15 +40,20 @@ enum Step {
 
 impl GroupSource {
     /// Calls `f` with every `(key, value)` of `key_group`, ascending by
-    /// key. Key groups must be asked for in ascending order.
+    /// key, and whether the value came from the changes since the
+    /// previous base and may differ from the key's value then (a record
+    /// not marked unchanged; always `false` for a view). Key groups must be
+    /// asked for in ascending order.
     pub(crate) fn for_each_in(
         &mut self,
         key_group: u32,
-        mut f: impl FnMut(&[u8], &[u8]) -> Result<(), SpillError>,
+        mut f: impl FnMut(&[u8], &[u8], bool) -> Result<(), SpillError>,
     ) -> Result<(), SpillError> {
         let (base, changes) = match self {
             GroupSource::Empty => return Ok(()),
-            GroupSource::View(view) => return view.scan_key_group(key_group, f),
+            GroupSource::View(view) => {
+                return view.scan_key_group(key_group, |key, value| f(key, value, false))
+            }
             GroupSource::Merge { base, changes } => (base, changes),
         };
         let mut base = base.reader(key_group)?;
@@ -66,28 +71,29 @@ impl GroupSource {
                     }
                     None => None,
                 };
+                let changed = changes.peek_changed();
                 let from_changes = in_group(changes.peek(), &prefix)?;
                 match (from_base, from_changes) {
                     (None, None) => return Ok(()),
                     (Some((key, value)), None) => {
-                        f(key, value)?;
+                        f(key, value, false)?;
                         Step::Base
                     }
                     (None, Some((key, value))) => {
                         // A deletion of a key the base does not hold.
                         if let Some(value) = value {
-                            f(key, value)?;
+                            f(key, value, changed)?;
                         }
                         Step::Changes
                     }
                     (Some((base_key, base_value)), Some((key, value))) => match base_key.cmp(key) {
                         Ordering::Less => {
-                            f(base_key, base_value)?;
+                            f(base_key, base_value, false)?;
                             Step::Base
                         }
                         Ordering::Greater => {
                             if let Some(value) = value {
-                                f(key, value)?;
+                                f(key, value, changed)?;
                             }
                             Step::Changes
                         }
@@ -95,7 +101,7 @@ impl GroupSource {
                             // The change replaces the base's value, or a
                             // deletion drops it.
                             if let Some(value) = value {
-                                f(key, value)?;
+                                f(key, value, changed)?;
                             }
                             Step::Both
                         }
@@ -111,6 +117,13 @@ impl GroupSource {
                 }
             }
         }
+    }
+
+    /// Whether [`Self::for_each_in`] says which entries changed since the
+    /// previous base (a merge, or no disk table at all), so that a delta
+    /// part can be built from it.
+    pub(crate) fn knows_changes(&self) -> bool {
+        !matches!(self, GroupSource::View(_))
     }
 
     /// For a merge, when nothing of `key_group` changed on disk since
@@ -213,7 +226,7 @@ mod tests {
     fn group(source: &mut GroupSource, key_group: u32) -> Vec<(Vec<u8>, Vec<u8>)> {
         let mut out = Vec::new();
         source
-            .for_each_in(key_group, |key, value| {
+            .for_each_in(key_group, |key, value, _| {
                 out.push((key.to_vec(), value.to_vec()));
                 Ok(())
             })
@@ -292,7 +305,7 @@ mod tests {
         // A group asked for after its changes' group was passed: the runs
         // are out of order.
         let (_bases, mut source) = merge(dir.path(), &[], &[(key(2, b"a"), &b"1"[..])]);
-        assert!(source.for_each_in(3, |_, _| Ok(())).is_err());
+        assert!(source.for_each_in(3, |_, _, _| Ok(())).is_err());
         // A base file holding another group's key.
         let bases = Bases::new(dir.path().join("misfiled"));
         let mut writer = bases.writer(1).unwrap();
@@ -305,7 +318,7 @@ mod tests {
             base: bases.open(1).unwrap(),
             changes: log.take().unwrap().sorted(),
         };
-        assert!(source.for_each_in(3, |_, _| Ok(())).is_err());
+        assert!(source.for_each_in(3, |_, _, _| Ok(())).is_err());
     }
 
     #[test]

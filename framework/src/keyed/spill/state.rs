@@ -43,7 +43,7 @@ use super::base::Bases;
 use super::changes::ChangeLog;
 use super::disk::DiskTable;
 use super::filter::SpilledKeys;
-use super::hot::{encode_key, Encoded, Frozen, HotEntries, HotGroups};
+use super::hot::{encode_key, Encoded, Frozen, HotEntries, HotGroups, TouchedKeys};
 use super::sizing::StoreSizing;
 use super::snapshot::{SpillSnapshot, Taken};
 use super::SpillError;
@@ -87,6 +87,13 @@ pub struct SpillingState<K, S> {
     bases: Arc<Bases>,
     /// How many snapshots were taken.
     epoch: u64,
+    /// The keys written in memory since the last snapshot (by hash), for
+    /// delta parts; bounded by the memory budget (`TouchedKeys`).
+    touched: TouchedKeys,
+    /// Per key group of the range, whether a key of it was deleted since
+    /// the last snapshot: a delta part cannot say so, so such a group is
+    /// written whole.
+    deleted: Vec<bool>,
 }
 
 impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
@@ -113,6 +120,8 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
             sizing,
             spilled: SpilledKeys::default(),
             epoch: 0,
+            touched: TouchedKeys::new(memory_entries.max(1)),
+            deleted: vec![false; range.len()],
         })
     }
 
@@ -189,7 +198,15 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
         if !self.hot.contains_hashed(key, hash) {
             self.load(key, hash)?;
         }
+        self.touched.insert(hash);
         Ok(self.hot.get_or_default_routed(key, hash))
+    }
+
+    /// How many snapshots of this state were taken (any kind): an
+    /// incremental checkpoint's delta parts hold the changes since the
+    /// last one, so its planner checks that it planned that one.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch
     }
 
     /// Deletes the state of `key`, in memory and on disk, and returns it
@@ -206,6 +223,12 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
             self.load(key, hash)?;
         }
         let removed = self.hot.remove(key);
+        if removed.is_some() {
+            let index = (self.hot.key_group_of(key) - self.hot.range().start) as usize;
+            if let Some(deleted) = self.deleted.get_mut(index) {
+                *deleted = true;
+            }
+        }
         if removed.is_some() && self.spilled.may_contain(hash) {
             if let Some(disk) = &self.disk {
                 self.key_scratch.clear();
@@ -268,10 +291,16 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
     fn store(&mut self, entries: Vec<(DiskEntry, u64)>) -> Result<(), SpillError> {
         // Opened first, then borrowed beside the filter.
         self.disk()?;
-        let (spilled, changes) = (&mut self.spilled, &mut self.changes);
+        let (spilled, changes, touched) = (&mut self.spilled, &mut self.changes, &self.touched);
         let entries = entries.into_iter().map(|(entry, hash)| {
             spilled.insert(hash);
-            changes.record(&entry.0, &entry.1);
+            // A key not written since the last snapshot holds the value it
+            // had then: a delta part leaves it out.
+            if touched.contains(hash) {
+                changes.record(&entry.0, &entry.1);
+            } else {
+                changes.record_unchanged(&entry.0, &entry.1);
+            }
             entry
         });
         match &self.disk {
@@ -330,9 +359,16 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
     fn take(
         &mut self,
         picked: Vec<bool>,
+        mut deltas: Vec<bool>,
         hot: Box<dyn HotGroups>,
     ) -> Result<SpillSnapshot, SpillError> {
         self.epoch += 1;
+        // A group with a deletion is written whole (a delta cannot delete).
+        for (delta, deleted) in deltas.iter_mut().zip(&mut self.deleted) {
+            *delta &= !*deleted;
+            *deleted = false;
+        }
+        let touched = self.touched.take();
         let schema = part::schema_section::<S>()?;
         // Without a disk table the log is empty; it records from here on,
         // but this snapshot leaves no base to merge into.
@@ -349,6 +385,8 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
             schema,
             max_parallelism: self.hot.max_parallelism(),
             hot,
+            deltas,
+            touched,
         }))
     }
 
@@ -371,7 +409,8 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
                 );
             }
         }
-        self.take(picked, Box::new(hot))
+        let deltas = vec![false; picked.len()];
+        self.take(picked, deltas, Box::new(hot))
     }
 
     /// Replaces the state with `parts` (exactly one per key group of its
@@ -393,6 +432,8 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
         }
         self.hot = CowKeyedState::new(max_parallelism, range)?;
         self.spilled = SpilledKeys::default();
+        self.touched.take();
+        self.deleted.iter_mut().for_each(|deleted| *deleted = false);
         // The table is replaced: no earlier base describes it.
         self.changes.invalidate();
         if parts
@@ -450,12 +491,28 @@ where
         &mut self,
         include: &mut dyn FnMut(u32) -> bool,
     ) -> Result<SpillSnapshot, SpillError> {
+        self.snapshot_with_deltas(include, &mut |_| false)
+    }
+
+    /// [`Self::snapshot`] where each picked key group that `delta` names
+    /// is yielded as a delta part ([`crate::keyed::part`]'s module doc)
+    /// holding the entries changed since the previous snapshot of this
+    /// state, when the snapshot knows them (it merges the previous base
+    /// with the change log, or the state never spilled) and no key of the
+    /// group was deleted since; otherwise it is yielded whole. The caller
+    /// lays a delta over the group's chain as of the previous snapshot.
+    pub(crate) fn snapshot_with_deltas(
+        &mut self,
+        include: &mut dyn FnMut(u32) -> bool,
+        delta: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<SpillSnapshot, SpillError> {
         let picked = self.pick(include);
+        let deltas = self.pick(delta);
         let range = self.hot.range();
         let frozen = self
             .hot
             .share_key_groups(|key_group| picked[(key_group - range.start) as usize]);
-        self.take(picked, Box::new(Frozen::new(frozen)))
+        self.take(picked, deltas, Box::new(Frozen::new(frozen)))
     }
 }
 
