@@ -13,23 +13,32 @@
 //! - a damaged shared file that the newest checkpoint refers to makes
 //!   every checkpoint that refers to it invalid: loading falls back past
 //!   them and the report says which file and why;
+//! - a savepoint taken between incremental checkpoints (written whole,
+//!   outside the chain) does not hide what changed before it from the
+//!   next incremental checkpoint: a job resumed from that checkpoint
+//!   holds every key's exact count, in the flat and copy-on-write layouts
+//!   and on the spilling backend;
 //! - after each run the store holds exactly the shared files its
 //!   checkpoints refer to.
 //!
-//! The rescale and damage tests retry a bounded number of times until the
-//! run leaves the state they need (a checkpoint that refers to an earlier
-//! one is newest), because which checkpoint is newest depends on timing.
+//! The rescale, damage and savepoint tests retry a bounded number of
+//! times until the run leaves the state they need (a checkpoint that
+//! refers to an earlier one is newest), because which checkpoint is
+//! newest depends on timing.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use snapflow::job::{IncrementalCheckpoints, Job, JobConfig, JobError};
+use snapflow::job::{IncrementalCheckpoints, Job, JobConfig, JobError, KeyedBackend};
 use snapflow::sink::CollectHandle;
-use snapflow::source::VecSourceFactory;
+use snapflow::source::{
+    Source, SourceError, SourceFactory, SourcePoll, SourcePosition, VecSourceFactory,
+};
 use snapflow::storage::{
-    CheckpointMetadata, CheckpointStore, FsCheckpointStore, MemoryCheckpointStore, PartId,
-    SegmentSource,
+    CheckpointKind, CheckpointMetadata, CheckpointStore, CheckpointSummary, FsCheckpointStore,
+    MemoryCheckpointStore, PartId, SegmentSource,
 };
 use snapflow::Snapshot;
 use snapflow_tests::damage::{self, Crash, Dirs};
@@ -594,4 +603,279 @@ fn incremental_checkpoints_can_be_turned_off() {
     let found = shared_files::check(&store).expect("consistent");
     assert_eq!(found.files, 0);
     assert_eq!(found.incremental_checkpoints, 0);
+}
+
+// ----- a savepoint inside an incremental chain -----
+
+/// The keys of the savepoint test; each is counted once first.
+const CHAIN_KEYS: u64 = 2_000;
+/// Keys updated between the first checkpoint and the savepoint (set A).
+const BEFORE_SAVEPOINT: [u64; 4] = [3, 101, 577, 1_303];
+/// Keys updated after the savepoint (set B), in other slices than set A's.
+const AFTER_SAVEPOINT: [u64; 4] = [42, 888, 1_500, 1_999];
+/// How many times each key of sets A and B is counted again.
+const UPDATES: u64 = 5;
+
+/// The savepoint test's input: every key once, then set A's updates, then
+/// set B's.
+fn chain_records() -> Vec<u64> {
+    let updates = |keys: [u64; 4]| (0..UPDATES).flat_map(move |_| keys);
+    (0..CHAIN_KEYS)
+        .chain(updates(BEFORE_SAVEPOINT))
+        .chain(updates(AFTER_SAVEPOINT))
+        .collect()
+}
+
+/// A source of `records` that produces only as many as the test has
+/// allowed so far, and is idle (not ended) at that limit, so that the test
+/// decides which records are in before and after each checkpoint.
+struct Gated {
+    records: Vec<u64>,
+    allowed: Arc<AtomicU64>,
+}
+
+struct GatedSource {
+    inner: <VecSourceFactory<u64> as SourceFactory>::Source,
+    allowed: Arc<AtomicU64>,
+    /// Records produced by this run (a resumed run is never gated).
+    produced: u64,
+}
+
+impl SourceFactory for Gated {
+    type Source = GatedSource;
+
+    fn split(&self, subtask: usize, parallelism: usize) -> Result<GatedSource, SourceError> {
+        Ok(GatedSource {
+            inner: VecSourceFactory::new(self.records.clone()).split(subtask, parallelism)?,
+            allowed: Arc::clone(&self.allowed),
+            produced: 0,
+        })
+    }
+}
+
+impl Source for GatedSource {
+    type Item = u64;
+
+    fn poll_batch(
+        &mut self,
+        out: &mut Vec<u64>,
+        max_records: usize,
+    ) -> Result<SourcePoll, SourceError> {
+        let left = self
+            .allowed
+            .load(Ordering::SeqCst)
+            .saturating_sub(self.produced);
+        if left == 0 {
+            return Ok(SourcePoll::Idle);
+        }
+        let max_records = max_records
+            .min(usize::try_from(left).unwrap_or(usize::MAX))
+            .min(8);
+        let poll = self.inner.poll_batch(out, max_records)?;
+        if let SourcePoll::Produced(count) = poll {
+            self.produced += count as u64;
+        }
+        Ok(poll)
+    }
+
+    fn position(&self) -> SourcePosition {
+        self.inner.position()
+    }
+
+    fn seek(&mut self, position: &SourcePosition) -> Result<(), SourceError> {
+        self.inner.seek(position)
+    }
+}
+
+/// The savepoint test's pipeline: counts each key of `records` at 2
+/// subtasks, adding each record it counts to `processed`.
+fn declare_chain(
+    job: &Job,
+    allowed: &Arc<AtomicU64>,
+    processed: &Arc<AtomicU64>,
+    output: &CollectHandle<u64>,
+) -> snapflow::job::KeyedStateHandle<u64, Count> {
+    let source = Gated {
+        records: chain_records(),
+        allowed: Arc::clone(allowed),
+    };
+    let processed = Arc::clone(processed);
+    let (counted, state) = job
+        .source("gated", source)
+        .parallelism(1)
+        .key_by(|&id: &u64| id)
+        .process_with_state(
+            "count",
+            move |_key: &u64, count: &mut Count, _id: u64, out| {
+                count.count += 1;
+                processed.fetch_add(1, Ordering::SeqCst);
+                out.emit(count.count);
+                Ok(())
+            },
+        );
+    counted
+        .parallelism(2)
+        .sink("collect", output.clone())
+        .parallelism(1);
+    state
+}
+
+/// Waits (at most [`LIMIT`]) until `ready`.
+fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !ready() {
+        assert!(started.elapsed() < LIMIT, "timed out waiting until {what}");
+        thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// The newest entry of `store`.
+fn newest(store: &dyn CheckpointStore) -> Option<CheckpointSummary> {
+    store.list().expect("the store lists").last().cloned()
+}
+
+/// One attempt of the savepoint test at copy-on-write threshold
+/// `threshold_keys`, on the spilling backend with that many keys per
+/// subtask in memory when `spilling` is set: a checkpoint `c` of every key, then
+/// set A's updates and a savepoint, then set B's updates and incremental
+/// checkpoints after the savepoint; cancelled, and resumed from the newest
+/// of those, which refers back to `c`'s shared files. `None` when timing
+/// put another checkpoint between `c` and the savepoint (it would have
+/// written set A's slices itself) or left no incremental checkpoint after
+/// the savepoint newest.
+fn savepoint_inside_chain(threshold_keys: usize, spilling: Option<usize>) -> Option<()> {
+    let work = tempfile::tempdir().expect("a temporary directory");
+    let backend = || match spilling {
+        Some(memory_entries) => KeyedBackend::Spilling {
+            dir: work.path().to_path_buf(),
+            memory_entries,
+        },
+        None => KeyedBackend::Memory,
+    };
+    let store: Arc<dyn CheckpointStore> =
+        Arc::new(MemoryCheckpointStore::new("savepoint-chain").expect("a memory store"));
+    let config = || JobConfig {
+        checkpoint_interval_ms: Some(200),
+        min_pause_ms: 200,
+        store: Some(Arc::clone(&store)),
+        incremental_checkpoints: long_chains(),
+        copy_on_write_threshold_keys: threshold_keys,
+        keyed_backend: backend(),
+        ..JobConfig::default()
+    };
+    let output = CollectHandle::<u64>::new();
+    let allowed = Arc::new(AtomicU64::new(CHAIN_KEYS));
+    let processed = Arc::new(AtomicU64::new(0));
+    let first = Job::new("savepoint-chain", config());
+    let _ = declare_chain(&first, &allowed, &processed, &output);
+    let running = first.start().expect("the first run starts");
+
+    // A checkpoint `c` of every key's first count (committed output
+    // follows completed checkpoints), then set A's updates, processed
+    // before the savepoint is triggered.
+    wait_until("a checkpoint holds every key", || {
+        output.committed().len() as u64 == CHAIN_KEYS
+    });
+    let c = newest(store.as_ref()).expect("a checkpoint").checkpoint;
+    let with_a = CHAIN_KEYS + UPDATES * BEFORE_SAVEPOINT.len() as u64;
+    allowed.store(with_a, Ordering::SeqCst);
+    wait_until("set A is counted", || {
+        processed.load(Ordering::SeqCst) == with_a
+    });
+    running.trigger_savepoint();
+    wait_until("the savepoint completes", || {
+        store
+            .list()
+            .expect("the store lists")
+            .iter()
+            .any(|entry| entry.kind == CheckpointKind::Savepoint)
+    });
+
+    // Set B's updates, and a checkpoint after them.
+    let all = chain_records().len() as u64;
+    allowed.store(all, Ordering::SeqCst);
+    wait_until("a checkpoint holds set B", || {
+        output.committed().len() as u64 == all
+    });
+    running.cancel();
+    match running.wait() {
+        Err(JobError::Cancelled) => {}
+        other => panic!("the first run ended otherwise than cancelled: {other:?}"),
+    }
+    let entries = store.list().expect("the store lists");
+    let savepoint = entries
+        .iter()
+        .find(|entry| entry.kind == CheckpointKind::Savepoint)
+        .expect("the savepoint")
+        .checkpoint;
+    let between = entries
+        .iter()
+        .any(|entry| entry.checkpoint > c && entry.checkpoint < savepoint);
+    let last = newest(store.as_ref()).expect("a checkpoint");
+    let loaded = store.load(last.checkpoint).expect("the newest loads");
+    if between
+        || last.kind != CheckpointKind::Checkpoint
+        || last.checkpoint < savepoint
+        || !refers_back(&loaded.metadata)
+    {
+        return None;
+    }
+
+    // Resumed from the incremental checkpoint after the savepoint: every
+    // key's exact count, set A's updates included.
+    let resumed = Job::new("savepoint-chain", config());
+    let state = declare_chain(
+        &resumed,
+        &Arc::new(AtomicU64::new(u64::MAX)),
+        &Arc::new(AtomicU64::new(0)),
+        &output,
+    );
+    let report = resumed.run().expect("the job resumes");
+    assert_eq!(report.resumed_from, Some(last.checkpoint));
+    let finals = state.snapshot();
+    assert_eq!(finals.len() as u64, CHAIN_KEYS, "keys");
+    for key in 0..CHAIN_KEYS {
+        let updated = BEFORE_SAVEPOINT.contains(&key) || AFTER_SAVEPOINT.contains(&key);
+        let want = if updated { 1 + UPDATES } else { 1 };
+        assert_eq!(
+            finals[&key].count, want,
+            "key {key} after checkpoint {c}, savepoint {savepoint}, checkpoint {} (set A: {:?})",
+            last.checkpoint, BEFORE_SAVEPOINT
+        );
+    }
+    assert_eq!(output.committed().len() as u64, all, "every record once");
+    Some(())
+}
+
+/// Runs [`savepoint_inside_chain`] until timing gives it the chain it
+/// needs.
+fn check_savepoint(threshold_keys: usize, spilling: Option<usize>) {
+    for attempt in 1..=TRIES {
+        if savepoint_inside_chain(threshold_keys, spilling).is_some() {
+            return;
+        }
+        eprintln!("attempt {attempt}: another checkpoint came between; again");
+    }
+    panic!("no attempt had a savepoint between two checkpoints of one chain");
+}
+
+/// A savepoint taken while incremental checkpoints are on is written whole
+/// and is not part of the chain: the incremental checkpoint after it must
+/// still write what changed since the checkpoint before it (set A), or a
+/// job resumed from it loses set A's updates. Flat layout.
+#[test]
+fn a_savepoint_inside_an_incremental_chain_keeps_its_changes_flat() {
+    check_savepoint(FLAT, None);
+}
+
+/// The same with the copy-on-write layout (threshold 0).
+#[test]
+fn a_savepoint_inside_an_incremental_chain_keeps_its_changes_copy_on_write() {
+    check_savepoint(0, None);
+}
+
+/// The same on the spilling backend, most keys on disk.
+#[test]
+fn a_savepoint_inside_an_incremental_chain_keeps_its_changes_spilling() {
+    check_savepoint(FLAT, Some(64));
 }

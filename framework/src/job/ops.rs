@@ -284,7 +284,12 @@ where
                 }
                 let plan = plan_of(&mut self.incremental, checkpoint, &*states);
                 let handoff = states.hand_off_key_groups(|key_group| plan.writes(key_group));
-                states.clear_dirty();
+                // With incremental checkpoints on, this full snapshot is
+                // a savepoint's, which must leave the flags to the next
+                // incremental checkpoint.
+                if forgets_changes(&self.incremental, checkpoint) {
+                    states.clear_dirty();
+                }
                 (plan, Box::new(handoff))
             }
             #[cfg(feature = "spill")]
@@ -304,7 +309,9 @@ where
                     &mut |key_group| plan.writes(key_group),
                     &mut |key_group| plan.writes_delta(key_group),
                 )?;
-                states.forget_changes();
+                if forgets_changes(&self.incremental, checkpoint) {
+                    states.forget_changes();
+                }
                 (plan, Box::new(snapshot))
             }
         };
@@ -363,6 +370,22 @@ fn incremental_of(
     incremental
         .as_mut()
         .filter(|incremental| !incremental.kinds.is_savepoint(checkpoint))
+}
+
+/// Whether the snapshot for `checkpoint` may clear the state's dirty
+/// flags (forget which key groups and slices changed). Not for a savepoint
+/// while incremental checkpoints are on: a savepoint is written whole and
+/// is not part of the incremental chain, so the ledger still holds the
+/// last checkpoint's ranges, and the next incremental checkpoint must
+/// write everything that changed since that checkpoint, including what
+/// changed before the savepoint. Clearing the flags there would make it
+/// refer to older bytes of those key groups, and a job resumed from it
+/// would lose their updates. The flat layout's full snapshot
+/// (`full_segments`) never clears them.
+fn forgets_changes(incremental: &Option<Incremental>, checkpoint: CheckpointId) -> bool {
+    !incremental
+        .as_ref()
+        .is_some_and(|incremental| incremental.kinds.is_savepoint(checkpoint))
 }
 
 /// What a snapshot of `states` for `checkpoint` writes and what it refers
