@@ -228,7 +228,10 @@ fn every_single_bit_flip_is_rejected() {
 fn appended_bytes_are_rejected() {
     let (key_group, mut bytes) = sample_part();
     bytes.push(0);
-    check_corrupt(key_group, &bytes, "body");
+    // A key group's bytes may be a chain of parts (the spilling backend's
+    // delta parts), so bytes after a whole part are read as the next
+    // part's header, which one byte cannot be.
+    check_corrupt(key_group, &bytes, "shorter than the 44-byte header");
 }
 
 #[test]
@@ -254,7 +257,22 @@ fn bad_magic_version_and_flags_are_rejected() {
         .seal(&body),
         "version 2",
     );
-    check_corrupt(0, &PartForge { flags: 1, ..honest }.seal(&body), "flags");
+    check_corrupt(0, &PartForge { flags: 2, ..honest }.seal(&body), "flags");
+    check_corrupt(
+        0,
+        &PartForge {
+            flags: 0x8000,
+            ..honest
+        }
+        .seal(&body),
+        "flags",
+    );
+    // Flag 1 marks a delta part, valid only after a whole part of its group.
+    check_corrupt(
+        0,
+        &PartForge { flags: 1, ..honest }.seal(&body),
+        "starts with a delta part",
+    );
     let huge = PartForge {
         schema_len: u32::MAX,
         ..honest
