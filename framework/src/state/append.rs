@@ -115,6 +115,12 @@ impl AppendSerializer<'_> {
         Ok(())
     }
 
+    /// An enum variant's tag: its index as a varint, whatever its shape.
+    #[inline(always)]
+    fn variant(&mut self, variant_index: u32) -> postcard::Result<()> {
+        self.varint(u64::from(variant_index))
+    }
+
     #[inline(always)]
     fn length(&mut self, len: Option<usize>) -> postcard::Result<()> {
         let len = len.ok_or(Error::SerializeSeqLengthUnknown)?;
@@ -250,7 +256,7 @@ impl ser::Serializer for &mut AppendSerializer<'_> {
         variant_index: u32,
         _variant: &'static str,
     ) -> postcard::Result<()> {
-        self.varint(u64::from(variant_index))
+        self.variant(variant_index)
     }
 
     #[inline]
@@ -270,7 +276,7 @@ impl ser::Serializer for &mut AppendSerializer<'_> {
         _variant: &'static str,
         value: &T,
     ) -> postcard::Result<()> {
-        self.varint(u64::from(variant_index))?;
+        self.variant(variant_index)?;
         value.serialize(self)
     }
 
@@ -298,7 +304,7 @@ impl ser::Serializer for &mut AppendSerializer<'_> {
         _variant: &'static str,
         _len: usize,
     ) -> postcard::Result<Self> {
-        self.varint(u64::from(variant_index))?;
+        self.variant(variant_index)?;
         Ok(self)
     }
 
@@ -321,7 +327,7 @@ impl ser::Serializer for &mut AppendSerializer<'_> {
         _variant: &'static str,
         _len: usize,
     ) -> postcard::Result<Self> {
-        self.varint(u64::from(variant_index))?;
+        self.variant(variant_index)?;
         Ok(self)
     }
 }

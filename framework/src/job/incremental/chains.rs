@@ -118,7 +118,7 @@ impl SnapshotPlan {
 mod tests {
     use std::collections::BTreeMap;
 
-    use super::super::tests::{decoded, Written};
+    use super::super::tests::{counts, decoded, Written};
     use super::super::IncrementalCheckpoints;
     use super::*;
     use crate::keyed::spill::SpillingState;
@@ -167,11 +167,37 @@ mod tests {
             .count()
     }
 
+    /// The keyed state `bytes` holds, restored as two subtasks would after
+    /// a rescale, each taking the chains of its half of the range.
+    fn rescaled(bytes: &[u8]) -> Model {
+        let parts = crate::job::ops::decode_keyed_state(bytes).unwrap();
+        let middle = range().iter().start + range().len() as u32 / 2;
+        let halves = [
+            KeyGroupRange::new(range().iter().start, middle),
+            KeyGroupRange::new(middle, range().iter().end),
+        ];
+        let mut model = Model::new();
+        for half in halves {
+            let ours = crate::keyed::parts_in_range(half, parts.clone());
+            model.extend(decoded_parts(ours.collect(), half));
+        }
+        model
+    }
+
+    /// The counts of `parts` restored into `range`.
+    fn decoded_parts(parts: Vec<(u32, Vec<u8>)>, range: KeyGroupRange) -> Model {
+        let restored: crate::keyed::KeyedState<u64, Count> =
+            crate::keyed::KeyedState::restore(MaxParallelism::new(16).unwrap(), range, parts)
+                .unwrap();
+        counts(restored.iter())
+    }
+
     /// A seeded chain of incremental checkpoints of a spilling state with
     /// writes, evictions, loads (keys read back from disk) and deletions,
     /// some checkpoints never confirmed and some snapshots the ledger did
     /// not plan (a capture): every checkpoint assembles to the model's
-    /// state, and deltas were written.
+    /// state, also restored as two subtasks after a rescale, and deltas
+    /// were written.
     fn chain_against_model(seed: u64) {
         let mut rng = Rng(seed);
         let dir = tempfile::tempdir().unwrap();
@@ -219,6 +245,7 @@ mod tests {
             deltas += deltas_in(&segments);
             let assembled = written.assemble(&segments);
             assert_eq!(decoded(&assembled, range()), model, "checkpoint {id}");
+            assert_eq!(rescaled(&assembled), model, "checkpoint {id}, rescaled");
             if rng.below(5) != 0 {
                 ledger.on_complete(CheckpointId(id));
             }
