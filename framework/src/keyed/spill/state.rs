@@ -2,7 +2,8 @@
 //! and the rest in a [`DiskTable`].
 //!
 //! This module owns the movement of entries between memory and disk (load
-//! on a miss, eviction over the budget, deletion), what a snapshot takes
+//! on a miss, eviction over the budget (which entries go is `evict.rs`'s
+//! choice), deletion), what a snapshot takes
 //! on the operator's thread, and restoring parts into a fresh disk table.
 //! It never decides when to snapshot and never builds a part itself
 //! ([`super::snapshot`] does).
