@@ -13,6 +13,14 @@
 //! records (a key whose state was lost on the way to disk would end below
 //! its count and emit nothing). It asserts nothing about speed.
 //!
+//! With `--hot-keys H --hot-share P`, P % of the records go to H hot keys
+//! and the rest spread evenly over the other K - H keys (a skewed
+//! workload, where the eviction choice decides how often hot keys are
+//! read back from disk); it prints the entries read back from disk per
+//! record (`snapflow::keyed::spill::disk_loads_total`). Setting
+//! `SNAPFLOW_SPILL_EVICTION=order` selects the eviction choice before
+//! second chance (the table's memory order), for comparison.
+//!
 //! Run: `cargo bench -p snapflow --features spill --bench spill --
 //! --keys 10000000 --records 20000000 --memory-entries 1000000 --dir DIR`
 //! (see `--help`).
@@ -34,7 +42,7 @@ use support::{
 
 const USAGE: &str = "spill [--records N] [--keys K] [--parallelism P] \
 [--backend spilling|memory] [--memory-entries M] [--checkpoint-interval-ms MS|off] \
-[--dir DIR] [--smoke]";
+[--hot-keys H --hot-share PERCENT] [--dir DIR] [--smoke]";
 
 /// The command line.
 #[derive(Debug, Clone)]
@@ -45,6 +53,10 @@ struct Options {
     spilling: bool,
     memory_entries: usize,
     interval_ms: Option<u64>,
+    /// `--hot-keys`: how many keys get `hot_share` % of the records.
+    hot_keys: u64,
+    /// `--hot-share`: the percentage of records that go to the hot keys.
+    hot_share: u64,
     /// The working directory's parent (the spilling backend's and the
     /// checkpoint store's); a temporary directory inside it is used.
     dir: PathBuf,
@@ -59,6 +71,8 @@ impl Default for Options {
             spilling: true,
             memory_entries: 1_000_000,
             interval_ms: None,
+            hot_keys: 0,
+            hot_share: 0,
             dir: std::env::temp_dir(),
         }
     }
@@ -89,6 +103,12 @@ fn parse(arguments: impl IntoIterator<Item = String>) -> Result<Options, String>
                     other => return Err(format!("--backend: spilling or memory, got {other:?}")),
                 }
             }
+            "--hot-keys" => {
+                options.hot_keys = parse_number(&flag, value(&mut arguments).as_deref())?
+            }
+            "--hot-share" => {
+                options.hot_share = parse_number(&flag, value(&mut arguments).as_deref())?
+            }
             "--dir" => {
                 options.dir = value(&mut arguments)
                     .map(PathBuf::from)
@@ -108,7 +128,84 @@ fn parse(arguments: impl IntoIterator<Item = String>) -> Result<Options, String>
     if options.keys == 0 || options.parallelism == 0 || options.memory_entries == 0 {
         return Err("--keys, --parallelism and --memory-entries must be at least 1".into());
     }
+    let skewed = options.hot_keys > 0 || options.hot_share > 0;
+    if skewed
+        && (options.hot_share == 0
+            || options.hot_share >= 100
+            || options.hot_keys == 0
+            || options.hot_keys >= options.keys)
+    {
+        return Err("--hot-keys must be 1 to K - 1 and --hot-share 1 to 99, together".into());
+    }
     Ok(options)
+}
+
+/// Which key record `i` counts for, and each key's exact final count.
+///
+/// Uniform: key = i % K. Skewed: in each block of 100 consecutive records
+/// the first `hot_share` go to the hot keys `0..H` in turn and the others
+/// to the cold keys `H..K` in turn, so every count is known without
+/// holding the keys.
+#[derive(Debug, Clone, Copy)]
+struct KeyChoice {
+    records: u64,
+    keys: u64,
+    hot_keys: u64,
+    hot_share: u64,
+}
+
+impl KeyChoice {
+    fn new(options: &Options) -> Self {
+        KeyChoice {
+            records: options.records,
+            keys: options.keys,
+            hot_keys: options.hot_keys,
+            hot_share: options.hot_share,
+        }
+    }
+
+    fn key_of(&self, i: u64) -> u64 {
+        if self.hot_keys == 0 {
+            return i % self.keys;
+        }
+        let (block, place) = (i / 100, i % 100);
+        if place < self.hot_share {
+            (block * self.hot_share + place) % self.hot_keys
+        } else {
+            let cold = block * (100 - self.hot_share) + place - self.hot_share;
+            self.hot_keys + cold % (self.keys - self.hot_keys)
+        }
+    }
+
+    /// The records that go to the hot keys.
+    fn hot_records(&self) -> u64 {
+        (self.records / 100) * self.hot_share + (self.records % 100).min(self.hot_share)
+    }
+
+    fn expected(&self, key: u64) -> u64 {
+        if self.hot_keys == 0 {
+            return expected_count(self.records, self.keys, key);
+        }
+        let hot = self.hot_records();
+        if key < self.hot_keys {
+            expected_count(hot, self.hot_keys, key)
+        } else {
+            expected_count(
+                self.records - hot,
+                self.keys - self.hot_keys,
+                key - self.hot_keys,
+            )
+        }
+    }
+
+    /// How many keys get at least one record.
+    fn distinct(&self) -> u64 {
+        if self.hot_keys == 0 {
+            return self.keys.min(self.records);
+        }
+        let hot = self.hot_records();
+        self.hot_keys.min(hot) + (self.keys - self.hot_keys).min(self.records - hot)
+    }
 }
 
 /// The bytes under `dir`, recursively (files that vanish meanwhile count 0).
@@ -160,13 +257,14 @@ fn run(options: &Options) -> Result<(), String> {
     let job = Job::new("spill", config);
     let sink = DiscardSink::<(u64, u64)>::default();
     let (records, keys) = (options.records, options.keys);
+    let choice = KeyChoice::new(options);
     job.source("sequence", sequence(records))
-        .key_by(move |i: &u64| i % keys)
+        .key_by(move |i: &u64| choice.key_of(*i))
         .process(
             "count",
             move |key: &u64, state: &mut Count, _i: u64, out| {
                 state.count += 1;
-                if state.count == expected_count(records, keys, *key) {
+                if state.count == choice.expected(*key) {
                     out.emit((*key, state.count));
                 }
                 Ok(())
@@ -179,13 +277,15 @@ fn run(options: &Options) -> Result<(), String> {
         let (dir, done, largest) = (spill_dir, Arc::clone(&done), Arc::clone(&largest));
         std::thread::spawn(move || sample_disk(dir, done, largest))
     };
+    let loads_before = snapflow::keyed::spill::disk_loads_total();
     let started = Instant::now();
     let run = run_with_metrics(job, false);
     let elapsed = started.elapsed();
     done.store(true, Ordering::Relaxed);
     let _ = sampler.join();
     let (report, metrics) = run.map_err(|error| format!("the job failed: {error}"))?;
-    let distinct = keys.min(records);
+    let loads = snapflow::keyed::spill::disk_loads_total() - loads_before;
+    let distinct = choice.distinct();
     if sink.committed() != distinct {
         return Err(format!(
             "{} keys reached their exact count, expected {distinct}",
@@ -197,6 +297,20 @@ fn run(options: &Options) -> Result<(), String> {
         "records {records}, keys {keys}, parallelism {}, {}",
         options.parallelism,
         support::describe(options.interval_ms)
+    );
+    if options.hot_keys > 0 {
+        println!(
+            "skewed: {} % of the records to {} hot keys",
+            options.hot_share, options.hot_keys
+        );
+    }
+    println!(
+        "eviction: {}",
+        std::env::var("SNAPFLOW_SPILL_EVICTION").unwrap_or_else(|_| "second chance".into())
+    );
+    println!(
+        "entries read back from disk: {loads} ({:.4} per record)",
+        loads as f64 / records.max(1) as f64
     );
     println!(
         "throughput: {:.2} M records/s ({:.1} s)",

@@ -457,16 +457,27 @@ impl<K: StateKey, S> CowKeyedState<K, S> {
             .flat_map(|slot| slot.table.get().iter().map(|(key, state)| (key, state)))
     }
 
-    /// Takes up to `count` entries out of the slices from slot `from` on
-    /// (wrapping around), in memory order, without marking anything
-    /// dirty: the spilling backend moves them to disk, so the logical
-    /// state does not change. A slice a snapshot still holds is copied
-    /// first (the copy-on-write rule of [`super::cow`]), so the snapshot
-    /// keeps its entries. Returns the entries and the slot to start from
-    /// next time, so that successive evictions sweep the whole table
-    /// rather than always emptying the first key groups.
+    /// Takes up to `count` entries for which `evict` says yes out of the
+    /// slices from slot `from` on (wrapping around, at most one lap), in
+    /// memory order, without marking anything dirty: the spilling backend
+    /// moves them to disk, so the logical state does not change. `evict`
+    /// may change an entry it keeps (the spilling backend's eviction
+    /// clears a reference bit beside the state, `keyed/spill/evict.rs`),
+    /// which is no change of the logical state either; it is called on
+    /// the entries visited until `count` were taken, so its caller bounds
+    /// the work by saying yes to everything past its own limit. A slice a
+    /// snapshot still holds is copied first (the copy-on-write rule of
+    /// [`super::cow`]), so the snapshot keeps its entries. Returns the
+    /// entries and the slot to start from next time, so that successive
+    /// evictions sweep the whole table rather than always emptying the
+    /// first key groups.
     #[cfg(feature = "spill")]
-    pub(crate) fn take_entries_from(&mut self, from: usize, count: usize) -> (Vec<(K, S)>, usize) {
+    pub(crate) fn take_entries_from(
+        &mut self,
+        from: usize,
+        count: usize,
+        mut evict: impl FnMut(&mut (K, S)) -> bool,
+    ) -> (Vec<(K, S)>, usize) {
         let slots = self.groups.len();
         let mut taken = Vec::with_capacity(count);
         let mut next = from % slots.max(1);
@@ -485,10 +496,10 @@ impl<K: StateKey, S> CowKeyedState<K, S> {
             taken.extend(
                 slot.table
                     .get_mut(&mut self.take_backs)
-                    .extract_if(|_| true)
+                    .extract_if(&mut evict)
                     .take(wanted),
             );
-            if !slot.table.get().is_empty() {
+            if taken.len() >= count && !slot.table.get().is_empty() {
                 // Stopped inside this slice: start here next time.
                 next = index;
             }
@@ -626,21 +637,7 @@ impl<K: StateKey, S: Default> CowKeyedState<K, S> {
     }
 }
 
-impl<K: StateKey + Clone, S: Snapshot + Clone> CowKeyedState<K, S> {
-    /// Hands the owned key groups that `include` picks to a snapshot, in
-    /// ascending key group order, in time proportional to the number of
-    /// key groups (no entry is read or copied): the synchronous part of an
-    /// asynchronous snapshot. Encode the result later, on any thread, with
-    /// [`KeyGroupHandoff::encode`]; what this state is given after the
-    /// handoff never reaches it (see [`super::cow`] for the copy-on-write
-    /// rule and its memory bound). Dirty flags are left as they are.
-    pub fn hand_off_key_groups(
-        &mut self,
-        include: impl FnMut(u32) -> bool,
-    ) -> KeyGroupHandoff<K, S> {
-        KeyGroupHandoff::new(self.max_parallelism, self.share_key_groups(include))
-    }
-
+impl<K: StateKey + Clone, S: Clone> CowKeyedState<K, S> {
     /// The slice tables of the owned key groups that `include` picks,
     /// ascending by key group, shared in constant time per slice (see
     /// [`Self::hand_off_key_groups`]): also what the spilling backend's
@@ -658,6 +655,22 @@ impl<K: StateKey + Clone, S: Snapshot + Clone> CowKeyedState<K, S> {
                 (key_group, tables)
             })
             .collect()
+    }
+}
+
+impl<K: StateKey + Clone, S: Snapshot + Clone> CowKeyedState<K, S> {
+    /// Hands the owned key groups that `include` picks to a snapshot, in
+    /// ascending key group order, in time proportional to the number of
+    /// key groups (no entry is read or copied): the synchronous part of an
+    /// asynchronous snapshot. Encode the result later, on any thread, with
+    /// [`KeyGroupHandoff::encode`]; what this state is given after the
+    /// handoff never reaches it (see [`super::cow`] for the copy-on-write
+    /// rule and its memory bound). Dirty flags are left as they are.
+    pub fn hand_off_key_groups(
+        &mut self,
+        include: impl FnMut(u32) -> bool,
+    ) -> KeyGroupHandoff<K, S> {
+        KeyGroupHandoff::new(self.max_parallelism, self.share_key_groups(include))
     }
 
     /// Hands the slices that `writes` picks (by slot, see

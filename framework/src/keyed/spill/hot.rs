@@ -21,6 +21,7 @@
 
 use std::collections::VecDeque;
 
+use super::evict::Clocked;
 use super::SpillError;
 use crate::keyed::cow::GroupSlices;
 use crate::keyed::{key_hash, StateKey};
@@ -164,13 +165,15 @@ pub(crate) fn encode_key<K: serde::Serialize>(
 /// ([`crate::keyed::cow`]), so these stay as they were. Each group's
 /// tables are dropped as soon as it is encoded, so the operator takes a
 /// group the writer has passed back without a copy.
+/// Each entry's reference bit (`evict.rs`) is ignored: a snapshot holds
+/// the states.
 pub(crate) struct Frozen<K, S> {
-    groups: VecDeque<(u32, GroupSlices<K, S>)>,
+    groups: VecDeque<(u32, GroupSlices<K, Clocked<S>>)>,
 }
 
 impl<K, S> Frozen<K, S> {
     /// `groups`, ascending by key group.
-    pub(crate) fn new(groups: Vec<(u32, GroupSlices<K, S>)>) -> Self {
+    pub(crate) fn new(groups: Vec<(u32, GroupSlices<K, Clocked<S>>)>) -> Self {
         Frozen {
             groups: groups.into(),
         }
@@ -203,7 +206,7 @@ where
         };
         let entries = slices
             .iter()
-            .flat_map(|table| table.iter().map(|(key, state)| (key, state)))
+            .flat_map(|table| table.iter().map(|(key, entry)| (key, &entry.state)))
             .filter(|(key, _)| touched.map_or(true, |touched| touched.contains(key_hash(*key))));
         // `slices` drops as this returns.
         HotEntries::encode(key_group, entries)

@@ -15,10 +15,14 @@
 //!
 //! # Known gaps
 //!
-//! - Eviction picks keys in the table's memory order, not by recency (see
-//!   [`SpillingState::enforce_budget`]): a second-chance (CLOCK) choice
-//!   needs an eviction that takes entries by a predicate without marking
-//!   their key groups dirty, i.e. a change to `KeyedState`, not made yet.
+//! - Eviction is a second-chance (CLOCK) choice (`evict.rs`): a key
+//!   found in memory again keeps its place while the hand laps the table.
+//!   Its reference bit sits in the hot entry, which pads a small entry
+//!   (16 to 24 bytes for a `u64` key and count); a bit set beside each
+//!   slice would be smaller but needs bucket indices hashbrown 0.14 does
+//!   not give. It is an approximation of recency, not LRU: the hand
+//!   restarts a slice it stopped in from its first bucket, and past
+//!   three cleared bits per victim it takes entries whatever their bits.
 //! - The budget is in entries, not bytes. The store's memtables and block
 //!   cache are bounded from it (`sizing.rs`), but fjall's bloom filters
 //!   and block indexes and the filter of spilled keys (`filter.rs`) grow
@@ -76,6 +80,9 @@
 mod base;
 mod changes;
 mod disk;
+mod evict;
+#[cfg(test)]
+mod evict_tests;
 mod filter;
 mod hot;
 #[cfg(test)]
@@ -131,6 +138,24 @@ impl From<super::KeyGroupError> for SpillError {
     fn from(error: super::KeyGroupError) -> Self {
         SpillError::Keyed(KeyedError::KeyGroup(error))
     }
+}
+
+/// Entries read back from disk by every spilling state of this process
+/// (see [`disk_loads_total`]).
+static DISK_LOADS: AtomicU64 = AtomicU64::new(0);
+
+/// How many entries every spilling state of this process has read back
+/// from disk so far: each was a disk lookup on an operator's thread, the
+/// cost a good eviction choice avoids. For benchmarks and metrics; a
+/// state's own count is [`SpillingState::loaded_entries`].
+pub fn disk_loads_total() -> u64 {
+    DISK_LOADS.load(Ordering::Relaxed)
+}
+
+/// Counts one entry read back from disk. Relaxed: only a total is read,
+/// and the read it counts costs far more than the increment.
+pub(crate) fn count_disk_load() {
+    DISK_LOADS.fetch_add(1, Ordering::Relaxed);
 }
 
 /// Distinguishes the directories of instances of the same operator and

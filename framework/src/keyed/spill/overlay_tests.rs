@@ -16,12 +16,12 @@ use crate::keyed::part::PartWriter;
 use crate::keyed::store::KeyGroupSnapshots;
 use crate::keyed::test_support::{seed, Count, Rng};
 
-type Model = HashMap<u64, u64>;
+pub(super) type Model = HashMap<u64, u64>;
 
 /// The parts of the groups `include` picks that the model's state must
 /// give: the in-memory backend's part format, entries ascending by their
 /// disk keys (key group, then postcard), built without the spilling code.
-fn expected(model: &Model, include: impl Fn(u32) -> bool) -> Vec<KeyGroupPart> {
+pub(super) fn expected(model: &Model, include: impl Fn(u32) -> bool) -> Vec<KeyGroupPart> {
     let max_parallelism = MaxParallelism::new(MAX).unwrap();
     let range = super::state::tests::range(2, 1);
     let mut groups: BTreeMap<u32, BTreeMap<Vec<u8>, u64>> = range
@@ -53,7 +53,7 @@ fn expected(model: &Model, include: impl Fn(u32) -> bool) -> Vec<KeyGroupPart> {
         .collect()
 }
 
-fn drain(mut snapshot: SpillSnapshot) -> Vec<KeyGroupPart> {
+pub(super) fn drain(mut snapshot: SpillSnapshot) -> Vec<KeyGroupPart> {
     std::iter::from_fn(|| snapshot.next_part().map(Result::unwrap)).collect()
 }
 

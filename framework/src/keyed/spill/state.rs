@@ -2,7 +2,8 @@
 //! and the rest in a [`DiskTable`].
 //!
 //! This module owns the movement of entries between memory and disk (load
-//! on a miss, eviction over the budget, deletion), what a snapshot takes
+//! on a miss, eviction over the budget (which entries go is `evict.rs`'s
+//! choice), deletion), what a snapshot takes
 //! on the operator's thread, and restoring parts into a fresh disk table.
 //! It never decides when to snapshot and never builds a part itself
 //! ([`super::snapshot`] does).
@@ -42,6 +43,7 @@ use std::sync::Arc;
 use super::base::Bases;
 use super::changes::ChangeLog;
 use super::disk::DiskTable;
+use super::evict::{Clocked, Evictor, Policy};
 use super::filter::SpilledKeys;
 use super::hot::{encode_key, Encoded, Frozen, HotEntries, HotGroups, TouchedKeys};
 use super::sizing::StoreSizing;
@@ -60,7 +62,8 @@ use crate::state::Snapshot;
 /// on local disk.
 #[derive(Debug)]
 pub struct SpillingState<K, S> {
-    hot: CowKeyedState<K, S>,
+    /// The hot table: each state with its reference bit (`evict.rs`).
+    hot: CowKeyedState<K, Clocked<S>>,
     memory_entries: usize,
     dir: PathBuf,
     /// Opened at the first eviction or restore: state that fits in memory
@@ -70,10 +73,10 @@ pub struct SpillingState<K, S> {
     key_scratch: Vec<u8>,
     /// How many entries were written to disk by eviction.
     evicted: u64,
-    /// The hot table's slot where the next eviction starts, so that
-    /// evictions sweep the table instead of always emptying its first key
-    /// groups.
-    evict_from_slot: usize,
+    /// How many entries were read back from disk into memory.
+    loaded: u64,
+    /// Which entries eviction takes, and where it starts next.
+    evictor: Evictor,
     /// The store's memory settings, from `memory_entries`.
     sizing: StoreSizing,
     /// Every key on disk (by hash): a key it has never seen is not looked
@@ -115,7 +118,8 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
             disk: None,
             key_scratch: Vec::new(),
             evicted: 0,
-            evict_from_slot: 0,
+            loaded: 0,
+            evictor: Evictor::new(Policy::from_env()),
             changes: ChangeLog::new(sizing.change_log_entries, sizing.change_log_bytes),
             sizing,
             spilled: SpilledKeys::default(),
@@ -130,6 +134,14 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
     #[cfg(test)]
     pub(crate) fn with_change_log_bound(mut self, entries: usize, bytes: usize) -> Self {
         self.changes = ChangeLog::new(entries, bytes);
+        self
+    }
+
+    /// This state with eviction choosing by `policy` (for tests comparing
+    /// the choices).
+    #[cfg(test)]
+    pub(crate) fn with_policy(mut self, policy: Policy) -> Self {
+        self.evictor = Evictor::new(policy);
         self
     }
 
@@ -158,6 +170,13 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
     /// How many entries eviction has written to disk so far.
     pub fn evicted_entries(&self) -> u64 {
         self.evicted
+    }
+
+    /// How many entries were read back from disk so far (lookups of keys
+    /// that were only on disk): each was a disk read on the operator's
+    /// thread. [`super::disk_loads_total`] sums them over the process.
+    pub fn loaded_entries(&self) -> u64 {
+        self.loaded
     }
 
     /// How many of the hot table's slices were copied so far because a
@@ -195,11 +214,18 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
         key: &K,
         hash: u64,
     ) -> Result<&mut S, SpillError> {
-        if !self.hot.contains_hashed(key, hash) {
+        let hit = self.hot.contains_hashed(key, hash);
+        if !hit {
             self.load(key, hash)?;
         }
         self.touched.insert(hash);
-        Ok(self.hot.get_or_default_routed(key, hash))
+        let entry = self.hot.get_or_default_routed(key, hash);
+        // Found in memory: used again, so it gets a second chance
+        // (`evict.rs`); a key loaded or created here enters unreferenced
+        // (it was just inserted with the bit clear, so this store keeps
+        // it so). One byte in the entry this lookup writes anyway.
+        entry.referenced = hit;
+        Ok(&mut entry.state)
     }
 
     /// How many snapshots of this state were taken (any kind): an
@@ -222,7 +248,7 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
             // Through the hot table, so that its group is marked dirty.
             self.load(key, hash)?;
         }
-        let removed = self.hot.remove(key);
+        let removed = self.hot.remove(key).map(|entry| entry.state);
         if removed.is_some() {
             let index = (self.hot.key_group_of(key) - self.hot.range().start) as usize;
             if let Some(deleted) = self.deleted.get_mut(index) {
@@ -257,7 +283,9 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
             return Ok(());
         };
         let state = S::decode_payload(&payload)?;
-        self.hot.insert(key.clone(), state)?;
+        self.hot.insert(key.clone(), Clocked::entering(state))?;
+        self.loaded += 1;
+        super::count_disk_load();
         Ok(())
     }
 
@@ -265,21 +293,20 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
     /// three quarters of it or by one eviction batch, whichever is less
     /// (a batch fills at most about one of the store's memtables), so that
     /// eviction runs in batches rather than for every new key. Which keys
-    /// go is the hot table's memory order, continuing where the last
-    /// eviction stopped (an arbitrary choice by hash): no recency is
-    /// tracked, because that would cost a store per access (a known gap:
-    /// hot keys may be evicted and read back). A slice a live snapshot
-    /// still holds is copied before entries leave it.
+    /// go is a second-chance (CLOCK) choice (`evict.rs`): keys found in
+    /// memory since the hand last passed stay, with a bound on the bits
+    /// cleared per call. Evicting changes no logical state, so no key
+    /// group is marked dirty, and `store` records a key not written since
+    /// the last snapshot as unchanged. A slice a live snapshot still holds
+    /// is copied before entries leave it or the hand clears a bit in it.
     pub fn enforce_budget(&mut self) -> Result<(), SpillError> {
         if self.hot.len() <= self.memory_entries {
             return Ok(());
         }
         let batch = (self.memory_entries / 4).min(self.sizing.eviction_batch_entries);
         let keep = self.memory_entries - batch;
-        let (entries, next) = self
-            .hot
-            .take_entries_from(self.evict_from_slot, self.hot.len() - keep);
-        self.evict_from_slot = next;
+        let count = self.hot.len() - keep;
+        let entries = self.evictor.take(&mut self.hot, count);
         self.evicted += entries.len() as u64;
         let encoded = self.encode_entries(entries.iter().map(|(key, state)| (key, state)))?;
         self.store(encoded)
@@ -343,7 +370,8 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
     /// the whole state (for [`Self::for_each`] only: snapshots overlay the
     /// hot entries instead).
     fn write_back_all(&mut self) -> Result<(), SpillError> {
-        let encoded = self.encode_entries(self.hot.iter())?;
+        let encoded =
+            self.encode_entries(self.hot.iter().map(|(key, entry)| (key, &entry.state)))?;
         self.store(encoded)
     }
 
@@ -405,7 +433,12 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
             if *picked {
                 hot.push(
                     key_group,
-                    HotEntries::encode(key_group, self.hot.iter_key_group(key_group))?,
+                    HotEntries::encode(
+                        key_group,
+                        self.hot
+                            .iter_key_group(key_group)
+                            .map(|(key, entry)| (key, &entry.state)),
+                    )?,
                 );
             }
         }
@@ -456,7 +489,9 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
     /// unspecified order. Writes every in-memory entry back first.
     pub fn for_each(&mut self, mut f: impl FnMut(&K, &S)) -> Result<(), SpillError> {
         if self.disk.is_none() {
-            self.hot.iter().for_each(|(key, state)| f(key, state));
+            self.hot
+                .iter()
+                .for_each(|(key, entry)| f(key, &entry.state));
             return Ok(());
         }
         self.write_back_all()?;
