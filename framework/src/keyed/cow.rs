@@ -35,7 +35,7 @@
 
 use std::sync::{Arc, OnceLock, Weak};
 
-use hashbrown::HashTable;
+use super::slice_table::SliceTable;
 
 use super::deferred::{BoxError, DeferredParts, DeferredSlices};
 use super::key_group::MaxParallelism;
@@ -45,20 +45,20 @@ use crate::state::{Snapshot, StateError};
 
 /// Copies a shared table: a plain function pointer, captured where
 /// `S: Clone` is known, so that the write path needs no `Clone` bound.
-type CopyTable<K, S> = fn(&HashTable<(K, S)>) -> HashTable<(K, S)>;
+type CopyTable<K, S> = fn(&SliceTable<K, S>) -> SliceTable<K, S>;
 
 /// Encodes a frozen slice's entries: a plain function pointer, captured
 /// where `K: StateKey, S: Snapshot` are known, for the same reason.
-type EncodeTable<K, S> = fn(&HashTable<(K, S)>) -> Result<EncodedEntries, String>;
+type EncodeTable<K, S> = fn(&SliceTable<K, S>) -> Result<EncodedEntries, String>;
 
 /// A key group's table as a snapshot holds it.
-pub(crate) type SharedTable<K, S> = Arc<HashTable<(K, S)>>;
+pub(crate) type SharedTable<K, S> = Arc<SliceTable<K, S>>;
 
 /// One key group's entries: owned by the state alone, or shared with a
 /// snapshot that was handed them.
 pub(crate) enum GroupTable<K, S> {
     /// Only the state holds the table: written in place.
-    Owned(HashTable<(K, S)>),
+    Owned(SliceTable<K, S>),
     /// A snapshot may still hold the table: read in place, taken back (and
     /// copied if still held) at the first write.
     Shared(SharedTable<K, S>, CopyTable<K, S>),
@@ -148,14 +148,14 @@ impl<K, S> std::fmt::Debug for GroupTable<K, S> {
 
 impl<K, S> Default for GroupTable<K, S> {
     fn default() -> Self {
-        GroupTable::Owned(HashTable::new())
+        GroupTable::Owned(SliceTable::default())
     }
 }
 
 impl<K, S> GroupTable<K, S> {
     /// The table, for reading.
     #[inline(always)]
-    pub(crate) fn get(&self) -> &HashTable<(K, S)> {
+    pub(crate) fn get(&self) -> &SliceTable<K, S> {
         match self {
             GroupTable::Owned(table) => table,
             GroupTable::Shared(table, _) => table,
@@ -167,7 +167,7 @@ impl<K, S> GroupTable<K, S> {
     /// because a snapshot still held them and the slices encoded for a
     /// snapshot that had not read them yet.
     #[inline(always)]
-    pub(crate) fn get_mut(&mut self, take_backs: &mut TakeBacks) -> &mut HashTable<(K, S)> {
+    pub(crate) fn get_mut(&mut self, take_backs: &mut TakeBacks) -> &mut SliceTable<K, S> {
         if !matches!(self, GroupTable::Owned(_)) {
             self.take_back(take_backs);
         }
@@ -204,7 +204,7 @@ fn owned_or_copied<K, S>(
     shared: SharedTable<K, S>,
     copy: CopyTable<K, S>,
     take_backs: &mut TakeBacks,
-) -> HashTable<(K, S)> {
+) -> SliceTable<K, S> {
     Arc::try_unwrap(shared).unwrap_or_else(|still_held| {
         take_backs.copies += 1;
         copy(&still_held)
@@ -220,7 +220,7 @@ impl<K, S> FrozenSlot<K, S> {
     /// encoding no one reads, never a missing one. A snapshot reading the
     /// table at this very moment holds it strongly, and the table is
     /// copied: rare, since a slice takes the writer microseconds.
-    fn take_back(self, take_backs: &mut TakeBacks) -> HashTable<(K, S)> {
+    fn take_back(self, take_backs: &mut TakeBacks) -> SliceTable<K, S> {
         let FrozenSlot {
             encoding,
             table,
@@ -243,7 +243,7 @@ impl<K: Clone, S: Clone> GroupTable<K, S> {
     pub(crate) fn share(&mut self) -> SharedTable<K, S> {
         if let GroupTable::Owned(table) = self {
             let table = Arc::new(std::mem::take(table));
-            *self = GroupTable::Shared(table, HashTable::clone);
+            *self = GroupTable::Shared(table, SliceTable::clone);
         }
         match self {
             GroupTable::Shared(table, _) => Arc::clone(table),
@@ -271,7 +271,7 @@ impl<K: StateKey + Clone, S: Snapshot + Clone> GroupTable<K, S> {
             *self = GroupTable::Frozen(FrozenSlot {
                 encoding: EncodingGuard(Arc::default()),
                 table,
-                copy: HashTable::clone,
+                copy: SliceTable::clone,
                 encode: encode_table::<K, S>,
             });
         }
@@ -289,7 +289,7 @@ impl<K: StateKey + Clone, S: Snapshot + Clone> GroupTable<K, S> {
 /// the state has not written it, else the encoding the state made of it
 /// before its first write.
 pub(crate) struct FrozenRef<K, S> {
-    table: Weak<HashTable<(K, S)>>,
+    table: Weak<SliceTable<K, S>>,
     encoding: Arc<SliceEncoding>,
 }
 
@@ -333,7 +333,7 @@ fn append_encoded(done: &Result<EncodedEntries, String>, out: &mut Vec<u8>) -> R
 /// A frozen slice's entries, encoded on the state's thread at its first
 /// write ([`EncodeTable`]).
 fn encode_table<K: StateKey, S: Snapshot>(
-    table: &HashTable<(K, S)>,
+    table: &SliceTable<K, S>,
 ) -> Result<EncodedEntries, String> {
     // About six bytes an entry for small keys and states; the buffer grows
     // for larger ones.
@@ -367,7 +367,7 @@ where
 }
 
 /// `table`'s entries, as [`push_entries`] takes them.
-fn table_entries<K, S>(table: &HashTable<(K, S)>) -> impl ExactSizeIterator<Item = (&K, &S)> + '_ {
+fn table_entries<K, S>(table: &SliceTable<K, S>) -> impl ExactSizeIterator<Item = (&K, &S)> + '_ {
     table.iter().map(|(key, state)| (key, state))
 }
 

@@ -82,6 +82,7 @@ pub mod part;
 mod part_chain_tests;
 
 mod backend;
+pub(crate) mod slice_table;
 #[cfg(feature = "spill")]
 pub mod spill;
 pub(crate) mod store;

@@ -56,6 +56,7 @@ use super::key_group::MaxParallelism;
 use super::KeyedError;
 use crate::state::blob::{read_u16, read_u32, read_u64, MAX_SCHEMA_LEN};
 use crate::state::{append_postcard, Snapshot, StateError, StoredSchema};
+use allocator_api2::alloc::Allocator;
 use hashbrown::HashTable;
 use serde::{de::DeserializeOwned, Serialize};
 
@@ -266,8 +267,8 @@ pub(crate) fn header_for(
 /// table after the other, checked before it is returned: its header must
 /// decode and name `key_group` and exactly the tables' entries. `schema`
 /// comes from [`schema_section`].
-pub(crate) fn encode_tables<'t, K: Serialize + 't, S: Snapshot + 't>(
-    tables: impl IntoIterator<Item = &'t HashTable<(K, S)>>,
+pub(crate) fn encode_tables<'t, K: Serialize + 't, S: Snapshot + 't, A: Allocator + 't>(
+    tables: impl IntoIterator<Item = &'t HashTable<(K, S), A>>,
     schema: &[u8],
     max_parallelism: MaxParallelism,
     key_group: u32,
@@ -472,15 +473,16 @@ pub fn describe(bytes: &[u8]) -> Result<PartDescription, String> {
 /// inserts its entries into `table`, which may hold other key groups'
 /// entries. On error `table` may hold some of the part's entries; callers
 /// discard it.
-pub(crate) fn decode_into<K, S>(
+pub(crate) fn decode_into<K, S, A>(
     bytes: &[u8],
     max_parallelism: MaxParallelism,
     key_group: u32,
-    table: &mut HashTable<(K, S)>,
+    table: &mut HashTable<(K, S), A>,
 ) -> Result<(), KeyedError>
 where
     K: DeserializeOwned + Eq + std::hash::Hash,
     S: Snapshot,
+    A: Allocator,
 {
     // Each entry takes at least one byte (its payload length), so the
     // input bounds how many entries can really follow. Restore usually
@@ -497,8 +499,8 @@ where
 /// Inserts a restored entry with hash `hash` into `table`: a key already
 /// there is refused, unless the entry `replaces` (it comes from a delta
 /// part), when its value replaces the earlier one.
-pub(crate) fn insert_entry<K, S>(
-    table: &mut HashTable<(K, S)>,
+pub(crate) fn insert_entry<K, S, A>(
+    table: &mut HashTable<(K, S), A>,
     key_group: u32,
     hash: u64,
     key: K,
@@ -507,6 +509,7 @@ pub(crate) fn insert_entry<K, S>(
 ) -> Result<(), KeyedError>
 where
     K: Eq + std::hash::Hash,
+    A: Allocator,
 {
     match table.entry(hash, |(other, _)| *other == key, |(k, _)| key_hash(k)) {
         hashbrown::hash_table::Entry::Occupied(mut occupied) if replaces => {
