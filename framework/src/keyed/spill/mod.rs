@@ -80,6 +80,7 @@ mod filter;
 mod hot;
 #[cfg(test)]
 mod overlay_tests;
+mod runs;
 mod sizing;
 mod snapshot;
 mod source;
