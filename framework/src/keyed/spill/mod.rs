@@ -81,6 +81,8 @@ mod hot;
 #[cfg(test)]
 mod overlay_tests;
 mod runs;
+#[cfg(test)]
+mod runs_tests;
 mod sizing;
 mod snapshot;
 mod source;
