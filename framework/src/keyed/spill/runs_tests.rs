@@ -13,7 +13,7 @@ use super::SpillingState;
 use crate::keyed::backend::{KeyGroupPart, KeyedState};
 use crate::keyed::key_group::MaxParallelism;
 use crate::keyed::key_hash;
-use crate::keyed::part::is_delta;
+use crate::keyed::part::{is_delta, PartWriter};
 use crate::keyed::store::KeyGroupSnapshots;
 use crate::keyed::test_support::{seed, Count, Rng};
 
@@ -61,10 +61,18 @@ impl Chains {
 
     /// The counts the chains hold, in the groups `keep` picks.
     fn restored(&self, keep: impl Fn(u32) -> bool) -> Model {
-        let parts = self
-            .chains
+        // A group never written yet restores empty (and is not compared).
+        let max_parallelism = MaxParallelism::new(MAX).unwrap();
+        let schema = crate::keyed::part::schema_section::<Count>().unwrap();
+        let parts = range(2, 1)
             .iter()
-            .map(|(key_group, bytes)| (*key_group, bytes.as_slice()));
+            .map(|key_group| match self.chains.get(&key_group) {
+                Some(bytes) => (key_group, bytes.clone()),
+                None => (
+                    key_group,
+                    PartWriter::new(&schema).finish(max_parallelism, key_group),
+                ),
+            });
         let state: KeyedState<u64, Count> =
             KeyedState::restore(MaxParallelism::new(MAX).unwrap(), range(2, 1), parts).unwrap();
         state
