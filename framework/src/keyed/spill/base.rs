@@ -1,13 +1,14 @@
 //! [`Bases`]: the contents of the spilling state's disk table as its last
-//! completed snapshot saw them, kept as one sorted local file per key
-//! group (together, a "base"), from which the next snapshot is built by
-//! merging in the changes since ([`super::changes`]) instead of reading the
-//! disk table back.
+//! completed snapshot saw them, kept per key group as one sorted local
+//! file and the sorted change runs appended since ([`super::runs`])
+//! (together, a "base"), from which the next snapshot is built by merging
+//! in the changes since ([`super::changes`]) instead of reading the disk
+//! table back.
 //!
 //! This module owns the base files' layout, their directory, which base is
 //! the newest complete one, and when a file is deleted. It never reads
-//! the disk table, never builds a part and never decides what a snapshot
-//! contains.
+//! the disk table, never builds a part, never merges runs and never
+//! decides what a snapshot contains.
 //!
 //! # Why a base is right
 //!
@@ -15,25 +16,29 @@
 //! fallback) or merges base `e - 1` with every entry written to (or
 //! deleted from) the disk table between the views `e - 1` and `e`; both
 //! give the table's content at view `e`, which it writes as base `e`. A
-//! key group with no change since keeps its file of base `e - 1` in base
-//! `e` (the file is shared, not copied), so a snapshot rewrites only the
-//! groups that changed on disk. A base is used only by the snapshot of
-//! the very next epoch, and only if it was finished: a snapshot dropped
-//! half-way, a restore or a change log that gave up leaves the next
-//! snapshot on the fallback, which starts a new chain.
+//! key group with no change since keeps its file and runs of base `e - 1`
+//! in base `e` (shared, not copied); a changed group either gets a new
+//! file of its merged content, or keeps its file and runs and gets the
+//! changes as one more run (a later run wins on the same key, and a
+//! deletion in it hides the key), which describes the same content. A
+//! base is used only by the snapshot of the very next epoch, and only if
+//! it was finished (its run file is flushed before it is published): a
+//! snapshot dropped half-way, a restore or a change log that gave up
+//! leaves the next snapshot on the fallback, which starts a new chain.
 //!
 //! # Layout
 //!
-//! One file per key group and base that wrote it, `base-<epoch>-<group>`
+//! One file per key group and base that rewrote it, `base-<epoch>-<group>`
 //! (none for an empty group), in the state's own directory beside its
 //! disk table: every entry of the group, ascending by key, as the key's
 //! and the value's lengths (`u32` little-endian), the key (key group
-//! big-endian, then postcard) and the value (the state's payload). A file
-//! is deleted when the last base (or snapshot reading one) that refers to
-//! it is dropped. It is not durable, as the disk table is not: the
-//! checkpoint store holds the durable copy. The directory is deleted when
-//! the last holder of the [`Bases`] is dropped (the state and any snapshot
-//! still being written).
+//! big-endian, then postcard) and the value (the state's payload); and
+//! one `run-<epoch>` per base that appended runs ([`super::runs`]). A
+//! file is deleted when the last base (or snapshot reading one) that
+//! refers to it is dropped. It is not durable, as the disk table is not:
+//! the checkpoint store holds the durable copy. The directory is deleted
+//! when the last holder of the [`Bases`] is dropped (the state and any
+//! snapshot still being written).
 
 use std::collections::BTreeMap;
 use std::fs::File;

@@ -67,11 +67,15 @@
 //! whole and the caller writes it as such.
 //!
 //! A key group with no change on disk since the previous base keeps that
-//! base's file, and is not read at all unless it is requested; a changed
-//! group's file is rewritten whole. Known gap: so the sequential I/O
-//! (off the operator's thread) grows with the changed groups' size, not
-//! with the changes, and a requested group is read whole even when only
-//! its hot entries changed.
+//! base's file and runs, and is read only when its part is whole. A
+//! changed group written as a delta (or not requested) is not read: its
+//! changes go into its delta part and are appended to its base as one
+//! more sorted run ([`super::runs`]); a group written whole, or one past
+//! the runs' bound ([`super::source`], "The bound on runs"), is read whole
+//! (file, runs and changes merged) and its file rewritten with no runs.
+//! Known gap: so a whole part still costs I/O and CPU (off the operator's
+//! thread) that grow with the group's size, not with its changes, and a
+//! snapshot writes one run file even when its runs are tiny.
 
 use std::sync::Arc;
 
