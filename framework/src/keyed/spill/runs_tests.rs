@@ -161,6 +161,45 @@ fn a_delta_snapshot_appends_runs_and_rewrites_no_base_file() {
         .any(|name| name.starts_with("base-3-")));
 }
 
+#[test]
+fn a_delta_snapshot_dropped_half_way_leaves_no_run_file_and_the_next_reads_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut state, mut model) = (spilling(dir.path(), 8), Model::new());
+    let keys = owned_keys(400);
+    for key in &keys {
+        add(&mut state, &mut model, *key, 1);
+        state.enforce_budget().unwrap();
+    }
+    let all: BTreeSet<u32> = range(2, 1).iter().collect();
+    let mut chains = Chains::default();
+    chains.apply(snapshot(&mut state, &all, &BTreeSet::new()));
+    for key in &keys[..40] {
+        add(&mut state, &mut model, *key, 3);
+        state.enforce_budget().unwrap();
+    }
+    let changed: BTreeSet<u32> = state.changed_key_groups().into_iter().collect();
+    let mut dropped = state
+        .snapshot_with_deltas(&mut |key_group| changed.contains(&key_group), &mut |_| true)
+        .unwrap();
+    state.forget_changes();
+    let part = dropped.next_part().unwrap().unwrap();
+    assert!(is_delta(&part.bytes));
+    assert!(dropped.parts_left() > 0, "dropped half-way");
+    assert!(dropped.merged());
+    drop(dropped);
+    let files = base_dir_files(dir.path());
+    assert!(!files.contains("run-2"), "{files:?}");
+    assert!(files.iter().all(|name| name.starts_with("base-1-")));
+    // The next snapshot has no base to merge: it reads the store whole.
+    let mut next = state.snapshot(&mut |_| true).unwrap();
+    let first = next.next_part().unwrap().unwrap();
+    assert!(!next.merged());
+    let mut parts = vec![first];
+    parts.extend(next.collect_parts().unwrap());
+    chains.apply(parts);
+    assert_eq!(chains.restored(|_| true), model);
+}
+
 /// One random operation: mostly updates, some deletions, evictions now and
 /// then.
 fn random_op(
