@@ -1,13 +1,14 @@
 //! [`Bases`]: the contents of the spilling state's disk table as its last
-//! completed snapshot saw them, kept as one sorted local file per key
-//! group (together, a "base"), from which the next snapshot is built by
-//! merging in the changes since ([`super::changes`]) instead of reading the
-//! disk table back.
+//! completed snapshot saw them, kept per key group as one sorted local
+//! file and the sorted change runs appended since ([`super::runs`])
+//! (together, a "base"), from which the next snapshot is built by merging
+//! in the changes since ([`super::changes`]) instead of reading the disk
+//! table back.
 //!
 //! This module owns the base files' layout, their directory, which base is
 //! the newest complete one, and when a file is deleted. It never reads
-//! the disk table, never builds a part and never decides what a snapshot
-//! contains.
+//! the disk table, never builds a part, never merges runs and never
+//! decides what a snapshot contains.
 //!
 //! # Why a base is right
 //!
@@ -15,33 +16,37 @@
 //! fallback) or merges base `e - 1` with every entry written to (or
 //! deleted from) the disk table between the views `e - 1` and `e`; both
 //! give the table's content at view `e`, which it writes as base `e`. A
-//! key group with no change since keeps its file of base `e - 1` in base
-//! `e` (the file is shared, not copied), so a snapshot rewrites only the
-//! groups that changed on disk. A base is used only by the snapshot of
-//! the very next epoch, and only if it was finished: a snapshot dropped
-//! half-way, a restore or a change log that gave up leaves the next
-//! snapshot on the fallback, which starts a new chain.
+//! key group with no change since keeps its file and runs of base `e - 1`
+//! in base `e` (shared, not copied); a changed group either gets a new
+//! file of its merged content, or keeps its file and runs and gets the
+//! changes as one more run (a later run wins on the same key, and a
+//! deletion in it hides the key), which describes the same content. A
+//! base is used only by the snapshot of the very next epoch, and only if
+//! it was finished (its run file is flushed before it is published): a
+//! snapshot dropped half-way, a restore or a change log that gave up
+//! leaves the next snapshot on the fallback, which starts a new chain.
 //!
 //! # Layout
 //!
-//! One file per key group and base that wrote it, `base-<epoch>-<group>`
+//! One file per key group and base that rewrote it, `base-<epoch>-<group>`
 //! (none for an empty group), in the state's own directory beside its
 //! disk table: every entry of the group, ascending by key, as the key's
 //! and the value's lengths (`u32` little-endian), the key (key group
-//! big-endian, then postcard) and the value (the state's payload). A file
-//! is deleted when the last base (or snapshot reading one) that refers to
-//! it is dropped. It is not durable, as the disk table is not: the
-//! checkpoint store holds the durable copy. The directory is deleted when
-//! the last holder of the [`Bases`] is dropped (the state and any snapshot
-//! still being written).
+//! big-endian, then postcard) and the value (the state's payload); and
+//! one `run-<epoch>` per base that appended runs ([`super::runs`]). A
+//! file is deleted when the last base (or snapshot reading one) that
+//! refers to it is dropped. It is not durable, as the disk table is not:
+//! the checkpoint store holds the durable copy. The directory is deleted
+//! when the last holder of the [`Bases`] is dropped (the state and any
+//! snapshot still being written).
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{BufReader, BufWriter, Read, Write};
-use std::path::{Path, PathBuf};
+use std::io::{BufWriter, Write};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use super::changes::EntryRef;
+use super::runs::{io_error, RecordReader, Run, RunWriter};
 use super::SpillError;
 
 /// The buffer of a base file's reader and writer: large enough that a
@@ -63,34 +68,58 @@ impl Drop for GroupFile {
     }
 }
 
-/// A finished base: each key group's file, if the group had entries.
+/// One key group of a base: its file (none when the group had no entry
+/// when it was last rewritten) and the runs of changes appended since,
+/// oldest first. Cloning shares the files.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct GroupBase {
+    file: Option<Arc<GroupFile>>,
+    runs: Vec<Run>,
+}
+
+impl GroupBase {
+    /// How many entries the group's file holds.
+    pub(crate) fn file_entries(&self) -> u64 {
+        self.file.as_ref().map_or(0, |file| file.entries)
+    }
+
+    /// How many records its runs hold together (a key changed in several
+    /// runs counts once per run).
+    pub(crate) fn run_entries(&self) -> u64 {
+        self.runs.iter().map(Run::entries).sum()
+    }
+
+    /// How many runs it has.
+    pub(crate) fn runs(&self) -> usize {
+        self.runs.len()
+    }
+
+    /// Readers of the group's file, then of each run, oldest first: a
+    /// later one wins on the same key. The files stay readable even if
+    /// every base drops them meanwhile (they are open, and only unlinked).
+    pub(crate) fn readers(&self) -> Result<Vec<RecordReader>, SpillError> {
+        let mut readers = Vec::with_capacity(1 + self.runs.len());
+        readers.push(match &self.file {
+            Some(file) => RecordReader::open(&file.path, 0, u64::MAX, BUFFER_BYTES)?,
+            None => RecordReader::empty(),
+        });
+        for run in &self.runs {
+            readers.push(run.reader()?);
+        }
+        Ok(readers)
+    }
+}
+
+/// A finished base: each key group's file and runs, if the group had any.
 #[derive(Debug, Default)]
 pub(crate) struct Base {
-    groups: BTreeMap<u32, Arc<GroupFile>>,
+    groups: BTreeMap<u32, GroupBase>,
 }
 
 impl Base {
-    /// The file of `key_group`, `None` if the group was empty.
-    pub(crate) fn file(&self, key_group: u32) -> Option<&Arc<GroupFile>> {
+    /// `key_group`'s file and runs, `None` if the group has neither.
+    pub(crate) fn group(&self, key_group: u32) -> Option<&GroupBase> {
         self.groups.get(&key_group)
-    }
-
-    /// A reader of `key_group`'s entries (none for an empty group). The
-    /// file stays readable even if every base drops it meanwhile (it is
-    /// open, and only unlinked).
-    pub(crate) fn reader(&self, key_group: u32) -> Result<BaseReader, SpillError> {
-        let Some(group) = self.groups.get(&key_group) else {
-            return Ok(BaseReader::empty());
-        };
-        let file = File::open(&group.path).map_err(|source| io_error(&group.path, source))?;
-        Ok(BaseReader {
-            path: group.path.clone(),
-            file: Some(BufReader::with_capacity(BUFFER_BYTES, file)),
-            key: Vec::new(),
-            value: Vec::new(),
-            loaded: false,
-            ended: false,
-        })
     }
 }
 
@@ -136,6 +165,7 @@ impl Bases {
             epoch,
             base: Base::default(),
             current: None,
+            runs: RunWriter::new(&self.dir, epoch),
         })
     }
 
@@ -166,20 +196,18 @@ impl Drop for Bases {
     }
 }
 
-fn io_error(path: &Path, source: std::io::Error) -> SpillError {
-    SpillError::Dir {
-        dir: path.to_path_buf(),
-        source,
-    }
-}
-
-/// One key group's file being written.
+/// One key group being written.
 #[derive(Debug)]
-struct OpenGroup {
-    key_group: u32,
-    /// Created at the first entry: an empty group has no file.
-    file: Option<(BufWriter<File>, GroupFile)>,
-    entries: u64,
+enum OpenGroup {
+    /// A new file of the whole group, created at the first entry (an
+    /// empty group has no file).
+    Rewrite {
+        key_group: u32,
+        file: Option<(BufWriter<File>, GroupFile)>,
+        entries: u64,
+    },
+    /// The previous base's file and runs, and a new run of changes.
+    Append { key_group: u32, kept: GroupBase },
 }
 
 /// Writes one base, key group by key group, ascending; its files are
@@ -191,13 +219,16 @@ pub(crate) struct BaseWriter {
     epoch: u64,
     base: Base,
     current: Option<OpenGroup>,
+    /// This base's run file, holding the runs of the groups appended to.
+    runs: RunWriter,
 }
 
 impl BaseWriter {
-    /// Starts writing `key_group`'s file (ending the one before).
+    /// Starts writing `key_group`'s file anew, with no runs (ending the
+    /// group before).
     pub(crate) fn begin_group(&mut self, key_group: u32) -> Result<(), SpillError> {
         self.end_group()?;
-        self.current = Some(OpenGroup {
+        self.current = Some(OpenGroup::Rewrite {
             key_group,
             file: None,
             entries: 0,
@@ -205,22 +236,54 @@ impl BaseWriter {
         Ok(())
     }
 
-    /// Keeps `file` (of the previous base) as `key_group`'s, unchanged;
+    /// Keeps `group` (of the previous base) as `key_group`'s, unchanged;
     /// `None` keeps the group empty.
     pub(crate) fn keep_group(
         &mut self,
         key_group: u32,
-        file: Option<Arc<GroupFile>>,
+        group: Option<GroupBase>,
     ) -> Result<(), SpillError> {
         self.end_group()?;
-        if let Some(file) = file {
-            self.base.groups.insert(key_group, file);
+        if let Some(group) = group {
+            self.base.groups.insert(key_group, group);
         }
         Ok(())
     }
 
-    /// Appends one entry to the group begun last; entries must come in
-    /// ascending key order.
+    /// Starts `key_group` as `kept` (of the previous base; `None` for an
+    /// empty group) with one more run, of the records
+    /// [`Self::push_change`] appends.
+    pub(crate) fn append_group(
+        &mut self,
+        key_group: u32,
+        kept: Option<GroupBase>,
+    ) -> Result<(), SpillError> {
+        self.end_group()?;
+        self.runs.begin();
+        self.current = Some(OpenGroup::Append {
+            key_group,
+            kept: kept.unwrap_or_default(),
+        });
+        Ok(())
+    }
+
+    /// Appends one change (`None`: a deletion) to the run of the group
+    /// begun last by [`Self::append_group`]; ascending key order.
+    pub(crate) fn push_change(
+        &mut self,
+        key: &[u8],
+        value: Option<&[u8]>,
+    ) -> Result<(), SpillError> {
+        match &self.current {
+            Some(OpenGroup::Append { .. }) => self.runs.push((key, value)),
+            _ => Err(SpillError::Internal(
+                "a run entry written outside an appended key group".into(),
+            )),
+        }
+    }
+
+    /// Appends one entry to the group begun last by
+    /// [`Self::begin_group`]; entries must come in ascending key order.
     pub(crate) fn push(&mut self, key: &[u8], value: &[u8]) -> Result<(), SpillError> {
         let (Ok(key_len), Ok(value_len)) = (u32::try_from(key.len()), u32::try_from(value.len()))
         else {
@@ -228,23 +291,28 @@ impl BaseWriter {
                 "an entry over 4 GiB does not fit a base file".into(),
             ));
         };
-        let Some(group) = &mut self.current else {
+        let Some(OpenGroup::Rewrite {
+            key_group,
+            file,
+            entries,
+        }) = &mut self.current
+        else {
             return Err(SpillError::Internal(
-                "a base entry written outside a key group".into(),
+                "a base entry written outside a rewritten key group".into(),
             ));
         };
-        if group.file.is_none() {
+        if file.is_none() {
             let path = self
                 .bases
                 .dir
-                .join(format!("base-{}-{}", self.epoch, group.key_group));
-            let file = File::create(&path).map_err(|source| io_error(&path, source))?;
-            group.file = Some((
-                BufWriter::with_capacity(BUFFER_BYTES, file),
+                .join(format!("base-{}-{}", self.epoch, key_group));
+            let created = File::create(&path).map_err(|source| io_error(&path, source))?;
+            *file = Some((
+                BufWriter::with_capacity(BUFFER_BYTES, created),
                 GroupFile { path, entries: 0 },
             ));
         }
-        let Some((file, group_file)) = &mut group.file else {
+        let Some((file, group_file)) = file else {
             return Err(SpillError::Internal("a base file did not open".into()));
         };
         let result = file
@@ -252,136 +320,88 @@ impl BaseWriter {
             .and_then(|()| file.write_all(&value_len.to_le_bytes()))
             .and_then(|()| file.write_all(key))
             .and_then(|()| file.write_all(value));
-        group.entries += 1;
+        *entries += 1;
         result.map_err(|source| io_error(&group_file.path, source))
     }
 
     /// Flushes the group being written, if any, into the base.
     fn end_group(&mut self) -> Result<(), SpillError> {
-        let Some(group) = self.current.take() else {
-            return Ok(());
-        };
-        if let Some((file, mut group_file)) = group.file {
-            // `group_file` deletes its file if this fails.
-            file.into_inner()
-                .map_err(|error| io_error(&group_file.path, error.into_error()))?;
-            group_file.entries = group.entries;
-            self.base
-                .groups
-                .insert(group.key_group, Arc::new(group_file));
+        match self.current.take() {
+            None => Ok(()),
+            Some(OpenGroup::Append {
+                key_group,
+                mut kept,
+            }) => {
+                kept.runs.extend(self.runs.end());
+                if kept.file.is_some() || !kept.runs.is_empty() {
+                    self.base.groups.insert(key_group, kept);
+                }
+                Ok(())
+            }
+            Some(OpenGroup::Rewrite {
+                key_group,
+                file,
+                entries,
+            }) => {
+                if let Some((file, mut group_file)) = file {
+                    // `group_file` deletes its file if this fails.
+                    file.into_inner()
+                        .map_err(|error| io_error(&group_file.path, error.into_error()))?;
+                    group_file.entries = entries;
+                    let group = GroupBase {
+                        file: Some(Arc::new(group_file)),
+                        runs: Vec::new(),
+                    };
+                    self.base.groups.insert(key_group, group);
+                }
+                Ok(())
+            }
         }
-        Ok(())
     }
 
-    /// Flushes the last group and makes this base the newest (unless a
-    /// newer one is finished already). Returns how many entries it holds.
+    /// Flushes the last group and the run file and makes this base the
+    /// newest (unless a newer one is finished already). Returns how many
+    /// entries its files and runs hold.
     pub(crate) fn finish(mut self) -> Result<u64, SpillError> {
         self.end_group()?;
+        let runs = std::mem::replace(&mut self.runs, RunWriter::new(&self.bases.dir, self.epoch));
+        runs.finish()?;
         let base = std::mem::take(&mut self.base);
-        let entries = base.groups.values().map(|group| group.entries).sum();
+        let entries = base
+            .groups
+            .values()
+            .map(|group| group.file_entries() + group.run_entries())
+            .sum();
         self.bases.publish(self.epoch, base);
         Ok(entries)
     }
-}
-
-/// Reads one key group's base file entry by entry, ascending.
-#[derive(Debug)]
-pub(crate) struct BaseReader {
-    path: PathBuf,
-    /// `None` for an empty group.
-    file: Option<BufReader<File>>,
-    key: Vec<u8>,
-    value: Vec<u8>,
-    /// Whether `key` and `value` hold the entry [`Self::peek`] shows.
-    loaded: bool,
-    ended: bool,
-}
-
-impl BaseReader {
-    /// A reader of an empty group.
-    pub(crate) fn empty() -> Self {
-        BaseReader {
-            path: PathBuf::new(),
-            file: None,
-            key: Vec::new(),
-            value: Vec::new(),
-            loaded: false,
-            ended: true,
-        }
-    }
-
-    /// The next entry, without moving past it; `None` at the end.
-    pub(crate) fn peek(&mut self) -> Result<Option<EntryRef<'_>>, SpillError> {
-        if !self.loaded && !self.ended {
-            self.load()?;
-        }
-        Ok((self.loaded).then_some((self.key.as_slice(), self.value.as_slice())))
-    }
-
-    /// Moves past the entry [`Self::peek`] shows.
-    pub(crate) fn advance(&mut self) {
-        self.loaded = false;
-    }
-
-    fn load(&mut self) -> Result<(), SpillError> {
-        let Some(file) = &mut self.file else {
-            self.ended = true;
-            return Ok(());
-        };
-        let mut header = [0; 8];
-        match read_or_end(file, &mut header) {
-            Ok(false) => {
-                self.ended = true;
-                return Ok(());
-            }
-            Ok(true) => {}
-            Err(source) => return Err(io_error(&self.path, source)),
-        }
-        let length = |at: usize| {
-            let mut word = [0; 4];
-            word.copy_from_slice(&header[at..at + 4]);
-            u32::from_le_bytes(word) as usize
-        };
-        self.key.resize(length(0), 0);
-        self.value.resize(length(4), 0);
-        file.read_exact(&mut self.key)
-            .and_then(|()| file.read_exact(&mut self.value))
-            .map_err(|source| io_error(&self.path, source))?;
-        self.loaded = true;
-        Ok(())
-    }
-}
-
-/// Fills `buffer`, or returns `false` at a clean end of the file (no byte
-/// of `buffer` read); a file that ends inside `buffer` is an error.
-fn read_or_end(file: &mut impl Read, buffer: &mut [u8]) -> std::io::Result<bool> {
-    let mut filled = 0;
-    while filled < buffer.len() {
-        match file.read(&mut buffer[filled..]) {
-            Ok(0) if filled == 0 => return Ok(false),
-            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
-            Ok(read) => filled += read,
-            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(error) => return Err(error),
-        }
-    }
-    Ok(true)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn read_all(mut reader: BaseReader) -> Vec<(Vec<u8>, Vec<u8>)> {
+    fn read_all(mut reader: RecordReader) -> Vec<(Vec<u8>, Vec<u8>)> {
         let mut out = Vec::new();
         while let Some((key, value)) = reader.peek().unwrap() {
-            out.push((key.to_vec(), value.to_vec()));
+            out.push((
+                key.to_vec(),
+                value.expect("no deletion in a base file").to_vec(),
+            ));
             reader.advance();
         }
         out
     }
 
-    fn files(dir: &Path) -> Vec<String> {
+    /// A reader of `key_group`'s base file.
+    fn file_reader(base: &Base, key_group: u32) -> RecordReader {
+        match base.group(key_group) {
+            Some(group) => group.readers().unwrap().remove(0),
+            None => RecordReader::empty(),
+        }
+    }
+
+    fn files(dir: &std::path::Path) -> Vec<String> {
         let mut names: Vec<String> = std::fs::read_dir(dir)
             .map(|entries| {
                 entries
@@ -409,11 +429,11 @@ mod tests {
         assert_eq!(writer.finish().unwrap(), 3);
         let base = bases.open(1).unwrap();
         assert_eq!(
-            read_all(base.reader(3).unwrap()),
+            read_all(file_reader(&base, 3)),
             vec![(b"a".to_vec(), b"1".to_vec()), (b"bb".to_vec(), Vec::new())]
         );
-        assert_eq!(read_all(base.reader(4).unwrap()), Vec::new());
-        assert_eq!(read_all(base.reader(5).unwrap()).len(), 1);
+        assert_eq!(read_all(file_reader(&base, 4)), Vec::new());
+        assert_eq!(read_all(file_reader(&base, 5)).len(), 1);
         // An empty group has no file.
         assert_eq!(
             files(&dir.path().join("bases")),
@@ -435,17 +455,17 @@ mod tests {
         writer.finish().unwrap();
         let first = bases.open(1).unwrap();
         let mut writer = bases.writer(2).unwrap();
-        writer.keep_group(1, first.file(1).cloned()).unwrap();
+        writer.keep_group(1, first.group(1).cloned()).unwrap();
         writer.begin_group(2).unwrap();
         writer.push(&[2], b"new").unwrap();
         assert_eq!(writer.finish().unwrap(), 2);
         let second = bases.open(2).unwrap();
         assert_eq!(
-            read_all(second.reader(1).unwrap()),
+            read_all(file_reader(&second, 1)),
             vec![(vec![1], b"old".to_vec())]
         );
         assert_eq!(
-            read_all(second.reader(2).unwrap()),
+            read_all(file_reader(&second, 2)),
             vec![(vec![2], b"new".to_vec())]
         );
         // Base 1 is still held here: its group 2 file is still there.
@@ -489,7 +509,77 @@ mod tests {
         let path = dir.path().join("bases").join("base-1-0");
         let bytes = std::fs::read(&path).unwrap();
         std::fs::write(&path, &bytes[..bytes.len() - 1]).unwrap();
-        let mut reader = bases.open(1).unwrap().reader(0).unwrap();
+        let mut reader = file_reader(&bases.open(1).unwrap(), 0);
         assert!(reader.peek().is_err());
+    }
+
+    #[test]
+    fn a_run_file_is_shared_by_the_bases_that_list_its_runs_and_deleted_with_the_last() {
+        let dir = tempfile::tempdir().unwrap();
+        let bases_dir = dir.path().join("bases");
+        let bases = Bases::new(bases_dir.clone());
+        let mut writer = bases.writer(1).unwrap();
+        writer.begin_group(1).unwrap();
+        writer.push(b"a", b"1").unwrap();
+        writer.finish().unwrap();
+        // Base 2 appends runs to groups 1 (which has a file) and 2 (which
+        // has none), without rewriting the file.
+        let first = bases.open(1).unwrap();
+        let mut writer = bases.writer(2).unwrap();
+        writer.append_group(1, first.group(1).cloned()).unwrap();
+        writer.push_change(b"a", None).unwrap();
+        writer.push_change(b"b", Some(b"2")).unwrap();
+        writer.append_group(2, None).unwrap();
+        writer.push_change(b"c", Some(b"2")).unwrap();
+        // An appended group with no record keeps what it had.
+        writer.append_group(3, None).unwrap();
+        assert_eq!(writer.finish().unwrap(), 4);
+        drop(first);
+        assert_eq!(files(&bases_dir), vec!["base-1-1", "run-2"]);
+        let second = bases.open(2).unwrap();
+        assert_eq!(second.group(1).unwrap().runs(), 1);
+        assert_eq!(second.group(2).unwrap().file_entries(), 0);
+        assert!(second.group(3).is_none());
+        // Base 3 keeps group 1 and rewrites group 2: run-2 stays for
+        // group 1's run.
+        let mut writer = bases.writer(3).unwrap();
+        writer.keep_group(1, second.group(1).cloned()).unwrap();
+        writer.begin_group(2).unwrap();
+        writer.push(b"c", b"2").unwrap();
+        writer.finish().unwrap();
+        drop(second);
+        assert_eq!(files(&bases_dir), vec!["base-1-1", "base-3-2", "run-2"]);
+        // Base 4 rewrites group 1 too: nothing refers to run-2 any more.
+        let third = bases.open(3).unwrap();
+        let mut writer = bases.writer(4).unwrap();
+        writer.begin_group(1).unwrap();
+        writer.push(b"b", b"2").unwrap();
+        writer.keep_group(2, third.group(2).cloned()).unwrap();
+        writer.finish().unwrap();
+        drop(third);
+        assert_eq!(files(&bases_dir), vec!["base-3-2", "base-4-1"]);
+    }
+
+    #[test]
+    fn an_abandoned_base_deletes_its_half_written_run_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let bases_dir = dir.path().join("bases");
+        let bases = Bases::new(bases_dir.clone());
+        let mut writer = bases.writer(1).unwrap();
+        writer.begin_group(1).unwrap();
+        writer.push(b"a", b"1").unwrap();
+        writer.finish().unwrap();
+        let first = bases.open(1).unwrap();
+        let mut writer = bases.writer(2).unwrap();
+        writer.append_group(1, first.group(1).cloned()).unwrap();
+        writer.push_change(b"b", Some(b"2")).unwrap();
+        writer.append_group(2, None).unwrap();
+        writer.push_change(b"c", Some(b"2")).unwrap();
+        // A record outside an appended group is refused.
+        writer.begin_group(3).unwrap();
+        assert!(writer.push_change(b"d", None).is_err());
+        drop(writer);
+        assert_eq!(files(&bases_dir), vec!["base-1-1"]);
+        assert_eq!(bases.newest_epoch(), Some(1));
     }
 }

@@ -32,9 +32,6 @@
 //! never unbounded memory. While a compaction copies the kept records the
 //! log holds at most one and a half times `limit_bytes`.
 
-/// One entry's key and value, borrowed.
-pub(crate) type EntryRef<'a> = (&'a [u8], &'a [u8]);
-
 /// One change's key and its new value, or `None` for a deletion.
 pub(crate) type ChangeRef<'a> = (&'a [u8], Option<&'a [u8]>);
 
@@ -321,6 +318,17 @@ impl SortedChanges {
     /// Moves past the entry [`Self::peek`] shows.
     pub(crate) fn advance(&mut self) {
         self.next += 1;
+    }
+
+    /// How many of the entries still to come, counted from the next one,
+    /// have keys starting with `prefix`: all of them come first, since
+    /// the cursor is sorted, if the next entry's key is not before
+    /// `prefix` (the caller checks that). A binary search.
+    pub(crate) fn count_with_prefix(&self, prefix: &[u8]) -> usize {
+        self.starts
+            .get(self.next..)
+            .unwrap_or_default()
+            .partition_point(|start| record(&self.bytes, *start).0.starts_with(prefix))
     }
 
     /// How many distinct keys changed.

@@ -3,7 +3,8 @@
 //! rest on local disk in an embedded LSM store (fjall).
 //!
 //! This module owns [`SpillingState`], its disk table, its streaming
-//! snapshot [`SpillSnapshot`] and the snapshot's base files and change log. It is the one
+//! snapshot [`SpillSnapshot`] and the snapshot's base files, change runs
+//! and change log. It is the one
 //! part of the keyed layer that does I/O, and only to its own working
 //! directory, never to the checkpoint store: its snapshots are parts of
 //! exactly the in-memory backend's format ([`crate::keyed::part`]), so
@@ -41,13 +42,13 @@
 //!   checkpoint writer's thread, as the previous snapshot's base merged
 //!   with the changes since (`base.rs`, `changes.rs`, `source.rs`), or the
 //!   fjall view when there is no such base, overlaid by the group's hot
-//!   entries (`hot.rs`). The merge rewrites the base file of each key
-//!   group changed on disk (the others keep theirs), so a workload that
-//!   evicts into every group each interval still rewrites the whole disk
-//!   table's worth of files, off the operator's thread. The parts are
-//!   written to the
-//!   checkpoint store, not as references to fjall's segment files
-//!   (fjall's API does not expose them; BENCHMARKS.md).
+//!   entries (`hot.rs`). A group written as a delta only appends its
+//!   changes to its base as a sorted run (`runs.rs`); a group written
+//!   whole, or past its runs' bound (`source.rs`, "The bound on runs"),
+//!   is read whole and its base file rewritten, off the operator's
+//!   thread. The parts are written to the checkpoint store, not as
+//!   references to fjall's segment files (fjall's API does not expose
+//!   them; BENCHMARKS.md).
 //! - The change log (`changes.rs`) is bounded by the budget (six entries
 //!   per budgeted key, at least 2^18): when it fills it compacts to the
 //!   newest record of each key, a sort on the operator's thread (not
@@ -61,14 +62,16 @@
 //! - When every key group changes each interval, an incremental
 //!   checkpoint writes each as a delta part of the entries changed since
 //!   the previous snapshot (`job/incremental/chains.rs`), so the bytes
-//!   written follow the keys changed, but every snapshot still merges and
-//!   rewrites every base file on the writer's thread, whose CPU follows
-//!   the state, and cheaper checkpoints come more often: at 10 M keys
-//!   (1 M in memory per subtask) 1 s checkpoints cost a quarter to nearly
-//!   half of the CPU in the runs measured, below issue 16's 0.9
-//!   (BENCHMARKS.md, "Delta chains of the spilling backend at 10 M
-//!   keys"). Keeping the sorted change runs and merging them into the base
-//!   only when a group is written whole would remove it; not built.
+//!   written follow the keys changed, and such a snapshot reads and
+//!   writes only the changes (a run per group). The whole parts the chain
+//!   bound forces (every few checkpoints when every group changes) and
+//!   the runs' own bound still read and rewrite the whole local base, so
+//!   the writer's CPU per checkpoint averages a fraction of the state's
+//!   size, not only the changes'; and every delta still sorts the change
+//!   log and tests every hot entry of its group against the touched keys
+//!   (`hot.rs`, a hash probe each: about 7 of the writer's 34 perf
+//!   samples per checkpoint at 10 M keys). Issue 16's 0.9 is not shown
+//!   (BENCHMARKS.md, "Sorted change runs of the spilling backend").
 //! - A state type without `Clone` cannot be frozen: its synchronous path
 //!   ([`SpillingState::snapshot_encoded`], used by `parts_of`) encodes the
 //!   hot entries on the operator's thread (at most the budget).
@@ -87,6 +90,9 @@ mod filter;
 mod hot;
 #[cfg(test)]
 mod overlay_tests;
+mod runs;
+#[cfg(test)]
+mod runs_tests;
 mod sizing;
 mod snapshot;
 mod source;

@@ -67,11 +67,15 @@
 //! whole and the caller writes it as such.
 //!
 //! A key group with no change on disk since the previous base keeps that
-//! base's file, and is not read at all unless it is requested; a changed
-//! group's file is rewritten whole. Known gap: so the sequential I/O
-//! (off the operator's thread) grows with the changed groups' size, not
-//! with the changes, and a requested group is read whole even when only
-//! its hot entries changed.
+//! base's file and runs, and is read only when its part is whole. A
+//! changed group written as a delta (or not requested) is not read: its
+//! changes go into its delta part and are appended to its base as one
+//! more sorted run ([`super::runs`]); a group written whole, or one past
+//! the runs' bound ([`super::source`], "The bound on runs"), is read whole
+//! (file, runs and changes merged) and its file rewritten with no runs.
+//! Known gap: so a whole part still costs I/O and CPU (off the operator's
+//! thread) that grow with the group's size, not with its changes, and a
+//! snapshot writes one run file even when its runs are tiny.
 
 use std::sync::Arc;
 
@@ -79,7 +83,7 @@ use super::base::{BaseWriter, Bases};
 use super::changes::Changes;
 use super::disk::DiskSnapshot;
 use super::hot::{HotEntries, HotGroups, TouchedKeys};
-use super::source::GroupSource;
+use super::source::{GroupPlan, GroupSource};
 use super::SpillError;
 use crate::keyed::backend::KeyGroupPart;
 use crate::keyed::key_group::{KeyGroupRange, MaxParallelism};
@@ -276,12 +280,15 @@ impl Streamed {
         Ok(())
     }
 
-    /// Reads `key_group` of the disk table into the base being written
-    /// and, if it was requested, the disk's entries overlaid by the hot
-    /// ones into its part (both runs ascending by key; on the same key the
-    /// hot entry wins, since the disk's is the older). A group that did
-    /// not change on disk since the previous base keeps that base's file
-    /// (not rewritten), and is not read at all unless requested.
+    /// Builds `key_group`'s part if it was requested, and its base: the
+    /// disk's entries overlaid by the hot ones (both runs ascending by
+    /// key; on the same key the hot entry wins, since the disk's is the
+    /// older). What is read depends on the group's [`GroupPlan`]: a group
+    /// that did not change on disk since the previous base keeps that
+    /// base's file and runs, and is read only for a whole part; a changed
+    /// group whose part is a delta (or that is not requested) gets its
+    /// changes appended as a run, and only they are read; any other is
+    /// read whole (base file, runs and changes) into a new file.
     fn read_group(&mut self, key_group: u32) -> Result<Option<KeyGroupPart>, SpillError> {
         let taken = &mut self.taken;
         let index = (key_group - taken.range.start) as usize;
@@ -291,18 +298,19 @@ impl Streamed {
             .as_mut()
             .ok_or_else(|| SpillError::Internal("a snapshot read before it started".into()))?;
         let delta = picked && taken.deltas[index] && reader.knows_changes();
-        let kept = reader.unchanged_file(key_group)?;
-        let rewrites_base = kept.is_none();
+        let plan = reader.plan(key_group, picked && !delta)?;
+        let keeps = matches!(plan, GroupPlan::Keep(_));
+        let appends = matches!(plan, GroupPlan::Append(_));
         if let Some(base) = &mut self.base {
-            match kept {
-                Some(file) => base.keep_group(key_group, file)?,
-                None => base.begin_group(key_group)?,
+            match plan {
+                GroupPlan::Keep(group) => base.keep_group(key_group, group)?,
+                GroupPlan::Append(group) => base.append_group(key_group, group)?,
+                GroupPlan::Rewrite => base.begin_group(key_group)?,
             }
         }
-        if !picked && !rewrites_base {
+        if !picked && keeps {
             return Ok(None);
         }
-        let mut part = picked.then(|| PartWriter::new(&taken.schema));
         let hot = if picked {
             taken
                 .hot
@@ -310,47 +318,39 @@ impl Streamed {
         } else {
             HotEntries::default()
         };
-        let mut next_hot = 0;
+        let mut overlay = Overlay {
+            part: picked.then(|| PartWriter::new(&taken.schema)),
+            hot,
+            next_hot: 0,
+            delta,
+        };
         let base = &mut self.base;
-        reader.for_each_in(key_group, |key, value, changed| {
-            if let (true, Some(base)) = (rewrites_base, base.as_mut()) {
-                base.push(key, value)?;
+        if keeps {
+            // Unchanged on disk: a delta holds only touched hot entries.
+            if !delta {
+                reader.for_each_in(key_group, |key, value, changed| {
+                    overlay.disk(key, value, changed)
+                })?;
             }
-            let Some(part) = &mut part else {
-                return Ok(());
-            };
-            while let Some((hot_key, hot_value)) = hot.get(next_hot) {
-                if hot_key > key {
-                    break;
+        } else if appends {
+            reader.changes_in(key_group, |key, value, changed| {
+                if let Some(base) = base.as_mut() {
+                    base.push_change(key, value)?;
                 }
-                part.push_encoded(&hot_key[4..], hot_value)?;
-                next_hot += 1;
-                if hot_key == key {
-                    // The hot value replaces the disk's.
-                    return Ok(());
+                match value {
+                    Some(value) => overlay.disk(key, value, changed),
+                    None => Ok(()),
                 }
-            }
-            if delta && !changed {
-                // Unchanged since the previous snapshot: its chain has it.
-                return Ok(());
-            }
-            Ok(part.push_encoded(&key[4..], value)?)
-        })?;
-        Ok(match part {
-            Some(mut part) => {
-                while let Some((hot_key, hot_value)) = hot.get(next_hot) {
-                    part.push_encoded(&hot_key[4..], hot_value)?;
-                    next_hot += 1;
+            })?;
+        } else {
+            reader.for_each_in(key_group, |key, value, changed| {
+                if let Some(base) = base.as_mut() {
+                    base.push(key, value)?;
                 }
-                let bytes = if delta {
-                    part.finish_delta(taken.max_parallelism, key_group)
-                } else {
-                    part.finish(taken.max_parallelism, key_group)
-                };
-                Some(KeyGroupPart { key_group, bytes })
-            }
-            None => None,
-        })
+                overlay.disk(key, value, changed)
+            })?;
+        }
+        overlay.finish(taken.max_parallelism, key_group)
     }
 
     /// Reads every key group left and publishes the base.
@@ -377,6 +377,67 @@ impl Streamed {
         self.parts_left = 0;
         self.reader = None;
         self.base = None;
+    }
+}
+
+/// One requested group's part being built: the disk's entries as they
+/// come, with the group's hot entries laid over them.
+struct Overlay {
+    /// `None` for a group that is not requested (only its base is
+    /// written).
+    part: Option<PartWriter>,
+    hot: HotEntries,
+    next_hot: usize,
+    /// Whether the part is a delta: a disk entry unchanged since the
+    /// previous snapshot is left out (its chain has it).
+    delta: bool,
+}
+
+impl Overlay {
+    /// Adds the disk's `key` and `value` (`changed` since the previous
+    /// snapshot, or not), after the hot entries before it; a hot entry of
+    /// the same key replaces it.
+    fn disk(&mut self, key: &[u8], value: &[u8], changed: bool) -> Result<(), SpillError> {
+        let Some(part) = &mut self.part else {
+            return Ok(());
+        };
+        while let Some((hot_key, hot_value)) = self.hot.get(self.next_hot) {
+            if hot_key > key {
+                break;
+            }
+            part.push_encoded(&hot_key[4..], hot_value)?;
+            self.next_hot += 1;
+            if hot_key == key {
+                // The hot value replaces the disk's.
+                return Ok(());
+            }
+        }
+        if self.delta && !changed {
+            // Unchanged since the previous snapshot: its chain has it.
+            return Ok(());
+        }
+        Ok(part.push_encoded(&key[4..], value)?)
+    }
+
+    /// The part, after the hot entries left; `None` if not requested.
+    fn finish(
+        mut self,
+        max_parallelism: MaxParallelism,
+        key_group: u32,
+    ) -> Result<Option<KeyGroupPart>, SpillError> {
+        let Some(mut part) = self.part.take() else {
+            return Ok(None);
+        };
+        while let Some((hot_key, hot_value)) = self.hot.get(self.next_hot) {
+            part.push_encoded(&hot_key[4..], hot_value)?;
+            self.next_hot += 1;
+        }
+        let bytes = if self.delta {
+            part.finish_delta(max_parallelism, key_group)
+        } else {
+            part.finish(max_parallelism, key_group)
+        };
+        Ok(Some(KeyGroupPart { key_group, bytes }))
     }
 }
 

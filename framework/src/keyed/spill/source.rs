@@ -1,20 +1,44 @@
 //! [`GroupSource`]: where a spilling snapshot reads its entries from, one
 //! key group at a time, ascending: the disk table's MVCC view, or the
-//! previous snapshot's base file merged with the changes since.
+//! previous snapshot's base (a file and sorted change runs per group)
+//! merged with the changes since.
 //!
-//! This module owns the merge of a base with the sorted changes (the
-//! newer value wins, and a deletion drops the key) and the checks that
-//! both runs stay in key-group order. It never builds a part, never writes a base and never decides
-//! which source a snapshot uses ([`super::snapshot`] does).
+//! This module owns the merge of a group's base file, its runs and the
+//! sorted changes (the newest value wins, and a deletion drops the key),
+//! the checks that every run stays in key-group order, and the choice of
+//! what a snapshot does with a changed group's base ([`GroupPlan`]): keep
+//! it, append the changes as one more run, or rewrite it whole. It never
+//! builds a part, never writes a base and never decides which source a
+//! snapshot uses ([`super::snapshot`] does).
+//!
+//! # The bound on runs
+//!
+//! A group's changes are appended as a run unless the snapshot needs the
+//! whole group anyway (a whole part), or the group's runs would then hold
+//! more records than half its base file's entries, or more than
+//! [`MAX_RUNS`] runs. So the disk a group's base takes is at most about one
+//! and a half times its entries (plus the newest run), a whole read merges
+//! at most that many records and `MAX_RUNS + 2` sorted inputs (one open
+//! file and a 64 KiB buffer per run), and each rewrite is paid for by at
+//! least half its size in appended changes. The half matches the chain
+//! planner's bound on delta bytes (`job/incremental/chains.rs`), which
+//! writes a group whole once its deltas pass half its base part's bytes,
+//! and `MAX_RUNS` is above its ten parts per chain, so that compactions
+//! mostly coincide with whole parts, which must read the group whole
+//! anyway.
 
 use std::cmp::Ordering;
 
 use std::sync::Arc;
 
-use super::base::{Base, GroupFile};
-use super::changes::SortedChanges;
+use super::base::{Base, GroupBase};
+use super::changes::{ChangeRef, SortedChanges};
 use super::disk::DiskSnapshot;
+use super::runs::RecordReader;
 use super::SpillError;
+
+/// The most runs a group's base keeps; one more rewrites its file.
+pub(crate) const MAX_RUNS: usize = 16;
 
 /// The entries of one snapshot's disk table, in its key order.
 pub(crate) enum GroupSource {
@@ -30,15 +54,46 @@ pub(crate) enum GroupSource {
     },
 }
 
-/// Which run the entry just handed on came from.
-enum Step {
-    Base,
-    Changes,
-    /// Both held the key: the change replaced the base's value.
-    Both,
+/// What a snapshot does with one key group's base.
+#[derive(Debug)]
+pub(crate) enum GroupPlan {
+    /// Nothing of the group changed on disk: the next base keeps its file
+    /// and runs (`None`: the group stays empty).
+    Keep(Option<GroupBase>),
+    /// The next base keeps the group's file and runs (`None`: none) and
+    /// appends the group's changes as one more run
+    /// ([`GroupSource::changes_in`]); the group is not read.
+    Append(Option<GroupBase>),
+    /// The group is read whole ([`GroupSource::for_each_in`]) into a new
+    /// file with no runs.
+    Rewrite,
 }
 
 impl GroupSource {
+    /// What to do with `key_group`'s base; `whole` when the snapshot reads
+    /// the group whole anyway (a whole part). Key groups must be asked for
+    /// in ascending order, before their entries.
+    pub(crate) fn plan(&mut self, key_group: u32, whole: bool) -> Result<GroupPlan, SpillError> {
+        let (base, changes) = match self {
+            GroupSource::Empty => return Ok(GroupPlan::Keep(None)),
+            GroupSource::View(_) => return Ok(GroupPlan::Rewrite),
+            GroupSource::Merge { base, changes } => (base, changes),
+        };
+        let prefix = key_group.to_be_bytes();
+        let group = base.group(key_group);
+        if in_group(changes.peek(), &prefix)?.is_none() {
+            return Ok(GroupPlan::Keep(group.cloned()));
+        }
+        let new = changes.count_with_prefix(&prefix) as u64;
+        let (file_entries, run_entries, runs) = group.map_or((0, 0, 0), |group| {
+            (group.file_entries(), group.run_entries(), group.runs())
+        });
+        if whole || runs >= MAX_RUNS || run_entries + new > file_entries / 2 {
+            return Ok(GroupPlan::Rewrite);
+        }
+        Ok(GroupPlan::Append(group.cloned()))
+    }
+
     /// Calls `f` with every `(key, value)` of `key_group`, ascending by
     /// key, and whether the value came from the changes since the
     /// previous base and may differ from the key's value then (a record
@@ -47,76 +102,42 @@ impl GroupSource {
     pub(crate) fn for_each_in(
         &mut self,
         key_group: u32,
-        mut f: impl FnMut(&[u8], &[u8], bool) -> Result<(), SpillError>,
+        f: impl FnMut(&[u8], &[u8], bool) -> Result<(), SpillError>,
     ) -> Result<(), SpillError> {
-        let (base, changes) = match self {
-            GroupSource::Empty => return Ok(()),
+        let mut f = f;
+        match self {
+            GroupSource::Empty => Ok(()),
             GroupSource::View(view) => {
-                return view.scan_key_group(key_group, |key, value| f(key, value, false))
+                view.scan_key_group(key_group, |key, value| f(key, value, false))
             }
-            GroupSource::Merge { base, changes } => (base, changes),
-        };
-        let mut base = base.reader(key_group)?;
-        let prefix = key_group.to_be_bytes();
-        loop {
-            let step = {
-                let from_base = match base.peek()? {
-                    Some((key, value)) if key.get(..4) == Some(prefix.as_slice()) => {
-                        Some((key, value))
-                    }
-                    Some((key, _)) => {
-                        return Err(SpillError::Internal(format!(
-                            "the base file of key group {key_group} holds the key {key:?}"
-                        )))
-                    }
-                    None => None,
+            GroupSource::Merge { base, changes } => {
+                let mut readers = match base.group(key_group) {
+                    Some(group) => group.readers()?,
+                    None => Vec::new(),
                 };
-                let changed = changes.peek_changed();
-                let from_changes = in_group(changes.peek(), &prefix)?;
-                match (from_base, from_changes) {
-                    (None, None) => return Ok(()),
-                    (Some((key, value)), None) => {
-                        f(key, value, false)?;
-                        Step::Base
-                    }
-                    (None, Some((key, value))) => {
-                        // A deletion of a key the base does not hold.
-                        if let Some(value) = value {
-                            f(key, value, changed)?;
-                        }
-                        Step::Changes
-                    }
-                    (Some((base_key, base_value)), Some((key, value))) => match base_key.cmp(key) {
-                        Ordering::Less => {
-                            f(base_key, base_value, false)?;
-                            Step::Base
-                        }
-                        Ordering::Greater => {
-                            if let Some(value) = value {
-                                f(key, value, changed)?;
-                            }
-                            Step::Changes
-                        }
-                        Ordering::Equal => {
-                            // The change replaces the base's value, or a
-                            // deletion drops it.
-                            if let Some(value) = value {
-                                f(key, value, changed)?;
-                            }
-                            Step::Both
-                        }
-                    },
-                }
-            };
-            match step {
-                Step::Base => base.advance(),
-                Step::Changes => changes.advance(),
-                Step::Both => {
-                    base.advance();
-                    changes.advance();
-                }
+                merge_group(&mut readers, changes, key_group, f)
             }
         }
+    }
+
+    /// Calls `f` with every change of `key_group` since the previous base
+    /// (`None`: a deletion), ascending by key, and whether it may differ
+    /// from the key's value then. Only for a merge (nothing otherwise); key
+    /// groups must be asked for in ascending order.
+    pub(crate) fn changes_in(
+        &mut self,
+        key_group: u32,
+        mut f: impl FnMut(&[u8], Option<&[u8]>, bool) -> Result<(), SpillError>,
+    ) -> Result<(), SpillError> {
+        let GroupSource::Merge { changes, .. } = self else {
+            return Ok(());
+        };
+        let prefix = key_group.to_be_bytes();
+        while let Some((key, value)) = in_group(changes.peek(), &prefix)? {
+            f(key, value, changes.peek_changed())?;
+            changes.advance();
+        }
+        Ok(())
     }
 
     /// Whether [`Self::for_each_in`] says which entries changed since the
@@ -124,24 +145,6 @@ impl GroupSource {
     /// part can be built from it.
     pub(crate) fn knows_changes(&self) -> bool {
         !matches!(self, GroupSource::View(_))
-    }
-
-    /// For a merge, when nothing of `key_group` changed on disk since
-    /// the previous base: `Some` of that base's file of the group (`None`
-    /// inside for an empty group), which the next base may keep as it is.
-    /// `None` when the group changed, or for any other source. Key groups
-    /// must be asked for in ascending order, before their entries.
-    pub(crate) fn unchanged_file(
-        &mut self,
-        key_group: u32,
-    ) -> Result<Option<Option<Arc<GroupFile>>>, SpillError> {
-        let GroupSource::Merge { base, changes } = self else {
-            return Ok(None);
-        };
-        if in_group(changes.peek(), &key_group.to_be_bytes())?.is_some() {
-            return Ok(None);
-        }
-        Ok(Some(base.file(key_group).cloned()))
     }
 
     /// Fails if a merge left changes unread: keys outside the key groups
@@ -158,6 +161,103 @@ impl GroupSource {
                 Ok(())
             }
         }
+    }
+}
+
+/// The smallest key among the inputs seen so far, which inputs hold it
+/// (one bit each, by index: a later input is newer) and the newest's
+/// record.
+struct Smallest<'a> {
+    record: Option<ChangeRef<'a>>,
+    inputs: u64,
+}
+
+impl<'a> Smallest<'a> {
+    /// Takes input `index`'s next record into account; inputs must come
+    /// oldest first, so that the newer record wins on the same key.
+    fn offer(&mut self, index: usize, record: ChangeRef<'a>) {
+        let order = match self.record {
+            None => Ordering::Less,
+            Some((key, _)) => record.0.cmp(key),
+        };
+        match order {
+            Ordering::Less => {
+                self.record = Some(record);
+                self.inputs = 1 << index;
+            }
+            Ordering::Equal => {
+                self.record = Some(record);
+                self.inputs |= 1 << index;
+            }
+            Ordering::Greater => {}
+        }
+    }
+}
+
+/// Merges `readers` (a group's base file and runs, oldest first) and the
+/// group's changes (newest) into `f`, ascending, the newest record of
+/// each key winning and a deletion dropping it. A linear pick of the
+/// smallest key per entry: there are at most [`MAX_RUNS`] + 2 inputs.
+fn merge_group(
+    readers: &mut [RecordReader],
+    changes: &mut SortedChanges,
+    key_group: u32,
+    mut f: impl FnMut(&[u8], &[u8], bool) -> Result<(), SpillError>,
+) -> Result<(), SpillError> {
+    let newest = readers.len();
+    if newest >= 64 {
+        return Err(SpillError::Internal(format!(
+            "key group {key_group} has {newest} runs, more than a merge takes"
+        )));
+    }
+    let prefix = key_group.to_be_bytes();
+    loop {
+        for reader in readers.iter_mut() {
+            reader.fill()?;
+        }
+        let mut smallest = Smallest {
+            record: None,
+            inputs: 0,
+        };
+        for (index, reader) in readers.iter().enumerate() {
+            if let Some(record) = own_group(reader.current(), &prefix, key_group)? {
+                smallest.offer(index, record);
+            }
+        }
+        if let Some(record) = in_group(changes.peek(), &prefix)? {
+            smallest.offer(newest, record);
+        }
+        let Some((key, value)) = smallest.record else {
+            return Ok(());
+        };
+        let from_changes = smallest.inputs & (1 << newest) != 0;
+        if let Some(value) = value {
+            f(key, value, from_changes && changes.peek_changed())?;
+        }
+        let inputs = smallest.inputs;
+        for (index, reader) in readers.iter_mut().enumerate() {
+            if inputs & (1 << index) != 0 {
+                reader.advance();
+            }
+        }
+        if from_changes {
+            changes.advance();
+        }
+    }
+}
+
+/// `record`, whose key must be in the key group `prefix` names: a base
+/// file or run holding another group's key is a bug.
+fn own_group<'a>(
+    record: Option<ChangeRef<'a>>,
+    prefix: &[u8; 4],
+    key_group: u32,
+) -> Result<Option<ChangeRef<'a>>, SpillError> {
+    match record {
+        Some((key, _)) if key.get(..4) != Some(prefix.as_slice()) => Err(SpillError::Internal(
+            format!("the base of key group {key_group} holds the key {key:?}"),
+        )),
+        record => Ok(record),
     }
 }
 
@@ -322,18 +422,156 @@ mod tests {
     }
 
     #[test]
-    fn a_group_without_changes_offers_its_previous_file() {
+    fn a_group_without_changes_keeps_its_base_and_a_changed_one_appends_or_rewrites() {
         let dir = tempfile::tempdir().unwrap();
+        let base: Vec<(Vec<u8>, &[u8])> = (0..10u8)
+            .map(|i| (key(2, &[i]), &b"1"[..]))
+            .chain([(key(1, b"a"), &b"1"[..])])
+            .collect();
+        let mut base = base;
+        base.sort();
         let (_bases, mut source) = merge(
             dir.path(),
-            &[(key(1, b"a"), &b"1"[..]), (key(2, b"a"), b"1")],
-            &[(key(2, b"b"), &b"2"[..])],
+            &base,
+            &[(key(2, b"b"), &b"2"[..]), (key(3, b"a"), b"2")],
         );
-        assert!(matches!(source.unchanged_file(0), Ok(Some(None))));
-        assert!(matches!(source.unchanged_file(1), Ok(Some(Some(_)))));
-        assert!(matches!(source.unchanged_file(2), Ok(None)));
-        assert_eq!(group(&mut source, 2).len(), 2);
-        assert!(matches!(source.unchanged_file(3), Ok(Some(None))));
+        assert!(matches!(source.plan(0, false), Ok(GroupPlan::Keep(None))));
+        assert!(matches!(source.plan(1, true), Ok(GroupPlan::Keep(Some(_)))));
+        // One change against ten entries: under half, so a run...
+        assert!(matches!(
+            source.plan(2, false),
+            Ok(GroupPlan::Append(Some(_)))
+        ));
+        // ...unless the group is read whole anyway.
+        assert!(matches!(source.plan(2, true), Ok(GroupPlan::Rewrite)));
+        assert_eq!(group(&mut source, 2).len(), 11);
+        // A change to an empty group is more than half of nothing.
+        assert!(matches!(source.plan(3, false), Ok(GroupPlan::Rewrite)));
+        assert_eq!(group(&mut source, 3).len(), 1);
+        assert!(matches!(source.plan(4, false), Ok(GroupPlan::Keep(None))));
         source.finish().unwrap();
+    }
+
+    /// Base `epoch` of `bases` with `records` of `key_group` appended as
+    /// one run to the group of the base before (every other group kept).
+    fn append_run(
+        bases: &Arc<Bases>,
+        epoch: u64,
+        key_group: u32,
+        records: &[(Vec<u8>, Option<&[u8]>)],
+    ) {
+        let previous = bases.open(epoch - 1).unwrap();
+        let mut writer = bases.writer(epoch).unwrap();
+        writer
+            .append_group(key_group, previous.group(key_group).cloned())
+            .unwrap();
+        for (key, value) in records {
+            writer.push_change(key, *value).unwrap();
+        }
+        writer.finish().unwrap();
+    }
+
+    #[test]
+    fn runs_merge_in_order_the_newest_record_winning_and_deletions_dropping_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let bases = Bases::new(dir.path().join("bases"));
+        let mut writer = bases.writer(1).unwrap();
+        writer.begin_group(1).unwrap();
+        for name in [b"a", b"b", b"c", b"d"] {
+            writer.push(&key(1, name), b"1").unwrap();
+        }
+        writer.finish().unwrap();
+        append_run(
+            &bases,
+            2,
+            1,
+            &[
+                (key(1, b"b"), Some(b"2")),
+                (key(1, b"c"), None),
+                (key(1, b"e"), Some(b"2")),
+            ],
+        );
+        append_run(
+            &bases,
+            3,
+            1,
+            &[
+                (key(1, b"c"), Some(b"3")),
+                (key(1, b"d"), None),
+                (key(1, b"e"), None),
+                (key(1, b"g"), None),
+            ],
+        );
+        let base = bases.open(3).unwrap();
+        let group_base = base.group(1).unwrap();
+        assert_eq!((group_base.runs(), group_base.run_entries()), (2, 7));
+        assert_eq!(group_base.file_entries(), 4);
+        let mut log = ChangeLog::new(100, 10_000);
+        log.take();
+        log.record_deletion(&key(1, b"a"));
+        log.record_unchanged(&key(1, b"b"), b"4");
+        log.record(&key(1, b"f"), b"4");
+        let mut source = GroupSource::Merge {
+            base,
+            changes: log.take().unwrap().sorted(),
+        };
+        let mut out = Vec::new();
+        source
+            .for_each_in(1, |key, value, changed| {
+                out.push((key.to_vec(), value.to_vec(), changed));
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(
+            out,
+            vec![
+                (key(1, b"b"), b"4".to_vec(), false),
+                (key(1, b"c"), b"3".to_vec(), false),
+                (key(1, b"f"), b"4".to_vec(), true),
+            ]
+        );
+        source.finish().unwrap();
+    }
+
+    #[test]
+    fn a_group_past_its_bound_on_runs_is_rewritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let bases = Bases::new(dir.path().join("bases"));
+        let mut writer = bases.writer(1).unwrap();
+        writer.begin_group(1).unwrap();
+        for i in 0..250u8 {
+            writer.push(&key(1, &[i]), b"1").unwrap();
+        }
+        writer.finish().unwrap();
+        let plan = |bases: &Arc<Bases>, epoch: u64, changed: u8| {
+            let mut log = ChangeLog::new(1_000, 100_000);
+            log.take();
+            for i in 0..changed {
+                log.record(&key(1, &[i]), b"2");
+            }
+            let mut source = GroupSource::Merge {
+                base: bases.open(epoch).unwrap(),
+                changes: log.take().unwrap().sorted(),
+            };
+            source.plan(1, false).unwrap()
+        };
+        // Runs of 50 records each: 50 and 100 fit in half of 250
+        // entries, and 25 more, but not 26.
+        for epoch in 2..4 {
+            assert!(matches!(plan(&bases, epoch - 1, 50), GroupPlan::Append(_)));
+            let records: Vec<_> = (0..50u8).map(|i| (key(1, &[i]), Some(&b"2"[..]))).collect();
+            append_run(&bases, epoch, 1, &records);
+        }
+        assert!(matches!(plan(&bases, 3, 25), GroupPlan::Append(_)));
+        assert!(matches!(plan(&bases, 3, 26), GroupPlan::Rewrite));
+        // And at MAX_RUNS runs, however small.
+        let mut epoch = 3;
+        while bases.open(epoch).unwrap().group(1).unwrap().runs() < MAX_RUNS {
+            assert!(matches!(plan(&bases, epoch, 1), GroupPlan::Append(_)));
+            epoch += 1;
+            append_run(&bases, epoch, 1, &[(key(1, &[0]), Some(&b"3"[..]))]);
+        }
+        assert!(bases.open(epoch).unwrap().group(1).unwrap().run_entries() < 124);
+        assert!(matches!(plan(&bases, epoch, 1), GroupPlan::Rewrite));
     }
 }
