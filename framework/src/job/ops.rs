@@ -432,17 +432,17 @@ where
     for record in batch {
         let key = key_of(&record);
         let hash = key_hash(&key);
-        states.prefetch_routed(hash);
+        let index = states.prefetch_routed(hash);
         if ahead.len() == PREFETCH_DISTANCE {
-            if let Some((record, key, hash)) = ahead.pop_front() {
-                let state = states.get_or_default_routed(&key, hash);
+            if let Some((record, key, hash, index)) = ahead.pop_front() {
+                let state = states.get_or_default_at(&key, hash, index);
                 function(&key, state, record, out)?;
             }
         }
-        ahead.push_back((record, key, hash));
+        ahead.push_back((record, key, hash, index));
     }
-    for (record, key, hash) in ahead {
-        let state = states.get_or_default_routed(&key, hash);
+    for (record, key, hash, index) in ahead {
+        let state = states.get_or_default_at(&key, hash, index);
         function(&key, state, record, out)?;
     }
     Ok(())

@@ -553,13 +553,23 @@ impl<K: StateKey, S: Default> CowKeyedState<K, S> {
     }
 
     /// Asks the CPU for the memory a lookup of the key with hash `hash`
-    /// will touch (see [`super::slice_table`]); reads and changes nothing.
-    /// A batch loop calls it a few records before it looks the key up.
+    /// will touch (see [`super::slice_table`]) and returns the key's
+    /// [`Self::routed_index`], for the lookup's
+    /// [`Self::get_or_default_at`]; reads and changes nothing. A batch
+    /// loop calls it a few records before it looks the key up.
     #[inline(always)]
-    pub(crate) fn prefetch_routed(&self, hash: u64) {
-        if let Some(slot) = self.groups.get(self.routed_index(hash)) {
+    pub(crate) fn prefetch_routed(&self, hash: u64) -> usize {
+        debug_assert!(
+            self.locate_hash(hash).is_ok(),
+            "bug: a key of key group {} was routed to the state of {:?}",
+            self.max_parallelism.key_group_of(hash),
+            self.range
+        );
+        let index = self.routed_index(hash);
+        if let Some(slot) = self.groups.get(index) {
             super::slice_table::prefetch(slot.table.get(), hash);
         }
+        index
     }
 
     /// The state of `key`, created with `S::default()` if it has none, for

@@ -513,15 +513,20 @@ mod tests {
         assert!(reader.peek().is_err());
     }
 
+    /// Base 1 of `bases`: group 1 holds `a = 1`, nothing else.
+    fn write_one_entry_base(bases: &Arc<Bases>) {
+        let mut writer = bases.writer(1).unwrap();
+        writer.begin_group(1).unwrap();
+        writer.push(b"a", b"1").unwrap();
+        writer.finish().unwrap();
+    }
+
     #[test]
     fn a_run_file_is_shared_by_the_bases_that_list_its_runs_and_deleted_with_the_last() {
         let dir = tempfile::tempdir().unwrap();
         let bases_dir = dir.path().join("bases");
         let bases = Bases::new(bases_dir.clone());
-        let mut writer = bases.writer(1).unwrap();
-        writer.begin_group(1).unwrap();
-        writer.push(b"a", b"1").unwrap();
-        writer.finish().unwrap();
+        write_one_entry_base(&bases);
         // Base 2 appends runs to groups 1 (which has a file) and 2 (which
         // has none), without rewriting the file.
         let first = bases.open(1).unwrap();
@@ -565,10 +570,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let bases_dir = dir.path().join("bases");
         let bases = Bases::new(bases_dir.clone());
-        let mut writer = bases.writer(1).unwrap();
-        writer.begin_group(1).unwrap();
-        writer.push(b"a", b"1").unwrap();
-        writer.finish().unwrap();
+        write_one_entry_base(&bases);
         let first = bases.open(1).unwrap();
         let mut writer = bases.writer(2).unwrap();
         writer.append_group(1, first.group(1).cloned()).unwrap();

@@ -106,15 +106,23 @@ fn snapshot(
     snapshot.collect_parts().unwrap()
 }
 
-#[test]
-fn a_delta_snapshot_appends_runs_and_rewrites_no_base_file() {
-    let dir = tempfile::tempdir().unwrap();
-    let (mut state, mut model) = (spilling(dir.path(), 8), Model::new());
+/// A state with a budget of 8 entries after one write to each of 400
+/// keys (most of them evicted, so it has a disk table), its model and
+/// the keys.
+fn spilled_state(dir: &std::path::Path) -> (SpillingState<u64, Count>, Model, Vec<u64>) {
+    let (mut state, mut model) = (spilling(dir, 8), Model::new());
     let keys = owned_keys(400);
     for key in &keys {
         add(&mut state, &mut model, *key, 1);
         state.enforce_budget().unwrap();
     }
+    (state, model, keys)
+}
+
+#[test]
+fn a_delta_snapshot_appends_runs_and_rewrites_no_base_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut state, mut model, keys) = spilled_state(dir.path());
     let all: BTreeSet<u32> = range(2, 1).iter().collect();
     let mut chains = Chains::default();
     assert_eq!(
@@ -164,12 +172,7 @@ fn a_delta_snapshot_appends_runs_and_rewrites_no_base_file() {
 #[test]
 fn a_delta_snapshot_dropped_half_way_leaves_no_run_file_and_the_next_reads_the_store() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut state, mut model) = (spilling(dir.path(), 8), Model::new());
-    let keys = owned_keys(400);
-    for key in &keys {
-        add(&mut state, &mut model, *key, 1);
-        state.enforce_budget().unwrap();
-    }
+    let (mut state, mut model, keys) = spilled_state(dir.path());
     let all: BTreeSet<u32> = range(2, 1).iter().collect();
     let mut chains = Chains::default();
     chains.apply(snapshot(&mut state, &all, &BTreeSet::new()));
