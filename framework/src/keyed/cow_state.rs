@@ -552,6 +552,20 @@ impl<K: StateKey, S: Default> CowKeyedState<K, S> {
         }
     }
 
+    /// [`Self::routed_index`] of a key the caller routed here, whose
+    /// ownership is asserted in debug builds only (a foreign key here is a
+    /// routing bug; see [`Self::get_or_default_routed`]).
+    #[inline(always)]
+    fn owned_routed_index(&self, hash: u64) -> usize {
+        debug_assert!(
+            self.locate_hash(hash).is_ok(),
+            "bug: a key of key group {} was routed to the state of {:?}",
+            self.max_parallelism.key_group_of(hash),
+            self.range
+        );
+        self.routed_index(hash)
+    }
+
     /// Asks the CPU for the memory a lookup of the key with hash `hash`
     /// will touch (see [`super::slice_table`]) and returns the key's
     /// [`Self::routed_index`], for the lookup's
@@ -559,13 +573,7 @@ impl<K: StateKey, S: Default> CowKeyedState<K, S> {
     /// loop calls it a few records before it looks the key up.
     #[inline(always)]
     pub(crate) fn prefetch_routed(&self, hash: u64) -> usize {
-        debug_assert!(
-            self.locate_hash(hash).is_ok(),
-            "bug: a key of key group {} was routed to the state of {:?}",
-            self.max_parallelism.key_group_of(hash),
-            self.range
-        );
-        let index = self.routed_index(hash);
+        let index = self.owned_routed_index(hash);
         if let Some(slot) = self.groups.get(index) {
             super::slice_table::prefetch(slot.table.get(), hash);
         }
@@ -588,13 +596,7 @@ impl<K: StateKey, S: Default> CowKeyedState<K, S> {
     #[inline]
     pub fn get_or_default_routed(&mut self, key: &K, hash: u64) -> &mut S {
         debug_assert_eq!(hash, key_hash(key), "the hash given is not the key's");
-        debug_assert!(
-            self.locate_hash(hash).is_ok(),
-            "bug: a key of key group {} was routed to the state of {:?}",
-            self.max_parallelism.key_group_of(hash),
-            self.range
-        );
-        let index = self.routed_index(hash);
+        let index = self.owned_routed_index(hash);
         self.get_or_default_at(key, hash, index)
     }
 
