@@ -18,7 +18,7 @@
 //! second chance), an entry with its bit clear is evicted. A key used
 //! again before the hand comes back round keeps its place.
 //!
-//! # Why a bit in the entry (and not `TouchedKeys` or a bit set)
+//! # Why a bit in the entry (and not a set of keys or a bit set)
 //!
 //! - The bit is in the entry the lookup has just found and returns for
 //!   writing, so setting it is one byte store to a cache line already
@@ -27,13 +27,14 @@
 //!   an entry of a `u64` key and a `u64` count grows from 16 to 24 bytes
 //!   (a third more hot-table memory per budgeted key; the budget is in
 //!   entries, not bytes).
-//! - `TouchedKeys` (`hot.rs`) would add nothing per access (it is
-//!   already filled on every lookup) but is not a recency signal: every
-//!   key that enters memory enters it by a lookup, so every key loaded
-//!   since the last snapshot is in it, once used or not, and it is
-//!   emptied at each snapshot and saturates at the budget's count (then
-//!   says "touched" of every key). It cannot be cleared key by key either
-//!   without breaking the delta parts it exists for.
+//! - The same reasoning put the delta parts' record of what was written
+//!   since the last snapshot into the entry too ([`Clocked::written_for`],
+//!   in the same padding): it replaced a set of key hashes that cost a
+//!   hash-table insert per record on the operator's thread and a probe
+//!   per hot entry on the checkpoint writer's, about 4 % of the CPU of a
+//!   spilling run at 10 M keys (BENCHMARKS.md). That set was never a
+//!   recency signal either: every key that enters memory enters it by a
+//!   lookup, so it held every key loaded since the last snapshot.
 //! - A bit set beside each slice's table, indexed by bucket, would cost a
 //!   bit instead of up to a word per entry, but hashbrown 0.14's
 //!   `HashTable` exposes no bucket index, and a table that grows moves
@@ -69,23 +70,44 @@ use crate::keyed::StateKey;
 /// hand's last pass, a batch still finds its victims among unused keys.
 pub(crate) const SKIPS_PER_VICTIM: usize = 3;
 
-/// A hot entry's state and its reference bit.
+/// A hot entry's state, its reference bit and its write stamp.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Clocked<S> {
     pub(crate) state: S,
     /// Whether the key was found in memory by a lookup since the hand last
     /// passed it.
     pub(crate) referenced: bool,
+    /// The [`stamp`] of the snapshot that holds the entry's last write:
+    /// a lookup for writing sets it to the next snapshot's, so a delta
+    /// part takes the entries whose stamp is its snapshot's (see
+    /// `stamp` for why 32 bits are enough). It sits in the padding
+    /// after `referenced` for states of 8-byte alignment, so it costs
+    /// no memory there.
+    pub(crate) written_for: u32,
 }
 
 impl<S> Clocked<S> {
-    /// `state` as it enters memory (read back from disk): not referenced.
+    /// `state` as it enters memory (read back from disk or restored): not
+    /// referenced, and written for no snapshot yet (stamp 0: snapshots
+    /// start at epoch 1).
     pub(crate) fn entering(state: S) -> Self {
         Clocked {
             state,
             referenced: false,
+            written_for: 0,
         }
     }
+}
+
+/// The write stamp of the snapshot of epoch `epoch`: its low 32 bits.
+///
+/// Two epochs 2^32 apart share a stamp, so an entry last written 2^32
+/// snapshots ago would count as written for the current one. That only
+/// puts an unchanged entry into a delta part (a delta may hold more than
+/// what changed; it may never hold less), and the truncation keeps the
+/// stamp in the entry's padding.
+pub(crate) fn stamp(epoch: u64) -> u32 {
+    epoch as u32
 }
 
 /// How the victims are chosen.
@@ -130,7 +152,7 @@ impl Evictor {
         &mut self,
         hot: &mut CowKeyedState<K, Clocked<S>>,
         count: usize,
-    ) -> Vec<(K, S)> {
+    ) -> Vec<(K, Clocked<S>)> {
         let mut skips_left = match self.policy {
             Policy::SecondChance => count.saturating_mul(SKIPS_PER_VICTIM),
             Policy::Order => 0,
@@ -147,9 +169,6 @@ impl Evictor {
         }
         self.hand = next;
         taken
-            .into_iter()
-            .map(|(key, entry)| (key, entry.state))
-            .collect()
     }
 }
 
@@ -175,6 +194,7 @@ mod tests {
         let mut entry = Clocked {
             state: 1u64,
             referenced: true,
+            written_for: 0,
         };
         let mut skips = 1;
         assert!(!second_chance(&mut entry, &mut skips));

@@ -24,7 +24,7 @@ use std::collections::VecDeque;
 use super::evict::Clocked;
 use super::SpillError;
 use crate::keyed::cow::GroupSlices;
-use crate::keyed::{key_hash, StateKey};
+use crate::keyed::StateKey;
 use crate::state::append_postcard;
 use crate::state::{Snapshot, StateError};
 
@@ -32,70 +32,13 @@ use crate::state::{Snapshot, StateError};
 /// ascending. `Send`: the checkpoint writer reads them on its thread.
 pub(crate) trait HotGroups: Send {
     /// The hot entries of `key_group`, sorted by their disk keys; empty
-    /// for a group this holds nothing of. With `touched`, only entries
-    /// whose key hash it may contain (a superset of them is allowed: a
-    /// holder of encoded entries gives them all). Key groups must be asked
-    /// for in ascending order; what is held of an earlier group is
-    /// dropped.
-    fn group(
-        &mut self,
-        key_group: u32,
-        touched: Option<&TouchedKeys>,
-    ) -> Result<HotEntries, SpillError>;
-}
-
-/// The hashes of the keys the operator accessed for writing since the
-/// last snapshot (so every key whose value may have changed, besides
-/// those written to disk since, which the change log holds): what a delta
-/// part takes of the hot table. Bounded: past `limit` hashes it stops
-/// recording and counts every key as touched (a delta part then holds
-/// every hot entry of its group, larger but still right).
-///
-/// The hashes are [`key_hash`]es, mixed already, so each is its own hash
-/// in the table.
-#[derive(Debug, Default)]
-pub(crate) struct TouchedKeys {
-    hashes: hashbrown::HashTable<u64>,
-    limit: usize,
-    all: bool,
-}
-
-impl TouchedKeys {
-    /// An empty set recording at most `limit` hashes.
-    pub(crate) fn new(limit: usize) -> Self {
-        TouchedKeys {
-            hashes: hashbrown::HashTable::new(),
-            limit,
-            all: false,
-        }
-    }
-
-    /// Records the key with hash `hash`.
-    #[inline]
-    pub(crate) fn insert(&mut self, hash: u64) {
-        if self.all {
-            return;
-        }
-        if self.hashes.len() >= self.limit {
-            self.all = true;
-            self.hashes = hashbrown::HashTable::new();
-            return;
-        }
-        if self.hashes.find(hash, |seen| *seen == hash).is_none() {
-            self.hashes.insert_unique(hash, hash, |seen| *seen);
-        }
-    }
-
-    /// Whether the key with hash `hash` may have been touched.
-    pub(crate) fn contains(&self, hash: u64) -> bool {
-        self.all || self.hashes.find(hash, |seen| *seen == hash).is_some()
-    }
-
-    /// The set so far; this one starts empty with the same bound.
-    pub(crate) fn take(&mut self) -> TouchedKeys {
-        let limit = self.limit;
-        std::mem::replace(self, TouchedKeys::new(limit))
-    }
+    /// for a group this holds nothing of. With `written_for`, only the
+    /// entries written for the snapshot of that stamp
+    /// ([`super::evict::stamp`]; a superset of them is allowed: a holder
+    /// of encoded entries gives them all). Key groups must be asked for in
+    /// ascending order; what is held of an earlier group is dropped.
+    fn group(&mut self, key_group: u32, written_for: Option<u32>)
+        -> Result<HotEntries, SpillError>;
 }
 
 /// One key group's hot entries in their disk form (the key: its key group
@@ -166,7 +109,7 @@ pub(crate) fn encode_key<K: serde::Serialize>(
 /// tables are dropped as soon as it is encoded, so the operator takes a
 /// group the writer has passed back without a copy.
 /// Each entry's reference bit (`evict.rs`) is ignored: a snapshot holds
-/// the states.
+/// the states; its write stamp picks a delta part's entries.
 pub(crate) struct Frozen<K, S> {
     groups: VecDeque<(u32, GroupSlices<K, Clocked<S>>)>,
 }
@@ -188,7 +131,7 @@ where
     fn group(
         &mut self,
         key_group: u32,
-        touched: Option<&TouchedKeys>,
+        written_for: Option<u32>,
     ) -> Result<HotEntries, SpillError> {
         while self
             .groups
@@ -206,8 +149,9 @@ where
         };
         let entries = slices
             .iter()
-            .flat_map(|table| table.iter().map(|(key, entry)| (key, &entry.state)))
-            .filter(|(key, _)| touched.map_or(true, |touched| touched.contains(key_hash(*key))));
+            .flat_map(|table| table.iter())
+            .filter(|(_, entry)| written_for.map_or(true, |stamp| entry.written_for == stamp))
+            .map(|(key, entry)| (key, &entry.state));
         // `slices` drops as this returns.
         HotEntries::encode(key_group, entries)
     }
@@ -228,12 +172,12 @@ impl Encoded {
 }
 
 impl HotGroups for Encoded {
-    /// Gives every entry of the group whatever `touched` says (the keys
-    /// are encoded already; a superset is allowed).
+    /// Gives every entry of the group whatever `written_for` says (the
+    /// keys are encoded already; a superset is allowed).
     fn group(
         &mut self,
         key_group: u32,
-        _touched: Option<&TouchedKeys>,
+        _written_for: Option<u32>,
     ) -> Result<HotEntries, SpillError> {
         while self
             .groups

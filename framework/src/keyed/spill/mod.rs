@@ -68,10 +68,9 @@
 //!   the runs' own bound still read and rewrite the whole local base, so
 //!   the writer's CPU per checkpoint averages a fraction of the state's
 //!   size, not only the changes'; and every delta still sorts the change
-//!   log and tests every hot entry of its group against the touched keys
-//!   (`hot.rs`, a hash probe each: about 7 of the writer's 34 perf
-//!   samples per checkpoint at 10 M keys). Issue 16's 0.9 is not shown
-//!   (BENCHMARKS.md, "Sorted change runs of the spilling backend").
+//!   log and visits every hot entry of its group to pick those whose
+//!   write stamp is the snapshot's (`evict.rs`, `Clocked::written_for`:
+//!   a field compare each, where a probe of a set of key hashes was).
 //! - A state type without `Clone` cannot be frozen: its synchronous path
 //!   ([`SpillingState::snapshot_encoded`], used by `parts_of`) encodes the
 //!   hot entries on the operator's thread (at most the budget).

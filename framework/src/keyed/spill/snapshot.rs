@@ -62,7 +62,7 @@
 //! A picked group the caller asked for as a delta
 //! ([`super::SpillingState::snapshot_with_deltas`]) gets, when the source
 //! knows what changed (a merge, or no disk table), only the entries the
-//! change log holds and the touched hot entries, as a delta part
+//! change log holds and the hot entries written since, as a delta part
 //! ([`crate::keyed::part`], "Delta chains"); otherwise it is yielded
 //! whole and the caller writes it as such.
 //!
@@ -82,7 +82,8 @@ use std::sync::Arc;
 use super::base::{BaseWriter, Bases};
 use super::changes::Changes;
 use super::disk::DiskSnapshot;
-use super::hot::{HotEntries, HotGroups, TouchedKeys};
+use super::evict::stamp;
+use super::hot::{HotEntries, HotGroups};
 use super::source::{GroupPlan, GroupSource};
 use super::SpillError;
 use crate::keyed::backend::KeyGroupPart;
@@ -127,9 +128,6 @@ pub(super) struct Taken {
     /// rather than whole; honoured only when the source knows the changes
     /// (`GroupSource::knows_changes`).
     pub(super) deltas: Vec<bool>,
-    /// The keys written in memory since the previous snapshot: a delta
-    /// part's hot entries.
-    pub(super) touched: TouchedKeys,
 }
 
 /// A snapshot being read.
@@ -314,7 +312,7 @@ impl Streamed {
         let hot = if picked {
             taken
                 .hot
-                .group(key_group, delta.then_some(&taken.touched))?
+                .group(key_group, delta.then_some(stamp(taken.epoch)))?
         } else {
             HotEntries::default()
         };
@@ -326,7 +324,8 @@ impl Streamed {
         };
         let base = &mut self.base;
         if keeps {
-            // Unchanged on disk: a delta holds only touched hot entries.
+            // Unchanged on disk: a delta holds only the hot entries written
+            // since the previous snapshot.
             if !delta {
                 reader.for_each_in(key_group, |key, value, changed| {
                     overlay.disk(key, value, changed)

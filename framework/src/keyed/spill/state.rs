@@ -43,9 +43,9 @@ use std::sync::Arc;
 use super::base::Bases;
 use super::changes::ChangeLog;
 use super::disk::DiskTable;
-use super::evict::{Clocked, Evictor, Policy};
+use super::evict::{stamp, Clocked, Evictor, Policy};
 use super::filter::SpilledKeys;
-use super::hot::{encode_key, Encoded, Frozen, HotEntries, HotGroups, TouchedKeys};
+use super::hot::{encode_key, Encoded, Frozen, HotEntries, HotGroups};
 use super::sizing::StoreSizing;
 use super::snapshot::{SpillSnapshot, Taken};
 use super::SpillError;
@@ -90,9 +90,6 @@ pub struct SpillingState<K, S> {
     bases: Arc<Bases>,
     /// How many snapshots were taken.
     epoch: u64,
-    /// The keys written in memory since the last snapshot (by hash), for
-    /// delta parts; bounded by the memory budget (`TouchedKeys`).
-    touched: TouchedKeys,
     /// Per key group of the range, whether a key of it was deleted since
     /// the last snapshot: a delta part cannot say so, so such a group is
     /// written whole.
@@ -124,7 +121,6 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
             sizing,
             spilled: SpilledKeys::default(),
             epoch: 0,
-            touched: TouchedKeys::new(memory_entries.max(1)),
             deleted: vec![false; range.len()],
         })
     }
@@ -218,14 +214,24 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
         if !hit {
             self.load(key, hash)?;
         }
-        self.touched.insert(hash);
+        let pending = self.pending_stamp();
         let entry = self.hot.get_or_default_routed(key, hash);
         // Found in memory: used again, so it gets a second chance
         // (`evict.rs`); a key loaded or created here enters unreferenced
         // (it was just inserted with the bit clear, so this store keeps
-        // it so). One byte in the entry this lookup writes anyway.
+        // it so). The stamp marks the entry as written for the next
+        // snapshot's delta parts. Both are stores into the entry this
+        // lookup writes anyway.
         entry.referenced = hit;
+        entry.written_for = pending;
         Ok(&mut entry.state)
+    }
+
+    /// The write stamp of the next snapshot: the one that holds what is
+    /// written now.
+    #[inline]
+    fn pending_stamp(&self) -> u32 {
+        stamp(self.epoch + 1)
     }
 
     /// How many snapshots of this state were taken (any kind): an
@@ -308,22 +314,27 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
         let count = self.hot.len() - keep;
         let entries = self.evictor.take(&mut self.hot, count);
         self.evicted += entries.len() as u64;
-        let encoded = self.encode_entries(entries.iter().map(|(key, state)| (key, state)))?;
+        let pending = self.pending_stamp();
+        let encoded = self.encode_entries(
+            entries
+                .iter()
+                .map(|(key, entry)| (key, &entry.state, entry.written_for == pending)),
+        )?;
         self.store(encoded)
     }
 
     /// Writes `entries` to disk and records their keys in the filter of
     /// spilled keys and in the change log (every write to disk goes
     /// through here, so neither misses a key on disk).
-    fn store(&mut self, entries: Vec<(DiskEntry, u64)>) -> Result<(), SpillError> {
+    fn store(&mut self, entries: Vec<EncodedEntry>) -> Result<(), SpillError> {
         // Opened first, then borrowed beside the filter.
         self.disk()?;
-        let (spilled, changes, touched) = (&mut self.spilled, &mut self.changes, &self.touched);
-        let entries = entries.into_iter().map(|(entry, hash)| {
+        let (spilled, changes) = (&mut self.spilled, &mut self.changes);
+        let entries = entries.into_iter().map(|(entry, hash, written)| {
             spilled.insert(hash);
             // A key not written since the last snapshot holds the value it
             // had then: a delta part leaves it out.
-            if touched.contains(hash) {
+            if written {
                 changes.record(&entry.0, &entry.1);
             } else {
                 changes.record_unchanged(&entry.0, &entry.1);
@@ -346,22 +357,23 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
             .ok_or_else(|| SpillError::Internal("the disk table did not open".into()))
     }
 
-    /// The on-disk form of each entry, with its key's [`key_hash`].
+    /// The on-disk form of each `(key, state, written since the last
+    /// snapshot)`, with its key's [`key_hash`].
     fn encode_entries<'a>(
         &self,
-        entries: impl Iterator<Item = (&'a K, &'a S)>,
-    ) -> Result<Vec<(DiskEntry, u64)>, SpillError>
+        entries: impl Iterator<Item = (&'a K, &'a S, bool)>,
+    ) -> Result<Vec<EncodedEntry>, SpillError>
     where
         K: 'a,
         S: 'a,
     {
         entries
-            .map(|(key, state)| {
+            .map(|(key, state, written)| {
                 let mut key_bytes = Vec::new();
                 encode_key(self.hot.key_group_of(key), key, &mut key_bytes)?;
                 let mut payload = Vec::new();
                 state.encode_payload(&mut payload)?;
-                Ok(((key_bytes, payload), key_hash(key)))
+                Ok(((key_bytes, payload), key_hash(key), written))
             })
             .collect()
     }
@@ -370,8 +382,12 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
     /// the whole state (for [`Self::for_each`] only: snapshots overlay the
     /// hot entries instead).
     fn write_back_all(&mut self) -> Result<(), SpillError> {
-        let encoded =
-            self.encode_entries(self.hot.iter().map(|(key, entry)| (key, &entry.state)))?;
+        let pending = self.pending_stamp();
+        let encoded = self.encode_entries(
+            self.hot
+                .iter()
+                .map(|(key, entry)| (key, &entry.state, entry.written_for == pending)),
+        )?;
         self.store(encoded)
     }
 
@@ -396,7 +412,6 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
             *delta &= !*deleted;
             *deleted = false;
         }
-        let touched = self.touched.take();
         let schema = part::schema_section::<S>()?;
         // Without a disk table the log is empty; it records from here on,
         // but this snapshot leaves no base to merge into.
@@ -414,7 +429,6 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
             max_parallelism: self.hot.max_parallelism(),
             hot,
             deltas,
-            touched,
         }))
     }
 
@@ -465,7 +479,6 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
         }
         self.hot = CowKeyedState::new(max_parallelism, range)?;
         self.spilled = SpilledKeys::default();
-        self.touched.take();
         self.deleted.iter_mut().for_each(|deleted| *deleted = false);
         // The table is replaced: no earlier base describes it.
         self.changes.invalidate();
@@ -479,7 +492,10 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
             let one = KeyGroupRange::new(key_group, key_group + 1);
             let group: KeyedState<K, S> =
                 KeyedState::restore(max_parallelism, one, [(key_group, bytes)])?;
-            let encoded = self.encode_entries(group.iter())?;
+            // The change log is invalid until the next snapshot, so
+            // whether these count as written does not matter.
+            let encoded =
+                self.encode_entries(group.iter().map(|(key, state)| (key, state, false)))?;
             self.store(encoded)?;
         }
         Ok(())
@@ -562,6 +578,10 @@ fn bases_dir(dir: &Path) -> PathBuf {
 /// One entry in its on-disk form: the key (key group, then postcard) and
 /// the state's payload.
 type DiskEntry = (Vec<u8>, Vec<u8>);
+
+/// An entry on its way to disk: its disk form, its key's [`key_hash`] and
+/// whether it was written since the last snapshot.
+type EncodedEntry = (DiskEntry, u64, bool);
 
 type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
