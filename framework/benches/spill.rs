@@ -51,7 +51,7 @@ use support::{
 
 const USAGE: &str = "spill [--records N] [--keys K] [--parallelism P] \
 [--backend spilling|memory] [--memory-entries M] [--checkpoint-interval-ms MS|off] \
-[--hot-keys H --hot-share PERCENT] [--dir DIR] [--smoke]";
+[--hot-keys H --hot-share PERCENT] [--full-every N] [--dir DIR] [--smoke]";
 
 /// The command line.
 #[derive(Debug, Clone)]
@@ -66,6 +66,9 @@ struct Options {
     hot_keys: u64,
     /// `--hot-share`: the percentage of records that go to the hot keys.
     hot_share: u64,
+    /// `--full-every`: `IncrementalCheckpoints::full_every` (default
+    /// the job's default).
+    full_every: u32,
     /// The working directory's parent (the spilling backend's and the
     /// checkpoint store's); a temporary directory inside it is used.
     dir: PathBuf,
@@ -82,6 +85,7 @@ impl Default for Options {
             interval_ms: None,
             hot_keys: 0,
             hot_share: 0,
+            full_every: snapflow::job::DEFAULT_FULL_EVERY,
             dir: std::env::temp_dir(),
         }
     }
@@ -117,6 +121,9 @@ fn parse(arguments: impl IntoIterator<Item = String>) -> Result<Options, String>
             }
             "--hot-share" => {
                 options.hot_share = parse_number(&flag, value(&mut arguments).as_deref())?
+            }
+            "--full-every" => {
+                options.full_every = parse_number(&flag, value(&mut arguments).as_deref())?
             }
             "--dir" => {
                 options.dir = value(&mut arguments)
@@ -289,6 +296,7 @@ fn run(options: &Options) -> Result<(), String> {
         keyed_backend: backend.clone(),
         ..JobConfig::default()
     };
+    config.incremental_checkpoints.full_every = options.full_every;
     if options.interval_ms.is_some() {
         config = config
             .with_store_dir(work.path().join("checkpoints"), "spill")
@@ -347,6 +355,10 @@ fn run(options: &Options) -> Result<(), String> {
         );
     }
     println!(
+        "a full checkpoint every {} (incremental)",
+        options.full_every
+    );
+    println!(
         "eviction: {}",
         std::env::var("SNAPFLOW_SPILL_EVICTION").unwrap_or_else(|_| "second chance".into())
     );
@@ -367,11 +379,12 @@ fn run(options: &Options) -> Result<(), String> {
     let durations = periodic_figures([&report], |checkpoint| checkpoint.duration_ms);
     let written = periodic_figures([&report], |checkpoint| checkpoint.written_bytes);
     println!(
-        "periodic checkpoints: {}, duration p50 {:?} ms / p99 {:?} ms, written p50 {:?} bytes",
+        "periodic checkpoints: {}, duration p50 {:?} ms / p99 {:?} ms, written p50 {:?} bytes, mean {} bytes",
         durations.len(),
         quantile(&durations, 0.5),
         quantile(&durations, 0.99),
-        quantile(&written, 0.5)
+        quantile(&written, 0.5),
+        written.iter().sum::<u64>() / (written.len().max(1) as u64)
     );
     // The part of each checkpoint on the operator's own thread, per
     // subtask (issue 16: under 10 ms at p99 at every size).

@@ -32,6 +32,8 @@
 //! never unbounded memory. While a compaction copies the kept records the
 //! log holds at most one and a half times `limit_bytes`.
 
+use super::order::compare_keys;
+
 /// One change's key and its new value, or `None` for a deletion.
 pub(crate) type ChangeRef<'a> = (&'a [u8], Option<&'a [u8]>);
 
@@ -227,7 +229,9 @@ impl Changes {
 /// total and needs no extra memory (an unstable sort of `starts` in
 /// place).
 fn newest_per_key(bytes: &[u8], mut starts: Vec<usize>) -> Vec<usize> {
-    starts.sort_unstable_by(|a, b| record(bytes, *a).0.cmp(record(bytes, *b).0).then(a.cmp(b)));
+    starts.sort_unstable_by(|a, b| {
+        compare_keys(record(bytes, *a).0, record(bytes, *b).0).then(a.cmp(b))
+    });
     let mut kept = 0;
     for next in 0..starts.len() {
         let start = starts[next];
