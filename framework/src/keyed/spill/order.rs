@@ -35,9 +35,7 @@ pub(crate) fn key_prefix(bytes: &[u8]) -> u64 {
 /// `a` against `b` in byte order, through their prefixes first.
 #[inline]
 pub(crate) fn compare_keys(a: &[u8], b: &[u8]) -> Ordering {
-    key_prefix(a)
-        .cmp(&key_prefix(b))
-        .then_with(|| a.cmp(b))
+    key_prefix(a).cmp(&key_prefix(b)).then_with(|| a.cmp(b))
 }
 
 #[cfg(test)]
