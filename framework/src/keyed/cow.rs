@@ -730,7 +730,7 @@ mod tests {
 
     use super::*;
     use crate::keyed::cow_state::CowKeyedState;
-    use crate::keyed::test_support::{seed, Count, Rng};
+    use crate::keyed::test_support::{with_seed, Count, Rng};
     use crate::keyed::{KeyedState, MaxParallelism, SLICES_PER_KEY_GROUP};
 
     type Model = BTreeMap<u64, u64>;
@@ -890,14 +890,6 @@ mod tests {
         (Rng(seed), state, keys, Model::new())
     }
 
-    /// Runs a seeded check and names the seed that replays a failure.
-    fn replay(name: &str, check: fn(u64)) {
-        let seed = seed();
-        if std::panic::catch_unwind(|| check(seed)).is_err() {
-            panic!("{name} check failed; replay with SNAPFLOW_SEED={seed}");
-        }
-    }
-
     /// A state holding one owned key, counted 7, and that key.
     fn state_with_one_key() -> (CowKeyedState<u64, Count>, u64) {
         let mut state = state();
@@ -908,7 +900,7 @@ mod tests {
 
     #[test]
     fn writes_after_a_handoff_never_reach_the_snapshot_and_copy_only_written_groups() {
-        replay("copy-on-write", check_copy_on_write);
+        with_seed("the copy-on-write check", check_copy_on_write);
     }
 
     #[test]
@@ -1021,7 +1013,7 @@ mod tests {
 
     #[test]
     fn frozen_slices_written_before_the_writer_reads_them_are_encoded_once_and_never_copied() {
-        replay("frozen slice", check_frozen_slices);
+        with_seed("the frozen slice check", check_frozen_slices);
     }
 
     #[test]

@@ -19,6 +19,15 @@ pub(crate) fn seed() -> u64 {
     }
 }
 
+/// Runs `check` with a fresh seed (or `SNAPFLOW_SEED`) and, if it
+/// panics, fails naming the seed that replays it.
+pub(crate) fn with_seed(name: &str, check: impl Fn(u64) + std::panic::RefUnwindSafe) {
+    let seed = seed();
+    if std::panic::catch_unwind(|| check(seed)).is_err() {
+        panic!("{name} failed; replay with SNAPFLOW_SEED={seed}");
+    }
+}
+
 /// splitmix64: enough randomness for a workload, and replayable.
 pub(crate) struct Rng(pub(crate) u64);
 

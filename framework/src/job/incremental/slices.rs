@@ -253,19 +253,10 @@ mod tests {
     use super::super::{assemble, IncrementalCheckpoints, KeyGroupLedger};
     use super::*;
     use crate::job::ops::{decode_keyed_state, encode_keyed_state, KeyGroupParts};
-    use crate::keyed::test_support::Count;
+    use crate::keyed::test_support::{with_seed, Count};
     use crate::keyed::{CowKeyedState, KeyedState, MaxParallelism, SLICES_PER_KEY_GROUP};
 
     type State = CowKeyedState<u64, Count>;
-
-    /// `SNAPFLOW_SEED` replays a run; otherwise a fresh seed, printed on
-    /// failure.
-    fn seed() -> u64 {
-        match std::env::var("SNAPFLOW_SEED") {
-            Ok(text) => text.parse().expect("SNAPFLOW_SEED must be a u64"),
-            Err(_) => rand::random(),
-        }
-    }
 
     /// splitmix64.
     fn next(state: &mut u64) -> u64 {
@@ -403,11 +394,7 @@ mod tests {
 
     #[test]
     fn a_chain_of_sliced_parts_assembles_to_full_parts_and_writes_only_touched_slices() {
-        let seed = seed();
-        let result = std::panic::catch_unwind(|| check_chain(seed));
-        if result.is_err() {
-            panic!("sliced chain check failed; replay with SNAPFLOW_SEED={seed}");
-        }
+        with_seed("the sliced chain check", check_chain);
     }
 
     /// An in-memory state in either layout, as the keyed store holds it.
@@ -520,17 +507,13 @@ mod tests {
 
     #[test]
     fn a_flat_chain_of_sliced_parts_restores_exactly_and_writes_only_touched_slices() {
-        let seed = seed();
-        let result = std::panic::catch_unwind(|| {
+        with_seed("the flat sliced chain check", |seed| {
             check_flat_chain(seed, None);
             // Moved after a confirmed incremental checkpoint (3 follows 2,
             // which is not full, when 2 was confirmed), and at a random one.
             check_flat_chain(seed, Some(3));
             check_flat_chain(seed, Some(2 + seed % 20));
         });
-        if result.is_err() {
-            panic!("flat sliced chain check failed; replay with SNAPFLOW_SEED={seed}");
-        }
     }
 
     #[test]

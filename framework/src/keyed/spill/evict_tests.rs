@@ -15,7 +15,7 @@ use super::overlay_tests::{drain, expected};
 use super::state::tests::{owned_keys, spilling};
 use super::{SpillSnapshot, SpillingState};
 use crate::keyed::store::KeyGroupSnapshots;
-use crate::keyed::test_support::{seed, Count, Rng};
+use crate::keyed::test_support::{with_seed, Count, Rng};
 
 type Model = BTreeMap<u64, u64>;
 
@@ -212,9 +212,6 @@ fn check_live(snapshot: SpillSnapshot, then: &Model) {
 #[test]
 fn a_random_workload_keeps_every_value_exact_under_either_choice() {
     for _ in 0..4 {
-        let seed = seed();
-        if std::panic::catch_unwind(|| random_workload(seed)).is_err() {
-            panic!("random_workload failed; replay with SNAPFLOW_SEED={seed}");
-        }
+        with_seed("random_workload", random_workload);
     }
 }

@@ -22,7 +22,7 @@
 use std::collections::VecDeque;
 
 use super::evict::Clocked;
-use super::order::key_prefix;
+use super::order::compare_keys;
 use super::SpillError;
 use crate::keyed::cow::GroupSlices;
 use crate::keyed::StateKey;
@@ -69,17 +69,10 @@ impl HotEntries {
         }
         let bytes = &hot.bytes;
         // Keys are distinct (one table entry each), so the order is total.
-        // The key group (4 bytes) is the same in every key: the prefix
-        // starts after it.
-        let mut order: Vec<(u64, usize)> = hot
-            .entries
-            .iter()
-            .enumerate()
-            .map(|(index, &(start, key_end, _))| (key_prefix(&bytes[start + 4..key_end]), index))
-            .collect();
-        let key = |index: usize| &bytes[hot.entries[index].0..hot.entries[index].1];
-        order.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| key(a.1).cmp(key(b.1))));
-        hot.entries = order.iter().map(|&(_, index)| hot.entries[index]).collect();
+        // Every key starts with the same key group (4 bytes), so they are
+        // compared from the bytes after it.
+        hot.entries
+            .sort_unstable_by(|a, b| compare_keys(&bytes[a.0 + 4..a.1], &bytes[b.0 + 4..b.1]));
         Ok(hot)
     }
 

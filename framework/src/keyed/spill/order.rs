@@ -25,7 +25,7 @@ use std::cmp::Ordering;
 /// holds a smaller byte than `b`, or `a` has ended (padding 0) while `b`
 /// holds a byte above 0, and both mean `a < b`.
 #[inline]
-pub(crate) fn key_prefix(bytes: &[u8]) -> u64 {
+fn key_prefix(bytes: &[u8]) -> u64 {
     let mut word = [0; 8];
     let length = bytes.len().min(8);
     word[..length].copy_from_slice(&bytes[..length]);

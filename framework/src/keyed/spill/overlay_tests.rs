@@ -14,7 +14,7 @@ use crate::keyed::key_group::MaxParallelism;
 use crate::keyed::key_hash;
 use crate::keyed::part::PartWriter;
 use crate::keyed::store::KeyGroupSnapshots;
-use crate::keyed::test_support::{seed, Count, Rng};
+use crate::keyed::test_support::{seed, with_seed, Count, Rng};
 
 pub(super) type Model = HashMap<u64, u64>;
 
@@ -83,15 +83,6 @@ fn random_op(
         0 => remove(state, model, key),
         1 | 2 => state.enforce_budget().unwrap(),
         _ => add(state, model, key, 1 + rng.below(5)),
-    }
-}
-
-/// Runs `check` with a fresh seed (or `SNAPFLOW_SEED`), printing it if
-/// the check fails.
-fn with_seed(name: &str, check: fn(u64)) {
-    let seed = seed();
-    if std::panic::catch_unwind(|| check(seed)).is_err() {
-        panic!("{name} failed; replay with SNAPFLOW_SEED={seed}");
     }
 }
 

@@ -15,7 +15,7 @@ use crate::keyed::key_group::MaxParallelism;
 use crate::keyed::key_hash;
 use crate::keyed::part::{is_delta, PartWriter};
 use crate::keyed::store::KeyGroupSnapshots;
-use crate::keyed::test_support::{seed, Count, Rng};
+use crate::keyed::test_support::{with_seed, Count, Rng};
 
 type Model = BTreeMap<u64, u64>;
 
@@ -280,9 +280,6 @@ fn epochs_against_model(seed: u64) {
 #[test]
 fn many_epochs_of_delta_and_whole_snapshots_restore_the_model() {
     for _ in 0..3 {
-        let seed = seed();
-        if std::panic::catch_unwind(|| epochs_against_model(seed)).is_err() {
-            panic!("the runs' model test failed; replay with SNAPFLOW_SEED={seed}");
-        }
+        with_seed("the runs' model test", epochs_against_model);
     }
 }

@@ -318,7 +318,7 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
         let encoded = self.encode_entries(
             entries
                 .iter()
-                .map(|(key, entry)| (key, &entry.state, entry.written_for == pending)),
+                .map(|(key, entry)| marked(key, entry, pending)),
         )?;
         self.store(encoded)
     }
@@ -386,7 +386,7 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
         let encoded = self.encode_entries(
             self.hot
                 .iter()
-                .map(|(key, entry)| (key, &entry.state, entry.written_for == pending)),
+                .map(|(key, entry)| marked(key, entry, pending)),
         )?;
         self.store(encoded)
     }
@@ -578,6 +578,13 @@ fn bases_dir(dir: &Path) -> PathBuf {
 /// One entry in its on-disk form: the key (key group, then postcard) and
 /// the state's payload.
 type DiskEntry = (Vec<u8>, Vec<u8>);
+
+/// A hot entry as [`SpillingState::encode_entries`] takes it: its key, its
+/// state and whether it was written since the last snapshot (its stamp is
+/// `pending`, the next snapshot's).
+fn marked<'a, K, S>(key: &'a K, entry: &'a Clocked<S>, pending: u32) -> (&'a K, &'a S, bool) {
+    (key, &entry.state, entry.written_for == pending)
+}
 
 /// An entry on its way to disk: its disk form, its key's [`key_hash`] and
 /// whether it was written since the last snapshot.
