@@ -27,6 +27,12 @@ pub struct JobReport {
     pub checkpoints: Vec<CheckpointReport>,
     /// Checkpoints that were aborted as failures or failed to persist.
     pub failed_checkpoints: Vec<FailedCheckpoint>,
+    /// Checkpoints whose writing stopped, uncommitted, because the final
+    /// checkpoint (taken once every input ended) holds all they held and
+    /// would otherwise wait behind them. Not failures: nothing of them was
+    /// committed or stored, and the final checkpoint's completion commits
+    /// the sinks' output up to it.
+    pub subsumed_checkpoints: Vec<u64>,
     /// Every restart, in order.
     pub restarts: Vec<RestartReport>,
     /// The checkpoint the first generation restored from (a resumed job).

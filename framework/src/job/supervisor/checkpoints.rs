@@ -71,7 +71,11 @@ impl Supervisor {
         if self.final_from.is_none() && self.nodes.iter().all(|node| node.ended) {
             // Every checkpoint from the next one on sees every input ended,
             // so its completion commits all output.
-            self.final_from = Some(self.highest_triggered.next());
+            let final_from = self.highest_triggered.next();
+            self.final_from = Some(final_from);
+            // A checkpoint still being written would only delay the final
+            // one, which holds all it holds (the writer's module doc).
+            self.writer.subsume_below(final_from);
             coordinator.request_checkpoint(now_ms, CheckpointKind::Requested);
         }
     }
@@ -306,8 +310,8 @@ impl Supervisor {
                     tracked.alignment_max_us,
                 )
             });
-        match persisted.result {
-            Ok(size) => {
+        match persisted.outcome {
+            PersistOutcome::Persisted(size) => {
                 tracing::info!(
                     checkpoint = checkpoint.0,
                     duration_ms,
@@ -337,7 +341,17 @@ impl Supervisor {
                     self.broadcast(Control::Complete(checkpoint));
                 }
             }
-            Err(error) => {
+            PersistOutcome::Subsumed => {
+                // Not a failure: the final checkpoint holds all it held.
+                tracing::info!(
+                    checkpoint = checkpoint.0,
+                    duration_ms,
+                    "checkpoint subsumed by the final checkpoint"
+                );
+                self.metrics_failed(checkpoint, "subsumed by the final checkpoint");
+                self.report.subsumed_checkpoints.push(checkpoint.0);
+            }
+            PersistOutcome::Failed(error) => {
                 tracing::warn!(
                     checkpoint = checkpoint.0,
                     duration_ms,

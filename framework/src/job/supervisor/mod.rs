@@ -63,7 +63,9 @@ use super::recovery::{Recovery, FINAL_KEY, FINAL_VALUE};
 use super::region::failover_regions;
 use super::shell::{Control, NodeEvent, NodeEventKind, PendingPart};
 use super::snapshots::SnapshotReceiver;
-use super::writer::{spawn_writer, Loaded, Persisted, Restored, WriterJob};
+use super::writer::{
+    spawn_writer, Loaded, PersistOutcome, Persisted, Restored, WriterHandle, WriterJob,
+};
 use super::{
     CheckpointReport, FailedCheckpoint, GuaranteeReason, JobError, JobReport, JobStatus,
     OperatorReport, RestartReport,
@@ -450,7 +452,7 @@ struct Tracked {
 pub(crate) struct Supervisor {
     name: String,
     plan: Arc<PhysicalPlan>,
-    writer: mpsc::Sender<WriterJob>,
+    writer: WriterHandle,
     done: Option<mpsc::Sender<Outcome>>,
     span: tracing::Span,
     phase: Phase,
@@ -496,7 +498,7 @@ impl Supervisor {
     fn new(
         name: String,
         plan: PhysicalPlan,
-        writer: mpsc::Sender<WriterJob>,
+        writer: WriterHandle,
         done: mpsc::Sender<Outcome>,
         span: tracing::Span,
         restarts: RestartTracker,
@@ -517,6 +519,7 @@ impl Supervisor {
                 .collect(),
             checkpoints: Vec::new(),
             failed_checkpoints: Vec::new(),
+            subsumed_checkpoints: Vec::new(),
             restarts: Vec::new(),
             resumed_from: None,
             savepoint: None,
