@@ -516,7 +516,14 @@ fn print_job_runs(title: &str, options: &Options, runs: &[JobRun]) -> f64 {
         .map(|run| run.report.failed_checkpoints.len())
         .sum();
     let restarts: usize = runs.iter().map(|run| run.report.restarts.len()).sum();
-    println!("  failed checkpoints: {failed}, restarts: {restarts} (all runs)");
+    let subsumed: usize = runs
+        .iter()
+        .map(|run| run.report.subsumed_checkpoints.len())
+        .sum();
+    println!(
+        "  failed checkpoints: {failed}, subsumed by the final one: {subsumed}, \
+         restarts: {restarts} (all runs)"
+    );
     let rss: Vec<f64> = runs
         .iter()
         .filter_map(|run| run.peak_rss_kb)
