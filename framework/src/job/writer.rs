@@ -91,6 +91,10 @@ pub(crate) enum PersistOutcome {
     Failed(StoreError),
 }
 
+/// The writer thread has stopped: a job sent to it is dropped.
+#[derive(Debug)]
+pub(crate) struct WriterGone;
+
 /// The supervisor's side of the writer thread: its job queue and the
 /// subsumption mark (module doc, "Subsumed checkpoints").
 #[derive(Debug)]
@@ -100,9 +104,10 @@ pub(crate) struct WriterHandle {
 }
 
 impl WriterHandle {
-    /// Queues `job`; `Err` when the writer thread is gone.
-    pub(crate) fn send(&self, job: WriterJob) -> Result<(), mpsc::SendError<WriterJob>> {
-        self.jobs.send(job)
+    /// Queues `job`; `Err` when the writer thread is gone (the job is
+    /// dropped).
+    pub(crate) fn send(&self, job: WriterJob) -> Result<(), WriterGone> {
+        self.jobs.send(job).map_err(|_| WriterGone)
     }
 
     /// Marks every checkpoint (not savepoint) below `checkpoint` as
