@@ -29,7 +29,8 @@ pub struct JobMetrics {
     pub checkpoints: Vec<CheckpointMetrics>,
     /// Checkpoints completed since the start.
     pub checkpoints_completed: u64,
-    /// Checkpoints failed or aborted since the start.
+    /// Checkpoints failed, aborted or subsumed since the start (a
+    /// subsumed one: see [`JobReport::subsumed_checkpoints`](crate::job::JobReport::subsumed_checkpoints)).
     pub checkpoints_failed: u64,
     /// The restarts, oldest first (at most
     /// [`RESTART_HISTORY_MAX`](super::RESTART_HISTORY_MAX)).
@@ -216,7 +217,9 @@ pub enum CheckpointStatus {
     InProgress,
     /// Durable.
     Completed,
-    /// Aborted, declined, timed out or not persisted.
+    /// Aborted, declined, timed out, not persisted, or subsumed by the
+    /// final checkpoint (as Flink shows a subsumed one: failed, with the
+    /// reason).
     Failed,
 }
 
