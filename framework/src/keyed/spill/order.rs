@@ -3,7 +3,7 @@
 //! first.
 //!
 //! This module owns [`key_prefix`], why comparing prefixes first is the
-//! byte order, and [`Prefixed`], an item carrying its key's prefix so
+//! byte order ([`compare_keys`]), and [`Prefixed`], an item carrying its key's prefix so
 //! that a sort compares most pairs without reading their keys. It never
 //! encodes a key (`hot.rs` does).
 //!
@@ -38,14 +38,20 @@ use std::cmp::Ordering;
 /// holds a byte above 0, and both mean `a < b`.
 #[inline]
 fn key_prefix(bytes: &[u8]) -> u64 {
-    let mut word = [0; 8];
-    let length = bytes.len().min(8);
-    word[..length].copy_from_slice(&bytes[..length]);
-    u64::from_be_bytes(word)
+    if let Some(first) = bytes.first_chunk::<8>() {
+        return u64::from_be_bytes(*first);
+    }
+    // Byte by byte rather than a copy of a variable length, which is a
+    // `memcpy` call: the merges take a prefix per entry they compare.
+    bytes.iter().enumerate().fold(0, |word, (index, byte)| {
+        word | u64::from(*byte) << (56 - 8 * index)
+    })
 }
 
-/// `a` against `b` in byte order, through their prefixes first.
-#[cfg(test)]
+/// `a` against `b` in byte order, through their prefixes first: for the
+/// merges, which compare each disk entry's key with the next hot one's or
+/// the other inputs' (a `memcmp` call each was most of what the merges
+/// compared at 10 M keys: BENCHMARKS.md, "Sorting by kept prefixes").
 #[inline]
 pub(crate) fn compare_keys(a: &[u8], b: &[u8]) -> Ordering {
     key_prefix(a).cmp(&key_prefix(b)).then_with(|| a.cmp(b))
@@ -120,6 +126,14 @@ mod tests {
             if key_prefix(&a) < key_prefix(&b) {
                 assert!(a < b, "seed {seed}: {a:?} {b:?}");
             }
+            let mut padded = [0; 8];
+            let length = a.len().min(8);
+            padded[..length].copy_from_slice(&a[..length]);
+            assert_eq!(
+                key_prefix(&a),
+                u64::from_be_bytes(padded),
+                "seed {seed}: {a:?}"
+            );
             let (pa, pb) = (Prefixed::new(&a, ()), Prefixed::new(&b, ()));
             if a == b {
                 assert!(pa.may_equal(&pb), "seed {seed}: {a:?}");
