@@ -34,7 +34,6 @@ use std::sync::Arc;
 use super::base::{Base, GroupBase};
 use super::changes::{ChangeRef, SortedChanges};
 use super::disk::DiskSnapshot;
-use super::order::compare_keys;
 use super::runs::RecordReader;
 use super::SpillError;
 
@@ -179,7 +178,7 @@ impl<'a> Smallest<'a> {
     fn offer(&mut self, index: usize, record: ChangeRef<'a>) {
         let order = match self.record {
             None => Ordering::Less,
-            Some((key, _)) => compare_keys(record.0, key),
+            Some((key, _)) => record.0.cmp(key),
         };
         match order {
             Ordering::Less => {
