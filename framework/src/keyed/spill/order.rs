@@ -49,9 +49,12 @@ fn key_prefix(bytes: &[u8]) -> u64 {
 }
 
 /// `a` against `b` in byte order, through their prefixes first: for the
-/// merges, which compare each disk entry's key with the next hot one's or
-/// the other inputs' (a `memcmp` call each was most of what the merges
-/// compared at 10 M keys: BENCHMARKS.md, "Sorting by kept prefixes").
+/// overlay of a snapshot's hot entries on its disk entries, which
+/// compares each disk entry's key with the next hot one's (a `memcmp`
+/// call or two each before: BENCHMARKS.md, "Sorting by kept prefixes").
+/// Not for the merge of a base's inputs: it compares the smallest key so
+/// far with each input's, and recomputing that key's prefix per input
+/// cost more than the `memcmp` calls it saved.
 #[inline]
 pub(crate) fn compare_keys(a: &[u8], b: &[u8]) -> Ordering {
     key_prefix(a).cmp(&key_prefix(b)).then_with(|| a.cmp(b))
