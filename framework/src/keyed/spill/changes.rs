@@ -31,7 +31,7 @@
 //! and, past the distinct keys the bound holds, the old, slower snapshot;
 //! never unbounded memory. While a compaction copies the kept records the
 //! log holds at most one and a half times `limit_bytes`, and while it (or
-//! a snapshot) sorts the log it holds 24 more bytes of index per entry
+//! a snapshot) sorts the log it holds 16 more bytes of index per entry
 //! (`newest_per_key`).
 
 use super::order::{sort_prefixed, Prefixed};
