@@ -22,7 +22,7 @@
 use std::collections::VecDeque;
 
 use super::evict::Clocked;
-use super::order::compare_keys;
+use super::order::{sort_prefixed, Prefixed};
 use super::SpillError;
 use crate::keyed::cow::GroupSlices;
 use crate::keyed::StateKey;
@@ -49,8 +49,9 @@ pub(crate) trait HotGroups: Send {
 pub(crate) struct HotEntries {
     bytes: Vec<u8>,
     /// `(start of the key, end of the key, end of the value)` in `bytes`,
-    /// sorted by key.
-    entries: Vec<(usize, usize, usize)>,
+    /// sorted by key, each with its key's prefix after the key group
+    /// (`order.rs`: the sort then seldom reads `bytes`).
+    entries: Vec<Prefixed<(usize, usize, usize)>>,
 }
 
 impl HotEntries {
@@ -65,14 +66,20 @@ impl HotEntries {
             encode_key(key_group, key, &mut hot.bytes)?;
             let key_end = hot.bytes.len();
             state.encode_payload(&mut hot.bytes)?;
-            hot.entries.push((start, key_end, hot.bytes.len()));
+            // Every key starts with the same key group (4 bytes), so they
+            // are compared from the bytes after it.
+            let entry = (start, key_end, hot.bytes.len());
+            hot.entries
+                .push(Prefixed::new(&hot.bytes[start + 4..key_end], entry));
         }
         let bytes = &hot.bytes;
-        // Keys are distinct (one table entry each), so the order is total.
-        // Every key starts with the same key group (4 bytes), so they are
-        // compared from the bytes after it.
-        hot.entries
-            .sort_unstable_by(|a, b| compare_keys(&bytes[a.0 + 4..a.1], &bytes[b.0 + 4..b.1]));
+        // Keys are distinct (one table entry each), so the order is total
+        // without a tie break.
+        sort_prefixed(
+            &mut hot.entries,
+            |&(start, key_end, _)| &bytes[start + 4..key_end],
+            |_, _| std::cmp::Ordering::Equal,
+        );
         Ok(hot)
     }
 
@@ -84,9 +91,10 @@ impl HotEntries {
 
     /// The `index`-th entry's key and value, ascending by key.
     pub(crate) fn get(&self, index: usize) -> Option<(&[u8], &[u8])> {
-        self.entries
-            .get(index)
-            .map(|&(start, key_end, end)| (&self.bytes[start..key_end], &self.bytes[key_end..end]))
+        self.entries.get(index).map(|entry| {
+            let (start, key_end, end) = entry.item;
+            (&self.bytes[start..key_end], &self.bytes[key_end..end])
+        })
     }
 }
 

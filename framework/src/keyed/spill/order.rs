@@ -2,8 +2,10 @@
 //! the bases and the runs keep them), compared through an 8-byte prefix
 //! first.
 //!
-//! This module owns [`key_prefix`] and why comparing prefixes first is
-//! the byte order. It never encodes a key (`hot.rs` does).
+//! This module owns [`key_prefix`], why comparing prefixes first is the
+//! byte order ([`compare_keys`]), and [`Prefixed`], an item carrying its key's prefix so
+//! that a sort compares most pairs without reading their keys. It never
+//! encodes a key (`hot.rs` does).
 //!
 //! # Why a prefix
 //!
@@ -13,6 +15,16 @@
 //! a keyed count (a `u64` in postcard) is at most 10 bytes, so its first
 //! 8 bytes as a big-endian number decide nearly every comparison with
 //! one integer compare.
+//!
+//! # Why the prefix is kept beside the item
+//!
+//! Computing the prefix inside the comparison still reads both keys from
+//! the buffer that holds them, at scattered places: a sort of a hundred
+//! thousand entries then waits on a cache miss or two per comparison,
+//! and the sorts were again about 40 % of the writer's CPU at 10 M keys
+//! (BENCHMARKS.md, "Sorting by kept prefixes"). A [`Prefixed`] item is computed once per key, in
+//! the order the keys were written, and the sort moves the prefixes with
+//! the items, so it reads a key only when two prefixes tie.
 
 use std::cmp::Ordering;
 
@@ -26,22 +38,76 @@ use std::cmp::Ordering;
 /// holds a byte above 0, and both mean `a < b`.
 #[inline]
 fn key_prefix(bytes: &[u8]) -> u64 {
-    let mut word = [0; 8];
-    let length = bytes.len().min(8);
-    word[..length].copy_from_slice(&bytes[..length]);
-    u64::from_be_bytes(word)
+    if let Some(first) = bytes.first_chunk::<8>() {
+        return u64::from_be_bytes(*first);
+    }
+    // Byte by byte rather than a copy of a variable length, which is a
+    // `memcpy` call: the merges take a prefix per entry they compare.
+    bytes.iter().enumerate().fold(0, |word, (index, byte)| {
+        word | u64::from(*byte) << (56 - 8 * index)
+    })
 }
 
-/// `a` against `b` in byte order, through their prefixes first.
+/// `a` against `b` in byte order, through their prefixes first: for the
+/// overlay of a snapshot's hot entries on its disk entries, which
+/// compares each disk entry's key with the next hot one's (a `memcmp`
+/// call or two each before: BENCHMARKS.md, "Sorting by kept prefixes").
+/// Not for the merge of a base's inputs: it compares the smallest key so
+/// far with each input's, and recomputing that key's prefix per input
+/// cost more than the `memcmp` calls it saved.
 #[inline]
 pub(crate) fn compare_keys(a: &[u8], b: &[u8]) -> Ordering {
     key_prefix(a).cmp(&key_prefix(b)).then_with(|| a.cmp(b))
 }
 
+/// An item (where a key is, in a buffer the caller holds) with its key's
+/// [`key_prefix`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Prefixed<T> {
+    prefix: u64,
+    /// The item, as the caller made it.
+    pub(crate) item: T,
+}
+
+impl<T> Prefixed<T> {
+    /// `item`, whose key is `key`.
+    #[inline]
+    pub(crate) fn new(key: &[u8], item: T) -> Self {
+        Prefixed {
+            prefix: key_prefix(key),
+            item,
+        }
+    }
+
+    /// Whether this item's key may equal `other`'s: false means the keys
+    /// differ, true that the caller must compare them.
+    #[inline]
+    pub(crate) fn may_equal(&self, other: &Self) -> bool {
+        self.prefix == other.prefix
+    }
+}
+
+/// Sorts `items` ascending by their keys in byte order (`key` gives an
+/// item's key; it must be the key the item was made with), then by
+/// `tie` among items of one key. Unstable, so a total order needs `tie`
+/// to tell apart every two items of one key.
+pub(crate) fn sort_prefixed<'k, T>(
+    items: &mut [Prefixed<T>],
+    key: impl Fn(&T) -> &'k [u8],
+    tie: impl Fn(&T, &T) -> Ordering,
+) {
+    items.sort_unstable_by(|a, b| {
+        a.prefix
+            .cmp(&b.prefix)
+            .then_with(|| key(&a.item).cmp(key(&b.item)))
+            .then_with(|| tie(&a.item, &b.item))
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::keyed::test_support::{seed, Rng};
+    use crate::keyed::test_support::{seed, with_seed, Rng};
 
     /// Random byte strings of 0 to 12 bytes over a small alphabet (0, 1
     /// and 255), so that prefixes of each other, ties past 8 bytes and
@@ -63,6 +129,53 @@ mod tests {
             if key_prefix(&a) < key_prefix(&b) {
                 assert!(a < b, "seed {seed}: {a:?} {b:?}");
             }
+            let mut padded = [0; 8];
+            let length = a.len().min(8);
+            padded[..length].copy_from_slice(&a[..length]);
+            assert_eq!(
+                key_prefix(&a),
+                u64::from_be_bytes(padded),
+                "seed {seed}: {a:?}"
+            );
+            let (pa, pb) = (Prefixed::new(&a, ()), Prefixed::new(&b, ()));
+            if a == b {
+                assert!(pa.may_equal(&pb), "seed {seed}: {a:?}");
+            }
         }
+    }
+
+    /// Sorts random keys (with repeats) by [`sort_prefixed`], ties by
+    /// their index, and checks the order against a plain sort of the
+    /// `(key, index)` pairs.
+    fn check_sort(seed: u64) {
+        let mut rng = Rng(seed);
+        let count = rng.below(2_000) as usize;
+        let keys: Vec<Vec<u8>> = (0..count).map(|_| random_key(&mut rng)).collect();
+        let mut items: Vec<Prefixed<usize>> = keys
+            .iter()
+            .enumerate()
+            .map(|(index, key)| Prefixed::new(key, index))
+            .collect();
+        sort_prefixed(&mut items, |index| &keys[*index], |a, b| a.cmp(b));
+        let mut want: Vec<(&[u8], usize)> = keys
+            .iter()
+            .enumerate()
+            .map(|(index, key)| (key.as_slice(), index))
+            .collect();
+        want.sort();
+        let got: Vec<(&[u8], usize)> = items
+            .iter()
+            .map(|item| (keys[item.item].as_slice(), item.item))
+            .collect();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn a_prefixed_sort_is_byte_order_then_the_tie_break() {
+        with_seed("a_prefixed_sort_is_byte_order_then_the_tie_break", |seed| {
+            for round in 0..20 {
+                check_sort(seed.wrapping_add(round));
+            }
+        });
     }
 }

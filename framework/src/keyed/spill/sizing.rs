@@ -90,7 +90,8 @@ pub(crate) struct StoreSizing {
     /// one batch never overfills a memtable by more than about its size.
     pub(crate) eviction_batch_entries: usize,
     /// The change log's bound in entries ([`super::changes::ChangeLog`];
-    /// it also keeps 8 bytes of index per entry).
+    /// it also keeps 8 bytes of index per entry, and 16 more while it is
+    /// sorted).
     pub(crate) change_log_entries: usize,
     /// The change log's bound in bytes of records.
     pub(crate) change_log_bytes: usize,

@@ -77,6 +77,7 @@
 //! thread) that grow with the group's size, not with its changes, and a
 //! snapshot writes one run file even when its runs are tiny.
 
+use std::cmp::Ordering;
 use std::sync::Arc;
 
 use super::base::{BaseWriter, Bases};
@@ -84,6 +85,7 @@ use super::changes::Changes;
 use super::disk::DiskSnapshot;
 use super::evict::stamp;
 use super::hot::{HotEntries, HotGroups};
+use super::order::compare_keys;
 use super::source::{GroupPlan, GroupSource};
 use super::SpillError;
 use crate::keyed::backend::KeyGroupPart;
@@ -401,12 +403,13 @@ impl Overlay {
             return Ok(());
         };
         while let Some((hot_key, hot_value)) = self.hot.get(self.next_hot) {
-            if hot_key > key {
+            let order = compare_keys(hot_key, key);
+            if order == Ordering::Greater {
                 break;
             }
             part.push_encoded(&hot_key[4..], hot_value)?;
             self.next_hot += 1;
-            if hot_key == key {
+            if order == Ordering::Equal {
                 // The hot value replaces the disk's.
                 return Ok(());
             }
