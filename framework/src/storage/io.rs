@@ -60,30 +60,21 @@ pub trait Io: Send + Sync + fmt::Debug {
 fn write_all_vectored(file: &mut File, pieces: &[&[u8]]) -> io::Result<()> {
     // Linux takes at most 1,024 buffers per call (IOV_MAX).
     const BUFFERS_PER_CALL_MAX: usize = 1_024;
-    // The first piece not yet written whole, and how much of it is.
-    let (mut next, mut written_of_next) = (0, 0);
-    while next < pieces.len() {
-        let batch: Vec<io::IoSlice<'_>> = std::iter::once(&pieces[next][written_of_next..])
-            .chain(pieces[next + 1..].iter().copied())
-            .filter(|piece| !piece.is_empty())
-            .take(BUFFERS_PER_CALL_MAX)
-            .map(io::IoSlice::new)
-            .collect();
-        if batch.is_empty() {
-            return Ok(());
+    for batch in pieces.chunks(BUFFERS_PER_CALL_MAX) {
+        let mut slices: Vec<io::IoSlice<'_>> =
+            batch.iter().map(|piece| io::IoSlice::new(piece)).collect();
+        let mut remaining: &mut [io::IoSlice<'_>] = &mut slices;
+        // Empty buffers are dropped first, so a write of 0 bytes means
+        // the file takes no more.
+        io::IoSlice::advance_slices(&mut remaining, 0);
+        while !remaining.is_empty() {
+            match file.write_vectored(remaining) {
+                Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),
+                Ok(written) => io::IoSlice::advance_slices(&mut remaining, written),
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+                Err(error) => return Err(error),
+            }
         }
-        let mut written = match file.write_vectored(&batch) {
-            Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),
-            Ok(written) => written,
-            Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
-            Err(error) => return Err(error),
-        };
-        // Advance past what the call wrote (empty pieces pass at once).
-        while next < pieces.len() && written >= pieces[next].len() - written_of_next {
-            written -= pieces[next].len() - written_of_next;
-            (next, written_of_next) = (next + 1, 0);
-        }
-        written_of_next += written;
     }
     Ok(())
 }
