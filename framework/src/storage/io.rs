@@ -53,32 +53,6 @@ pub trait Io: Send + Sync + fmt::Debug {
     fn list_dir(&self, path: &Path) -> io::Result<Vec<DirEntry>>;
 }
 
-/// Writes every piece, in order, with as few `writev` calls as the kernel
-/// takes: a part whose slices come in buffers of their own has thousands
-/// of pieces of a few kilobytes, and a `write` each cost a system call
-/// and the file system's per-call work each time.
-fn write_all_vectored(file: &mut File, pieces: &[&[u8]]) -> io::Result<()> {
-    // Linux takes at most 1,024 buffers per call (IOV_MAX).
-    const BUFFERS_PER_CALL_MAX: usize = 1_024;
-    for batch in pieces.chunks(BUFFERS_PER_CALL_MAX) {
-        let mut slices: Vec<io::IoSlice<'_>> =
-            batch.iter().map(|piece| io::IoSlice::new(piece)).collect();
-        let mut remaining: &mut [io::IoSlice<'_>] = &mut slices;
-        // Empty buffers are dropped first, so a write of 0 bytes means
-        // the file takes no more.
-        io::IoSlice::advance_slices(&mut remaining, 0);
-        while !remaining.is_empty() {
-            match file.write_vectored(remaining) {
-                Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),
-                Ok(written) => io::IoSlice::advance_slices(&mut remaining, written),
-                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
-                Err(error) => return Err(error),
-            }
-        }
-    }
-    Ok(())
-}
-
 /// The real file system through `std::fs`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct StdIo;
@@ -95,7 +69,7 @@ impl Io for StdIo {
 
     fn write_file_pieces(&self, path: &Path, pieces: &[&[u8]]) -> io::Result<()> {
         let mut file = File::create(path)?;
-        write_all_vectored(&mut file, pieces)
+        pieces.iter().try_for_each(|piece| file.write_all(piece))
     }
 
     fn sync_file(&self, path: &Path) -> io::Result<()> {
@@ -178,30 +152,12 @@ mod tests {
         );
     }
 
-    /// More pieces than one `writev` takes, empty ones among them (first,
-    /// in the middle and last), of varied lengths.
-    fn check_many(io: &dyn Io, dir: &std::path::Path) {
-        let path = dir.join("many pieces");
-        let pieces: Vec<Vec<u8>> = (0..2_600_u32)
-            .map(|index| vec![(index % 251) as u8; (index % 7) as usize * 3])
-            .collect();
-        let slices: Vec<&[u8]> = pieces.iter().map(Vec::as_slice).collect();
-        io.write_file_pieces(&path, &slices).expect("writes");
-        let expected = pieces.concat();
-        assert_eq!(
-            io.read_file(&path, expected.len() as u64).expect("reads"),
-            expected
-        );
-    }
-
     #[test]
     fn pieces_are_written_as_their_concatenation() {
         let dir = tempfile::tempdir().expect("a temporary directory");
         check(&StdIo, dir.path());
-        check_many(&StdIo, dir.path());
         let memory = MemFs::default();
         memory.create_dir_all(dir.path()).expect("creates");
         check(&memory, dir.path());
-        check_many(&memory, dir.path());
     }
 }
