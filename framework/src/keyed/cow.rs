@@ -293,14 +293,6 @@ pub(crate) struct FrozenRef<K, S> {
     encoding: Arc<SliceEncoding>,
 }
 
-impl<K, S> FrozenRef<K, S> {
-    /// Whether the state has encoded the slice (at its first write) by
-    /// now: a hint, since the state may do so at any moment after.
-    fn encoded_by_state(&self) -> bool {
-        self.encoding.0.get().is_some()
-    }
-}
-
 impl<K: StateKey, S: Snapshot> FrozenRef<K, S> {
     /// The slice's entries and their count. When the state encoded the
     /// slice and no other snapshot shares that encoding, its bytes are
@@ -622,14 +614,8 @@ impl<K: StateKey, S: Snapshot> SliceHandoff<K, S> {
                 Err(error) => return Some(Err(error)),
             },
         };
-        // Room only for the slices the writer will likely encode itself: a
-        // slice the state encoded already comes in its own buffer.
-        let to_encode = group
-            .fresh
-            .iter()
-            .filter(|(_, frozen)| !frozen.encoded_by_state())
-            .count();
-        let capacity = part::PART_HEADER_LEN + schema.len() + to_encode * self.bytes_per_slice_hint;
+        let capacity =
+            part::PART_HEADER_LEN + schema.len() + group.fresh.len() * self.bytes_per_slice_hint;
         let encoded = encode_slices(group, schema, self.max_parallelism, capacity);
         if let Ok(encoded) = &encoded {
             // Only what was encoded into the group's buffer: moved slices
