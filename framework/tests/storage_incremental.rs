@@ -4,8 +4,7 @@
 //! checkpoint refers to, a damaged shared file invalidates every
 //! checkpoint that refers to it (loading falls back and says why), a
 //! reference to a missing file is refused, savepoints are self-contained,
-//! a store without segments refuses references, and shared segments that
-//! follow each other are recorded as one.
+//! and a store without segments refuses references.
 
 use std::path::{Path, PathBuf};
 
@@ -120,75 +119,6 @@ fn a_chain_loads_assembled_and_writes_only_what_is_new() {
         header + body(3).len() as u64
     );
     assert_eq!(loaded.metadata.total_bytes(), expected.len() as u64);
-}
-
-/// Shared segments one after the other (a part whose slices come in
-/// buffers of their own) are recorded as one segment with the CRC of all
-/// their bytes; a reference or own bytes between them start a new one.
-/// The part loads byte for byte, and a later checkpoint can refer to a
-/// range inside the merged run (the ledger's per-slice ranges).
-#[test]
-fn shared_segments_in_a_row_are_recorded_as_one() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = store(dir.path(), 3);
-    commit(&store, 1, CheckpointKind::Checkpoint, &[]);
-    store.begin(2, CheckpointKind::Checkpoint).unwrap();
-    let pieces: Vec<Vec<u8>> = (0..5)
-        .map(|piece| vec![b'a' + piece; 10 + piece as usize])
-        .collect();
-    let segments = vec![
-        Segment::Own(b"framing".to_vec()),
-        Segment::Shared(pieces[0].clone()),
-        Segment::Shared(pieces[1].clone()),
-        Segment::Shared(pieces[2].clone()),
-        Segment::Reuse(range_of(1, 0)),
-        Segment::Shared(pieces[3].clone()),
-        Segment::Own(b"more framing".to_vec()),
-        Segment::Shared(pieces[4].clone()),
-    ];
-    let mut expected = b"framing".to_vec();
-    expected.extend(pieces[..3].concat());
-    expected.extend(body(1));
-    expected.extend(&pieces[3]);
-    expected.extend(b"more framing");
-    expected.extend(&pieces[4]);
-    store.write_part_segments(2, &part(), &segments).unwrap();
-    store.commit(2, CommitRequest::default()).unwrap();
-    let loaded = store.load_latest().unwrap().checkpoint.unwrap();
-    assert_eq!(loaded.parts[&part()], expected);
-    let infos = &loaded.metadata.segments[&part()];
-    let shapes: Vec<(u64, u64)> = infos.iter().map(|info| (info.offset, info.len)).collect();
-    // framing, pieces 0-2 as one, the reference, piece 3, more framing,
-    // piece 4 (right after piece 3 in the shared file, but not merged:
-    // own bytes came between them).
-    assert_eq!(
-        shapes,
-        vec![
-            (0, 7),
-            (0, 33),
-            (0, body(1).len() as u64),
-            (33, 13),
-            (7, 12),
-            (46, 14)
-        ]
-    );
-    assert_eq!(infos[1].crc32, crc32fast::hash(&pieces[..3].concat()));
-
-    // A range inside the merged run, as the ledger refers to one slice.
-    store.begin(3, CheckpointKind::Checkpoint).unwrap();
-    let inner = SharedRange {
-        checkpoint: 2,
-        offset: 10,
-        len: 11,
-        crc32: crc32fast::hash(&pieces[1]),
-    };
-    store
-        .write_part_segments(3, &part(), &[Segment::Reuse(inner)])
-        .unwrap();
-    store.commit(3, CommitRequest::default()).unwrap();
-    let loaded = store.load_latest().unwrap().checkpoint.unwrap();
-    assert_eq!(loaded.metadata.checkpoint, 3);
-    assert_eq!(loaded.parts[&part()], pieces[1]);
 }
 
 #[test]

@@ -294,28 +294,16 @@ pub(crate) struct FrozenRef<K, S> {
 }
 
 impl<K: StateKey, S: Snapshot> FrozenRef<K, S> {
-    /// The slice's entries and their count. When the state encoded the
-    /// slice and no other snapshot shares that encoding, its bytes are
-    /// moved out whole (`Some`) and nothing is appended to `out`: the
-    /// writer hands them to the store as they are, instead of copying
-    /// them into the group's buffer (at 10 M keys that copy, into pages
-    /// fresh each checkpoint, was a third of the writer's time:
-    /// BENCHMARKS.md). Otherwise the entries are appended to `out`: the
-    /// table's, encoded here, or a copy of an encoding another snapshot
-    /// shares. Either way the bytes are the same.
-    fn encode_into(self, out: &mut Vec<u8>) -> Result<(u64, Option<Vec<u8>>), String> {
-        if self.encoding.0.get().is_none() {
-            if let Some(table) = self.table.upgrade() {
-                return push_entries(table_entries(&table), out).map(|entries| (entries, None));
-            }
-            self.encoding.wait();
+    /// Appends the slice's entries to `out` and returns their count: the
+    /// state's encoding when it made one, else the table's entries
+    /// encoded here (the same bytes).
+    fn encode_into(&self, out: &mut Vec<u8>) -> Result<u64, String> {
+        if let Some(done) = self.encoding.0.get() {
+            return append_encoded(done, out);
         }
-        match Arc::try_unwrap(self.encoding) {
-            Ok(encoding) => match encoding.0.into_inner() {
-                Some(done) => done.map(|encoded| (encoded.entries, Some(encoded.bytes))),
-                None => Err("bug: a slice's encoding was empty after it was filled".to_string()),
-            },
-            Err(shared) => append_encoded(shared.wait(), out).map(|entries| (entries, None)),
+        match self.table.upgrade() {
+            Some(table) => push_entries(table_entries(&table), out),
+            None => append_encoded(self.encoding.wait(), out),
         }
     }
 }
@@ -516,10 +504,7 @@ pub(crate) struct HandedGroup<K, S> {
 /// knows the body's CRC), then the fresh slices' entries encoded one
 /// after the other, in slice order, with the schema section in front of
 /// slice 0's when slice 0 is among them (a part's schema belongs to its
-/// first slice's bytes, see [`super::cow_state`]'s "Slices"). A slice whose
-/// entries the state encoded at its first write keeps them in their own
-/// buffer ([`Self::moved`]) instead: its range in `bytes` then holds only
-/// what comes before its entries (slice 0's schema section, or nothing).
+/// first slice's bytes, see [`super::cow_state`]'s "Slices").
 #[derive(Debug)]
 pub(crate) struct EncodedSlices {
     pub(crate) key_group: u32,
@@ -527,9 +512,6 @@ pub(crate) struct EncodedSlices {
     pub(crate) bytes: Vec<u8>,
     /// `(slice, end of its bytes in `bytes`, its entries)`, ascending.
     pub(crate) slices: Vec<(u32, usize, u64)>,
-    /// `(slice, its entries' bytes)` of the slices whose entries follow
-    /// their range in `bytes` from a buffer of their own, ascending.
-    pub(crate) moved: Vec<(u32, Vec<u8>)>,
     /// As [`HandedGroup::reused_entries`].
     pub(crate) reused_entries: u64,
     /// The schema section's length, for the part's header.
@@ -544,15 +526,7 @@ impl EncodedSlices {
     /// tests that hand off or encode every slice (the header counts the
     /// reused entries too, which such a group has none of).
     pub(crate) fn to_part(&self) -> Vec<u8> {
-        let mut bytes = self.bytes[..part::PART_HEADER_LEN].to_vec();
-        let mut start = part::PART_HEADER_LEN;
-        for &(slice, end, _) in &self.slices {
-            bytes.extend_from_slice(&self.bytes[start..end]);
-            if let Some((_, moved)) = self.moved.iter().find(|(moved, _)| *moved == slice) {
-                bytes.extend_from_slice(moved);
-            }
-            start = end;
-        }
+        let mut bytes = self.bytes.clone();
         let body = &bytes[part::PART_HEADER_LEN..];
         let entries: u64 = self.slices.iter().map(|(_, _, entries)| entries).sum();
         let header = part::header_for(
@@ -618,10 +592,7 @@ impl<K: StateKey, S: Snapshot> SliceHandoff<K, S> {
             part::PART_HEADER_LEN + schema.len() + group.fresh.len() * self.bytes_per_slice_hint;
         let encoded = encode_slices(group, schema, self.max_parallelism, capacity);
         if let Ok(encoded) = &encoded {
-            // Only what was encoded into the group's buffer: moved slices
-            // need no room there.
-            let in_buffer = encoded.slices.len() - encoded.moved.len();
-            if let Some(per_slice) = encoded.bytes.len().checked_div(in_buffer) {
+            if let Some(per_slice) = encoded.bytes.len().checked_div(encoded.slices.len()) {
                 self.bytes_per_slice_hint = per_slice;
             }
         }
@@ -643,13 +614,10 @@ fn encode_slices<K: StateKey, S: Snapshot>(
     let mut out = SlicesOut::new(key_group, schema, group.fresh.len(), capacity);
     for (slice, frozen) in group.fresh {
         out.start(slice);
-        let (entries, moved) = frozen
+        let entries = frozen
             .encode_into(&mut out.bytes)
             .map_err(|reason| slice_error::<S>(slice, key_group, reason))?;
         out.end(slice, entries);
-        if let Some(bytes) = moved {
-            out.moved.push((slice, bytes));
-        }
     }
     Ok(out.finish(group.reused_entries, max_parallelism))
 }
@@ -696,7 +664,6 @@ struct SlicesOut<'s> {
     schema: &'s [u8],
     bytes: Vec<u8>,
     slices: Vec<(u32, usize, u64)>,
-    moved: Vec<(u32, Vec<u8>)>,
 }
 
 impl<'s> SlicesOut<'s> {
@@ -710,7 +677,6 @@ impl<'s> SlicesOut<'s> {
             schema,
             bytes,
             slices: Vec::with_capacity(slices),
-            moved: Vec::new(),
         }
     }
 
@@ -731,7 +697,6 @@ impl<'s> SlicesOut<'s> {
             key_group: self.key_group,
             bytes: self.bytes,
             slices: self.slices,
-            moved: self.moved,
             reused_entries,
             // `schema_section` refused anything over MAX_SCHEMA_LEN.
             schema_len: self.schema.len() as u32,

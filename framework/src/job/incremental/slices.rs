@@ -109,7 +109,6 @@ fn group_segments(
     let mut start = part::PART_HEADER_LEN;
     let mut next_offset = *offset + if header_plan.is_none() { header_len } else { 0 };
     let mut fresh = encoded.slices.iter();
-    let mut moved = std::mem::take(&mut encoded.moved).into_iter().peekable();
     for (slice, planned) in slice_plans.iter().enumerate() {
         let range = match planned {
             Some(range) => {
@@ -126,39 +125,21 @@ fn group_segments(
                 let bytes = encoded.bytes.get(start..end).ok_or_else(|| {
                     format!("bug: slice {slice} of key group {key_group} ends before it starts")
                 })?;
-                let own = moved
-                    .next_if(|(moved, _)| *moved as usize == slice)
-                    .map(|(_, own)| own);
-                let mut crc = crc32fast::Hasher::new();
-                crc.update(bytes);
-                let own_len = own.as_ref().map_or(0, |own| {
-                    crc.update(own);
-                    own.len()
-                });
                 let range = SharedRange {
                     checkpoint: checkpoint.0,
                     offset: next_offset,
-                    len: (bytes.len() + own_len) as u64,
-                    crc32: crc.finalize(),
+                    len: bytes.len() as u64,
+                    crc32: crc32fast::hash(bytes),
                 };
                 next_offset += range.len;
                 group_landed.push(range);
                 entries += count;
                 push_piece(&mut body, BodyPiece::Fresh { start, end });
-                if let Some(own) = own {
-                    push_piece(&mut body, BodyPiece::Own(own));
-                }
                 start = end;
                 range
             }
         };
         pieces.push((range.crc32, range.len));
-    }
-    if moved.next().is_some() {
-        return Err(format!(
-            "bug: a slice of key group {key_group} has bytes of its own but was not planned"
-        )
-        .into());
     }
     if fresh.next().is_some() {
         return Err(format!(
@@ -203,15 +184,12 @@ fn group_segments(
 }
 
 /// A run of a part's body: fresh slices back to back in the group's
-/// encoded bytes, a fresh slice's entries in a buffer of their own (the
-/// state encoded them at its first write, see `EncodedSlices::moved`), or
-/// a range an earlier checkpoint wrote. A fresh run carries no CRC: each
-/// fresh slice's own CRC is recorded in `landed`, and the store computes
-/// the CRC of the segment it writes, so combining them per run (about a
-/// microsecond per slice) bought nothing.
+/// encoded bytes, or a range an earlier checkpoint wrote. A fresh run
+/// carries no CRC: each fresh slice's own CRC is recorded in `landed`,
+/// and the store computes the CRC of the segment it writes, so combining
+/// them per run (about a microsecond per slice) bought nothing.
 enum BodyPiece {
     Fresh { start: usize, end: usize },
-    Own(Vec<u8>),
     Reuse(SharedRange),
 }
 
@@ -222,7 +200,6 @@ enum BodyPiece {
 fn push_piece(body: &mut Vec<BodyPiece>, piece: BodyPiece) {
     let len = match &piece {
         BodyPiece::Fresh { start, end } => (end - start) as u64,
-        BodyPiece::Own(bytes) => bytes.len() as u64,
         BodyPiece::Reuse(range) => range.len,
     };
     if len == 0 {
@@ -253,9 +230,7 @@ fn merged(first: &SharedRange, second: &SharedRange) -> SharedRange {
 
 /// The part's runs as segments; fresh bytes are moved when they are one
 /// run (a group written whole, its header included), copied out of
-/// `bytes` otherwise. A slice's own buffer is moved, so the segments
-/// after it are many (one per such slice) but the store records a run of
-/// them as one segment.
+/// `bytes` otherwise.
 fn into_segments(body: Vec<BodyPiece>, bytes: Vec<u8>) -> Vec<Segment> {
     if let [BodyPiece::Fresh { start: 0, end, .. }] = body.as_slice() {
         if *end == bytes.len() {
@@ -265,7 +240,6 @@ fn into_segments(body: Vec<BodyPiece>, bytes: Vec<u8>) -> Vec<Segment> {
     body.into_iter()
         .map(|piece| match piece {
             BodyPiece::Fresh { start, end, .. } => Segment::Shared(bytes[start..end].to_vec()),
-            BodyPiece::Own(own) => Segment::Shared(own),
             BodyPiece::Reuse(range) => Segment::Reuse(range),
         })
         .collect()
@@ -327,14 +301,6 @@ mod tests {
         Ok(())
     }
 
-    /// How many shared segments (runs of fresh bytes) `segments` hold.
-    fn shared_runs(segments: &[Segment]) -> usize {
-        segments
-            .iter()
-            .filter(|segment| matches!(segment, Segment::Shared(_)))
-            .count()
-    }
-
     /// A random chain of incremental snapshots (random keys touched,
     /// checkpoints confirmed or not, a full one every 4): each assembles,
     /// from its fresh slices and the ranges it reuses, to exactly the
@@ -366,23 +332,14 @@ mod tests {
             let expected = full_bytes(&state);
             let snapshot = take(&mut ledger, checkpoint, &mut state);
             // Written after the handoff, before the writer encodes: must
-            // not reach the snapshot. The state encodes each such slice
-            // at its write, and the writer takes those bytes as they are
-            // (a segment of their own).
+            // not reach the snapshot (the state encodes each such slice at
+            // its write, and the writer appends those bytes).
             state.get_or_default(&keys[0]).count += 1000;
             for _ in 0..next(&mut rng) % 3 {
                 let key = keys[(next(&mut rng) % keys.len() as u64) as usize];
                 state.get_or_default(&key).count += 1;
             }
             let segments = snapshot.encode().unwrap();
-            if (checkpoint - 1) % 4 == 0 {
-                // Every slice is fresh in a full one: a single run per
-                // key group unless a slice came in a buffer of its own.
-                assert!(
-                    shared_runs(&segments) > state.range().len(),
-                    "seed {seed}: checkpoint {checkpoint} moved no slice the state encoded"
-                );
-            }
             written.record(&segments, checkpoint);
             let assembled = written.assemble(&segments);
             assert!(
@@ -620,6 +577,12 @@ mod tests {
     fn one_touched_key_writes_one_slice_and_refers_to_the_rest_in_few_segments() {
         let (mut state, keys, mut ledger, mut written, first) = after_a_full_checkpoint(20_000);
         // A full one: one shared run per key group, header included.
+        let shared_runs = |segments: &[Segment]| {
+            segments
+                .iter()
+                .filter(|segment| matches!(segment, Segment::Shared(_)))
+                .count()
+        };
         assert_eq!(shared_runs(&first), state.range().len());
 
         state.get_or_default(&keys[7]).count += 1;

@@ -75,10 +75,7 @@ impl Engine {
         for segment in segments {
             let info = match segment {
                 Segment::Own(bytes) => append(&mut own, bytes, SegmentSource::Own),
-                Segment::Shared(bytes) => {
-                    shared.push(bytes, SegmentSource::Shared(checkpoint), &mut infos);
-                    continue;
-                }
+                Segment::Shared(bytes) => shared.push(bytes, SegmentSource::Shared(checkpoint)),
                 Segment::Reuse(range) => {
                     self.check_reuse(checkpoint, part, range)?;
                     referenced.insert(range.checkpoint);
@@ -90,7 +87,6 @@ impl Engine {
                     }
                 }
             };
-            shared.end_run();
             infos.push(info);
         }
         for shared_checkpoint in referenced {
@@ -293,9 +289,6 @@ impl Engine {
 struct SharedPieces<'a> {
     pieces: Vec<&'a [u8]>,
     len: u64,
-    /// The CRC so far of the run of shared segments that the last
-    /// [`SegmentInfo`] records, while nothing else came after them.
-    run: Option<crc32fast::Hasher>,
 }
 
 impl<'a> SharedPieces<'a> {
@@ -304,42 +297,17 @@ impl<'a> SharedPieces<'a> {
         self.len == 0
     }
 
-    /// Appends `bytes` and records where they land in `infos`: as a new
-    /// segment, or as the continuation of the last one when it is shared
-    /// bytes of this file ending right here. A part whose slices come in
-    /// buffers of their own is thus recorded as a few segments, not one
-    /// per slice, and each byte's CRC is computed once.
-    fn push(&mut self, bytes: &'a [u8], source: SegmentSource, infos: &mut Vec<SegmentInfo>) {
-        let offset = self.len;
-        let len = bytes.len() as u64;
+    /// Appends `bytes` and says where they land.
+    fn push(&mut self, bytes: &'a [u8], source: SegmentSource) -> SegmentInfo {
+        let info = SegmentInfo {
+            source,
+            offset: self.len,
+            len: bytes.len() as u64,
+            crc32: crc32fast::hash(bytes),
+        };
         self.pieces.push(bytes);
-        self.len += len;
-        match (self.run.as_mut(), infos.last_mut()) {
-            (Some(run), Some(last))
-                if last.source == source && last.offset + last.len == offset =>
-            {
-                run.update(bytes);
-                last.len += len;
-                last.crc32 = run.clone().finalize();
-            }
-            _ => {
-                let mut run = crc32fast::Hasher::new();
-                run.update(bytes);
-                infos.push(SegmentInfo {
-                    source,
-                    offset,
-                    len,
-                    crc32: run.clone().finalize(),
-                });
-                self.run = Some(run);
-            }
-        }
-    }
-
-    /// A segment that is not shared bytes of this file came: the next
-    /// shared bytes start a new segment.
-    fn end_run(&mut self) {
-        self.run = None;
+        self.len += bytes.len() as u64;
+        info
     }
 }
 
