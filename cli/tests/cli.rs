@@ -32,16 +32,22 @@ fn run_job(root: &Path, parallelism: usize) {
     let config = JobConfig {
         checkpoint_interval_ms: Some(5),
         default_parallelism: parallelism,
+        // Small batches and a short window keep the source close to the
+        // operators, so barriers do not queue behind the whole input:
+        // several periodic checkpoints complete while it runs, not one as
+        // it ends (which the final checkpoint would then subsume).
+        batch_size_max: 16,
+        window_batches: 2,
         ..JobConfig::default()
     }
     .with_store_dir(root, "tally")
     .expect("the store opens");
     let job = Job::new("tally", config);
     job.source("numbers", VecSourceFactory::new((0..2_000_u64).collect()))
-        // Slow enough (about 100 ms in all) for several periodic
-        // checkpoints before the final one.
+        // Slow enough (about 200 ms in all) for several periodic
+        // checkpoints to complete before the final one.
         .map("pace", |n: u64| {
-            std::thread::sleep(std::time::Duration::from_micros(50));
+            std::thread::sleep(std::time::Duration::from_micros(100));
             n
         })
         .key_by(|n: &u64| n % 7)
