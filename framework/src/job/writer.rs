@@ -369,6 +369,13 @@ mod tests {
         persist(store, target, parts, request)
     }
 
+    fn assert_persisted(outcome: &PersistOutcome) {
+        assert!(
+            matches!(outcome, PersistOutcome::Persisted(_)),
+            "{outcome:?}"
+        );
+    }
+
     fn never() -> bool {
         false
     }
@@ -388,10 +395,7 @@ mod tests {
         let kind = storage::CheckpointKind::Checkpoint;
         let good = parts(deferred(Fixed(b"state".to_vec())));
         let outcome = persist_as(&store, 1, kind, good, &never);
-        assert!(
-            matches!(outcome, PersistOutcome::Persisted(_)),
-            "{outcome:?}"
-        );
+        assert_persisted(&outcome);
 
         let bad = parts(deferred(Failing));
         match persist_as(&store, 2, kind, bad, &never) {
@@ -407,10 +411,7 @@ mod tests {
         // The id is free again for the next attempt.
         let retry = parts(deferred(Fixed(b"state 3".to_vec())));
         let outcome = persist_as(&store, 3, kind, retry, &never);
-        assert!(
-            matches!(outcome, PersistOutcome::Persisted(_)),
-            "{outcome:?}"
-        );
+        assert_persisted(&outcome);
     }
 
     /// A handed-off state that marks the writer's target subsumed while it
@@ -439,10 +440,7 @@ mod tests {
         let kind = storage::CheckpointKind::Checkpoint;
         let first = parts(deferred(Fixed(b"state".to_vec())));
         let outcome = persist_as(&store, 1, kind, first, &never);
-        assert!(
-            matches!(outcome, PersistOutcome::Persisted(_)),
-            "{outcome:?}"
-        );
+        assert_persisted(&outcome);
 
         let mark = Arc::new(AtomicU64::new(0));
         let subsumed = || mark.load(Ordering::Relaxed) > 2;
@@ -467,10 +465,7 @@ mod tests {
         let always = || true;
         let savepoint = parts(deferred(Fixed(b"state".to_vec())));
         let outcome = persist_as(&store, 1, kind, savepoint, &always);
-        assert!(
-            matches!(outcome, PersistOutcome::Persisted(_)),
-            "{outcome:?}"
-        );
+        assert_persisted(&outcome);
         assert_eq!(newest(&store), 1);
     }
 }
