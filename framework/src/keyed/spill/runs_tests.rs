@@ -203,6 +203,61 @@ fn a_delta_snapshot_dropped_half_way_leaves_no_run_file_and_the_next_reads_the_s
     assert_eq!(chains.restored(|_| true), model);
 }
 
+/// After a snapshot dropped half-way there is no base to merge, so the
+/// next one reads the disk table's view; its delta parts still come from
+/// the changes (the state settles deltas when a snapshot is taken, and
+/// the hot entries it freezes may be only those a delta needs).
+#[test]
+fn after_a_dropped_snapshot_the_view_still_writes_deltas_from_the_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut state, mut model, keys) = spilled_state(dir.path());
+    let all: BTreeSet<u32> = range(2, 1).iter().collect();
+    let mut chains = Chains::default();
+    chains.apply(snapshot(&mut state, &all, &BTreeSet::new()));
+    // Writes to two key groups only.
+    let two: BTreeSet<u32> = all.iter().copied().take(2).collect();
+    for key in keys.iter().filter(|key| two.contains(&key_group_of(**key))) {
+        add(&mut state, &mut model, *key, 3);
+        state.enforce_budget().unwrap();
+    }
+    // The dropped snapshot took these groups' changes: their chains miss
+    // them, so the next snapshot must write them whole.
+    let lost: BTreeSet<u32> = state.changed_key_groups().into_iter().collect();
+    assert_eq!(lost, two);
+    let mut dropped = state
+        .snapshot_with_deltas(&mut |key_group| lost.contains(&key_group), &mut |_| true)
+        .unwrap();
+    state.forget_changes();
+    dropped.next_part().unwrap().unwrap();
+    assert!(dropped.parts_left() > 0, "dropped half-way");
+    drop(dropped);
+    // Writes that reach the disk (evictions) in groups the dropped
+    // snapshot did not take.
+    let later: Vec<u64> = keys[100..]
+        .iter()
+        .copied()
+        .filter(|key| !lost.contains(&key_group_of(*key)))
+        .take(40)
+        .collect();
+    for key in &later {
+        add(&mut state, &mut model, *key, 11);
+        state.enforce_budget().unwrap();
+    }
+    let deltas: BTreeSet<u32> = all.difference(&lost).copied().collect();
+    assert!(!deltas.is_empty());
+    let mut next = state
+        .snapshot_with_deltas(&mut |_| true, &mut |key_group| deltas.contains(&key_group))
+        .unwrap();
+    state.forget_changes();
+    let first = next.next_part().unwrap().unwrap();
+    assert!(!next.merged(), "no base to merge after the drop");
+    let mut parts = vec![first];
+    parts.extend(next.collect_parts().unwrap());
+    let written_as_deltas = chains.apply(parts);
+    assert_eq!(written_as_deltas, deltas.len(), "every asked delta is one");
+    assert_eq!(chains.restored(|_| true), model);
+}
+
 /// One random operation: mostly updates, some deletions, evictions now and
 /// then.
 fn random_op(
@@ -235,7 +290,7 @@ fn epochs_against_model(seed: u64) {
     let mut chains = Chains::default();
     // Groups whose chain misses changes (left out of a snapshot).
     let mut stale = all.clone();
-    let (mut deltas, mut with_runs) = (0, 0);
+    let (mut deltas, mut with_runs, mut dropped) = (0, 0, 0);
     for epoch in 1..=60 {
         for _ in 0..rng.below(300) {
             random_op(&mut rng, &keys, &mut state, &mut model);
@@ -251,6 +306,15 @@ fn epochs_against_model(seed: u64) {
             .copied()
             .filter(|key_group| !stale.contains(key_group) && rng.below(5) != 0)
             .collect();
+        if rng.below(8) == 0 {
+            // Dropped half-way: its groups' changes are lost to the chains,
+            // and the next snapshot has no base to merge (it reads the
+            // view, and writes its deltas from the changes).
+            drop_half_way(&mut state, &picked, &delta);
+            stale.extend(&changed);
+            dropped += 1;
+            continue;
+        }
         deltas += chains.apply(snapshot(&mut state, &picked, &delta));
         stale.retain(|key_group| !picked.contains(key_group));
         stale.extend(changed.difference(&picked));
@@ -275,6 +339,26 @@ fn epochs_against_model(seed: u64) {
     assert_eq!(chains.restored(|_| true), model);
     assert!(deltas > 0, "no delta part was written");
     assert!(with_runs > 0, "no run was appended");
+    assert!(dropped > 0, "no snapshot was dropped");
+}
+
+/// Takes a snapshot as [`snapshot`] does, reads at most one part of it
+/// and drops it.
+fn drop_half_way(
+    state: &mut SpillingState<u64, Count>,
+    picked: &BTreeSet<u32>,
+    deltas: &BTreeSet<u32>,
+) {
+    let mut snapshot = state
+        .snapshot_with_deltas(
+            &mut |key_group| picked.contains(&key_group),
+            &mut |key_group| deltas.contains(&key_group),
+        )
+        .unwrap();
+    state.forget_changes();
+    if let Some(part) = snapshot.next_part() {
+        part.unwrap();
+    }
 }
 
 #[test]

@@ -60,11 +60,15 @@
 //! # Delta parts
 //!
 //! A picked group the caller asked for as a delta
-//! ([`super::SpillingState::snapshot_with_deltas`]) gets, when the source
-//! knows what changed (a merge, or no disk table), only the entries the
-//! change log holds and the hot entries written since, as a delta part
-//! ([`crate::keyed::part`], "Delta chains"); otherwise it is yielded
-//! whole and the caller writes it as such.
+//! ([`super::SpillingState::snapshot_with_deltas`]) gets only the entries
+//! the change log holds and the hot entries written since, as a delta
+//! part ([`crate::keyed::part`], "Delta chains"). Whether a group is a
+//! delta is settled when the snapshot is taken, never by the writer: the
+//! state plans none when its log missed changes or the group lost a key,
+//! and a snapshot that falls back to the view still writes its deltas
+//! from the changes (the view gives only the next base). So the hot
+//! entries a delta needs (those written since the previous snapshot) are
+//! known on the operator's thread.
 //!
 //! A key group with no change on disk since the previous base keeps that
 //! base's file and runs, and is read only when its part is whole. A
@@ -125,10 +129,10 @@ pub(super) struct Taken {
     /// Whether the state has a disk table; without one the hot entries are
     /// the whole state and no base is written.
     pub(super) spilled: bool,
-    /// Per key group of the range, whether a picked group may be written
+    /// Per key group of the range, whether a picked group is written
     /// as a delta part (its entries changed since the previous snapshot)
-    /// rather than whole; honoured only when the source knows the changes
-    /// (`GroupSource::knows_changes`).
+    /// rather than whole; false for every group when `changes` is `None`
+    /// (the log missed some).
     pub(super) deltas: Vec<bool>,
 }
 
@@ -269,11 +273,17 @@ impl Streamed {
                     changes: changes.sorted(),
                 }
             }
-            _ => {
+            (_, changes) => {
                 let view = view.ok_or_else(|| {
                     SpillError::Internal("a snapshot's view was taken twice".into())
                 })?;
-                GroupSource::View(view)
+                // A delta part's disk entries are its group's changes, so
+                // they are sorted when some picked group is a delta.
+                let deltas = taken.picked.iter().zip(&taken.deltas);
+                let changes = changes
+                    .filter(|_| deltas.into_iter().any(|(picked, delta)| *picked && *delta))
+                    .map(Changes::sorted);
+                GroupSource::View { view, changes }
             }
         };
         self.reader = Some(reader);
@@ -297,7 +307,14 @@ impl Streamed {
             .reader
             .as_mut()
             .ok_or_else(|| SpillError::Internal("a snapshot read before it started".into()))?;
-        let delta = picked && taken.deltas[index] && reader.knows_changes();
+        // The state plans a delta only with the changes (`take`), which
+        // every source then knows.
+        let delta = picked && taken.deltas[index];
+        if delta && !reader.knows_changes() {
+            return Err(SpillError::Internal(format!(
+                "key group {key_group} is a delta, but the snapshot has no changes"
+            )));
+        }
         let plan = reader.plan(key_group, picked && !delta)?;
         let keeps = matches!(plan, GroupPlan::Keep(_));
         let appends = matches!(plan, GroupPlan::Append(_));
@@ -342,6 +359,17 @@ impl Streamed {
                     Some(value) => overlay.disk(key, value, changed),
                     None => Ok(()),
                 }
+            })?;
+        } else if delta && reader.is_view() {
+            // The view gives the next base but not which entries changed:
+            // the delta takes the group's changes, as an appended group's.
+            reader.changes_in(key_group, |key, value, changed| match value {
+                Some(value) => overlay.disk(key, value, changed),
+                None => Ok(()),
+            })?;
+            reader.for_each_in(key_group, |key, value, _| match base.as_mut() {
+                Some(base) => base.push(key, value),
+                None => Ok(()),
             })?;
         } else {
             reader.for_each_in(key_group, |key, value, changed| {

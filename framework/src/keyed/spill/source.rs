@@ -45,8 +45,14 @@ pub(crate) enum GroupSource {
     /// No disk table: the state never spilled.
     Empty,
     /// The disk table as the snapshot's view sees it (a prefix scan per
-    /// key group).
-    View(DiskSnapshot),
+    /// key group), and, when the snapshot writes delta parts, the changes
+    /// since the previous snapshot: a delta's disk entries are its group's
+    /// changes, whichever source gives the next base
+    /// ([`Self::changes_in`]).
+    View {
+        view: DiskSnapshot,
+        changes: Option<SortedChanges>,
+    },
     /// The previous base, with every entry written since laid over it.
     Merge {
         base: Arc<Base>,
@@ -76,7 +82,7 @@ impl GroupSource {
     pub(crate) fn plan(&mut self, key_group: u32, whole: bool) -> Result<GroupPlan, SpillError> {
         let (base, changes) = match self {
             GroupSource::Empty => return Ok(GroupPlan::Keep(None)),
-            GroupSource::View(_) => return Ok(GroupPlan::Rewrite),
+            GroupSource::View { .. } => return Ok(GroupPlan::Rewrite),
             GroupSource::Merge { base, changes } => (base, changes),
         };
         let prefix = key_group.to_be_bytes();
@@ -97,8 +103,8 @@ impl GroupSource {
     /// Calls `f` with every `(key, value)` of `key_group`, ascending by
     /// key, and whether the value came from the changes since the
     /// previous base and may differ from the key's value then (a record
-    /// not marked unchanged; always `false` for a view). Key groups must be
-    /// asked for in ascending order.
+    /// not marked unchanged; always `false` for a view, which skips the
+    /// group's changes). Key groups must be asked for in ascending order.
     pub(crate) fn for_each_in(
         &mut self,
         key_group: u32,
@@ -107,8 +113,12 @@ impl GroupSource {
         let mut f = f;
         match self {
             GroupSource::Empty => Ok(()),
-            GroupSource::View(view) => {
-                view.scan_key_group(key_group, |key, value| f(key, value, false))
+            GroupSource::View { view, changes } => {
+                view.scan_key_group(key_group, |key, value| f(key, value, false))?;
+                if let Some(changes) = changes {
+                    skip_group(changes, key_group)?;
+                }
+                Ok(())
             }
             GroupSource::Merge { base, changes } => {
                 let mut readers = match base.group(key_group) {
@@ -122,15 +132,21 @@ impl GroupSource {
 
     /// Calls `f` with every change of `key_group` since the previous base
     /// (`None`: a deletion), ascending by key, and whether it may differ
-    /// from the key's value then. Only for a merge (nothing otherwise); key
-    /// groups must be asked for in ascending order.
+    /// from the key's value then. Only for a source that knows the
+    /// changes (nothing otherwise); key groups must be asked for in
+    /// ascending order, and a view's before [`Self::for_each_in`].
     pub(crate) fn changes_in(
         &mut self,
         key_group: u32,
         mut f: impl FnMut(&[u8], Option<&[u8]>, bool) -> Result<(), SpillError>,
     ) -> Result<(), SpillError> {
-        let GroupSource::Merge { changes, .. } = self else {
-            return Ok(());
+        let changes = match self {
+            GroupSource::Merge { changes, .. } => changes,
+            GroupSource::View {
+                changes: Some(changes),
+                ..
+            } => changes,
+            _ => return Ok(()),
         };
         let prefix = key_group.to_be_bytes();
         while let Some((key, value)) = in_group(changes.peek(), &prefix)? {
@@ -140,19 +156,29 @@ impl GroupSource {
         Ok(())
     }
 
-    /// Whether [`Self::for_each_in`] says which entries changed since the
-    /// previous base (a merge, or no disk table at all), so that a delta
-    /// part can be built from it.
+    /// Whether a delta part can be built from this source: it knows the
+    /// changes since the previous snapshot (a merge, a view with them, or
+    /// no disk table at all).
     pub(crate) fn knows_changes(&self) -> bool {
-        !matches!(self, GroupSource::View(_))
+        !matches!(self, GroupSource::View { changes: None, .. })
+    }
+
+    /// Whether this is a view of the disk table (which gives no changed
+    /// flags: a delta part takes its group's changes instead).
+    pub(crate) fn is_view(&self) -> bool {
+        matches!(self, GroupSource::View { .. })
     }
 
     /// Fails if a merge left changes unread: keys outside the key groups
     /// asked for, i.e. a bug.
     pub(crate) fn finish(mut self) -> Result<(), SpillError> {
         match &mut self {
-            GroupSource::Empty | GroupSource::View(_) => Ok(()),
-            GroupSource::Merge { changes, .. } => {
+            GroupSource::Empty | GroupSource::View { changes: None, .. } => Ok(()),
+            GroupSource::Merge { changes, .. }
+            | GroupSource::View {
+                changes: Some(changes),
+                ..
+            } => {
                 if changes.peek().is_some() {
                     return Err(SpillError::Internal(
                         "a snapshot's changes held keys outside its key groups".into(),
@@ -244,6 +270,15 @@ fn merge_group(
             changes.advance();
         }
     }
+}
+
+/// Moves `changes` past `key_group`'s entries.
+fn skip_group(changes: &mut SortedChanges, key_group: u32) -> Result<(), SpillError> {
+    let prefix = key_group.to_be_bytes();
+    while in_group(changes.peek(), &prefix)?.is_some() {
+        changes.advance();
+    }
+    Ok(())
 }
 
 /// `record`, whose key must be in the key group `prefix` names: a base

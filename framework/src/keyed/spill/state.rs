@@ -416,6 +416,10 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
         // Without a disk table the log is empty; it records from here on,
         // but this snapshot leaves no base to merge into.
         let changes = self.changes.take();
+        if changes.is_none() {
+            // The log missed some: no delta knows what changed.
+            deltas.iter_mut().for_each(|delta| *delta = false);
+        }
         let view = self.disk.as_ref().map(DiskTable::snapshot);
         Ok(SpillSnapshot::new(Taken {
             spilled: view.is_some(),
