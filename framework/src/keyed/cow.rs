@@ -47,9 +47,33 @@ use crate::state::{Snapshot, StateError};
 /// `S: Clone` is known, so that the write path needs no `Clone` bound.
 type CopyTable<K, S> = fn(&SliceTable<K, S>) -> SliceTable<K, S>;
 
-/// Encodes a frozen slice's entries: a plain function pointer, captured
-/// where `K: StateKey, S: Snapshot` are known, for the same reason.
-type EncodeTable<K, S> = fn(&SliceTable<K, S>) -> Result<EncodedEntries, String>;
+/// Encodes a frozen slice's entries as its [`EncodeScope`] says: a plain
+/// function pointer, captured where `K: StateKey, S: Snapshot` are known,
+/// for the same reason.
+pub(crate) type EncodeTable<K, S> =
+    fn(&SliceTable<K, S>, EncodeScope) -> Result<EncodedEntries, String>;
+
+/// What the encoding of a frozen slice holds, passed to its
+/// [`EncodeTable`]. The in-memory state encodes every entry as a part's
+/// and ignores it; the spilling backend's hot table encodes the entries
+/// of key group `key_group` in their disk form, with `stamp` only those
+/// whose write stamp it is (the hot entries a delta part needs).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct EncodeScope {
+    pub(crate) key_group: u32,
+    pub(crate) stamp: Option<u32>,
+}
+
+impl EncodeScope {
+    /// Whether an encoding made for `self` serves a later snapshot that
+    /// asks for `later` of the same slice, still frozen (unwritten) since:
+    /// one of every entry serves any; one of a stamp serves another stamp,
+    /// since no entry of an unwritten slice carries the later stamp and a
+    /// delta may hold more entries than changed, never fewer.
+    fn serves(&self, later: &EncodeScope) -> bool {
+        self.key_group == later.key_group && (self.stamp.is_none() || later.stamp.is_some())
+    }
+}
 
 /// A key group's table as a snapshot holds it.
 pub(crate) type SharedTable<K, S> = Arc<SliceTable<K, S>>;
@@ -97,6 +121,8 @@ pub(crate) struct FrozenSlot<K, S> {
     table: SharedTable<K, S>,
     copy: CopyTable<K, S>,
     encode: EncodeTable<K, S>,
+    /// What `encoding` holds once filled.
+    scope: EncodeScope,
 }
 
 /// A frozen slice's entries encoded as a part's entries (no header, no
@@ -226,10 +252,11 @@ impl<K, S> FrozenSlot<K, S> {
             table,
             copy,
             encode,
+            scope,
         } = self;
         if Arc::weak_count(&table) > 0 {
             take_backs.encodings += 1;
-            let _ = encoding.0 .0.set(encode(&table));
+            let _ = encoding.0 .0.set(encode(&table, scope));
         }
         drop(encoding);
         owned_or_copied(table, copy, take_backs)
@@ -254,16 +281,37 @@ impl<K: Clone, S: Clone> GroupTable<K, S> {
 }
 
 impl<K: StateKey + Clone, S: Snapshot + Clone> GroupTable<K, S> {
-    /// A weak reference to the table for an incremental snapshot, in
-    /// constant time (see [`FrozenSlot`]). Snapshots that freeze a slice
-    /// the state has not written since share its [`SliceEncoding`]: the
-    /// table is the same, so one encoding serves them all.
+    /// A weak reference to the table for an incremental snapshot of the
+    /// in-memory state, in constant time (see [`FrozenSlot`]).
     pub(crate) fn freeze(&mut self) -> FrozenRef<K, S> {
+        self.freeze_with(encode_table::<K, S>, EncodeScope::default())
+    }
+}
+
+impl<K: Clone, S: Clone> GroupTable<K, S> {
+    /// A weak reference to the table for a snapshot whose first write
+    /// encodes the slice with `encode` as `scope` says, in constant time
+    /// (see [`FrozenSlot`]). Snapshots that freeze a slice the state has
+    /// not written since share its [`SliceEncoding`] when the earlier
+    /// scope serves the later ([`EncodeScope::serves`]): the table is the
+    /// same, so one encoding serves them all.
+    ///
+    /// Otherwise (a whole snapshot after a delta one, while the slice is
+    /// still frozen for it: a savepoint during a checkpoint) the earlier
+    /// snapshots' encoding is made here, on this thread, so that the
+    /// slice can take a new one. Known gap: that costs time proportional
+    /// to the slice, not constant.
+    pub(crate) fn freeze_with(
+        &mut self,
+        encode: EncodeTable<K, S>,
+        scope: EncodeScope,
+    ) -> FrozenRef<K, S> {
         let table = match std::mem::take(self) {
-            GroupTable::Frozen(slot) => {
+            GroupTable::Frozen(slot) if slot.scope.serves(&scope) => {
                 *self = GroupTable::Frozen(slot);
                 None
             }
+            GroupTable::Frozen(slot) => Some(slot.encode_for_holders()),
             GroupTable::Owned(table) => Some(Arc::new(table)),
             GroupTable::Shared(shared, _) => Some(shared),
         };
@@ -272,7 +320,8 @@ impl<K: StateKey + Clone, S: Snapshot + Clone> GroupTable<K, S> {
                 encoding: EncodingGuard(Arc::default()),
                 table,
                 copy: SliceTable::clone,
-                encode: encode_table::<K, S>,
+                encode,
+                scope,
             });
         }
         let GroupTable::Frozen(slot) = self else {
@@ -285,6 +334,20 @@ impl<K: StateKey + Clone, S: Snapshot + Clone> GroupTable<K, S> {
     }
 }
 
+impl<K, S> FrozenSlot<K, S> {
+    /// Fills the encoding for the snapshots that still hold the slice
+    /// weakly and returns the table, still frozen for them (they find the
+    /// encoding first) and free for a new slot.
+    fn encode_for_holders(self) -> SharedTable<K, S> {
+        if Arc::weak_count(&self.table) > 0 {
+            let _ = self.encoding.0 .0.set((self.encode)(&self.table, self.scope));
+        }
+        let FrozenSlot { encoding, table, .. } = self;
+        drop(encoding);
+        table
+    }
+}
+
 /// An incremental snapshot's hold on one frozen slice: the table while
 /// the state has not written it, else the encoding the state made of it
 /// before its first write.
@@ -293,17 +356,37 @@ pub(crate) struct FrozenRef<K, S> {
     encoding: Arc<SliceEncoding>,
 }
 
+/// What a snapshot finds of a frozen slice ([`FrozenRef::read`]).
+pub(crate) enum FrozenRead<'a, K, S> {
+    /// The encoding the state made at its first write.
+    Encoded(&'a Result<EncodedEntries, String>),
+    /// The table itself, unwritten since the freeze; encode it here.
+    Table(SharedTable<K, S>),
+}
+
+impl<K, S> FrozenRef<K, S> {
+    /// The slice as the snapshot finds it: the state's encoding when it
+    /// made one, else the table (held strongly while the caller reads it,
+    /// so a write meanwhile copies it).
+    pub(crate) fn read(&self) -> FrozenRead<'_, K, S> {
+        if let Some(done) = self.encoding.0.get() {
+            return FrozenRead::Encoded(done);
+        }
+        match self.table.upgrade() {
+            Some(table) => FrozenRead::Table(table),
+            None => FrozenRead::Encoded(self.encoding.wait()),
+        }
+    }
+}
+
 impl<K: StateKey, S: Snapshot> FrozenRef<K, S> {
     /// Appends the slice's entries to `out` and returns their count: the
     /// state's encoding when it made one, else the table's entries
     /// encoded here (the same bytes).
     fn encode_into(&self, out: &mut Vec<u8>) -> Result<u64, String> {
-        if let Some(done) = self.encoding.0.get() {
-            return append_encoded(done, out);
-        }
-        match self.table.upgrade() {
-            Some(table) => push_entries(table_entries(&table), out),
-            None => append_encoded(self.encoding.wait(), out),
+        match self.read() {
+            FrozenRead::Encoded(done) => append_encoded(done, out),
+            FrozenRead::Table(table) => push_entries(table_entries(&table), out),
         }
     }
 }
@@ -334,6 +417,7 @@ fn append_encoded(done: &Result<EncodedEntries, String>, out: &mut Vec<u8>) -> R
 /// write ([`EncodeTable`]).
 fn encode_table<K: StateKey, S: Snapshot>(
     table: &SliceTable<K, S>,
+    _every_entry: EncodeScope,
 ) -> Result<EncodedEntries, String> {
     // About six bytes an entry for small keys and states; the buffer grows
     // for larger ones.
@@ -731,7 +815,7 @@ mod tests {
     use super::*;
     use crate::keyed::cow_state::CowKeyedState;
     use crate::keyed::test_support::{with_seed, Count, Rng};
-    use crate::keyed::{KeyedState, MaxParallelism, SLICES_PER_KEY_GROUP};
+    use crate::keyed::{key_hash, KeyedState, MaxParallelism, SLICES_PER_KEY_GROUP};
 
     type Model = BTreeMap<u64, u64>;
 
@@ -1036,5 +1120,62 @@ mod tests {
             (0, 0)
         );
         assert_eq!(state.get(&key), Some(&Count { count: 8 }));
+    }
+
+    /// Encodes the keys (little-endian) whose value is the scope's stamp,
+    /// or every key without one: a stand-in for the spilling backend's
+    /// encoding of a delta's entries.
+    fn keys_with_stamp(
+        table: &SliceTable<u64, u64>,
+        scope: EncodeScope,
+    ) -> Result<EncodedEntries, String> {
+        let mut keys: Vec<u64> = table
+            .iter()
+            .filter(|(_, value)| scope.stamp.map_or(true, |stamp| u64::from(stamp) == *value))
+            .map(|(key, _)| *key)
+            .collect();
+        keys.sort_unstable();
+        let entries = keys.len() as u64;
+        let bytes = keys.iter().flat_map(|key| key.to_le_bytes()).collect();
+        Ok(EncodedEntries { bytes, entries })
+    }
+
+    fn keys_of(frozen: &FrozenRef<u64, u64>) -> Vec<u64> {
+        match frozen.read() {
+            FrozenRead::Encoded(Ok(encoded)) => encoded
+                .bytes
+                .chunks(8)
+                .map(|chunk| u64::from_le_bytes(chunk.try_into().unwrap()))
+                .collect(),
+            other => panic!("not encoded: {}", matches!(other, FrozenRead::Table(_))),
+        }
+    }
+
+    /// A slot frozen for a stamped (delta) snapshot and then for a whole
+    /// one before any write: the earlier snapshot gets its own encoding at
+    /// the second freeze, the later one at the first write, and a stamped
+    /// freeze after a whole one shares the whole encoding (a superset).
+    #[test]
+    fn freezes_with_scopes_share_an_encoding_only_when_it_serves() {
+        let mut slot = GroupTable::<u64, u64>::Owned(SliceTable::default());
+        let mut take_backs = TakeBacks::default();
+        for (key, value) in [(1, 7), (2, 8), (3, 7)] {
+            slot.get_mut(&mut take_backs)
+                .insert_unique(key_hash(&key), (key, value), |(key, _)| key_hash(key));
+        }
+        let scope = |stamp| EncodeScope {
+            key_group: 0,
+            stamp,
+        };
+        let delta = slot.freeze_with(keys_with_stamp, scope(Some(7)));
+        let whole = slot.freeze_with(keys_with_stamp, scope(None));
+        assert_eq!(keys_of(&delta), [1, 3], "encoded at the whole freeze");
+        assert!(matches!(whole.read(), FrozenRead::Table(_)));
+        let later = slot.freeze_with(keys_with_stamp, scope(Some(8)));
+        slot.get_mut(&mut take_backs);
+        assert_eq!(take_backs, TakeBacks { copies: 0, encodings: 1 });
+        assert_eq!(keys_of(&whole), [1, 2, 3]);
+        assert_eq!(keys_of(&later), [1, 2, 3], "the whole encoding serves it");
+        assert_eq!(keys_of(&delta), [1, 3]);
     }
 }

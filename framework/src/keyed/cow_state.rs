@@ -57,7 +57,10 @@
 //! so, not by a sweep; only 64 was measured (BENCHMARKS.md).
 
 use super::backend::{parts_covering, KeyGroupPart, KeyedState};
-use super::cow::{GroupSlices, GroupTable, HandedGroup, KeyGroupHandoff, SliceHandoff, TakeBacks};
+use super::cow::{
+    EncodeScope, EncodeTable, FrozenRef, GroupSlices, GroupTable, HandedGroup, KeyGroupHandoff,
+    SliceHandoff, TakeBacks,
+};
 use super::hash::key_hash;
 use super::key_group::{KeyGroupError, KeyGroupOf, KeyGroupRange, MaxParallelism, SLICE_BITS};
 use super::part;
@@ -675,6 +678,33 @@ impl<K: StateKey + Clone, S: Clone> CowKeyedState<K, S> {
             .map(|(key_group, slots)| {
                 let tables = slots.iter_mut().map(|slot| slot.table.share()).collect();
                 (key_group, tables)
+            })
+            .collect()
+    }
+}
+
+impl<K: StateKey + Clone, S: Clone> CowKeyedState<K, S> {
+    /// The slices of the owned key groups that `scope` gives a scope,
+    /// ascending by key group, frozen in constant time per slice: a write
+    /// to one while a snapshot still holds it encodes it with `encode`
+    /// as its scope says, and takes it back without a copy
+    /// ([`GroupTable::freeze_with`]). The spilling backend's snapshot
+    /// freezes its in-memory entries so.
+    pub(crate) fn freeze_key_groups(
+        &mut self,
+        mut scope: impl FnMut(u32) -> Option<EncodeScope>,
+        encode: EncodeTable<K, S>,
+    ) -> Vec<(u32, Vec<FrozenRef<K, S>>)> {
+        self.range
+            .iter()
+            .zip(self.groups.chunks_mut(SLICES_PER_KEY_GROUP))
+            .filter_map(|(key_group, slots)| {
+                let scope = scope(key_group)?;
+                let refs = slots
+                    .iter_mut()
+                    .map(|slot| slot.table.freeze_with(encode, scope))
+                    .collect();
+                Some((key_group, refs))
             })
             .collect()
     }

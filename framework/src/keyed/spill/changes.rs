@@ -180,6 +180,12 @@ impl ChangeLog {
         self.starts = Vec::new();
     }
 
+    /// Whether the log missed no change since the last [`Self::take`]
+    /// (which returns them only then).
+    pub(crate) fn is_complete(&self) -> bool {
+        self.complete
+    }
+
     /// How many entries are logged now.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {

@@ -24,7 +24,8 @@ use std::collections::VecDeque;
 use super::evict::Clocked;
 use super::order::{sort_prefixed, Prefixed};
 use super::SpillError;
-use crate::keyed::cow::GroupSlices;
+use crate::keyed::cow::{EncodeScope, EncodedEntries, FrozenRead, FrozenRef};
+use crate::keyed::slice_table::SliceTable;
 use crate::keyed::StateKey;
 use crate::state::append_postcard;
 use crate::state::{Snapshot, StateError};
@@ -62,25 +63,72 @@ impl HotEntries {
     ) -> Result<Self, SpillError> {
         let mut hot = HotEntries::default();
         for (key, state) in entries {
-            let start = hot.bytes.len();
-            encode_key(key_group, key, &mut hot.bytes)?;
-            let key_end = hot.bytes.len();
-            state.encode_payload(&mut hot.bytes)?;
-            // Every key starts with the same key group (4 bytes), so they
-            // are compared from the bytes after it.
-            let entry = (start, key_end, hot.bytes.len());
-            hot.entries
-                .push(Prefixed::new(&hot.bytes[start + 4..key_end], entry));
+            hot.push(key_group, key, state)?;
         }
-        let bytes = &hot.bytes;
+        hot.sort();
+        Ok(hot)
+    }
+
+    /// Appends one entry of `key_group`, unsorted.
+    fn push<K: StateKey, S: Snapshot>(
+        &mut self,
+        key_group: u32,
+        key: &K,
+        state: &S,
+    ) -> Result<(), SpillError> {
+        let start = self.bytes.len();
+        encode_key(key_group, key, &mut self.bytes)?;
+        let key_end = self.bytes.len();
+        state.encode_payload(&mut self.bytes)?;
+        self.index(start, key_end, self.bytes.len());
+        Ok(())
+    }
+
+    /// Indexes the entry whose key is `bytes[start..key_end]` and whose
+    /// value runs to `end`.
+    fn index(&mut self, start: usize, key_end: usize, end: usize) {
+        // Every key starts with the same key group (4 bytes), so they are
+        // compared from the bytes after it.
+        self.entries.push(Prefixed::new(
+            &self.bytes[start + 4..key_end],
+            (start, key_end, end),
+        ));
+    }
+
+    /// Appends the entries of a slice encoded by [`encode_frozen_slice`],
+    /// unsorted.
+    fn extend_framed(&mut self, framed: &[u8]) -> Result<(), SpillError> {
+        let offset = self.bytes.len();
+        self.bytes.extend_from_slice(framed);
+        let mut at = 0;
+        while at < framed.len() {
+            let lengths = framed
+                .get(at..at + FRAME_LEN)
+                .ok_or_else(|| bad_frame(at))?;
+            let key_len = u32::from_le_bytes(lengths[..4].try_into().expect("4 bytes"));
+            let value_len = u32::from_le_bytes(lengths[4..].try_into().expect("4 bytes"));
+            let start = at + FRAME_LEN;
+            let key_end = start + key_len as usize;
+            let end = key_end + value_len as usize;
+            if key_len < 4 || end > framed.len() {
+                return Err(bad_frame(at));
+            }
+            self.index(offset + start, offset + key_end, offset + end);
+            at = end;
+        }
+        Ok(())
+    }
+
+    /// Sorts the entries by key.
+    fn sort(&mut self) {
+        let bytes = &self.bytes;
         // Keys are distinct (one table entry each), so the order is total
         // without a tie break.
         sort_prefixed(
-            &mut hot.entries,
+            &mut self.entries,
             |&(start, key_end, _)| &bytes[start + 4..key_end],
             |_, _| std::cmp::Ordering::Equal,
         );
-        Ok(hot)
     }
 
     /// How many entries there are.
@@ -114,20 +162,78 @@ pub(crate) fn encode_key<K: serde::Serialize>(
     })
 }
 
-/// Key groups' copy-on-write slice tables as a snapshot froze them: the
-/// operator's writes after the freeze copy a slice instead of changing it
-/// ([`crate::keyed::cow`]), so these stay as they were. Each group's
-/// tables are dropped as soon as it is encoded, so the operator takes a
-/// group the writer has passed back without a copy.
-/// Each entry's reference bit (`evict.rs`) is ignored: a snapshot holds
-/// the states; its write stamp picks a delta part's entries.
+/// The length of a frame's lengths: the key's and the value's, `u32`
+/// little-endian each.
+const FRAME_LEN: usize = 8;
+
+fn bad_frame(at: usize) -> SpillError {
+    SpillError::Internal(format!("a frozen slice's encoding is cut at byte {at}"))
+}
+
+/// Encodes a frozen slice of the hot table at the operator's first write
+/// to it while a snapshot still needs it ([`crate::keyed::cow`]'s
+/// `FrozenSlot`): the entries the snapshot takes of it (of
+/// `scope.key_group`, and with `scope.stamp` only those written for that
+/// snapshot: a delta part's), each as its key's and value's lengths, then
+/// its disk form, for [`HotEntries`] to index without decoding.
+///
+/// # Why, and its cost
+///
+/// A busy operator writes nearly every hot slice within milliseconds of a
+/// snapshot, long before the writer reads it. Copying the slice then cost
+/// the operator threads more than any other part of a checkpoint at
+/// 10 M keys (`HashTable::clone` and its allocations: BENCHMARKS.md), and
+/// the writer read every hot entry again to find a delta's. Here the
+/// operator reads the slice once, while it is about to write it anyway,
+/// and keeps only what the snapshot needs: at 1 s checkpoints about one
+/// entry in eight.
+pub(crate) fn encode_frozen_slice<K: StateKey, S: Snapshot>(
+    table: &SliceTable<K, Clocked<S>>,
+    scope: EncodeScope,
+) -> Result<EncodedEntries, String> {
+    let mut bytes = Vec::new();
+    let mut entries = 0;
+    for (key, entry) in table.iter() {
+        if scope.stamp.is_some_and(|stamp| entry.written_for != stamp) {
+            continue;
+        }
+        let frame = bytes.len();
+        bytes.extend_from_slice(&[0; FRAME_LEN]);
+        encode_key(scope.key_group, key, &mut bytes).map_err(|error| error.to_string())?;
+        let key_end = bytes.len();
+        entry
+            .state
+            .encode_payload(&mut bytes)
+            .map_err(|error| error.to_string())?;
+        let key_len = frame_length(key_end - frame - FRAME_LEN)?;
+        let value_len = frame_length(bytes.len() - key_end)?;
+        bytes[frame..frame + 4].copy_from_slice(&key_len.to_le_bytes());
+        bytes[frame + 4..frame + FRAME_LEN].copy_from_slice(&value_len.to_le_bytes());
+        entries += 1;
+    }
+    Ok(EncodedEntries { bytes, entries })
+}
+
+/// A key's or value's length in a frame.
+fn frame_length(len: usize) -> Result<u32, String> {
+    u32::try_from(len).map_err(|_| format!("a hot entry's key or value of {len} bytes"))
+}
+
+/// Key groups' hot slices as a snapshot froze them
+/// ([`encode_frozen_slice`]): each is the table as it was, or the
+/// entries the snapshot needs, encoded by the operator before its first
+/// write after the freeze. Each group's references are dropped as soon
+/// as it is encoded, so the operator takes a slice the writer has passed
+/// back without encoding it. Each entry's reference bit (`evict.rs`) is
+/// ignored: a snapshot holds the states; its write stamp picks a delta
+/// part's entries.
 pub(crate) struct Frozen<K, S> {
-    groups: VecDeque<(u32, GroupSlices<K, Clocked<S>>)>,
+    groups: VecDeque<(u32, Vec<FrozenRef<K, Clocked<S>>>)>,
 }
 
 impl<K, S> Frozen<K, S> {
     /// `groups`, ascending by key group.
-    pub(crate) fn new(groups: Vec<(u32, GroupSlices<K, Clocked<S>>)>) -> Self {
+    pub(crate) fn new(groups: Vec<(u32, Vec<FrozenRef<K, Clocked<S>>>)>) -> Self {
         Frozen {
             groups: groups.into(),
         }
@@ -158,13 +264,29 @@ where
         let Some((_, slices)) = self.groups.pop_front() else {
             return Ok(HotEntries::default());
         };
-        let entries = slices
-            .iter()
-            .flat_map(|table| table.iter())
-            .filter(|(_, entry)| written_for.map_or(true, |stamp| entry.written_for == stamp))
-            .map(|(key, entry)| (key, &entry.state));
+        let mut hot = HotEntries::default();
+        for slice in &slices {
+            match slice.read() {
+                FrozenRead::Encoded(Ok(encoded)) => hot.extend_framed(&encoded.bytes)?,
+                FrozenRead::Encoded(Err(reason)) => {
+                    return Err(SpillError::State(StateError::Encode {
+                        type_name: std::any::type_name::<S>(),
+                        reason: reason.clone(),
+                    }))
+                }
+                FrozenRead::Table(table) => {
+                    let written = table.iter().filter(|(_, entry)| {
+                        written_for.map_or(true, |stamp| entry.written_for == stamp)
+                    });
+                    for (key, entry) in written {
+                        hot.push(key_group, key, &entry.state)?;
+                    }
+                }
+            }
+        }
+        hot.sort();
         // `slices` drops as this returns.
-        HotEntries::encode(key_group, entries)
+        Ok(hot)
     }
 }
 

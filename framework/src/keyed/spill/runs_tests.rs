@@ -315,7 +315,9 @@ fn epochs_against_model(seed: u64) {
             dropped += 1;
             continue;
         }
-        deltas += chains.apply(snapshot(&mut state, &picked, &delta));
+        let (parts, taken) =
+            snapshot_while_writing(&mut state, &picked, &delta, &mut rng, &keys, &mut model);
+        deltas += chains.apply(parts);
         stale.retain(|key_group| !picked.contains(key_group));
         stale.extend(changed.difference(&picked));
         if base_dir_files(dir.path())
@@ -326,7 +328,7 @@ fn epochs_against_model(seed: u64) {
         }
         if stale.len() < all.len() {
             let current = |key_group: u32| !stale.contains(&key_group);
-            let want: Model = model
+            let want: Model = taken
                 .iter()
                 .filter(|(key, _)| current(key_group_of(**key)))
                 .map(|(key, count)| (*key, *count))
@@ -340,6 +342,42 @@ fn epochs_against_model(seed: u64) {
     assert!(deltas > 0, "no delta part was written");
     assert!(with_runs > 0, "no run was appended");
     assert!(dropped > 0, "no snapshot was dropped");
+    assert!(
+        state.encoded_slices() > 0,
+        "no frozen slice was written before the writer read it"
+    );
+}
+
+/// [`snapshot`], read part by part while the operator goes on writing,
+/// loading, evicting and deleting, so that it writes frozen slices the
+/// snapshot has not read yet (each then encodes what the snapshot takes of
+/// it first). Returns the parts and the model as of the taking.
+fn snapshot_while_writing(
+    state: &mut SpillingState<u64, Count>,
+    picked: &BTreeSet<u32>,
+    deltas: &BTreeSet<u32>,
+    rng: &mut Rng,
+    keys: &[u64],
+    model: &mut Model,
+) -> (Vec<KeyGroupPart>, Model) {
+    let taken = model.clone();
+    let mut snapshot = state
+        .snapshot_with_deltas(
+            &mut |key_group| picked.contains(&key_group),
+            &mut |key_group| deltas.contains(&key_group),
+        )
+        .unwrap();
+    state.forget_changes();
+    let mut parts = Vec::new();
+    loop {
+        for _ in 0..rng.below(40) {
+            random_op(rng, keys, state, model);
+        }
+        match snapshot.next_part() {
+            Some(part) => parts.push(part.unwrap()),
+            None => return (parts, taken),
+        }
+    }
 }
 
 /// Takes a snapshot as [`snapshot`] does, reads at most one part of it

@@ -45,11 +45,12 @@ use super::changes::ChangeLog;
 use super::disk::DiskTable;
 use super::evict::{stamp, Clocked, Evictor, Policy};
 use super::filter::SpilledKeys;
-use super::hot::{encode_key, Encoded, Frozen, HotEntries, HotGroups};
+use super::hot::{encode_frozen_slice, encode_key, Encoded, Frozen, HotEntries, HotGroups};
 use super::sizing::StoreSizing;
 use super::snapshot::{SpillSnapshot, Taken};
 use super::SpillError;
 use crate::keyed::backend::{parts_covering, KeyGroupPart, KeyedState};
+use crate::keyed::cow::EncodeScope;
 use crate::keyed::cow_state::CowKeyedState;
 use crate::keyed::key_group::{KeyGroupRange, MaxParallelism};
 use crate::keyed::part;
@@ -176,10 +177,20 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
     }
 
     /// How many of the hot table's slices were copied so far because a
-    /// snapshot still held them when this state wrote, loaded into or
-    /// evicted from them: the extra memory of asynchronous snapshots.
+    /// snapshot was reading them when this state wrote, loaded into or
+    /// evicted from them (rare: a frozen slice is encoded instead, see
+    /// [`Self::encoded_slices`]).
     pub fn copied_slices(&self) -> u64 {
         self.hot.copied_key_groups()
+    }
+
+    /// How many of the hot table's frozen slices this state encoded so far
+    /// for a snapshot that had not read them yet, at its first write, load
+    /// or eviction into them (the entries that snapshot takes of the
+    /// slice: `hot::encode_frozen_slice`): with the copies, the extra
+    /// memory of asynchronous snapshots.
+    pub fn encoded_slices(&self) -> u64 {
+        self.hot.encoded_at_write()
     }
 
     /// Fails for a key this subtask does not own.
@@ -407,19 +418,12 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
         hot: Box<dyn HotGroups>,
     ) -> Result<SpillSnapshot, SpillError> {
         self.epoch += 1;
-        // A group with a deletion is written whole (a delta cannot delete).
-        for (delta, deleted) in deltas.iter_mut().zip(&mut self.deleted) {
-            *delta &= !*deleted;
-            *deleted = false;
-        }
+        self.settle_deltas(&mut deltas);
+        self.deleted.iter_mut().for_each(|deleted| *deleted = false);
         let schema = part::schema_section::<S>()?;
         // Without a disk table the log is empty; it records from here on,
         // but this snapshot leaves no base to merge into.
         let changes = self.changes.take();
-        if changes.is_none() {
-            // The log missed some: no delta knows what changed.
-            deltas.iter_mut().for_each(|delta| *delta = false);
-        }
         let view = self.disk.as_ref().map(DiskTable::snapshot);
         Ok(SpillSnapshot::new(Taken {
             spilled: view.is_some(),
@@ -434,6 +438,18 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
             hot,
             deltas,
         }))
+    }
+
+    /// Leaves in `deltas` only the groups a delta part can hold: none
+    /// when the change log missed changes (no delta knows what changed),
+    /// and no group that lost a key since the last snapshot (a delta
+    /// cannot delete). Settled before the hot entries are frozen, since a
+    /// delta group's frozen slices keep only what it needs.
+    fn settle_deltas(&self, deltas: &mut [bool]) {
+        let complete = self.changes.is_complete();
+        for (delta, deleted) in deltas.iter_mut().zip(&self.deleted) {
+            *delta &= complete && !*deleted;
+        }
     }
 
     /// A snapshot of the key groups `include` picks whose hot entries are
@@ -562,11 +578,23 @@ where
         delta: &mut dyn FnMut(u32) -> bool,
     ) -> Result<SpillSnapshot, SpillError> {
         let picked = self.pick(include);
-        let deltas = self.pick(delta);
+        let mut deltas = self.pick(delta);
+        self.settle_deltas(&mut deltas);
         let range = self.hot.range();
-        let frozen = self
-            .hot
-            .share_key_groups(|key_group| picked[(key_group - range.start) as usize]);
+        // A delta group's hot slices need only the entries written for
+        // this snapshot: a slice the operator writes before the writer
+        // reads it encodes just those (`hot::encode_frozen_slice`).
+        let stamp = self.pending_stamp();
+        let frozen = self.hot.freeze_key_groups(
+            |key_group| {
+                let index = (key_group - range.start) as usize;
+                picked[index].then_some(EncodeScope {
+                    key_group,
+                    stamp: deltas[index].then_some(stamp),
+                })
+            },
+            encode_frozen_slice::<K, S>,
+        );
         self.take(picked, deltas, Box::new(Frozen::new(frozen)))
     }
 }
