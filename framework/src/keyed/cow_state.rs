@@ -58,8 +58,8 @@
 
 use super::backend::{parts_covering, KeyGroupPart, KeyedState};
 use super::cow::{
-    EncodeScope, EncodeTable, FrozenRef, GroupSlices, GroupTable, HandedGroup, KeyGroupHandoff,
-    SliceHandoff, TakeBacks,
+    EncodeScope, EncodeTable, FrozenRef, GroupCells, GroupSlices, GroupTable, HandedGroup,
+    KeyGroupHandoff, SliceHandoff, TakeBacks,
 };
 use super::hash::key_hash;
 use super::key_group::{KeyGroupError, KeyGroupOf, KeyGroupRange, MaxParallelism, SLICE_BITS};
@@ -665,8 +665,7 @@ impl<K: StateKey, S: Default> CowKeyedState<K, S> {
 impl<K: StateKey + Clone, S: Clone> CowKeyedState<K, S> {
     /// The slice tables of the owned key groups that `include` picks,
     /// ascending by key group, shared in constant time per slice (see
-    /// [`Self::hand_off_key_groups`]): also what the spilling backend's
-    /// snapshot freezes of its in-memory entries.
+    /// [`Self::hand_off_key_groups`]).
     pub(crate) fn share_key_groups(
         &mut self,
         mut include: impl FnMut(u32) -> bool,
@@ -700,9 +699,11 @@ impl<K: StateKey + Clone, S: Clone> CowKeyedState<K, S> {
             .zip(self.groups.chunks_mut(SLICES_PER_KEY_GROUP))
             .filter_map(|(key_group, slots)| {
                 let scope = scope(key_group)?;
+                let mut cells = GroupCells::new(slots.len());
                 let refs = slots
                     .iter_mut()
-                    .map(|slot| slot.table.freeze_with(encode, scope))
+                    .enumerate()
+                    .map(|(slice, slot)| slot.table.freeze_with(encode, scope, &mut cells, slice))
                     .collect();
                 Some((key_group, refs))
             })
@@ -747,9 +748,11 @@ impl<K: StateKey + Clone, S: Snapshot + Clone> CowKeyedState<K, S> {
                 fresh: Vec::new(),
                 reused_entries: 0,
             };
+            let mut cells = GroupCells::new(slots.len());
             for (slice, slot) in slots.iter_mut().enumerate() {
                 if writes(index * SLICES_PER_KEY_GROUP + slice) {
-                    group.fresh.push((slice as u32, slot.table.freeze()));
+                    let frozen = slot.table.freeze(&mut cells, slice);
+                    group.fresh.push((slice as u32, frozen));
                 } else {
                     group.reused_entries += slot.table.get().len() as u64;
                 }

@@ -1,23 +1,27 @@
 //! [`HotGroups`]: the in-memory ("hot") entries of a spilling snapshot's
 //! key groups, as the snapshot overlays them on its disk table's entries.
 //!
-//! This module owns how a snapshot holds the hot entries (frozen
-//! copy-on-write tables, [`Frozen`], or already encoded ones,
-//! [`Encoded`]) and encoding one key group of them into its disk form,
-//! sorted by key. It never reads the disk table, never builds a part and
-//! never chooses the key groups.
+//! This module owns how a snapshot holds the hot entries (frozen slices,
+//! [`Frozen`], or already encoded ones, [`Encoded`]), what the operator
+//! encodes of a frozen slice at its first write ([`encode_frozen_slice`])
+//! and encoding one key group of them into its disk form, sorted by key.
+//! It never reads the disk table, never builds a part and never chooses
+//! the key groups.
 //!
 //! # Why an overlay, and its cost
 //!
 //! A spilling snapshot used to write every hot entry of its key groups
 //! back to the disk table on the operator's thread (137 ms at p50 for
 //! 100,000 entries: BENCHMARKS.md). Instead [`Frozen`] takes the key
-//! groups' copy-on-write tables ([`crate::keyed::cow`]) in constant time
-//! per slice, and the checkpoint writer encodes one key group of them at
-//! a time, on its own thread, when it builds that group's part. The
-//! encoded group (its entries' keys and payloads in one buffer) is the
-//! only extra memory besides the copies the operator makes of the slices
-//! it writes while the snapshot still holds them.
+//! groups' slice tables weakly ([`crate::keyed::cow`]'s frozen slices) in
+//! constant time per slice, and the checkpoint writer encodes one key
+//! group of them at a time, on its own thread, when it builds that
+//! group's part. A slice the operator writes first is encoded by the
+//! operator, only the entries the snapshot takes of it, and taken back
+//! without a copy. The extra memory is those encodings (at most one of
+//! each frozen slice, about a third of its table for a whole part and
+//! less for a delta's) and the encoded group being built (its entries'
+//! keys and payloads in one buffer).
 
 use std::collections::VecDeque;
 

@@ -47,14 +47,16 @@
 //!
 //! Taking the snapshot ([`super::SpillingState::snapshot`]) costs, on the
 //! operator's thread, constant time per slice of the picked key groups
-//! (their copy-on-write tables are shared, not read), taking the change
-//! log (constant time) and a constant-time fjall snapshot. While it is
-//! alive it holds at most one part and one group's encoded hot entries,
-//! the sorted change log (bounded in `sizing.rs`) and two file buffers in
-//! memory, besides the frozen slices (the operator copies a slice it
-//! changes while frozen, once: at most one extra copy of what changed, at
-//! most the memory budget); a view it reads keeps fjall's old versions on
-//! disk meanwhile. State that never left memory has no store: its parts
+//! (their tables are frozen, not read), taking the change log (constant
+//! time) and a constant-time fjall snapshot. While it is alive it holds
+//! at most one part and one group's encoded hot entries, the sorted
+//! change log (bounded in `sizing.rs`) and two file buffers in memory,
+//! besides the frozen slices (the operator encodes a slice it changes
+//! while frozen, once, keeping the entries the snapshot takes of it, or
+//! copies it in the rare case that the writer is reading it at that
+//! moment: at most one extra copy of what changed, at most the memory
+//! budget); a view it reads keeps fjall's old versions on disk
+//! meanwhile. State that never left memory has no store: its parts
 //! are the hot entries alone, encoded on the writer's thread too.
 //!
 //! # Delta parts
