@@ -5,11 +5,13 @@
 //! injection that fires each planned fault exactly once (with a panic hook
 //! that keeps injected panics quiet), the keyed test pipeline, and the
 //! sinks and the windowed pipeline the process-crash tests run in a child
-//! process, and a tansu broker of a test's own on S3 storage whose topics
-//! can grow (`tansu`).
+//! process, a tansu broker of a test's own on S3 storage whose topics
+//! can grow (`tansu`), and a memory checkpoint store with hooks at its
+//! write points (`hooked_store`).
 
 pub mod crash;
 pub mod damage;
+pub mod hooked_store;
 pub mod kafka_count;
 pub mod logged_commits;
 pub mod postgres;

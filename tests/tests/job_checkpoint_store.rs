@@ -16,11 +16,8 @@ use std::time::Duration;
 
 use snapflow::job::{Job, JobConfig, JobError, JobReport, RestartStrategy};
 use snapflow::sink::CollectHandle;
-use snapflow::storage::{
-    CheckpointId, CheckpointKind, CheckpointMetadata, CheckpointPin, CheckpointStore,
-    CheckpointSummary, CommitRequest, LoadReport, LoadedCheckpoint, MemoryCheckpointStore, PartId,
-    PartInfo, StoreError,
-};
+use snapflow::storage::{CheckpointId, CheckpointStore, StoreError};
+use snapflow_tests::hooked_store::{HookedStore, StoreHooks};
 use snapflow_tests::pipeline::{declare, expected, faulty_collect, PacedSourceFactory, Pacing};
 use snapflow_tests::{FaultKind, Faults};
 
@@ -32,9 +29,11 @@ const PACING: Pacing = Pacing {
 /// A memory store that fails chosen persists half way (after one part is
 /// written, so a partial checkpoint is left behind for `discard`) and
 /// can make its first commit slow.
+type ScriptedStore = HookedStore<Script>;
+
+/// The [`ScriptedStore`]'s plan and what it counted.
 #[derive(Debug)]
-struct ScriptedStore {
-    inner: MemoryCheckpointStore,
+struct Script {
     /// 0-based persist attempts (calls of `begin`) that fail.
     failing: BTreeSet<u64>,
     /// How long the first commit sleeps.
@@ -46,42 +45,32 @@ struct ScriptedStore {
     committing_slowly: Arc<AtomicBool>,
 }
 
-impl ScriptedStore {
-    fn new(failing: &[u64], first_commit_delay_ms: u64) -> ScriptedStore {
-        ScriptedStore {
-            inner: MemoryCheckpointStore::new("scripted").expect("a memory store"),
-            failing: failing.iter().copied().collect(),
-            first_commit_delay_ms,
-            begins: AtomicU64::new(0),
-            parts_in_attempt: AtomicU64::new(0),
-            commits: AtomicU64::new(0),
-            committing_slowly: Arc::new(AtomicBool::new(false)),
-        }
-    }
+fn scripted(failing: &[u64], first_commit_delay_ms: u64) -> ScriptedStore {
+    let script = Script {
+        failing: failing.iter().copied().collect(),
+        first_commit_delay_ms,
+        begins: AtomicU64::new(0),
+        parts_in_attempt: AtomicU64::new(0),
+        commits: AtomicU64::new(0),
+        committing_slowly: Arc::new(AtomicBool::new(false)),
+    };
+    HookedStore::new("scripted", script)
+}
 
+impl Script {
     fn attempt_fails(&self) -> bool {
         let attempt = self.begins.load(Ordering::SeqCst).saturating_sub(1);
         self.failing.contains(&attempt)
     }
 }
 
-impl CheckpointStore for ScriptedStore {
-    fn job(&self) -> &str {
-        self.inner.job()
-    }
-
-    fn begin(&self, checkpoint: CheckpointId, kind: CheckpointKind) -> Result<(), StoreError> {
+impl StoreHooks for Script {
+    fn on_begin(&self, _checkpoint: CheckpointId) {
         self.begins.fetch_add(1, Ordering::SeqCst);
         self.parts_in_attempt.store(0, Ordering::SeqCst);
-        self.inner.begin(checkpoint, kind)
     }
 
-    fn write_part(
-        &self,
-        checkpoint: CheckpointId,
-        part: &PartId,
-        bytes: &[u8],
-    ) -> Result<PartInfo, StoreError> {
+    fn before_write_part(&self, checkpoint: CheckpointId) -> Result<(), StoreError> {
         let written = self.parts_in_attempt.fetch_add(1, Ordering::SeqCst);
         if written == 1 && self.attempt_fails() {
             return Err(StoreError::Io {
@@ -90,40 +79,15 @@ impl CheckpointStore for ScriptedStore {
                 source: io::Error::other("injected store failure"),
             });
         }
-        self.inner.write_part(checkpoint, part, bytes)
+        Ok(())
     }
 
-    fn commit(
-        &self,
-        checkpoint: CheckpointId,
-        request: CommitRequest,
-    ) -> Result<CheckpointMetadata, StoreError> {
+    fn before_commit(&self, _checkpoint: CheckpointId) {
         if self.commits.fetch_add(1, Ordering::SeqCst) == 0 && self.first_commit_delay_ms > 0 {
             self.committing_slowly.store(true, Ordering::SeqCst);
             thread::sleep(Duration::from_millis(self.first_commit_delay_ms));
             self.committing_slowly.store(false, Ordering::SeqCst);
         }
-        self.inner.commit(checkpoint, request)
-    }
-
-    fn discard(&self, checkpoint: CheckpointId) -> Result<(), StoreError> {
-        self.inner.discard(checkpoint)
-    }
-
-    fn list(&self) -> Result<Vec<CheckpointSummary>, StoreError> {
-        self.inner.list()
-    }
-
-    fn load(&self, checkpoint: CheckpointId) -> Result<LoadedCheckpoint, StoreError> {
-        self.inner.load(checkpoint)
-    }
-
-    fn load_latest(&self) -> Result<LoadReport, StoreError> {
-        self.inner.load_latest()
-    }
-
-    fn pin(&self, checkpoint: CheckpointId) -> Result<CheckpointPin, StoreError> {
-        self.inner.pin(checkpoint)
     }
 }
 
@@ -149,7 +113,7 @@ fn run(
     restart: RestartStrategy,
     faults: &Faults,
 ) -> (Arc<ScriptedStore>, Result<JobReport, JobError>) {
-    let store = Arc::new(ScriptedStore::new(failing, 0));
+    let store = Arc::new(scripted(failing, 0));
     let job = Job::new("scripted", config(&store, tolerable, restart));
     let (sink, output) = faulty_collect(faults);
     let state = declare(&job, RECORDS, [2; 6], PACING, faults, sink);
@@ -263,8 +227,8 @@ fn a_partial_checkpoint_is_never_restored_after_an_operator_failure() {
 #[test]
 fn a_checkpoint_durable_after_a_failure_reports_its_real_duration() {
     let delay_ms = 200;
-    let store = Arc::new(ScriptedStore::new(&[], delay_ms));
-    let slow = Arc::clone(&store.committing_slowly);
+    let store = Arc::new(scripted(&[], delay_ms));
+    let slow = Arc::clone(&store.hooks.committing_slowly);
     let fired = Arc::new(AtomicBool::new(false));
     let fired_in_map = Arc::clone(&fired);
     let job = Job::new("slow-store", config(&store, 0, restart_once()));
@@ -302,7 +266,7 @@ fn a_checkpoint_durable_after_a_failure_reports_its_real_duration() {
 
 #[test]
 fn too_many_checkpoint_failures_restart_every_region() {
-    let store = Arc::new(ScriptedStore::new(&[1], 0));
+    let store = Arc::new(scripted(&[1], 0));
     let job = Job::new("scripted", config(&store, 0, restart_once()));
     let pacing = Pacing {
         records_per_read: 8,

@@ -14,11 +14,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use snapflow::job::{Job, JobConfig, JobReport};
-use snapflow::storage::{
-    CheckpointId, CheckpointKind, CheckpointMetadata, CheckpointPin, CheckpointStore,
-    CheckpointSummary, CommitRequest, LoadReport, LoadedCheckpoint, MemoryCheckpointStore, PartId,
-    PartInfo, StoreError,
-};
+use snapflow::storage::{CheckpointId, CheckpointStore, StoreError};
+use snapflow_tests::hooked_store::{HookedStore, StoreHooks};
 use snapflow_tests::pipeline::{declare, expected, faulty_collect, Pacing};
 use snapflow_tests::Faults;
 
@@ -29,11 +26,12 @@ const RECORDS: u64 = 2_000;
 const HOLD_MAX: Duration = Duration::from_secs(30);
 
 /// A memory store that holds the first part of the first checkpoint it
-/// is asked to write until [`GatedStore::open`], and records what it
+/// is asked to write until [`Gate::open`], and records what it
 /// committed.
-#[derive(Debug)]
-struct GatedStore {
-    inner: MemoryCheckpointStore,
+type GatedStore = HookedStore<Gate>;
+
+#[derive(Debug, Default)]
+struct Gate {
     open: AtomicBool,
     /// The first checkpoint begun (0: none yet).
     held: AtomicU64,
@@ -41,17 +39,7 @@ struct GatedStore {
     committed: Mutex<Vec<u64>>,
 }
 
-impl GatedStore {
-    fn new() -> GatedStore {
-        GatedStore {
-            inner: MemoryCheckpointStore::new("gated").expect("a memory store"),
-            open: AtomicBool::new(false),
-            held: AtomicU64::new(0),
-            parts_of_held: AtomicU64::new(0),
-            committed: Mutex::new(Vec::new()),
-        }
-    }
-
+impl Gate {
     fn open(&self) {
         self.open.store(true, Ordering::SeqCst);
     }
@@ -64,59 +52,24 @@ impl GatedStore {
     }
 }
 
-impl CheckpointStore for GatedStore {
-    fn job(&self) -> &str {
-        self.inner.job()
-    }
-
-    fn begin(&self, checkpoint: CheckpointId, kind: CheckpointKind) -> Result<(), StoreError> {
+impl StoreHooks for Gate {
+    fn on_begin(&self, checkpoint: CheckpointId) {
         let _ = self
             .held
             .compare_exchange(0, checkpoint, Ordering::SeqCst, Ordering::SeqCst);
-        self.inner.begin(checkpoint, kind)
     }
 
-    fn write_part(
-        &self,
-        checkpoint: CheckpointId,
-        part: &PartId,
-        bytes: &[u8],
-    ) -> Result<PartInfo, StoreError> {
+    fn before_write_part(&self, checkpoint: CheckpointId) -> Result<(), StoreError> {
         if checkpoint == self.held.load(Ordering::SeqCst)
             && self.parts_of_held.fetch_add(1, Ordering::SeqCst) == 0
         {
             self.wait_for_gate();
         }
-        self.inner.write_part(checkpoint, part, bytes)
+        Ok(())
     }
 
-    fn commit(
-        &self,
-        checkpoint: CheckpointId,
-        request: CommitRequest,
-    ) -> Result<CheckpointMetadata, StoreError> {
+    fn before_commit(&self, checkpoint: CheckpointId) {
         self.committed.lock().unwrap().push(checkpoint);
-        self.inner.commit(checkpoint, request)
-    }
-
-    fn discard(&self, checkpoint: CheckpointId) -> Result<(), StoreError> {
-        self.inner.discard(checkpoint)
-    }
-
-    fn list(&self) -> Result<Vec<CheckpointSummary>, StoreError> {
-        self.inner.list()
-    }
-
-    fn load(&self, checkpoint: CheckpointId) -> Result<LoadedCheckpoint, StoreError> {
-        self.inner.load(checkpoint)
-    }
-
-    fn load_latest(&self) -> Result<LoadReport, StoreError> {
-        self.inner.load_latest()
-    }
-
-    fn pin(&self, checkpoint: CheckpointId) -> Result<CheckpointPin, StoreError> {
-        self.inner.pin(checkpoint)
     }
 }
 
@@ -124,7 +77,7 @@ impl CheckpointStore for GatedStore {
 /// opening the gate once a checkpoint newer than the held one is
 /// triggered, and checks exactly-once state and output.
 fn check(parallelism: usize) -> (Arc<GatedStore>, JobReport) {
-    let store = Arc::new(GatedStore::new());
+    let store = Arc::new(HookedStore::new("gated", Gate::default()));
     let config = JobConfig {
         checkpoint_interval_ms: Some(5),
         store: Some(Arc::clone(&store) as Arc<dyn CheckpointStore>),
@@ -143,7 +96,7 @@ fn check(parallelism: usize) -> (Arc<GatedStore>, JobReport) {
     let running = job.start().expect("the job starts");
     let started = Instant::now();
     while started.elapsed() < HOLD_MAX {
-        let held = store.held.load(Ordering::SeqCst);
+        let held = store.hooks.held.load(Ordering::SeqCst);
         let newer = held != 0
             && running
                 .metrics()
@@ -155,7 +108,7 @@ fn check(parallelism: usize) -> (Arc<GatedStore>, JobReport) {
         }
         thread::sleep(Duration::from_millis(1));
     }
-    store.open();
+    store.hooks.open();
     let report = running.wait().expect("the job completes");
     let (expected_output, expected_state) = expected(RECORDS);
     let mut committed = output.committed();
@@ -167,10 +120,10 @@ fn check(parallelism: usize) -> (Arc<GatedStore>, JobReport) {
 
 fn check_subsumed(parallelism: usize) {
     let (store, report) = check(parallelism);
-    let held = store.held.load(Ordering::SeqCst);
+    let held = store.hooks.held.load(Ordering::SeqCst);
     assert_eq!(report.subsumed_checkpoints, vec![held], "{report:?}");
     assert!(report.failed_checkpoints.is_empty(), "{report:?}");
-    let committed = store.committed.lock().unwrap().clone();
+    let committed = store.hooks.committed.lock().unwrap().clone();
     assert!(
         !committed.contains(&held),
         "the subsumed checkpoint {held} was committed: {committed:?}"
