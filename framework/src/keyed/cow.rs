@@ -412,6 +412,10 @@ pub(crate) struct FrozenRef<K, S> {
     encoding: EncodingCell,
 }
 
+/// The frozen slices of one key group, in slice order.
+#[cfg(feature = "spill")]
+pub(crate) type FrozenSlices<K, S> = Vec<FrozenRef<K, S>>;
+
 /// What a snapshot finds of a frozen slice ([`FrozenRef::read`]).
 pub(crate) enum FrozenRead<'a, K, S> {
     /// The encoding the state made at its first write.

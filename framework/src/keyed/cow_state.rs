@@ -57,9 +57,10 @@
 //! so, not by a sweep; only 64 was measured (BENCHMARKS.md).
 
 use super::backend::{parts_covering, KeyGroupPart, KeyedState};
+#[cfg(feature = "spill")]
+use super::cow::{EncodeScope, EncodeTable, FrozenSlices};
 use super::cow::{
-    EncodeScope, EncodeTable, FrozenRef, GroupCells, GroupSlices, GroupTable, HandedGroup,
-    KeyGroupHandoff, SliceHandoff, TakeBacks,
+    GroupCells, GroupSlices, GroupTable, HandedGroup, KeyGroupHandoff, SliceHandoff, TakeBacks,
 };
 use super::hash::key_hash;
 use super::key_group::{KeyGroupError, KeyGroupOf, KeyGroupRange, MaxParallelism, SLICE_BITS};
@@ -689,11 +690,12 @@ impl<K: StateKey + Clone, S: Clone> CowKeyedState<K, S> {
     /// as its scope says, and takes it back without a copy
     /// ([`GroupTable::freeze_with`]). The spilling backend's snapshot
     /// freezes its in-memory entries so.
+    #[cfg(feature = "spill")]
     pub(crate) fn freeze_key_groups(
         &mut self,
         mut scope: impl FnMut(u32) -> Option<EncodeScope>,
         encode: EncodeTable<K, S>,
-    ) -> Vec<(u32, Vec<FrozenRef<K, S>>)> {
+    ) -> Vec<(u32, FrozenSlices<K, S>)> {
         self.range
             .iter()
             .zip(self.groups.chunks_mut(SLICES_PER_KEY_GROUP))

@@ -28,7 +28,7 @@ use std::collections::VecDeque;
 use super::evict::Clocked;
 use super::order::{sort_prefixed, Prefixed};
 use super::SpillError;
-use crate::keyed::cow::{EncodeScope, EncodedEntries, FrozenRead, FrozenRef};
+use crate::keyed::cow::{EncodeScope, EncodedEntries, FrozenRead, FrozenSlices};
 use crate::keyed::slice_table::SliceTable;
 use crate::keyed::StateKey;
 use crate::state::append_postcard;
@@ -232,12 +232,12 @@ fn frame_length(len: usize) -> Result<u32, String> {
 /// ignored: a snapshot holds the states; its write stamp picks a delta
 /// part's entries.
 pub(crate) struct Frozen<K, S> {
-    groups: VecDeque<(u32, Vec<FrozenRef<K, Clocked<S>>>)>,
+    groups: VecDeque<(u32, FrozenSlices<K, Clocked<S>>)>,
 }
 
 impl<K, S> Frozen<K, S> {
     /// `groups`, ascending by key group.
-    pub(crate) fn new(groups: Vec<(u32, Vec<FrozenRef<K, Clocked<S>>>)>) -> Self {
+    pub(crate) fn new(groups: Vec<(u32, FrozenSlices<K, Clocked<S>>)>) -> Self {
         Frozen {
             groups: groups.into(),
         }
