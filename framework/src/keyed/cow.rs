@@ -94,7 +94,9 @@ pub(crate) enum GroupTable<K, S> {
 }
 
 /// A slice's table frozen for one or more incremental snapshots
-/// ([`GroupTable::freeze`]).
+/// ([`GroupTable::freeze`]), or for a spilling snapshot's hot entries
+/// ([`GroupTable::freeze_with`], whose [`EncodeScope`] makes the encoding
+/// hold only the entries that snapshot takes).
 ///
 /// # Why the first write encodes instead of copying
 ///

@@ -51,9 +51,9 @@
 //! finds too few unreferenced entries has cleared every bit it passed or
 //! spent its skips, so a second lap takes what it visits).
 //! Clearing a bit changes an entry of a slice, so a slice a live snapshot
-//! still holds is copied before the hand changes it, as before an entry
-//! leaves it (copy-on-write; the extra memory stays at most one copy of
-//! the slices changed while the snapshot lives).
+//! still holds is encoded for it (or copied) before the hand changes it,
+//! as before an entry leaves it (the extra memory stays at most one
+//! encoding or copy of the slices changed while the snapshot lives).
 //!
 //! The hand remembers its slot, not its place inside a slice: an eviction
 //! that stops inside a slice starts that slice again next time, from its

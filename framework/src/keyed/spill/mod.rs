@@ -36,8 +36,8 @@
 //!   filter, under 1 %) still goes through fjall's memtables and segments
 //!   on the operator's thread.
 //! - A snapshot ([`SpillingState::snapshot`]) takes, on the operator's
-//!   thread, the picked key groups' in-memory tables (copy-on-write,
-//!   constant time per slice), a fjall MVCC snapshot and the change log;
+//!   thread, the picked key groups' in-memory slices (frozen, constant
+//!   time per slice), a fjall MVCC snapshot and the change log;
 //!   [`SpillSnapshot`] then builds one key group's part at a time on the
 //!   checkpoint writer's thread, as the previous snapshot's base merged
 //!   with the changes since (`base.rs`, `changes.rs`, `source.rs`), or the

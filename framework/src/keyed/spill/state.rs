@@ -19,7 +19,7 @@
 //! snapshot of some key groups takes, in one go on the operator's thread,
 //! the disk table's state (its change log since the last snapshot and a
 //! constant-time MVCC view) and the hot table's picked groups (frozen
-//! copy-on-write tables, constant time per slice); the writer builds each
+//! slices, held weakly, constant time per slice); the writer builds each
 //! part as the disk's entries of the group overlaid by the hot ones (a
 //! hot entry wins: it is the newer). So the disk table, and every base
 //! built from it, describes the disk table only, never the hot entries:
@@ -32,10 +32,13 @@
 //! # The memory bound while a snapshot is alive
 //!
 //! The hot table is a [`CowKeyedState`]: a slice the operator writes (or
-//! evicts from, or loads into) while a snapshot still holds it is copied
-//! once, so the extra memory is at most one copy of the slices changed
-//! meanwhile (at most the memory budget), never more; the writer drops
-//! each group's slices as soon as it has built that group's part.
+//! evicts from, or loads into) while a snapshot still holds it is first
+//! encoded once, keeping only the entries the snapshot takes of it
+//! (`hot::encode_frozen_slice`), and copied only if the writer is reading
+//! it at that moment, so the extra memory is at most one encoding or copy
+//! of the slices changed meanwhile (at most the memory budget), never
+//! more; the writer drops each group's slices as soon as it has built
+//! that group's part.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -315,7 +318,8 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
     /// cleared per call. Evicting changes no logical state, so no key
     /// group is marked dirty, and `store` records a key not written since
     /// the last snapshot as unchanged. A slice a live snapshot still holds
-    /// is copied before entries leave it or the hand clears a bit in it.
+    /// is encoded for it (or copied) before entries leave it or the hand
+    /// clears a bit in it.
     pub fn enforce_budget(&mut self) -> Result<(), SpillError> {
         if self.hot.len() <= self.memory_entries {
             return Ok(());
@@ -555,8 +559,8 @@ where
     /// [`SpillSnapshot::next_part`] yields ascending while this state goes
     /// on changing. On this thread it takes the change log, a
     /// constant-time view of the disk table and the picked groups' hot
-    /// tables (copy-on-write, constant time per slice): nothing is encoded
-    /// or written here. The writer lays the hot entries over the disk's
+    /// slices (frozen, constant time per slice): nothing is encoded or
+    /// written here. The writer lays the hot entries over the disk's
     /// (module doc, "The rule").
     pub fn snapshot(
         &mut self,
