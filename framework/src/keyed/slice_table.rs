@@ -171,6 +171,26 @@ pub(crate) fn prefetch<T>(table: &HashTable<T, SliceAlloc<T>>, hash: u64) {
     }
 }
 
+/// How far below an entry a scan of a table asks for memory: eight lines,
+/// a few groups of buckets ahead of the one being read.
+#[cfg(feature = "spill")]
+const SCAN_AHEAD_BYTES: usize = 512;
+
+/// Asks the CPU for the memory a scan of a table (`HashTable::iter`) will
+/// read a few groups after `entry`, the entry it is at: hashbrown's
+/// iterator walks the buckets in index order, which lies downwards in
+/// memory (the layout above), so the lines below `entry`. A scan of a
+/// slice not in the caches otherwise waits on each of its lines in turn
+/// (BENCHMARKS.md, "Frozen hot slices encoded at the first write"). An
+/// address past the table's start prefetches nothing of use, and never
+/// faults.
+#[cfg(feature = "spill")]
+#[inline(always)]
+pub(crate) fn prefetch_scan_ahead<T>(entry: &T) {
+    let address: *const T = entry;
+    prefetch_line(address.cast::<u8>().wrapping_sub(SCAN_AHEAD_BYTES));
+}
+
 /// Where a lookup of `hash` in `table` starts: its first control byte and
 /// its first bucket, or `None` for a table with no memory. The addresses
 /// are computed, never dereferenced.

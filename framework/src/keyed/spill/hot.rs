@@ -29,7 +29,7 @@ use super::evict::Clocked;
 use super::order::{sort_prefixed, Prefixed};
 use super::SpillError;
 use crate::keyed::cow::{EncodeScope, EncodedEntries, FrozenRead, FrozenSlices};
-use crate::keyed::slice_table::SliceTable;
+use crate::keyed::slice_table::{prefetch_scan_ahead, SliceTable};
 use crate::keyed::StateKey;
 use crate::state::append_postcard;
 use crate::state::{Snapshot, StateError};
@@ -204,7 +204,9 @@ pub(crate) fn encode_frozen_slice<K: StateKey, S: Snapshot>(
     };
     let mut bytes = Vec::with_capacity(taken * 20);
     let mut entries = 0;
-    for (key, entry) in table.iter() {
+    for pair in table.iter() {
+        prefetch_scan_ahead(pair);
+        let (key, entry) = pair;
         if scope.stamp.is_some_and(|stamp| entry.written_for != stamp) {
             continue;
         }
