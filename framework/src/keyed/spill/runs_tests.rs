@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::state::tests::{owned_keys, range, spilling, MAX};
-use super::SpillingState;
+use super::{SpillSnapshot, SpillingState};
 use crate::keyed::backend::{KeyGroupPart, KeyedState};
 use crate::keyed::key_group::MaxParallelism;
 use crate::keyed::key_hash;
@@ -96,6 +96,17 @@ fn snapshot(
     picked: &BTreeSet<u32>,
     deltas: &BTreeSet<u32>,
 ) -> Vec<KeyGroupPart> {
+    take(state, picked, deltas).collect_parts().unwrap()
+}
+
+/// Takes a snapshot of the groups `picked` holds, those in `deltas` as
+/// delta parts where the state can, and forgets the state's changes, as
+/// the keyed core does after an incremental snapshot; nothing is read yet.
+fn take(
+    state: &mut SpillingState<u64, Count>,
+    picked: &BTreeSet<u32>,
+    deltas: &BTreeSet<u32>,
+) -> SpillSnapshot {
     let snapshot = state
         .snapshot_with_deltas(
             &mut |key_group| picked.contains(&key_group),
@@ -103,7 +114,7 @@ fn snapshot(
         )
         .unwrap();
     state.forget_changes();
-    snapshot.collect_parts().unwrap()
+    snapshot
 }
 
 /// A state with a budget of 8 entries after one write to each of 400
@@ -181,10 +192,7 @@ fn a_delta_snapshot_dropped_half_way_leaves_no_run_file_and_the_next_reads_the_s
         state.enforce_budget().unwrap();
     }
     let changed: BTreeSet<u32> = state.changed_key_groups().into_iter().collect();
-    let mut dropped = state
-        .snapshot_with_deltas(&mut |key_group| changed.contains(&key_group), &mut |_| true)
-        .unwrap();
-    state.forget_changes();
+    let mut dropped = take(&mut state, &changed, &all);
     let part = dropped.next_part().unwrap().unwrap();
     assert!(is_delta(&part.bytes));
     assert!(dropped.parts_left() > 0, "dropped half-way");
@@ -224,10 +232,7 @@ fn after_a_dropped_snapshot_the_view_still_writes_deltas_from_the_changes() {
     // them, so the next snapshot must write them whole.
     let lost: BTreeSet<u32> = state.changed_key_groups().into_iter().collect();
     assert_eq!(lost, two);
-    let mut dropped = state
-        .snapshot_with_deltas(&mut |key_group| lost.contains(&key_group), &mut |_| true)
-        .unwrap();
-    state.forget_changes();
+    let mut dropped = take(&mut state, &lost, &all);
     dropped.next_part().unwrap().unwrap();
     assert!(dropped.parts_left() > 0, "dropped half-way");
     drop(dropped);
@@ -245,10 +250,7 @@ fn after_a_dropped_snapshot_the_view_still_writes_deltas_from_the_changes() {
     }
     let deltas: BTreeSet<u32> = all.difference(&lost).copied().collect();
     assert!(!deltas.is_empty());
-    let mut next = state
-        .snapshot_with_deltas(&mut |_| true, &mut |key_group| deltas.contains(&key_group))
-        .unwrap();
-    state.forget_changes();
+    let mut next = take(&mut state, &all, &deltas);
     let first = next.next_part().unwrap().unwrap();
     assert!(!next.merged(), "no base to merge after the drop");
     let mut parts = vec![first];
@@ -361,13 +363,7 @@ fn snapshot_while_writing(
     model: &mut Model,
 ) -> (Vec<KeyGroupPart>, Model) {
     let taken = model.clone();
-    let mut snapshot = state
-        .snapshot_with_deltas(
-            &mut |key_group| picked.contains(&key_group),
-            &mut |key_group| deltas.contains(&key_group),
-        )
-        .unwrap();
-    state.forget_changes();
+    let mut snapshot = take(state, picked, deltas);
     let mut parts = Vec::new();
     loop {
         for _ in 0..rng.below(40) {
@@ -387,13 +383,7 @@ fn drop_half_way(
     picked: &BTreeSet<u32>,
     deltas: &BTreeSet<u32>,
 ) {
-    let mut snapshot = state
-        .snapshot_with_deltas(
-            &mut |key_group| picked.contains(&key_group),
-            &mut |key_group| deltas.contains(&key_group),
-        )
-        .unwrap();
-    state.forget_changes();
+    let mut snapshot = take(state, picked, deltas);
     if let Some(part) = snapshot.next_part() {
         part.unwrap();
     }

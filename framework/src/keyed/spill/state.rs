@@ -418,11 +418,12 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
     fn take(
         &mut self,
         picked: Vec<bool>,
-        mut deltas: Vec<bool>,
+        deltas: Vec<bool>,
         hot: Box<dyn HotGroups>,
     ) -> Result<SpillSnapshot, SpillError> {
         self.epoch += 1;
-        self.settle_deltas(&mut deltas);
+        // `deltas` is settled (`settle_deltas`) by the caller, before it
+        // froze the hot slices by it.
         self.deleted.iter_mut().for_each(|deleted| *deleted = false);
         let schema = part::schema_section::<S>()?;
         // Without a disk table the log is empty; it records from here on,
