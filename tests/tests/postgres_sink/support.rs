@@ -61,7 +61,7 @@ pub fn rows(url: &str, table: &str) -> Vec<(u64, u64)> {
 pub fn prepared_of(url: &str, job: &str) -> Vec<String> {
     client(url)
         .query(
-            "SELECT gid FROM pg_prepared_xacts WHERE gid LIKE $1",
+            "SELECT gid FROM pg_prepared_xacts WHERE gid LIKE $1 ORDER BY gid",
             &[&format!("snapflow:{job}:%")],
         )
         .expect("pg_prepared_xacts reads")
