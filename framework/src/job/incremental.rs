@@ -63,12 +63,27 @@ pub struct IncrementalCheckpoints {
     pub full_every: u32,
 }
 
-/// The default [`IncrementalCheckpoints::full_every`]: 10. With 1 s
+/// The default [`IncrementalCheckpoints::full_every`]: 50. With 1 s
 /// checkpoints a key group that never changes is written again every
-/// 10 s, a restore reads at most 10 shared files per subtask, and the
-/// store holds at most the last full snapshot plus 9 checkpoints' changes
+/// 50 s, a restore reads at most 50 shared files per subtask, and the
+/// store holds at most the last full snapshot plus 49 checkpoints' changes
 /// of each subtask beyond what retention keeps anyway.
-pub const DEFAULT_FULL_EVERY: u32 = 10;
+///
+/// # Why 50, not 10
+///
+/// A full checkpoint costs a write of the whole state, and for the
+/// spilling backend a read of it too: at 10 M keys with 1 s checkpoints a
+/// full one every 10 was most of its checkpoint writer's CPU beyond the
+/// changes (BENCHMARKS.md, "Fewer whole reads"). What a restore reads is
+/// bounded anyway: a spilling group's chain is written whole again once
+/// its deltas pass half its base part (`job/incremental/chains.rs`), and
+/// an in-memory slice is read once, from the newest checkpoint holding
+/// it. What grows is the number of shared files a restore opens and, for
+/// a state of which a part changes in every interval, the store's
+/// overhead, at most 49 checkpoints' changes. Flink's incremental
+/// RocksDB checkpoints force no full one at all, and its changelog
+/// backend materialises every 10 minutes by default.
+pub const DEFAULT_FULL_EVERY: u32 = 50;
 
 impl Default for IncrementalCheckpoints {
     fn default() -> Self {

@@ -87,6 +87,7 @@ mod evict;
 mod evict_tests;
 mod filter;
 mod hot;
+mod merge;
 mod order;
 #[cfg(test)]
 mod overlay_tests;

@@ -3,9 +3,10 @@
 //! previous snapshot's base (a file and sorted change runs per group)
 //! merged with the changes since.
 //!
-//! This module owns the merge of a group's base file, its runs and the
-//! sorted changes (the newest value wins, and a deletion drops the key),
-//! the checks that every run stays in key-group order, and the choice of
+//! This module owns which source a group's entries come from (the view,
+//! or the group's base file and runs merged with the sorted changes by
+//! [`super::merge`]: the newest value wins, and a deletion drops the key),
+//! the checks that the changes stay in key-group order, and the choice of
 //! what a snapshot does with a changed group's base ([`GroupPlan`]): keep
 //! it, append the changes as one more run, or rewrite it whole. It never
 //! builds a part, never writes a base and never decides which source a
@@ -19,26 +20,25 @@
 //! [`MAX_RUNS`] runs. So the disk a group's base takes is at most about one
 //! and a half times its entries (plus the newest run), a whole read merges
 //! at most that many records and `MAX_RUNS + 2` sorted inputs (one open
-//! file and a 64 KiB buffer per run), and each rewrite is paid for by at
-//! least half its size in appended changes. The half matches the chain
-//! planner's bound on delta bytes (`job/incremental/chains.rs`), which
-//! writes a group whole once its deltas pass half its base part's bytes,
-//! and `MAX_RUNS` is above its ten parts per chain, so that compactions
-//! mostly coincide with whole parts, which must read the group whole
-//! anyway.
-
-use std::cmp::Ordering;
+//! file and a 64 KiB buffer per run; [`super::merge`] costs a binary
+//! search among the runs per record they give), and each rewrite is paid
+//! for by at least half its size in appended changes. The half matches
+//! the chain planner's bound on delta bytes (`job/incremental/chains.rs`),
+//! which writes a group whole once its deltas pass half its base part's
+//! bytes, and `MAX_RUNS` is above the default fifty parts per chain
+//! (`DEFAULT_FULL_EVERY`), so that compactions mostly coincide with whole
+//! parts, which must read the group whole anyway.
 
 use std::sync::Arc;
 
 use super::base::{Base, GroupBase};
-use super::changes::{ChangeRef, SortedChanges};
+use super::changes::SortedChanges;
 use super::disk::DiskSnapshot;
-use super::runs::RecordReader;
+use super::merge::{in_group, merge_group};
 use super::SpillError;
 
 /// The most runs a group's base keeps; one more rewrites its file.
-pub(crate) const MAX_RUNS: usize = 16;
+pub(crate) const MAX_RUNS: usize = 64;
 
 /// The entries of one snapshot's disk table, in its key order.
 pub(crate) enum GroupSource {
@@ -190,88 +190,6 @@ impl GroupSource {
     }
 }
 
-/// The smallest key among the inputs seen so far, which inputs hold it
-/// (one bit each, by index: a later input is newer) and the newest's
-/// record.
-struct Smallest<'a> {
-    record: Option<ChangeRef<'a>>,
-    inputs: u64,
-}
-
-impl<'a> Smallest<'a> {
-    /// Takes input `index`'s next record into account; inputs must come
-    /// oldest first, so that the newer record wins on the same key.
-    fn offer(&mut self, index: usize, record: ChangeRef<'a>) {
-        let order = match self.record {
-            None => Ordering::Less,
-            Some((key, _)) => record.0.cmp(key),
-        };
-        match order {
-            Ordering::Less => {
-                self.record = Some(record);
-                self.inputs = 1 << index;
-            }
-            Ordering::Equal => {
-                self.record = Some(record);
-                self.inputs |= 1 << index;
-            }
-            Ordering::Greater => {}
-        }
-    }
-}
-
-/// Merges `readers` (a group's base file and runs, oldest first) and the
-/// group's changes (newest) into `f`, ascending, the newest record of
-/// each key winning and a deletion dropping it. A linear pick of the
-/// smallest key per entry: there are at most [`MAX_RUNS`] + 2 inputs.
-fn merge_group(
-    readers: &mut [RecordReader],
-    changes: &mut SortedChanges,
-    key_group: u32,
-    mut f: impl FnMut(&[u8], &[u8], bool) -> Result<(), SpillError>,
-) -> Result<(), SpillError> {
-    let newest = readers.len();
-    if newest >= 64 {
-        return Err(SpillError::Internal(format!(
-            "key group {key_group} has {newest} runs, more than a merge takes"
-        )));
-    }
-    let prefix = key_group.to_be_bytes();
-    loop {
-        for reader in readers.iter_mut() {
-            reader.fill()?;
-        }
-        let mut smallest = Smallest {
-            record: None,
-            inputs: 0,
-        };
-        for (index, reader) in readers.iter().enumerate() {
-            if let Some(record) = own_group(reader.current(), &prefix, key_group)? {
-                smallest.offer(index, record);
-            }
-        }
-        if let Some(record) = in_group(changes.peek(), &prefix)? {
-            smallest.offer(newest, record);
-        }
-        let Some((key, value)) = smallest.record else {
-            return Ok(());
-        };
-        let from_changes = smallest.inputs & (1 << newest) != 0;
-        if let Some(value) = value {
-            f(key, value, from_changes && changes.peek_changed())?;
-        }
-        let inputs = smallest.inputs;
-        for (index, reader) in readers.iter_mut().enumerate() {
-            if inputs & (1 << index) != 0 {
-                reader.advance();
-            }
-        }
-        if from_changes {
-            changes.advance();
-        }
-    }
-}
-
 /// Moves `changes` past `key_group`'s entries.
 fn skip_group(changes: &mut SortedChanges, key_group: u32) -> Result<(), SpillError> {
     let prefix = key_group.to_be_bytes();
@@ -279,40 +197,6 @@ fn skip_group(changes: &mut SortedChanges, key_group: u32) -> Result<(), SpillEr
         changes.advance();
     }
     Ok(())
-}
-
-/// `record`, whose key must be in the key group `prefix` names: a base
-/// file or run holding another group's key is a bug.
-fn own_group<'a>(
-    record: Option<ChangeRef<'a>>,
-    prefix: &[u8; 4],
-    key_group: u32,
-) -> Result<Option<ChangeRef<'a>>, SpillError> {
-    match record {
-        Some((key, _)) if key.get(..4) != Some(prefix.as_slice()) => Err(SpillError::Internal(
-            format!("the base of key group {key_group} holds the key {key:?}"),
-        )),
-        record => Ok(record),
-    }
-}
-
-/// `entry` if its key is in the key group `prefix` names, `None` if it is
-/// in a later one; a key of an earlier group (or too short to name one)
-/// means the runs were out of order, a bug.
-fn in_group<'a, V>(
-    entry: Option<(&'a [u8], V)>,
-    prefix: &[u8; 4],
-) -> Result<Option<(&'a [u8], V)>, SpillError> {
-    let Some((key, value)) = entry else {
-        return Ok(None);
-    };
-    match key.get(..4).map(|group| group.cmp(prefix.as_slice())) {
-        Some(Ordering::Equal) => Ok(Some((key, value))),
-        Some(Ordering::Greater) => Ok(None),
-        _ => Err(SpillError::Internal(format!(
-            "a snapshot's entry {key:?} is out of key-group order"
-        ))),
-    }
 }
 
 #[cfg(test)]
@@ -574,15 +458,16 @@ mod tests {
         let bases = Bases::new(dir.path().join("bases"));
         let mut writer = bases.writer(1).unwrap();
         writer.begin_group(1).unwrap();
-        for i in 0..250u8 {
-            writer.push(&key(1, &[i]), b"1").unwrap();
+        let name = |i: u16| key(1, &i.to_be_bytes());
+        for i in 0..1_000u16 {
+            writer.push(&name(i), b"1").unwrap();
         }
         writer.finish().unwrap();
-        let plan = |bases: &Arc<Bases>, epoch: u64, changed: u8| {
-            let mut log = ChangeLog::new(1_000, 100_000);
+        let plan = |bases: &Arc<Bases>, epoch: u64, changed: u16| {
+            let mut log = ChangeLog::new(10_000, 1_000_000);
             log.take();
             for i in 0..changed {
-                log.record(&key(1, &[i]), b"2");
+                log.record(&name(i), b"2");
             }
             let mut source = GroupSource::Merge {
                 base: bases.open(epoch).unwrap(),
@@ -590,23 +475,23 @@ mod tests {
             };
             source.plan(1, false).unwrap()
         };
-        // Runs of 50 records each: 50 and 100 fit in half of 250
-        // entries, and 25 more, but not 26.
+        // Runs of 200 records each: 200 and 400 fit in half of 1,000
+        // entries, and 100 more, but not 101.
         for epoch in 2..4 {
-            assert!(matches!(plan(&bases, epoch - 1, 50), GroupPlan::Append(_)));
-            let records: Vec<_> = (0..50u8).map(|i| (key(1, &[i]), Some(&b"2"[..]))).collect();
+            assert!(matches!(plan(&bases, epoch - 1, 200), GroupPlan::Append(_)));
+            let records: Vec<_> = (0..200u16).map(|i| (name(i), Some(&b"2"[..]))).collect();
             append_run(&bases, epoch, 1, &records);
         }
-        assert!(matches!(plan(&bases, 3, 25), GroupPlan::Append(_)));
-        assert!(matches!(plan(&bases, 3, 26), GroupPlan::Rewrite));
+        assert!(matches!(plan(&bases, 3, 100), GroupPlan::Append(_)));
+        assert!(matches!(plan(&bases, 3, 101), GroupPlan::Rewrite));
         // And at MAX_RUNS runs, however small.
         let mut epoch = 3;
         while bases.open(epoch).unwrap().group(1).unwrap().runs() < MAX_RUNS {
             assert!(matches!(plan(&bases, epoch, 1), GroupPlan::Append(_)));
             epoch += 1;
-            append_run(&bases, epoch, 1, &[(key(1, &[0]), Some(&b"3"[..]))]);
+            append_run(&bases, epoch, 1, &[(name(0), Some(&b"3"[..]))]);
         }
-        assert!(bases.open(epoch).unwrap().group(1).unwrap().run_entries() < 124);
+        assert!(bases.open(epoch).unwrap().group(1).unwrap().run_entries() < 499);
         assert!(matches!(plan(&bases, epoch, 1), GroupPlan::Rewrite));
     }
 }
