@@ -431,13 +431,19 @@ impl<K, S> FrozenRef<K, S> {
     /// made one, else the table (held strongly while the caller reads it,
     /// so a write meanwhile copies it).
     pub(crate) fn read(&self) -> FrozenRead<'_, K, S> {
-        if let Some(done) = self.encoding.get().0.get() {
+        if let Some(done) = self.encoded() {
             return FrozenRead::Encoded(done);
         }
         match self.table.upgrade() {
             Some(table) => FrozenRead::Table(table),
             None => FrozenRead::Encoded(self.encoding.get().wait()),
         }
+    }
+
+    /// The state's encoding of the slice if it made one already; never
+    /// waits and never holds the table (which would make a write copy it).
+    pub(crate) fn encoded(&self) -> Option<&Result<EncodedEntries, String>> {
+        self.encoding.get().0.get()
     }
 }
 

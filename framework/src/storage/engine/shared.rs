@@ -69,7 +69,17 @@ impl Engine {
         // The shared file is written as the segments' own slices, one
         // after the other: copying a large part into one buffer first
         // cost a pass over it and its size again in memory.
-        let (mut own, mut shared) = (Vec::new(), SharedPieces::default());
+        // The own file is sized once: growing it by doubling copied a
+        // large part again (a tenth of the spilling backend's checkpoint
+        // writer at 10 M keys: BENCHMARKS.md, "Fewer whole reads").
+        let own_len = segments
+            .iter()
+            .map(|segment| match segment {
+                Segment::Own(bytes) => bytes.len(),
+                _ => 0,
+            })
+            .sum();
+        let (mut own, mut shared) = (Vec::with_capacity(own_len), SharedPieces::default());
         let mut infos = Vec::with_capacity(segments.len());
         let mut referenced = BTreeSet::new();
         for segment in segments {
