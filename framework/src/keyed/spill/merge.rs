@@ -18,9 +18,10 @@
 //! give), and each record of the oldest input costs one comparison with
 //! the newer inputs' smallest key. A linear pick of the smallest key
 //! among all inputs, as before, compared every input's record for every
-//! entry written: about a sixth of the checkpoint writer's CPU at 10 M
-//! keys, where a whole part merges a base with up to ten runs
-//! (BENCHMARKS.md).
+//! entry written: at 10 M keys, where a whole part then merged a base
+//! with up to ten runs, the pick itself was about a sixth of the
+//! checkpoint writer's CPU, and with up to 64 runs it would grow with
+//! them (BENCHMARKS.md, "Fewer whole reads").
 
 use std::cmp::Ordering;
 
@@ -59,12 +60,14 @@ pub(crate) fn merge_group(
                 (None, Some(_)) => Ordering::Greater,
                 (Some((old_key, _)), Some(((new_key, _), _))) => old_key.cmp(new_key),
             };
-            match (order, old, new) {
-                (Ordering::Less, Some((key, Some(value))), _) => f(key, value, false)?,
-                (Ordering::Less, _, _) => {}
-                (_, _, Some(((key, Some(value)), changed))) => f(key, value, changed)?,
-                // A deletion (or nothing: not reached) wins.
-                (_, _, _) => {}
+            // The smaller key is written, the newer record on the same key;
+            // a deletion is not.
+            if order == Ordering::Less {
+                if let Some((key, Some(value))) = old {
+                    f(key, value, false)?;
+                }
+            } else if let Some(((key, Some(value)), changed)) = new {
+                f(key, value, changed)?;
             }
             order
         };
@@ -123,7 +126,12 @@ impl<'a> Newer<'a> {
     /// may differ from the key's value at the previous base.
     fn head(&self) -> Option<(ChangeRef<'_>, bool)> {
         let input = *self.order.first()?;
-        let record = self.record(input)?;
+        let record = self.record(input);
+        debug_assert!(
+            record.is_some(),
+            "input {input} is in the order without a record"
+        );
+        let record = record?;
         let changed = input == self.runs.len() && self.changes.peek_changed();
         Some((record, changed))
     }
