@@ -104,6 +104,37 @@ impl DiskTable {
         batch.commit().map_err(|source| self.error(source))
     }
 
+    /// Fills this table, which must be empty and never written, with
+    /// `entries`, which must ascend strictly by key: fjall writes them
+    /// straight into segments of its last level, without its journal,
+    /// memtables or compactions (`restore.rs` says why). Both conditions
+    /// are the caller's to keep, because fjall panics on either: a
+    /// restore opens a fresh table and checks the order as it goes.
+    ///
+    /// The load's entries carry sequence number 0, which fjall's next
+    /// write would carry as well, and a view of a table whose counter is
+    /// still 0 sees nothing, so an empty batch is committed first: it
+    /// takes number 0 itself, and every later write and view comes after
+    /// the loaded entries.
+    pub(crate) fn ingest(
+        &self,
+        entries: impl Iterator<Item = IngestEntry>,
+    ) -> Result<(), SpillError> {
+        if !self.items.is_empty().map_err(|source| self.error(source))? {
+            return Err(SpillError::Internal(format!(
+                "a bulk load into the non-empty disk table in {}",
+                self.dir.display()
+            )));
+        }
+        self._keyspace
+            .batch()
+            .commit()
+            .map_err(|source| self.error(source))?;
+        self.items
+            .ingest(entries.map(|entry| (entry.key, entry.value)))
+            .map_err(|source| self.error(source))
+    }
+
     /// Deletes `key` (writes a tombstone; nothing happens to a key that is
     /// not there).
     pub(crate) fn remove(&self, key: &[u8]) -> Result<(), SpillError> {
@@ -135,6 +166,23 @@ impl DiskTable {
             dir: self.dir.clone(),
             _keyspace: self._keyspace.clone(),
             view: self.items.snapshot(),
+        }
+    }
+}
+
+/// One entry of a bulk load ([`DiskTable::ingest`]), in the store's own
+/// byte type, so that it is copied once on its way in.
+pub(crate) struct IngestEntry {
+    key: fjall::Slice,
+    value: fjall::Slice,
+}
+
+impl IngestEntry {
+    /// `key` (its disk form) and `value` (the state's payload), copied.
+    pub(crate) fn new(key: &[u8], value: &[u8]) -> Self {
+        IngestEntry {
+            key: key.into(),
+            value: value.into(),
         }
     }
 }

@@ -91,6 +91,7 @@ mod merge;
 mod order;
 #[cfg(test)]
 mod overlay_tests;
+mod restore;
 mod runs;
 #[cfg(test)]
 mod runs_tests;

@@ -49,10 +49,11 @@ use super::disk::DiskTable;
 use super::evict::{stamp, Clocked, Evictor, Policy};
 use super::filter::SpilledKeys;
 use super::hot::{encode_frozen_slice, encode_key, Encoded, Frozen, HotEntries, HotGroups};
+use super::restore::RestoredEntries;
 use super::sizing::StoreSizing;
 use super::snapshot::{SpillSnapshot, Taken};
 use super::SpillError;
-use crate::keyed::backend::{parts_covering, KeyGroupPart, KeyedState};
+use crate::keyed::backend::{parts_covering, KeyGroupPart};
 use crate::keyed::cow::EncodeScope;
 use crate::keyed::cow_state::CowKeyedState;
 use crate::keyed::key_group::{KeyGroupRange, MaxParallelism};
@@ -487,9 +488,11 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
 
     /// Replaces the state with `parts` (exactly one per key group of its
     /// range, written by either backend at any parallelism). Each part is
-    /// decoded on its own and written to a fresh disk table, so at most one
-    /// key group's entries are in memory at a time (the encoded parts
-    /// themselves are held by the caller).
+    /// decoded on its own, sorted and bulk-loaded into a fresh disk table
+    /// (`restore.rs`), so at most one key group's entries are in memory at
+    /// a time (the encoded parts themselves are held by the caller). On an
+    /// error the state holds what was loaded before it and must not be
+    /// used.
     pub fn restore<B: AsRef<[u8]>>(
         &mut self,
         parts: impl IntoIterator<Item = (u32, B)>,
@@ -498,31 +501,36 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
         let max_parallelism = self.hot.max_parallelism();
         let parts = parts_covering(range, parts)?;
         // The old table deletes its directory when dropped, perhaps after
-        // its background threads end; the new one starts elsewhere.
-        if self.disk.take().is_some() {
-            self.dir = super::fresh_dir(&self.dir);
-        }
+        // its background threads end; the new one starts elsewhere, and
+        // so does a first one: `dir` may hold a table of another state
+        // given the same directory, and a bulk load needs an empty one.
+        self.disk = None;
+        self.dir = super::fresh_dir(&self.dir);
         self.hot = CowKeyedState::new(max_parallelism, range)?;
-        self.spilled = SpilledKeys::default();
         self.deleted.iter_mut().for_each(|deleted| *deleted = false);
         // The table is replaced: no earlier base describes it.
         self.changes.invalidate();
-        if parts
+        // At most this many keys go to disk (each entry takes a byte at
+        // least, so a hostile header cannot inflate it past the bytes).
+        let keys: usize = parts
             .iter()
-            .all(|(_, bytes)| part::plausible_entries(bytes.as_ref()) == 0)
-        {
+            .map(|(_, bytes)| part::plausible_entries(bytes.as_ref()))
+            .sum();
+        if keys == 0 {
+            self.spilled = SpilledKeys::default();
             return Ok(());
         }
-        for (key_group, bytes) in parts {
-            let one = KeyGroupRange::new(key_group, key_group + 1);
-            let group: KeyedState<K, S> =
-                KeyedState::restore(max_parallelism, one, [(key_group, bytes)])?;
-            // The change log is invalid until the next snapshot, so
-            // whether these count as written does not matter.
-            let encoded =
-                self.encode_entries(group.iter().map(|(key, state)| (key, state, false)))?;
-            self.store(encoded)?;
-        }
+        self.spilled = SpilledKeys::with_capacity(keys as u64);
+        // The change log is invalid until the next snapshot, so the
+        // restored entries are not recorded in it.
+        self.disk()?;
+        let Some(disk) = &self.disk else {
+            return Err(SpillError::Internal("the disk table did not open".into()));
+        };
+        let mut entries =
+            RestoredEntries::<K, S, B>::new(max_parallelism, parts, &mut self.spilled);
+        disk.ingest(&mut entries)?;
+        entries.finish()?;
         Ok(())
     }
 
@@ -655,6 +663,7 @@ pub(super) mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
+    use crate::keyed::backend::KeyedState;
     use crate::keyed::test_support::Count;
 
     pub(in crate::keyed::spill) const MAX: u32 = 16;
