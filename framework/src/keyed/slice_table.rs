@@ -210,9 +210,10 @@ fn probe_start<T>(table: &HashTable<T, SliceAlloc<T>>, hash: u64) -> Option<(*co
     ))
 }
 
+/// Asks the CPU for the cache line at `address`, which need not be valid.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn prefetch_line(address: *const u8) {
+pub(crate) fn prefetch_line(address: *const u8) {
     // SAFETY: SSE, the intrinsic's target feature, is part of every
     // x86-64 target, and a prefetch is a hint: it never faults and reads
     // nothing into the program, whatever the address.
@@ -222,9 +223,10 @@ fn prefetch_line(address: *const u8) {
     }
 }
 
+/// Asks the CPU for the cache line at `address` (a no-op off x86-64).
 #[cfg(not(target_arch = "x86_64"))]
 #[inline(always)]
-fn prefetch_line(_address: *const u8) {}
+pub(crate) fn prefetch_line(_address: *const u8) {}
 
 #[cfg(test)]
 mod tests {

@@ -23,12 +23,18 @@
 //! per instance, 3.3 bytes at 100 M. A restore rebuilds it from the parts, into one filter sized for
 //! the keys restored ([`SpilledKeys::with_capacity`]).
 
+use crate::keyed::slice_table::prefetch_line;
+
 /// The false-positive rate of the first filter; the sum over all filters
 /// is below twice this.
 const FIRST_FALSE_POSITIVE_RATE: f64 = 0.005;
 
 /// How many keys the first filter is sized for.
 const FIRST_CAPACITY_KEYS: u64 = 1 << 16;
+
+/// How many keys ahead [`SpilledKeys::insert_all`] asks for a block:
+/// enough misses in flight to overlap their latency.
+const INSERT_AHEAD: usize = 16;
 
 /// The hashes per key are capped here (the optimum at rates of 1e-12).
 const MAX_HASHES: u32 = 40;
@@ -89,6 +95,28 @@ impl SpilledKeys {
         }
         if let Some(filter) = self.filters.last_mut() {
             filter.insert(probe);
+        }
+    }
+
+    /// Records every hash of `hashes`, as [`Self::insert`] each, asking for
+    /// each one's blocks [`INSERT_AHEAD`] hashes ahead: a restore notes
+    /// millions of keys, and one at a time each waited on its block's
+    /// cache miss (a third of a restore's CPU at 10 M keys: BENCHMARKS.md,
+    /// "Restoring the spilling backend").
+    pub(crate) fn insert_all(&mut self, hashes: &[u64]) {
+        for (index, hash) in hashes.iter().enumerate() {
+            if let Some(ahead) = hashes.get(index + INSERT_AHEAD) {
+                self.prefetch(*ahead);
+            }
+            self.insert(*hash);
+        }
+    }
+
+    /// Asks for the blocks of `hash` in every filter; nothing is read.
+    fn prefetch(&self, hash: u64) {
+        let probe = Probe::of(hash);
+        for filter in &self.filters {
+            prefetch_line(filter.blocks[filter.block_of(probe)].as_ptr().cast());
         }
     }
 
@@ -262,6 +290,27 @@ mod tests {
         // and the newest filter is less than a third full).
         let per_key = filter.memory_bytes() as f64 / filter.len() as f64;
         assert!(per_key < 3.5, "seed {seed}: {per_key} bytes per key");
+    }
+
+    #[test]
+    fn a_filter_sized_for_a_restore_holds_its_keys_in_one_filter() {
+        let seed = seed();
+        let keys = 300_000u64;
+        let mut filter = SpilledKeys::with_capacity(keys);
+        let hashes: Vec<u64> = (0..keys).map(|i| key_hash(&seed.wrapping_add(i))).collect();
+        filter.insert_all(&hashes);
+        assert_eq!(filter.filters.len(), 1, "seed {seed}");
+        // A key the filter already answers "maybe" for is not counted.
+        assert!(filter.len() <= keys && filter.len() > keys * 99 / 100);
+        for (i, hash) in hashes.iter().enumerate() {
+            assert!(filter.may_contain(*hash), "seed {seed}: key {i} missing");
+        }
+        let probes = 100_000u64;
+        let false_positives = (keys..keys + probes)
+            .filter(|i| filter.may_contain(key_hash(&seed.wrapping_add(*i))))
+            .count();
+        let rate = false_positives as f64 / probes as f64;
+        assert!(rate < 0.01, "seed {seed}: false-positive rate {rate}");
     }
 
     #[test]
