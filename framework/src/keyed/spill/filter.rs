@@ -20,8 +20,9 @@
 //! each later one. Each filter is blocked ([`Bloom`]: a key's bits in one
 //! cache line), which needs a tenth more bits for the same rate
 //! ([`BLOCKED_EXTRA_BITS`]): about 2.8 bytes per key at 10 M spilled keys
-//! per instance, 3.3 bytes at 100 M. A restore rebuilds it from the parts, into one filter sized for
-//! the keys restored ([`SpilledKeys::with_capacity`]).
+//! per instance, 3.3 bytes at 100 M. A restore rebuilds it from the
+//! parts, into one filter sized for the keys restored
+//! ([`SpilledKeys::with_capacity`]).
 
 use crate::keyed::slice_table::prefetch_line;
 

@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::state::tests::{owned_keys, spilling, MAX};
+use super::state::tests::{entries_of, owned_keys, spilling, MAX};
 use super::{SpillSnapshot, SpillingState};
 use crate::keyed::backend::KeyGroupPart;
 use crate::keyed::key_group::MaxParallelism;
@@ -190,12 +190,7 @@ fn deleted_while_hot(seed: u64) {
     restored
         .restore(parts.iter().map(|part| (part.key_group, &part.bytes)))
         .unwrap();
-    let mut visited = HashMap::new();
-    restored
-        .for_each(|key, count| {
-            visited.insert(*key, count.count);
-        })
-        .unwrap();
+    let visited: HashMap<u64, u64> = entries_of(&mut restored).into_iter().collect();
     assert_eq!(visited, model);
 }
 

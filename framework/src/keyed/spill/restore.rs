@@ -150,7 +150,7 @@ where
 mod tests {
     use std::collections::BTreeMap;
 
-    use super::super::state::tests::{memory, owned_keys, spilling};
+    use super::super::state::tests::{entries_of, memory, owned_keys, spilling};
     use super::*;
     use crate::keyed::KeyedError;
 
@@ -191,13 +191,7 @@ mod tests {
             }
             want.insert(*key, count);
         }
-        let mut seen = BTreeMap::new();
-        state
-            .for_each(|key, count| {
-                seen.insert(*key, count.count);
-            })
-            .unwrap();
-        assert_eq!(seen, want);
+        assert_eq!(entries_of(&mut state), want);
         for key in &keys {
             assert_eq!(state.get_or_default(key).unwrap().count, want[key]);
         }

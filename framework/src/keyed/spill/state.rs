@@ -523,14 +523,12 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
         self.spilled = SpilledKeys::with_capacity(keys as u64);
         // The change log is invalid until the next snapshot, so the
         // restored entries are not recorded in it.
-        self.disk()?;
-        let Some(disk) = &self.disk else {
-            return Err(SpillError::Internal("the disk table did not open".into()));
-        };
+        let disk = DiskTable::open(&self.dir, &self.sizing)?;
         let mut entries =
             RestoredEntries::<K, S, B>::new(max_parallelism, parts, &mut self.spilled);
         disk.ingest(&mut entries)?;
         entries.finish()?;
+        self.disk = Some(disk);
         Ok(())
     }
 
@@ -706,6 +704,20 @@ pub(super) mod tests {
             .collect()
     }
 
+    /// Every key and its count, from memory and disk
+    /// ([`SpillingState::for_each`]).
+    pub(in crate::keyed::spill) fn entries_of(
+        state: &mut SpillingState<u64, Count>,
+    ) -> BTreeMap<u64, u64> {
+        let mut entries = BTreeMap::new();
+        state
+            .for_each(|key, count| {
+                entries.insert(*key, count.count);
+            })
+            .unwrap();
+        entries
+    }
+
     /// Adds `key` to both backends `times` times.
     fn touch(
         spilled: &mut SpillingState<u64, Count>,
@@ -819,13 +831,7 @@ pub(super) mod tests {
             .restore(spill_parts.iter().map(|part| (part.key_group, &part.bytes)))
             .unwrap();
         assert_eq!(contents(restored.snapshot_parts().unwrap()), want);
-        let mut visited = BTreeMap::new();
-        restored
-            .for_each(|key, count| {
-                visited.insert(*key, count.count);
-            })
-            .unwrap();
-        assert_eq!(visited, want);
+        assert_eq!(entries_of(&mut restored), want);
     }
 
     #[test]
