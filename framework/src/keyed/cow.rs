@@ -35,7 +35,7 @@
 
 use std::sync::{Arc, OnceLock, Weak};
 
-use super::slice_table::SliceTable;
+use super::slice_table::{prefetch_scan_ahead, SliceTable};
 
 use super::deferred::{BoxError, DeferredParts, DeferredSlices};
 use super::key_group::MaxParallelism;
@@ -520,7 +520,10 @@ where
 
 /// `table`'s entries, as [`push_entries`] takes them.
 fn table_entries<K, S>(table: &SliceTable<K, S>) -> impl ExactSizeIterator<Item = (&K, &S)> + '_ {
-    table.iter().map(|(key, state)| (key, state))
+    table.iter().map(|pair| {
+        prefetch_scan_ahead(pair);
+        (&pair.0, &pair.1)
+    })
 }
 
 /// The tables of one key group's slices, as a snapshot holds them, in

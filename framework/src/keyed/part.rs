@@ -53,6 +53,7 @@
 
 use super::hash::key_hash;
 use super::key_group::MaxParallelism;
+use super::slice_table::prefetch_scan_ahead;
 use super::KeyedError;
 use crate::state::blob::{read_u16, read_u32, read_u64, MAX_SCHEMA_LEN};
 use crate::state::{append_postcard, Snapshot, StateError, StoredSchema};
@@ -276,8 +277,9 @@ pub(crate) fn encode_tables<'t, K: Serialize + 't, S: Snapshot + 't, A: Allocato
     let mut writer = PartWriter::new(schema);
     let mut expected = 0u64;
     for table in tables {
-        for (key, state) in table.iter() {
-            writer.push(key, state)?;
+        for pair in table.iter() {
+            prefetch_scan_ahead(pair);
+            writer.push(&pair.0, &pair.1)?;
         }
         expected += table.len() as u64;
     }

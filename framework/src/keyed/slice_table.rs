@@ -173,7 +173,6 @@ pub(crate) fn prefetch<T>(table: &HashTable<T, SliceAlloc<T>>, hash: u64) {
 
 /// How far below an entry a scan of a table asks for memory: eight lines,
 /// a few groups of buckets ahead of the one being read.
-#[cfg(feature = "spill")]
 const SCAN_AHEAD_BYTES: usize = 512;
 
 /// Asks the CPU for the memory a scan of a table (`HashTable::iter`) will
@@ -184,7 +183,6 @@ const SCAN_AHEAD_BYTES: usize = 512;
 /// (BENCHMARKS.md, "Frozen hot slices encoded at the first write"). An
 /// address past the table's start prefetches nothing of use, and never
 /// faults.
-#[cfg(feature = "spill")]
 #[inline(always)]
 pub(crate) fn prefetch_scan_ahead<T>(entry: &T) {
     let address: *const T = entry;
