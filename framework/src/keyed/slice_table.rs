@@ -180,7 +180,8 @@ const SCAN_AHEAD_BYTES: usize = 512;
 /// iterator walks the buckets in index order, which lies downwards in
 /// memory (the layout above), so the lines below `entry`. A scan of a
 /// slice not in the caches otherwise waits on each of its lines in turn
-/// (BENCHMARKS.md, "Frozen hot slices encoded at the first write"). An
+/// (BENCHMARKS.md, "Frozen hot slices encoded at the first write"; the
+/// in-memory encoders use it too, "Prefetching the encoding scan"). An
 /// address past the table's start prefetches nothing of use, and never
 /// faults.
 #[inline(always)]
