@@ -41,12 +41,47 @@ fn keys_of(key_group: u32, n: usize) -> Vec<u64> {
         .collect()
 }
 
+/// The entries `bytes` restore to, sorted, as the table backend reads
+/// them; the spilling backend (with the `spill` feature) must read the
+/// same entries, or fail with the same kind of error.
 fn restore(key_group: u32, bytes: &[u8]) -> Result<Vec<(u64, u64)>, KeyedError> {
     let range = KeyGroupRange::new(key_group, key_group + 1);
-    let state: KeyedState<u64, Count> = KeyedState::restore(max(), range, [(key_group, bytes)])?;
-    let mut entries: Vec<(u64, u64)> = state.iter().map(|(k, c)| (*k, c.count)).collect();
-    entries.sort();
-    Ok(entries)
+    let restored: Result<KeyedState<u64, Count>, KeyedError> =
+        KeyedState::restore(max(), range, [(key_group, bytes)]);
+    let entries = restored.map(|state| {
+        let mut entries: Vec<(u64, u64)> = state.iter().map(|(k, c)| (*k, c.count)).collect();
+        entries.sort();
+        entries
+    });
+    #[cfg(feature = "spill")]
+    check_spilling(key_group, bytes, &entries);
+    entries
+}
+
+/// Restores `bytes` into the spilling backend, which reads a part's
+/// entries as bytes (`spill/restore.rs`), and checks it against what the
+/// table backend read.
+#[cfg(feature = "spill")]
+fn check_spilling(key_group: u32, bytes: &[u8], want: &Result<Vec<(u64, u64)>, KeyedError>) {
+    let range = KeyGroupRange::new(key_group, key_group + 1);
+    let dir = tempfile::tempdir().unwrap();
+    let mut state: super::spill::SpillingState<u64, Count> =
+        super::spill::SpillingState::new(max(), range, dir.path().join("instance"), 4).unwrap();
+    let restored = state.restore([(key_group, bytes)]);
+    match (restored, want) {
+        (Ok(()), Ok(want)) => {
+            let mut got = Vec::new();
+            state.for_each(|k, c| got.push((*k, c.count))).unwrap();
+            got.sort();
+            assert_eq!(&got, want, "the spilling backend read other entries");
+        }
+        (Err(super::spill::SpillError::Keyed(error)), Err(want)) => assert_eq!(
+            std::mem::discriminant(&error),
+            std::mem::discriminant(want),
+            "the spilling backend failed otherwise: {error} against {want}"
+        ),
+        (got, want) => panic!("the spilling backend gave {got:?}; the table gave {want:?}"),
+    }
 }
 
 #[test]

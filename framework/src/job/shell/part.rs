@@ -14,6 +14,7 @@ use crate::time::WatermarkState;
 #[derive(Debug, Default, Serialize, Deserialize)]
 pub(crate) struct PartBytes {
     /// The operator state (or a source's position).
+    #[serde(deserialize_with = "byte_string")]
     pub(crate) state: Vec<u8>,
     /// Recorded channel states: (input channel, [`encode_channel`] bytes).
     pub(crate) channels: Vec<(u32, Vec<u8>)>,
@@ -75,6 +76,31 @@ impl PartBytes {
     pub(crate) fn watermarks(&self) -> Result<Option<WatermarkState>, postcard::Error> {
         self.time.as_deref().map(WatermarkState::decode).transpose()
     }
+}
+
+/// Reads a byte string in one copy. Serde reads a `Vec<u8>` as a sequence,
+/// one byte at a time: about 60 ms per subtask for the 29 MB state of a
+/// spilling restore at 10 M keys (BENCHMARKS.md, "A restore that copies
+/// entries"). In postcard both are the same bytes (a varint length, then
+/// the bytes), so parts written before read the same.
+fn byte_string<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Vec<u8>, D::Error> {
+    struct ByteString;
+    impl serde::de::Visitor<'_> for ByteString {
+        type Value = Vec<u8>;
+
+        fn expecting(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            formatter.write_str("a byte string")
+        }
+
+        fn visit_bytes<E: serde::de::Error>(self, bytes: &[u8]) -> Result<Vec<u8>, E> {
+            Ok(bytes.to_vec())
+        }
+
+        fn visit_byte_buf<E: serde::de::Error>(self, bytes: Vec<u8>) -> Result<Vec<u8>, E> {
+            Ok(bytes)
+        }
+    }
+    deserializer.deserialize_byte_buf(ByteString)
 }
 
 /// The layout tag of a recorded channel state that holds time marks: such

@@ -185,6 +185,16 @@ impl IngestEntry {
             value: value.into(),
         }
     }
+
+    /// The disk form of a key of `key_group` whose postcard bytes are
+    /// `key` (the group big-endian, then the bytes), and `value` (the
+    /// state's payload), copied.
+    pub(crate) fn of_key_group(key_group: u32, key: &[u8], value: &[u8]) -> Self {
+        IngestEntry {
+            key: fjall::Slice::fused(&key_group.to_be_bytes(), key),
+            value: value.into(),
+        }
+    }
 }
 
 /// A point-in-time view of a [`DiskTable`] (fjall's MVCC snapshot), which

@@ -76,27 +76,36 @@ impl SpilledKeys {
         // A key already answered "maybe" is left out: the answer cannot
         // change (bits are never cleared), and the filters then grow with
         // the distinct keys spilled, not with every eviction.
-        if self.filters.iter().any(|filter| filter.contains(probe)) {
+        let Some((last, older)) = self.filters.split_last_mut() else {
+            self.push_filter().insert(probe);
+            return;
+        };
+        if older.iter().any(|filter| filter.contains(probe)) {
             return;
         }
-        let full = self
+        if last.len < last.capacity {
+            // The check and the insert in one pass over the positions: a
+            // restore notes millions of keys here.
+            last.insert_if_absent(probe);
+            return;
+        }
+        if !last.contains(probe) {
+            self.push_filter().insert(probe);
+        }
+    }
+
+    /// Adds the next filter of the series and returns it: each holds twice
+    /// the one before (the first holds [`FIRST_CAPACITY_KEYS`], or a
+    /// restore's keys) at half its rate.
+    fn push_filter(&mut self) -> &mut Bloom {
+        let level = self.filters.len() as i32;
+        let capacity = self
             .filters
             .last()
-            .map_or(true, |filter| filter.len >= filter.capacity);
-        if full {
-            // Each filter holds twice the one before (the first holds
-            // FIRST_CAPACITY_KEYS, or a restore's keys) at half its rate.
-            let level = self.filters.len() as i32;
-            let capacity = self
-                .filters
-                .last()
-                .map_or(FIRST_CAPACITY_KEYS, |last| last.capacity.saturating_mul(2));
-            let rate = FIRST_FALSE_POSITIVE_RATE * 0.5f64.powi(level);
-            self.filters.push(Bloom::new(capacity, rate));
-        }
-        if let Some(filter) = self.filters.last_mut() {
-            filter.insert(probe);
-        }
+            .map_or(FIRST_CAPACITY_KEYS, |last| last.capacity.saturating_mul(2));
+        let rate = FIRST_FALSE_POSITIVE_RATE * 0.5f64.powi(level);
+        self.filters.push(Bloom::new(capacity, rate));
+        self.filters.last_mut().expect("a filter was just pushed")
     }
 
     /// Records every hash of `hashes`, as [`Self::insert`] each, asking for
@@ -245,6 +254,20 @@ impl Bloom {
             block[(bit / 64) as usize] |= 1u64 << (bit % 64);
         }
         self.len += 1;
+    }
+
+    /// Inserts `probe` and counts it unless [`Self::contains`] already
+    /// said yes for it; setting bits that are all set changes nothing.
+    fn insert_if_absent(&mut self, probe: Probe) {
+        let index = self.block_of(probe);
+        let block = &mut self.blocks[index];
+        let mut absent = false;
+        for bit in Self::positions(probe, self.hashes) {
+            let (word, mask) = (&mut block[(bit / 64) as usize], 1u64 << (bit % 64));
+            absent |= *word & mask == 0;
+            *word |= mask;
+        }
+        self.len += u64::from(absent);
     }
 }
 

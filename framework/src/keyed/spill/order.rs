@@ -85,6 +85,15 @@ impl<T> Prefixed<T> {
     pub(crate) fn may_equal(&self, other: &Self) -> bool {
         self.prefix == other.prefix
     }
+
+    /// This item's key against `other`'s in byte order, `key` giving each
+    /// item's key, read only when the prefixes tie.
+    #[inline]
+    pub(crate) fn cmp_by<'k>(&self, other: &Self, key: impl Fn(&T) -> &'k [u8]) -> Ordering {
+        self.prefix
+            .cmp(&other.prefix)
+            .then_with(|| key(&self.item).cmp(key(&other.item)))
+    }
 }
 
 /// Sorts `items` ascending by their keys in byte order (`key` gives an
@@ -102,6 +111,16 @@ pub(crate) fn sort_prefixed<'k, T>(
             .then_with(|| key(&a.item).cmp(key(&b.item)))
             .then_with(|| tie(&a.item, &b.item))
     });
+}
+
+/// Sorts `items` by their keys in byte order, stably: items of equal keys
+/// keep the order they had. A restore sorts a key group's chain this way
+/// (a delta's entry comes after the older ones of its key), and a stable
+/// sort also finds runs that are sorted already (a spilling snapshot's
+/// base and each of its deltas) and merges them, where the unstable one
+/// sorts everything again.
+pub(crate) fn sort_prefixed_stable<'k, T>(items: &mut [Prefixed<T>], key: impl Fn(&T) -> &'k [u8]) {
+    items.sort_by(|a, b| a.cmp_by(b, &key));
 }
 
 #[cfg(test)]
@@ -168,6 +187,18 @@ mod tests {
             .map(|item| (keys[item.item].as_slice(), item.item))
             .collect();
         assert_eq!(got, want);
+        // Stably, equal keys keep their first order, which is the index's.
+        let mut stable: Vec<Prefixed<usize>> = keys
+            .iter()
+            .enumerate()
+            .map(|(index, key)| Prefixed::new(key, index))
+            .collect();
+        sort_prefixed_stable(&mut stable, |index| &keys[*index]);
+        let got: Vec<(&[u8], usize)> = stable
+            .iter()
+            .map(|item| (keys[item.item].as_slice(), item.item))
+            .collect();
+        assert_eq!(got, want, "stable");
     }
 
     #[test]

@@ -2,11 +2,12 @@
 //! a time, in the disk table's key order, for its bulk load
 //! ([`super::disk::DiskTable::ingest`]).
 //!
-//! This module owns decoding a part into disk entries (the key group
-//! big-endian, then the key in postcard; the state's payload), sorting
-//! them and checking that they ascend strictly, and noting each restored
-//! key in the filter of spilled keys. It never opens the disk table and
-//! never decides which parts a state restores.
+//! This module owns reading a key group's chain into disk entries (the
+//! key group big-endian, then the key in postcard; the state's payload),
+//! sorting them, keeping the newest entry of each key and checking that
+//! they ascend strictly, and noting each restored key in the filter of
+//! spilled keys. It never opens the disk table and never decides which
+//! parts a state restores.
 //!
 //! # Why a bulk load
 //!
@@ -20,19 +21,38 @@
 //! spilling backend"). The stream must
 //! ascend strictly (fjall panics otherwise), so each group is sorted
 //! here and every adjacent pair is compared before it goes out, and the
-//! groups go out ascending. A key group's entries are held decoded and
-//! encoded at most once at a time.
+//! groups go out ascending.
+//!
+//! # Why entries are copied, not decoded
+//!
+//! A part's entry is its key in postcard and its state's payload, exactly
+//! the bytes a disk entry is made of, so a part written with this build's
+//! schema goes out as spans of its own bytes: each key is decoded only to
+//! check its key group and to note its hash, and each payload only to be
+//! checked. Decoding every entry into a table and encoding it again cost
+//! about a third of the restore (BENCHMARKS.md, "A restore that copies
+//! entries"). A part of an older schema still goes through the state's
+//! upgrade chain and is encoded again. A chain's deltas replace older
+//! entries of their keys: the sort is stable, so the newest entry of a
+//! key comes last among its equals and is the one that goes out; a stable
+//! sort also merges the chain's parts, each sorted already when a
+//! spilling snapshot wrote it, instead of sorting them again. A key group's
+//! bytes and its spans (or its re-encoded entries) are held at most one
+//! group at a time.
 
+use std::cmp::Ordering;
 use std::marker::PhantomData;
 
 use super::disk::IngestEntry;
 use super::filter::SpilledKeys;
 use super::hot::HotEntries;
+use super::order::{sort_prefixed_stable, Prefixed};
 use super::SpillError;
 use crate::keyed::backend::KeyedState;
 use crate::keyed::hash::key_hash;
 use crate::keyed::key_group::{KeyGroupRange, MaxParallelism};
-use crate::keyed::StateKey;
+use crate::keyed::part::{self, EntryBytes};
+use crate::keyed::{KeyedError, StateKey};
 use crate::state::Snapshot;
 
 /// The entries of `parts`, ascending by disk key, as an iterator of
@@ -41,11 +61,10 @@ use crate::state::Snapshot;
 /// caller must call it after the load and discard the table on an error.
 pub(crate) struct RestoredEntries<'a, K, S, B> {
     max_parallelism: MaxParallelism,
-    /// Ascending by key group; the groups not yet decoded.
+    /// Ascending by key group; the groups not yet read.
     parts: std::vec::IntoIter<(u32, B)>,
-    /// The group being handed out, and the index of its next entry.
-    group: HotEntries,
-    next: usize,
+    /// The group being handed out.
+    group: Group<B>,
     spilled: &'a mut SpilledKeys,
     failure: Option<SpillError>,
     entries: u64,
@@ -59,7 +78,7 @@ where
     B: AsRef<[u8]>,
 {
     /// The entries of `parts` (one per key group, in any order), noting
-    /// each key in `spilled` as its group is decoded.
+    /// each key in `spilled` as its group is read.
     pub(crate) fn new(
         max_parallelism: MaxParallelism,
         mut parts: Vec<(u32, B)>,
@@ -69,8 +88,7 @@ where
         RestoredEntries {
             max_parallelism,
             parts: parts.into_iter(),
-            group: HotEntries::default(),
-            next: 0,
+            group: Group::Encoded(EncodedGroup::default()),
             spilled,
             failure: None,
             entries: 0,
@@ -87,34 +105,46 @@ where
         }
     }
 
-    /// Decodes `key_group`'s part into its disk entries, sorted.
+    /// Reads `key_group`'s chain into spans of its bytes, sorted, or into
+    /// entries encoded again when a part of it has an older schema.
     fn load(&mut self, key_group: u32, bytes: B) -> Result<(), SpillError> {
+        let all = bytes.as_ref();
+        let mut spans = Vec::with_capacity(part::plausible_entries(all));
+        let exact =
+            part::decode_entry_bytes::<K, S>(all, self.max_parallelism, key_group, |entry| {
+                spans.push(Prefixed::new(entry.key_bytes, Span::of(all, &entry)));
+                Ok(())
+            })?;
+        if !exact {
+            return self.load_upgraded(key_group, bytes);
+        }
+        sort_prefixed_stable(&mut spans, |span| &all[span.key.clone()]);
+        keep_newest(&mut spans, all, key_group)?;
+        let hashes: Vec<u64> = spans.iter().map(|span| span.item.hash).collect();
+        self.spilled.insert_all(&hashes);
+        self.group = Group::Spans(SpanGroup {
+            key_group,
+            bytes,
+            spans,
+            next: 0,
+        });
+        Ok(())
+    }
+
+    /// Decodes `key_group`'s chain, some of whose parts were written with
+    /// an older schema, into a table (through the state's upgrade chain)
+    /// and encodes it again, sorted.
+    fn load_upgraded(&mut self, key_group: u32, bytes: B) -> Result<(), SpillError> {
         let one = KeyGroupRange::new(key_group, key_group + 1);
         let group: KeyedState<K, S> =
             KeyedState::restore(self.max_parallelism, one, [(key_group, bytes)])?;
         let hashes: Vec<u64> = group.iter().map(|(key, _)| key_hash(key)).collect();
         self.spilled.insert_all(&hashes);
-        self.group = HotEntries::encode(key_group, group.iter())?;
-        self.next = 0;
+        self.group = Group::Encoded(EncodedGroup {
+            entries: HotEntries::encode(key_group, group.iter())?,
+            next: 0,
+        });
         Ok(())
-    }
-
-    /// The next entry of the current group, checked to follow the one
-    /// before it.
-    fn next_of_group(&mut self) -> Option<Result<IngestEntry, SpillError>> {
-        let (key, value) = self.group.get(self.next)?;
-        if let Some((before, _)) = self.next.checked_sub(1).and_then(|i| self.group.get(i)) {
-            if before >= key {
-                return Some(Err(SpillError::Internal(format!(
-                    "a restored key group's keys do not ascend at entry {}",
-                    self.next
-                ))));
-            }
-        }
-        let entry = IngestEntry::new(key, value);
-        self.next += 1;
-        self.entries += 1;
-        Some(Ok(entry))
     }
 }
 
@@ -128,8 +158,11 @@ where
 
     fn next(&mut self) -> Option<IngestEntry> {
         while self.failure.is_none() {
-            match self.next_of_group() {
-                Some(Ok(entry)) => return Some(entry),
+            match self.group.next() {
+                Some(Ok(entry)) => {
+                    self.entries += 1;
+                    return Some(entry);
+                }
                 Some(Err(error)) => self.failure = Some(error),
                 None => {
                     // Groups ascend and every key starts with its group,
@@ -146,11 +179,144 @@ where
     }
 }
 
+/// One key group's entries, as they are handed out.
+enum Group<B> {
+    Spans(SpanGroup<B>),
+    Encoded(EncodedGroup),
+}
+
+impl<B: AsRef<[u8]>> Group<B> {
+    /// The group's next entry, checked to follow the one before it.
+    fn next(&mut self) -> Option<Result<IngestEntry, SpillError>> {
+        match self {
+            Group::Spans(group) => group.next(),
+            Group::Encoded(group) => group.next(),
+        }
+    }
+}
+
+/// Where one entry of a chain lies in the chain's bytes.
+#[derive(Debug, Clone)]
+struct Span {
+    /// The key's postcard bytes.
+    key: std::ops::Range<usize>,
+    /// The state's payload.
+    payload: std::ops::Range<usize>,
+    /// Whether it comes from a delta part.
+    replaces: bool,
+    /// The key's hash.
+    hash: u64,
+}
+
+impl Span {
+    /// The span of `entry`, whose bytes lie in `all`.
+    fn of<K>(all: &[u8], entry: &EntryBytes<'_, K>) -> Self {
+        let offset = |bytes: &[u8]| {
+            let start = bytes.as_ptr() as usize - all.as_ptr() as usize;
+            start..start + bytes.len()
+        };
+        Span {
+            key: offset(entry.key_bytes),
+            payload: offset(entry.payload),
+            replaces: entry.replaces,
+            hash: entry.hash,
+        }
+    }
+}
+
+/// Keeps the newest span of each key of `spans` (sorted stably by key,
+/// so the last of its equals, in chain order) and drops the older ones.
+/// Two equal keys of the chain's first part are a duplicate, which a
+/// table's restore refuses too.
+fn keep_newest(
+    spans: &mut Vec<Prefixed<Span>>,
+    all: &[u8],
+    key_group: u32,
+) -> Result<(), KeyedError> {
+    let key = |span: &Prefixed<Span>| &all[span.item.key.clone()];
+    let same = |a: &Prefixed<Span>, b: &Prefixed<Span>| a.may_equal(b) && key(a) == key(b);
+    if spans.windows(2).all(|pair| !same(&pair[0], &pair[1])) {
+        return Ok(());
+    }
+    if spans
+        .windows(2)
+        .any(|pair| same(&pair[0], &pair[1]) && !pair[1].item.replaces)
+    {
+        return Err(KeyedError::DuplicateKey { key_group });
+    }
+    // `dedup_by` keeps the first of equal neighbours; the newest is the
+    // last, so each kept span takes the place of the one it drops.
+    spans.dedup_by(|later, kept| {
+        let equal = same(later, kept);
+        if equal {
+            std::mem::swap(later, kept);
+        }
+        equal
+    });
+    Ok(())
+}
+
+/// A key group's chain with the spans of its newest entries, ascending by
+/// key.
+struct SpanGroup<B> {
+    key_group: u32,
+    bytes: B,
+    spans: Vec<Prefixed<Span>>,
+    /// The index of the next span to hand out.
+    next: usize,
+}
+
+impl<B: AsRef<[u8]>> SpanGroup<B> {
+    /// The next entry, checked to follow the one before it.
+    fn next(&mut self) -> Option<Result<IngestEntry, SpillError>> {
+        let index = self.next;
+        let span = self.spans.get(index)?;
+        let bytes = self.bytes.as_ref();
+        if let Some(before) = index.checked_sub(1).map(|before| &self.spans[before]) {
+            if before.cmp_by(span, |span| &bytes[span.key.clone()]) != Ordering::Less {
+                return Some(Err(SpillError::Internal(format!(
+                    "a restored key group's keys do not ascend at entry {index}"
+                ))));
+            }
+        }
+        self.next += 1;
+        Some(Ok(IngestEntry::of_key_group(
+            self.key_group,
+            &bytes[span.item.key.clone()],
+            &bytes[span.item.payload.clone()],
+        )))
+    }
+}
+
+/// A key group's entries encoded again (in their disk form, sorted).
+#[derive(Default)]
+struct EncodedGroup {
+    entries: HotEntries,
+    next: usize,
+}
+
+impl EncodedGroup {
+    fn next(&mut self) -> Option<Result<IngestEntry, SpillError>> {
+        let (key, value) = self.entries.get(self.next)?;
+        if let Some((before, _)) = self.next.checked_sub(1).and_then(|i| self.entries.get(i)) {
+            if before >= key {
+                return Some(Err(SpillError::Internal(format!(
+                    "a restored key group's keys do not ascend at entry {}",
+                    self.next
+                ))));
+            }
+        }
+        self.next += 1;
+        Some(Ok(IngestEntry::new(key, value)))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
 
     use super::super::state::tests::{entries_of, memory, owned_keys, spilling};
+    use super::super::SpillingState;
     use super::*;
     use crate::keyed::KeyedError;
 
@@ -195,6 +361,61 @@ mod tests {
         for key in &keys {
             assert_eq!(state.get_or_default(key).unwrap().count, want[key]);
         }
+    }
+
+    /// Version 2 of the tests' count: parts of version 1 go through its
+    /// upgrade chain.
+    #[derive(crate::Snapshot, Default, Debug, Clone, PartialEq)]
+    #[snapshot(crate = "crate", version = 2, upgrade_from = crate::keyed::test_support::Count)]
+    struct CountV2 {
+        count: u64,
+        seen: Option<u64>,
+    }
+
+    impl From<crate::keyed::test_support::Count> for CountV2 {
+        fn from(old: crate::keyed::test_support::Count) -> Self {
+            CountV2 {
+                count: old.count,
+                seen: None,
+            }
+        }
+    }
+
+    #[test]
+    fn parts_of_an_older_schema_are_upgraded_and_encoded_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let (max, range) = {
+            let plain = memory();
+            (plain.max_parallelism(), plain.range())
+        };
+        let mut state: SpillingState<u64, CountV2> =
+            SpillingState::new(max, range, dir.path().join("instance"), 8).unwrap();
+        let keys = owned_keys(300);
+        let parts = parts_of(&keys);
+        state
+            .restore(parts.iter().map(|(group, bytes)| (*group, bytes)))
+            .unwrap();
+        let mut got = BTreeMap::new();
+        state
+            .for_each(|key, value| {
+                got.insert(*key, value.clone());
+            })
+            .unwrap();
+        let want: BTreeMap<u64, CountV2> = keys
+            .iter()
+            .map(|key| {
+                let count = CountV2 {
+                    count: key + 1,
+                    seen: None,
+                };
+                (*key, count)
+            })
+            .collect();
+        assert_eq!(got, want);
+        // The upgraded entries are this build's bytes: a write after the
+        // load reads them back.
+        state.get_or_default(&keys[0]).unwrap().seen = Some(5);
+        assert_eq!(state.get_or_default(&keys[0]).unwrap().seen, Some(5));
     }
 
     #[test]

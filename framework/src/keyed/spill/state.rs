@@ -517,7 +517,18 @@ impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
             .map(|(_, bytes)| part::plausible_entries(bytes.as_ref()))
             .sum();
         if keys == 0 {
+            // Nothing to load, but every part must still decode: a part
+            // whose header is damaged claims no entries too, and taking
+            // it as empty would restore a partial state.
             self.spilled = SpilledKeys::default();
+            let mut entries =
+                RestoredEntries::<K, S, B>::new(max_parallelism, parts, &mut self.spilled);
+            if entries.next().is_some() {
+                return Err(SpillError::Internal(
+                    "parts that claim no entries hold some".to_string(),
+                ));
+            }
+            entries.finish()?;
             return Ok(());
         }
         self.spilled = SpilledKeys::with_capacity(keys as u64);
