@@ -200,6 +200,10 @@ impl RunningJob {
                 shutdown = shutdown.and(Err(error));
             }
         }
+        // The spilling states' disk tables drop on threads of their own
+        // (`keyed/spill/reaper.rs`); no directory of the job outlives it.
+        #[cfg(feature = "spill")]
+        crate::keyed::spill::wait_for_drops();
         shutdown?;
         self.control.shutdown()?;
         // The writer ends when the supervisor (its only sender) is dropped.

@@ -91,6 +91,7 @@ mod merge;
 mod order;
 #[cfg(test)]
 mod overlay_tests;
+mod reaper;
 mod restore;
 mod runs;
 #[cfg(test)]
@@ -103,6 +104,7 @@ mod state;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+pub use reaper::wait_for_drops;
 pub use snapshot::SpillSnapshot;
 pub use state::SpillingState;
 

@@ -101,6 +101,16 @@ pub struct SpillingState<K, S> {
     deleted: Vec<bool>,
 }
 
+impl<K, S> Drop for SpillingState<K, S> {
+    /// The disk table drops on a thread of its own (`reaper.rs` says why);
+    /// the job waits for it before it ends.
+    fn drop(&mut self) {
+        if let Some(disk) = self.disk.take() {
+            super::reaper::drop_later(disk);
+        }
+    }
+}
+
 impl<K: StateKey, S: Snapshot + Default> SpillingState<K, S> {
     /// Empty state owning `range`, keeping at most `memory_entries` keys in
     /// memory and the others in a table under `dir` (created when first
