@@ -1,4 +1,4 @@
-//! Unit tests of delta chains in the part format (`part.rs`, "Delta
+//! Unit tests of delta chains in the part format (`part/mod.rs`, "Delta
 //! chains"): last wins on restore, lone parts read as before, and hostile
 //! chains are refused. Compiled for tests only.
 

@@ -58,7 +58,7 @@ pub(crate) fn drop_later(table: DiskTable) {
     }
 }
 
-/// Waits until every table handed to [`drop_later`] before this call is
+/// Waits until every table a spilling state handed over before this call is
 /// dropped and its directory deleted.
 pub fn wait_for_drops() {
     let handles: Vec<_> = DROPS
