@@ -24,6 +24,23 @@ use fjall::{Config, Keyspace, PartitionCreateOptions, PartitionHandle};
 use super::sizing::StoreSizing;
 use super::SpillError;
 
+/// The bits per key of fjall's Bloom filters on its levels below the first
+/// two, and on a restore's bulk load (fjall's default is 10; its level 0
+/// and 1 filters are sized by a false-positive rate and keep it).
+///
+/// # Why 5
+///
+/// A lookup reaches fjall only for a key the filter of spilled keys
+/// (`filter.rs`) says may be on disk, so nearly every lookup finds its
+/// key, and a filter's "no" only saves reading the levels above the key's
+/// own. With 5 bits (three hashes) a filter says "maybe" wrongly for
+/// about 9 % of keys instead of about 1 %, for half the memory (about
+/// 0.6 byte less per spilled key) and half the build: a restore builds
+/// one over every key it loads, which was a sixth of a restore's CPU at
+/// 10 M keys, and every compaction into those levels builds one too
+/// (BENCHMARKS.md, "A restore that copies entries").
+const BLOOM_BITS_PER_KEY: u8 = 5;
+
 /// One operator instance's table on disk.
 pub(crate) struct DiskTable {
     dir: PathBuf,
@@ -69,6 +86,7 @@ impl DiskTable {
             ..Default::default()
         };
         let options = PartitionCreateOptions::default()
+            .bloom_filter_bits(Some(BLOOM_BITS_PER_KEY))
             .block_size(sizing.block_bytes)
             .max_memtable_size(sizing.memtable_bytes)
             .compaction_strategy(fjall::compaction::Strategy::Leveled(leveled));

@@ -29,16 +29,16 @@
 //! the bytes a disk entry is made of, so a part written with this build's
 //! schema goes out as spans of its own bytes: each key is decoded only to
 //! check its key group and to note its hash, and each payload only to be
-//! checked. Decoding every entry into a table and encoding it again cost
-//! about a third of the restore (BENCHMARKS.md, "A restore that copies
-//! entries"). A part of an older schema still goes through the state's
-//! upgrade chain and is encoded again. A chain's deltas replace older
-//! entries of their keys: the sort is stable, so the newest entry of a
-//! key comes last among its equals and is the one that goes out; a stable
-//! sort also merges the chain's parts, each sorted already when a
-//! spilling snapshot wrote it, instead of sorting them again. A key group's
-//! bytes and its spans (or its re-encoded entries) are held at most one
-//! group at a time.
+//! checked. Decoding every entry into a table, encoding it again and
+//! sorting it whole made the restore of 5 M keys per subtask about 1.9 s
+//! instead of 1.5 s (BENCHMARKS.md, "A restore that copies entries"). A
+//! part of an older schema still goes through the state's upgrade chain
+//! and is encoded again. A chain's deltas replace older entries of their
+//! keys: the sort is stable, so the newest entry of a key comes last
+//! among its equals and is the one kept; a stable sort also merges the
+//! chain's parts, each sorted already when a spilling snapshot wrote it,
+//! instead of sorting them again. One key group's bytes and spans (or its
+//! entries encoded again) are held at a time.
 
 use std::cmp::Ordering;
 use std::marker::PhantomData;
