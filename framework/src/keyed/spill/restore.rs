@@ -211,8 +211,10 @@ struct Span {
 impl Span {
     /// The span of `entry`, whose bytes lie in `all`.
     fn of<K>(all: &[u8], entry: &EntryBytes<'_, K>) -> Self {
+        // `decode_entry_bytes` hands out slices of the bytes it was given.
         let offset = |bytes: &[u8]| {
             let start = bytes.as_ptr() as usize - all.as_ptr() as usize;
+            debug_assert!(start + bytes.len() <= all.len(), "a span outside its part");
             start..start + bytes.len()
         };
         Span {
@@ -412,8 +414,9 @@ mod tests {
             })
             .collect();
         assert_eq!(got, want);
-        // The upgraded entries are this build's bytes: a write after the
-        // load reads them back.
+        // The loaded entries are this build's bytes (`for_each` decoded
+        // each as version 2, which version 1's bytes fail), and a key read
+        // back from disk takes a write.
         state.get_or_default(&keys[0]).unwrap().seen = Some(5);
         assert_eq!(state.get_or_default(&keys[0]).unwrap().seen, Some(5));
     }
