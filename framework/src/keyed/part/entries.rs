@@ -88,20 +88,27 @@ where
     let chain = split_chain(bytes).map_err(corrupt)?;
     for (index, (header, part)) in chain.into_iter().enumerate() {
         let replaces = index > 0;
-        decode_part_entries::<K, S>(part, &header, max_parallelism, key_group, |h, k, s| {
-            insert(h, k, s, replaces)
-        })?;
+        decode_part_entries::<K, S>(
+            part,
+            &header,
+            replaces,
+            max_parallelism,
+            key_group,
+            &mut insert,
+        )?;
     }
     Ok(())
 }
 
-/// [`decode_entries`] of one part of a chain, whose header is `header`.
+/// [`decode_entries`] of one part of a chain, whose header is `header`
+/// (`replaces`: a delta part's).
 fn decode_part_entries<K, S>(
     bytes: &[u8],
     header: &PartHeader,
+    replaces: bool,
     max_parallelism: MaxParallelism,
     key_group: u32,
-    mut insert: impl FnMut(u64, K, S) -> Result<(), KeyedError>,
+    insert: &mut impl FnMut(u64, K, S, bool) -> Result<(), KeyedError>,
 ) -> Result<(), KeyedError>
 where
     K: DeserializeOwned + Eq + std::hash::Hash,
@@ -115,15 +122,22 @@ where
     // once per part because `Snapshot::fingerprint` rebuilds the schema
     // text on each call, which made a per-entry check dominate restore.
     let exact = is_exact::<S>(&stored);
-    for_each_entry(entries, header, max_parallelism, key_group, |entry| {
-        let state = if exact {
-            S::decode_payload(entry.payload)
-        } else {
-            S::decode_stored(&stored, entry.payload)
-        }
-        .map_err(state_error)?;
-        insert(entry.hash, entry.key, state)
-    })
+    for_each_entry(
+        entries,
+        header,
+        replaces,
+        max_parallelism,
+        key_group,
+        |entry| {
+            let state = if exact {
+                S::decode_payload(entry.payload)
+            } else {
+                S::decode_stored(&stored, entry.payload)
+            }
+            .map_err(state_error)?;
+            insert(entry.hash, entry.key, state, entry.replaces)
+        },
+    )
 }
 
 /// One entry of a part as [`decode_entry_bytes`] hands it out: its key
@@ -177,13 +191,20 @@ where
     }
     let state_error = |source: StateError| KeyedError::State { key_group, source };
     for (index, (header, entries)) in bodies.into_iter().enumerate() {
-        for_each_entry(entries, header, max_parallelism, key_group, |mut entry| {
-            // Decoded only to be checked: a forged payload past the CRC
-            // fails here, not at a later read of the key.
-            S::decode_payload(entry.payload).map_err(state_error)?;
-            entry.replaces = index > 0;
-            take(entry)
-        })?;
+        let replaces = index > 0;
+        for_each_entry(
+            entries,
+            header,
+            replaces,
+            max_parallelism,
+            key_group,
+            |entry| {
+                // Decoded only to be checked: a forged payload past the CRC
+                // fails here, not at a later read of the key.
+                S::decode_payload(entry.payload).map_err(state_error)?;
+                take(entry)
+            },
+        )?;
     }
     Ok(true)
 }
@@ -235,10 +256,12 @@ fn check_body<'b>(
 
 /// Calls `f` with each of the `header.entry_count` entries of `entries` (a
 /// checked part's entries section), each key's key group checked first,
-/// and then checks that nothing follows the last. `replaces` is `false`.
+/// and then checks that nothing follows the last. Each entry `replaces`
+/// earlier ones of its key if the part is a delta of its chain.
 fn for_each_entry<'b, K>(
     mut entries: &'b [u8],
     header: &PartHeader,
+    replaces: bool,
     max_parallelism: MaxParallelism,
     key_group: u32,
     mut f: impl FnMut(EntryBytes<'b, K>) -> Result<(), KeyedError>,
@@ -269,7 +292,7 @@ where
             key,
             key_bytes,
             payload,
-            replaces: false,
+            replaces,
         })?;
     }
     if !entries.is_empty() {

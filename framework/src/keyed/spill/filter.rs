@@ -84,9 +84,7 @@ impl SpilledKeys {
             return;
         }
         if last.len < last.capacity {
-            // The check and the insert in one pass over the positions: a
-            // restore notes millions of keys here.
-            last.insert_if_absent(probe);
+            last.insert(probe);
             return;
         }
         if !last.contains(probe) {
@@ -247,18 +245,11 @@ impl Bloom {
             .all(|bit| block[(bit / 64) as usize] & (1u64 << (bit % 64)) != 0)
     }
 
-    fn insert(&mut self, probe: Probe) {
-        let index = self.block_of(probe);
-        let block = &mut self.blocks[index];
-        for bit in Self::positions(probe, self.hashes) {
-            block[(bit / 64) as usize] |= 1u64 << (bit % 64);
-        }
-        self.len += 1;
-    }
-
     /// Inserts `probe` and counts it unless [`Self::contains`] already
-    /// said yes for it; setting bits that are all set changes nothing.
-    fn insert_if_absent(&mut self, probe: Probe) {
+    /// said yes for it (setting bits that are all set changes nothing):
+    /// the check and the insert in one pass over the positions, since a
+    /// restore notes millions of keys here.
+    fn insert(&mut self, probe: Probe) {
         let index = self.block_of(probe);
         let block = &mut self.blocks[index];
         let mut absent = false;

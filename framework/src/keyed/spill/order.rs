@@ -105,12 +105,7 @@ pub(crate) fn sort_prefixed<'k, T>(
     key: impl Fn(&T) -> &'k [u8],
     tie: impl Fn(&T, &T) -> Ordering,
 ) {
-    items.sort_unstable_by(|a, b| {
-        a.prefix
-            .cmp(&b.prefix)
-            .then_with(|| key(&a.item).cmp(key(&b.item)))
-            .then_with(|| tie(&a.item, &b.item))
-    });
+    items.sort_unstable_by(|a, b| a.cmp_by(b, &key).then_with(|| tie(&a.item, &b.item)));
 }
 
 /// Sorts `items` by their keys in byte order, stably: items of equal keys

@@ -109,9 +109,12 @@ where
     /// entries encoded again when a part of it has an older schema.
     fn load(&mut self, key_group: u32, bytes: B) -> Result<(), SpillError> {
         let all = bytes.as_ref();
-        let mut spans = Vec::with_capacity(part::plausible_entries(all));
+        let plausible = part::plausible_entries(all);
+        let (mut spans, mut hashes) =
+            (Vec::with_capacity(plausible), Vec::with_capacity(plausible));
         let exact =
             part::decode_entry_bytes::<K, S>(all, self.max_parallelism, key_group, |entry| {
+                hashes.push(entry.hash);
                 spans.push(Prefixed::new(entry.key_bytes, Span::of(all, &entry)));
                 Ok(())
             })?;
@@ -120,7 +123,7 @@ where
         }
         sort_prefixed_stable(&mut spans, |span| &all[span.key.clone()]);
         keep_newest(&mut spans, all, key_group)?;
-        let hashes: Vec<u64> = spans.iter().map(|span| span.item.hash).collect();
+        // A key a delta replaced is noted twice, which changes nothing.
         self.spilled.insert_all(&hashes);
         self.group = Group::Spans(SpanGroup {
             key_group,
@@ -204,8 +207,6 @@ struct Span {
     payload: std::ops::Range<usize>,
     /// Whether it comes from a delta part.
     replaces: bool,
-    /// The key's hash.
-    hash: u64,
 }
 
 impl Span {
@@ -221,7 +222,6 @@ impl Span {
             key: offset(entry.key_bytes),
             payload: offset(entry.payload),
             replaces: entry.replaces,
-            hash: entry.hash,
         }
     }
 }
