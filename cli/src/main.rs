@@ -172,7 +172,7 @@ fn run(command: Command, json: bool) -> Result<bool, CliError> {
             force,
         } => delete(&root, &job, id, force, json),
         Command::Prune { root, job, keep } => {
-            let deleted = store::open(&root, &job)?.prune(keep)?;
+            let deleted = store::open_owned(&root, &job)?.prune(keep)?;
             print_deleted(Deleted { job, deleted }, json);
             Ok(true)
         }
@@ -188,7 +188,7 @@ fn delete(
     force: bool,
     json: bool,
 ) -> Result<bool, CliError> {
-    let store = store::open(root, job)?;
+    let store = store::open_owned(root, job)?;
     let newest = store::entries(&store, job)?
         .entries
         .iter()

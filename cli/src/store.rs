@@ -93,13 +93,32 @@ pub fn jobs(root: &Path) -> Result<Vec<String>, CliError> {
     Ok(jobs)
 }
 
-/// Opens job `job` of the store `root`, which must exist: opening a store
-/// would otherwise create it.
+/// Opens job `job` of the store `root`, which must exist, to read it: no
+/// lock is taken and nothing is created, so it works while the job runs
+/// (and owns the store), and every write through it is refused.
 ///
 /// # Errors
 ///
 /// [`CliError::NoSuchJob`] and the errors of [`jobs`] and of opening.
 pub fn open(root: &Path, job: &str) -> Result<FsCheckpointStore, CliError> {
+    check_exists(root, job)?;
+    Ok(FsCheckpointStore::open_read_only(root, job)?)
+}
+
+/// Opens job `job` of the store `root`, which must exist, as its owner,
+/// to delete from it: refused with the store's `StoreInUse` while a job
+/// (or another tool) owns it.
+///
+/// # Errors
+///
+/// As [`open`], and `StoreInUse`.
+pub fn open_owned(root: &Path, job: &str) -> Result<FsCheckpointStore, CliError> {
+    check_exists(root, job)?;
+    Ok(FsCheckpointStore::open(root, job)?)
+}
+
+/// Opening a store that does not exist would create it.
+fn check_exists(root: &Path, job: &str) -> Result<(), CliError> {
     let known = jobs(root)?;
     if !known.iter().any(|name| name == job) {
         return Err(CliError::NoSuchJob {
@@ -108,7 +127,7 @@ pub fn open(root: &Path, job: &str) -> Result<FsCheckpointStore, CliError> {
             known: known.join(", "),
         });
     }
-    Ok(FsCheckpointStore::open(root, job)?)
+    Ok(())
 }
 
 /// What one job's directory holds.

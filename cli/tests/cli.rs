@@ -646,3 +646,37 @@ fn verify_finds_a_damaged_shared_file_that_checkpoints_refer_to() {
         assert!(problem.contains(name), "the reason names {name}: {problem}");
     }
 }
+
+/// A store that a job (here, this test process) owns can be listed and
+/// verified, but not changed: `delete` and `prune` are refused with the
+/// store's `StoreInUse`, naming the owner's pid, and delete nothing.
+/// Once the owner lets go, `prune` works.
+#[test]
+fn an_owned_store_is_read_but_not_changed() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    run_job(dir.path(), 2);
+    let root = dir.path().to_str().expect("a UTF-8 path");
+    let before = ids(root);
+    assert!(before.len() >= 2, "retention keeps several: {before:?}");
+    let owner = snapflow::storage::FsCheckpointStore::open(dir.path(), "tally")
+        .expect("this process owns the store");
+    let verified = snapflow(&["verify", root, "tally"]);
+    assert!(verified.status.success(), "{}", stderr(&verified));
+    let pid = format!("pid {} ", std::process::id());
+    for refused in [
+        snapflow(&["prune", root, "tally", "--keep", "1"]),
+        snapflow(&["delete", root, "tally", &before[0].to_string()]),
+    ] {
+        assert!(!refused.status.success(), "a change went through");
+        let message = stderr(&refused);
+        assert!(
+            message.contains("is in use by another process") && message.contains(&pid),
+            "{message}"
+        );
+    }
+    assert_eq!(ids(root), before, "nothing was deleted");
+    drop(owner);
+    let pruned = snapflow(&["prune", root, "tally", "--keep", "1"]);
+    assert!(pruned.status.success(), "{}", stderr(&pruned));
+    assert_eq!(ids(root).len(), 1);
+}

@@ -358,7 +358,8 @@ fn the_dashboard_shows_the_job_and_takes_a_savepoint() {
             .find(|row| row.1 == "savepoint" && row.2 == "completed")
             .map(|row| row.0)
     });
-    let store = FsCheckpointStore::open(directory.path(), "wordcount").expect("the store");
+    let store =
+        FsCheckpointStore::open_read_only(directory.path(), "wordcount").expect("the store");
     let stored = store.list().expect("a listing");
     assert!(
         stored

@@ -109,7 +109,9 @@ fn fs_round_trip() {
     let store = fs_store(dir.path(), 3);
     commit(&store, 1, CheckpointKind::Checkpoint);
     check_latest(&store, 1);
-    // A fresh store on the same directory sees the same checkpoint.
+    // A fresh store on the same directory sees the same checkpoint, once
+    // the first lets go of it (one owner at a time).
+    drop(store);
     check_latest(&fs_store(dir.path(), 3), 1);
 }
 
@@ -283,6 +285,8 @@ fn check_fallback(damage: impl FnOnce(&FsCheckpointStore), reason: &str) {
     commit(&store, 1, CheckpointKind::Checkpoint);
     commit(&store, 2, CheckpointKind::Checkpoint);
     damage(&store);
+    // One store object owns a directory at a time.
+    drop(store);
     let reopened = fs_store(dir.path(), 3);
     check_latest(&reopened, 1);
     let report = reopened.load_latest().unwrap();
@@ -841,6 +845,12 @@ impl Io for GateIo {
     fn list_dir(&self, path: &Path) -> std::io::Result<Vec<snapflow::storage::io::DirEntry>> {
         self.fs.list_dir(path)
     }
+    fn try_lock_owner(
+        &self,
+        path: &Path,
+    ) -> std::io::Result<snapflow::storage::owner::LockAttempt> {
+        self.fs.try_lock_owner(path)
+    }
 }
 
 #[test]
@@ -959,4 +969,52 @@ fn the_file_store_names_its_directory() {
     let store = FsCheckpointStore::open(dir.path(), JOB).unwrap();
     assert_eq!(store.location(), Some(store.job_dir()));
     assert!(store.job_dir().starts_with(dir.path()));
+}
+
+// ----- one owner per directory -----
+
+/// A second store object on an owned job directory (in another process
+/// or, as here, in this one) is refused with `StoreInUse`, naming the
+/// directory and the owner, and is not retryable; a read-only store reads
+/// what the owner committed and refuses every write; once the owner is
+/// dropped the directory can be owned again.
+#[test]
+fn a_job_directory_has_one_owner_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let owner = fs_store(dir.path(), 3);
+    commit(&owner, 1, CheckpointKind::Checkpoint);
+    match FsCheckpointStore::open(dir.path(), JOB) {
+        Err(error @ StoreError::StoreInUse { .. }) => {
+            assert!(!error.is_retryable());
+            let message = error.to_string();
+            assert!(
+                message.contains(&format!("pid {} ", std::process::id())),
+                "{message}"
+            );
+            let StoreError::StoreInUse { dir: job_dir, .. } = error else {
+                unreachable!()
+            };
+            assert_eq!(job_dir, owner.job_dir());
+        }
+        other => panic!("a second owner was not refused: {other:?}"),
+    }
+    let reader = FsCheckpointStore::open_read_only(dir.path(), JOB).unwrap();
+    check_latest(&reader, 1);
+    for refused in [
+        reader.begin(2, CheckpointKind::Checkpoint).err(),
+        reader.discard(1).err(),
+        reader.delete(1).err(),
+        reader.prune(1).err(),
+        reader.set_aside(1, "test").err(),
+    ] {
+        assert!(
+            matches!(refused, Some(StoreError::ReadOnly { .. })),
+            "{refused:?}"
+        );
+    }
+    assert_eq!(listed(&owner), [1], "the refused calls changed nothing");
+    drop(owner);
+    let next = fs_store(dir.path(), 3);
+    commit(&next, 2, CheckpointKind::Checkpoint);
+    check_latest(&next, 2);
 }

@@ -204,7 +204,7 @@ fn enabled_actions_take_a_savepoint_then_stop_with_one() {
     assert!(body.contains("\"requested\":\"savepoint\""), "{body}");
     let checkpoints = wait_for(&url, |c| !completed_of_kind(c, "savepoint").is_empty());
     let savepoint = completed_of_kind(&checkpoints, "savepoint")[0];
-    let store = FsCheckpointStore::open(root.path(), "served").expect("the store");
+    let store = FsCheckpointStore::open_read_only(root.path(), "served").expect("the store");
     let stored: Vec<u64> = store
         .list()
         .expect("a listing")

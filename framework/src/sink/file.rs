@@ -18,9 +18,14 @@
 //! every other pending file of its prefix and subtask. It never touches
 //! files of other prefixes or subtasks, and never deletes committed output.
 //!
-//! Known gap: a directory belongs to one job. A second job with the same
-//! prefix would collide on names; the sink refuses to overwrite committed
-//! output ([`SinkError::TargetExists`]) rather than lose it.
+//! One writer per directory and prefix: the factory's first `create`
+//! takes an OS lock on `.pending/<prefix>.lock` (see
+//! [`crate::storage::owner`]) and every clone of the factory shares it
+//! until the last one drops; a second process (or a second factory) with
+//! the same directory and prefix fails with the non-retryable
+//! [`SinkError::DirectoryInUse`] before it reads or deletes anything. The
+//! lock dies with its process. Beyond that, the sink refuses to overwrite
+//! committed output ([`SinkError::TargetExists`]) rather than lose it.
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt::Display;
@@ -28,11 +33,13 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use super::{
     check_ascending, decode_staged_for, encode_staged, subtask_u32, Digest, Sink, SinkError,
     SinkFactory, SinkState, StagedFiles, Visibility,
 };
+use crate::storage::owner::{LockAttempt, OwnerLock};
 
 /// The file-name prefix used unless another is given.
 pub const DEFAULT_PREFIX: &str = "part";
@@ -64,6 +71,9 @@ pub struct FileSinkFactory<T, F> {
     prefix: String,
     encode: F,
     fsync: bool,
+    /// The lock that makes this factory (and its clones) the one writer
+    /// of its prefix in `dir`, taken at the first `create`.
+    owner: Arc<Mutex<Option<OwnerLock>>>,
     _records: PhantomData<fn(&T)>,
 }
 
@@ -98,6 +108,7 @@ impl<T, F: Fn(&T, &mut Vec<u8>) + Clone> FileSinkFactory<T, F> {
             prefix: DEFAULT_PREFIX.to_string(),
             encode,
             fsync: true,
+            owner: Arc::default(),
             _records: PhantomData,
         })
     }
@@ -119,7 +130,34 @@ impl<T, F: Fn(&T, &mut Vec<u8>) + Clone> FileSinkFactory<T, F> {
     pub fn prefix(mut self, prefix: &str) -> Result<Self, SinkError> {
         validate_prefix(prefix)?;
         self.prefix = prefix.to_string();
+        // A lock taken for the old prefix stays with the clones that use
+        // it; this factory takes its own.
+        self.owner = Arc::default();
         Ok(self)
+    }
+
+    /// Takes the directory's lock for this prefix unless this factory
+    /// (or a clone) holds it already.
+    fn own_directory(&self) -> Result<(), SinkError> {
+        let mut owner = self.owner.lock().unwrap_or_else(PoisonError::into_inner);
+        if owner.is_some() {
+            return Ok(());
+        }
+        let path = self
+            .dir
+            .join(PENDING_DIR)
+            .join(format!("{}.lock", self.prefix));
+        match OwnerLock::try_acquire(&path).map_err(io_error("locking", &path))? {
+            LockAttempt::Acquired(lock) => {
+                *owner = Some(lock);
+                Ok(())
+            }
+            LockAttempt::Refused { owner } => Err(SinkError::DirectoryInUse {
+                dir: self.dir.clone(),
+                prefix: self.prefix.clone(),
+                owner,
+            }),
+        }
     }
 }
 
@@ -150,6 +188,7 @@ impl<T, F: Fn(&T, &mut Vec<u8>) + Clone> SinkFactory for FileSinkFactory<T, F> {
 
     fn create(&self, subtask: usize, _parallelism: usize) -> Result<FileSink<T, F>, SinkError> {
         subtask_u32(subtask)?;
+        self.own_directory()?;
         Ok(FileSink {
             names: Names {
                 dir: self.dir.clone(),

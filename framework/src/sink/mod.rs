@@ -513,6 +513,24 @@ pub enum SinkError {
         /// The existing file.
         path: PathBuf,
     },
+    /// Another process (or another factory in this one) writes files of
+    /// the same prefix into the same directory: it holds the directory's
+    /// lock for that prefix. Not retryable: two writers would commit each
+    /// other's output twice or cut it short.
+    #[error(
+        "the output directory `{dir}` is in use for prefix `{prefix}` by another process ({}); \
+         stop the other one, or give this sink another directory or prefix",
+        owner.as_deref().unwrap_or("owner unknown")
+    )]
+    DirectoryInUse {
+        /// The output directory.
+        dir: PathBuf,
+        /// The file-name prefix the lock is for.
+        prefix: String,
+        /// What the owner wrote into the lock file (pid, host, since
+        /// when), when it could be read.
+        owner: Option<String>,
+    },
     /// A call the contract does not allow at this point, e.g. a write after
     /// `finish` or a pre-commit with an id not above the last one.
     #[error("sink misuse: {reason}")]
@@ -551,6 +569,7 @@ impl SinkError {
             | SinkError::MissingTransaction { .. }
             | SinkError::StagedDataDamaged { .. }
             | SinkError::TargetExists { .. }
+            | SinkError::DirectoryInUse { .. }
             | SinkError::Misuse { .. } => false,
         }
     }

@@ -61,6 +61,7 @@ pub(crate) use delegate::delegate_store;
 
 use super::io::Io;
 use super::metadata::{CheckpointMetadata, MetadataError, PartInfo, MAX_METADATA_BYTES};
+use super::owner::{LockAttempt, OwnerLock};
 use super::pin::{CheckpointPin, PinTable};
 use super::segment::{Segment, SegmentInfo};
 use super::{
@@ -74,6 +75,10 @@ const TEMP_SUFFIX: &str = ".tmp";
 const CHECKPOINTS_DIR: &str = "checkpoints";
 const SAVEPOINTS_DIR: &str = "savepoints";
 const SHARED_DIR: &str = "shared";
+/// The file in the job's directory whose OS lock makes one store object
+/// (one process) the owner of the job's checkpoints; see
+/// [`super::owner`].
+pub(crate) const LOCK_FILE: &str = "_lock";
 
 /// A part's state while its checkpoint is in progress.
 #[derive(Debug)]
@@ -122,6 +127,10 @@ pub(crate) struct Engine {
     pins: Arc<PinTable>,
     /// Serialises retention so two commits never delete the same directory.
     retention: Mutex<()>,
+    /// The lock that makes this store the job directory's one owner,
+    /// held while the store lives; `None` for a read-only store, which
+    /// refuses every write ([`StoreError::ReadOnly`]).
+    owner: Option<OwnerLock>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -138,13 +147,39 @@ impl Engine {
         job: &str,
         options: StoreOptions,
     ) -> Result<Self, StoreError> {
+        let mut engine = Self::unlocked(io, root, job, options)?;
+        engine.create_dirs(root)?;
+        // The lock comes before anything of the job is read: a second
+        // process must not even set a checkpoint aside.
+        engine.owner = Some(engine.take_ownership()?);
+        Ok(engine)
+    }
+
+    /// Opens the store of `job` under `root` without owning it: it takes
+    /// no lock, creates nothing and refuses every write, so that a tool
+    /// can list and read a store a running job owns.
+    pub(crate) fn open_read_only(
+        io: Arc<dyn Io>,
+        root: &Path,
+        job: &str,
+        options: StoreOptions,
+    ) -> Result<Self, StoreError> {
+        Self::unlocked(io, root, job, options)
+    }
+
+    fn unlocked(
+        io: Arc<dyn Io>,
+        root: &Path,
+        job: &str,
+        options: StoreOptions,
+    ) -> Result<Self, StoreError> {
         if options.retained_checkpoints == 0 {
             return Err(StoreError::InvalidOptions(
                 "retained_checkpoints must be at least 1".to_string(),
             ));
         }
         let job_dir = root.join(names::job_dir_name(job)?);
-        let engine = Self {
+        Ok(Self {
             checkpoints_dir: job_dir.join(CHECKPOINTS_DIR),
             savepoints_dir: job_dir.join(SAVEPOINTS_DIR),
             shared_dir: job_dir.join(SHARED_DIR),
@@ -155,9 +190,31 @@ impl Engine {
             pending: Mutex::new(BTreeMap::new()),
             pins: Arc::new(PinTable::default()),
             retention: Mutex::new(()),
-        };
-        engine.create_dirs(root)?;
-        Ok(engine)
+            owner: None,
+        })
+    }
+
+    fn take_ownership(&self) -> Result<OwnerLock, StoreError> {
+        let path = self.job_dir.join(LOCK_FILE);
+        match self.io.try_lock_owner(&path) {
+            Ok(LockAttempt::Acquired(lock)) => Ok(lock),
+            Ok(LockAttempt::Refused { owner }) => Err(StoreError::StoreInUse {
+                dir: self.job_dir.clone(),
+                owner,
+            }),
+            Err(error) => Err(StoreError::io("lock", &path, error)),
+        }
+    }
+
+    /// Refuses `operation` on a read-only store.
+    pub(crate) fn check_writable(&self, operation: &'static str) -> Result<(), StoreError> {
+        match self.owner {
+            Some(_) => Ok(()),
+            None => Err(StoreError::ReadOnly {
+                dir: self.job_dir.clone(),
+                operation,
+            }),
+        }
     }
 
     fn create_dirs(&self, root: &Path) -> Result<(), StoreError> {
@@ -195,6 +252,7 @@ impl Engine {
         checkpoint: CheckpointId,
         kind: CheckpointKind,
     ) -> Result<(), StoreError> {
+        self.check_writable("begin")?;
         // The lock is held across the I/O of `begin` (a few small
         // operations) so two callers cannot begin the same id at once.
         let mut pending = lock(&self.pending);
@@ -435,6 +493,7 @@ impl Engine {
     }
 
     pub(crate) fn discard(&self, checkpoint: CheckpointId) -> Result<(), StoreError> {
+        self.check_writable("discard")?;
         let removed = {
             let mut pending = lock(&self.pending);
             if let Some(entry) = pending.get(&checkpoint) {

@@ -136,6 +136,36 @@ pub enum StoreError {
     /// checkpoints (see [`CheckpointStore::supports_segments`](super::CheckpointStore::supports_segments)).
     #[error("this checkpoint store cannot refer to earlier checkpoints' files")]
     SegmentsUnsupported,
+    /// Another process (or another store object in this one) owns the
+    /// job's directory: it holds the lock on `<job dir>/_lock`. Not
+    /// retryable: two writers on one store would set each other's
+    /// checkpoints aside and commit output twice, so the second one stops
+    /// before it reads anything.
+    #[error(
+        "the checkpoint store {dir:?} is in use by another process ({}); \
+         one process owns a job's store at a time: stop the other one, or give this job another \
+         directory or job name",
+        owner.as_deref().unwrap_or("owner unknown")
+    )]
+    StoreInUse {
+        /// The job's directory.
+        dir: PathBuf,
+        /// What the owner wrote into the lock file (pid, host, since
+        /// when), when it could be read.
+        owner: Option<String>,
+    },
+    /// A write (begin, delete, prune, setting aside) through a store
+    /// opened with [`FsCheckpointStore::open_read_only`](super::FsCheckpointStore::open_read_only),
+    /// which does not own the directory. Not retryable.
+    #[error(
+        "the checkpoint store {dir:?} was opened read-only; {operation} needs the owner's store"
+    )]
+    ReadOnly {
+        /// The job's directory.
+        dir: PathBuf,
+        /// The refused operation, e.g. `"begin"`.
+        operation: &'static str,
+    },
     /// A part's bytes could not be produced for writing: its owner hands
     /// the store a state to encode after the snapshot (asynchronous
     /// snapshots), and encoding or checking it failed. Nothing of the

@@ -27,6 +27,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::io::{DirEntry, Io};
+use super::owner::LockAttempt;
 
 /// What happens after the injected fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -246,5 +247,9 @@ impl Io for FaultyIo {
     fn list_dir(&self, path: &Path) -> io::Result<Vec<DirEntry>> {
         self.reading("list_dir")?;
         self.inner.list_dir(path)
+    }
+
+    fn try_lock_owner(&self, path: &Path) -> io::Result<LockAttempt> {
+        self.inner.try_lock_owner(path)
     }
 }

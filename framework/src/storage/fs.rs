@@ -16,8 +16,13 @@ use super::{CheckpointId, CheckpointKind, LoadedCheckpoint, StoreError, StoreOpt
 /// A [`CheckpointStore`](super::CheckpointStore) in a local directory.
 ///
 /// `root` may hold several jobs; each gets `root/job-<escaped name>/` with
-/// `checkpoints/` and `savepoints/` inside. One process writes a given job
-/// directory at a time.
+/// `checkpoints/` and `savepoints/` inside. One store object owns a job's
+/// directory at a time: opening takes an OS lock on `<job dir>/_lock` and
+/// holds it until the store is dropped (see [`super::owner`]), so a second
+/// process on the same job fails with
+/// [`StoreError::StoreInUse`](super::StoreError::StoreInUse) before it
+/// reads anything. The lock dies with its process, so a killed job never
+/// blocks the next.
 #[derive(Debug)]
 pub struct FsCheckpointStore {
     engine: Engine,
@@ -25,7 +30,13 @@ pub struct FsCheckpointStore {
 
 impl FsCheckpointStore {
     /// Opens (creating if needed) the checkpoints of `job` under `root`, with
-    /// default options.
+    /// default options, as their one owner.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::StoreInUse`](super::StoreError::StoreInUse) when
+    /// another process (or another store object of this one) owns the
+    /// job's directory; the errors of creating its directories.
     pub fn open(root: impl AsRef<Path>, job: &str) -> Result<Self, StoreError> {
         Self::open_with(root, job, StoreOptions::default())
     }
@@ -50,6 +61,24 @@ impl FsCheckpointStore {
     ) -> Result<Self, StoreError> {
         Ok(Self {
             engine: Engine::open(io, root.as_ref(), job, options)?,
+        })
+    }
+
+    /// Opens the checkpoints of `job` under `root` without owning them: no
+    /// lock, nothing created, and every write (begin, discard, delete,
+    /// prune, setting aside) refused with
+    /// [`StoreError::ReadOnly`](super::StoreError::ReadOnly). For tools
+    /// that list, load and verify a store while its job runs; what they
+    /// read is what the owner has committed, and a checkpoint the owner's
+    /// retention deletes meanwhile reads as not found or incomplete.
+    pub fn open_read_only(root: impl AsRef<Path>, job: &str) -> Result<Self, StoreError> {
+        Ok(Self {
+            engine: Engine::open_read_only(
+                Arc::new(StdIo),
+                root.as_ref(),
+                job,
+                StoreOptions::default(),
+            )?,
         })
     }
 

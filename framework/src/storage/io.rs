@@ -11,6 +11,8 @@ use std::fs::{self, File};
 use std::io::{self, Read, Write};
 use std::path::Path;
 
+use super::owner::{LockAttempt, OwnerLock};
+
 /// One entry of a directory listing.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct DirEntry {
@@ -51,6 +53,14 @@ pub trait Io: Send + Sync + fmt::Debug {
     fn read_file(&self, path: &Path, limit_bytes: u64) -> io::Result<Vec<u8>>;
     /// Lists a directory, sorted by name.
     fn list_dir(&self, path: &Path) -> io::Result<Vec<DirEntry>>;
+    /// Takes the exclusive lock that makes its caller the one owner of a
+    /// directory (see [`super::owner`]), without waiting: an OS lock on
+    /// the real file system, which dies with its process. Not a crash
+    /// point: it changes no stored byte a checkpoint depends on. A file
+    /// system that no other process can reach (the simulated
+    /// [`MemFs`](super::memory::MemFs)) returns
+    /// [`OwnerLock::in_process`].
+    fn try_lock_owner(&self, path: &Path) -> io::Result<LockAttempt>;
 }
 
 /// The real file system through `std::fs`.
@@ -118,6 +128,10 @@ impl Io for StdIo {
         }
         entries.sort();
         Ok(entries)
+    }
+
+    fn try_lock_owner(&self, path: &Path) -> io::Result<LockAttempt> {
+        OwnerLock::try_acquire(path)
     }
 }
 

@@ -41,9 +41,14 @@
 //!
 //! # Known limits
 //!
-//! - One writing process per directory. Pins are held in memory and protect
-//!   a checkpoint only from the retention of the same store object; two
-//!   processes writing one directory are not detected.
+//! - One owner per job directory: [`FsCheckpointStore::open`] takes an OS
+//!   lock on `<job dir>/_lock` before it reads anything and holds it while
+//!   the store lives, so a second process (or a second store object) on the
+//!   same job fails with [`StoreError::StoreInUse`], which names the owner
+//!   (see [`owner`]). [`FsCheckpointStore::open_read_only`] takes no lock
+//!   and refuses every write, for tools that look at a running job's store.
+//!   Pins are held in memory and protect a checkpoint only from the
+//!   retention of the same store object.
 //! - Retention counts checkpoints by valid metadata, without re-reading their
 //!   parts (that would mean reading every byte after every commit), so a part
 //!   that rots on disk is noticed only when it is loaded.
@@ -77,6 +82,7 @@ pub mod io;
 pub mod memory;
 pub mod metadata;
 pub mod names;
+pub mod owner;
 mod pin;
 pub mod segment;
 

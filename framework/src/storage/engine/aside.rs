@@ -75,6 +75,7 @@ impl Engine {
         checkpoint: CheckpointId,
         reason: &str,
     ) -> Result<Option<PathBuf>, StoreError> {
+        self.check_writable("set_aside")?;
         for kind in [CheckpointKind::Checkpoint, CheckpointKind::Savepoint] {
             let dir = self.entry_dir(checkpoint, kind);
             if !self.exists(&dir)? {

@@ -12,10 +12,11 @@ use crate::storage::{CheckpointId, CheckpointKind, StoreError};
 impl Engine {
     /// Deletes complete checkpoint or savepoint `checkpoint`.
     ///
-    /// Known gap: pins are per process, so a restore running in another
-    /// process is not protected; do not delete what a running job may be
-    /// restoring from.
+    /// Only the store's owner deletes: a running job in another process
+    /// holds the directory's lock, so a tool cannot open the store for
+    /// this while the job runs, and a read-only store refuses.
     pub(crate) fn delete(&self, checkpoint: CheckpointId) -> Result<CheckpointKind, StoreError> {
+        self.check_writable("delete")?;
         let _serial = lock(&self.retention);
         let (_, kind, dir) = self
             .entries()?
@@ -40,6 +41,7 @@ impl Engine {
     /// one), as retention would with `keep` retained; savepoints stay.
     /// Returns the deleted ids, oldest first.
     pub(crate) fn prune(&self, keep: usize) -> Result<Vec<CheckpointId>, StoreError> {
+        self.check_writable("prune")?;
         if keep == 0 {
             return Err(StoreError::InvalidOptions(
                 "prune keeps at least 1 checkpoint".to_string(),
