@@ -3,7 +3,9 @@
 //! with sizes and checksums, key groups, source positions with Kafka
 //! offsets per partition, sink states with their pending transactions,
 //! the stored schema of state blobs) and verifies one or all (every part present,
-//! every size and checksum right). Text by default, JSON with `--json`.
+//! every size and checksum right; verifying all also lists leftovers:
+//! entries that never committed, entries set aside as damaged, shared
+//! files nothing refers to). Text by default, JSON with `--json`.
 //!
 //! It deletes an entry or prunes old checkpoints only when told to, the
 //! way retention does (metadata first), and keeps the newest complete
@@ -244,6 +246,12 @@ fn verify(
     json: bool,
 ) -> Result<bool, CliError> {
     let store = store::open(root, job)?;
+    // The whole job: its leftovers too (an entry whose metadata does not
+    // read is listed by no load, so it is found there and judged here).
+    let (unreadable, leftovers) = match id {
+        Some(_) => (Vec::new(), Vec::new()),
+        None => report::split_leftovers(store.leftovers()?),
+    };
     let ids = match id {
         Some(id) => vec![id],
         None => store::entries(&store, job)?
@@ -252,7 +260,7 @@ fn verify(
             .map(|entry| entry.checkpoint)
             .collect(),
     };
-    let verdicts: Vec<Verdict> = ids
+    let mut checkpoints: Vec<Verdict> = ids
         .into_iter()
         .map(|id| {
             let problem = store::load(&store, id).err().map(|error| error.to_string());
@@ -262,11 +270,17 @@ fn verify(
                 problem,
             }
         })
+        .chain(unreadable)
         .collect();
-    print(&verdicts, json, |verdicts: &Vec<Verdict>| {
-        report::verdicts_text(job, verdicts)
+    checkpoints.sort_by_key(|verdict| verdict.id);
+    let verified = report::Verified {
+        checkpoints,
+        leftovers,
+    };
+    print(&verified, json, |verified: &report::Verified| {
+        report::verified_text(job, verified)
     });
-    Ok(verdicts.iter().all(|verdict| verdict.ok))
+    Ok(verified.checkpoints.iter().all(|verdict| verdict.ok))
 }
 
 fn main() -> ExitCode {

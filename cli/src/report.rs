@@ -8,7 +8,7 @@ use std::path::Path;
 
 use serde::Serialize;
 use snapflow::job::inspect::{CheckpointView, OperatorRole};
-use snapflow::storage::{CheckpointKind, LoadedCheckpoint};
+use snapflow::storage::{CheckpointKind, Leftover, LoadedCheckpoint};
 
 use crate::state::{PositionRow, StateRow};
 use crate::store::JobEntries;
@@ -269,6 +269,96 @@ pub struct Verdict {
     pub ok: bool,
     /// Why not.
     pub problem: Option<String>,
+}
+
+/// What `verify` found: a verdict per checkpoint and savepoint, and
+/// what else the job's directory holds.
+#[derive(Debug, Serialize)]
+pub struct Verified {
+    /// One per entry, oldest first; an entry whose metadata does not read
+    /// is one too (damaged).
+    pub checkpoints: Vec<Verdict>,
+    /// Leftovers: entries that never committed, entries set aside as
+    /// damaged, shared files nothing refers to. They do not fail `verify`.
+    pub leftovers: Vec<LeftoverRow>,
+}
+
+/// One leftover.
+#[derive(Debug, Serialize)]
+pub struct LeftoverRow {
+    /// `incomplete`, `set aside` or `unreferenced shared file`.
+    pub kind: &'static str,
+    /// The checkpoint or savepoint id, where there is one.
+    pub id: Option<u64>,
+    /// `checkpoint` or `savepoint`, where it is one.
+    pub entry: Option<&'static str>,
+    /// Where it is.
+    pub path: String,
+}
+
+/// The verdicts and leftover rows of `leftovers`: an entry whose
+/// metadata does not read is a damaged entry, the others are leftovers.
+pub fn split_leftovers(leftovers: Vec<Leftover>) -> (Vec<Verdict>, Vec<LeftoverRow>) {
+    let entry = |kind: CheckpointKind| match kind {
+        CheckpointKind::Checkpoint => "checkpoint",
+        CheckpointKind::Savepoint => "savepoint",
+    };
+    let (mut verdicts, mut rows) = (Vec::new(), Vec::new());
+    for leftover in leftovers {
+        match leftover {
+            Leftover::Unreadable {
+                checkpoint, reason, ..
+            } => verdicts.push(Verdict {
+                id: checkpoint,
+                ok: false,
+                problem: Some(reason),
+            }),
+            Leftover::Incomplete {
+                checkpoint,
+                kind,
+                path,
+            } => rows.push(LeftoverRow {
+                kind: "incomplete",
+                id: Some(checkpoint),
+                entry: Some(entry(kind)),
+                path: path.display().to_string(),
+            }),
+            Leftover::SetAside { checkpoint, path } => rows.push(LeftoverRow {
+                kind: "set aside",
+                id: Some(checkpoint),
+                entry: None,
+                path: path.display().to_string(),
+            }),
+            Leftover::UnreferencedShared { path } => rows.push(LeftoverRow {
+                kind: "unreferenced shared file",
+                id: None,
+                entry: None,
+                path: path.display().to_string(),
+            }),
+            // A kind this build does not know is still shown.
+            other => rows.push(LeftoverRow {
+                kind: "other",
+                id: None,
+                entry: None,
+                path: format!("{other:?}"),
+            }),
+        }
+    }
+    (verdicts, rows)
+}
+
+/// `verify` as text.
+pub fn verified_text(job: &str, verified: &Verified) -> String {
+    let mut text = verdicts_text(job, &verified.checkpoints);
+    for row in &verified.leftovers {
+        let what = match (row.entry, row.id) {
+            (Some(entry), Some(id)) => format!("{} {entry} {id}", row.kind),
+            (None, Some(id)) => format!("checkpoint {id} {}", row.kind),
+            _ => row.kind.to_string(),
+        };
+        let _ = writeln!(text, "job {job} leftover: {what}: {}", row.path);
+    }
+    text
 }
 
 /// `verify` as text.

@@ -154,7 +154,7 @@ fn check(parallelism: usize) {
         Some(1),
         "a damaged checkpoint fails"
     );
-    let verdicts = json(&verified);
+    let verdicts = json(&verified)["checkpoints"].clone();
     assert_eq!(verdicts[0]["ok"], false);
     let problem = verdicts[0]["problem"].as_str().expect("a reason");
     assert!(
@@ -629,7 +629,7 @@ fn verify_finds_a_damaged_shared_file_that_checkpoints_refer_to() {
     std::fs::write(file, bytes).expect("the shared file writes");
     let verified = snapflow(&["verify", root, "tally", "--json"]);
     assert_eq!(verified.status.code(), Some(1), "{}", stdout(&verified));
-    let verdicts = json(&verified);
+    let verdicts = json(&verified)["checkpoints"].clone();
     let name = file
         .file_name()
         .and_then(|name| name.to_str())
@@ -679,4 +679,66 @@ fn an_owned_store_is_read_but_not_changed() {
     let pruned = snapflow(&["prune", root, "tally", "--keep", "1"]);
     assert!(pruned.status.success(), "{}", stderr(&pruned));
     assert_eq!(ids(root).len(), 1);
+}
+
+/// `verify` of a whole job lists its leftovers, each as such: a savepoint
+/// that never committed, a checkpoint set aside as damaged and a shared
+/// file nothing refers to leave it successful (they are not restore
+/// points); an entry whose metadata does not read fails it.
+#[test]
+fn verify_reports_leftovers() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    run_job(dir.path(), 1);
+    let root = dir.path().to_str().expect("a UTF-8 path");
+    let job_dir = dir.path().join("job-tally");
+    let incomplete = job_dir.join(format!("savepoints/sp-{:020}", 990));
+    std::fs::create_dir_all(incomplete.join("op-count")).expect("a directory");
+    std::fs::write(incomplete.join("op-count/0.part"), b"half").expect("a part");
+    let aside = job_dir.join(format!("checkpoints/chk-{:020}.damaged-1700000000000", 991));
+    std::fs::create_dir_all(&aside).expect("a directory");
+    let unreferenced = job_dir.join(format!("shared/op-count/0-{:020}.shared", 992));
+    std::fs::create_dir_all(unreferenced.parent().expect("a parent")).expect("a directory");
+    std::fs::write(&unreferenced, b"nobody reads me").expect("a shared file");
+
+    let verified = snapflow(&["verify", root, "tally"]);
+    let text = stdout(&verified);
+    assert!(verified.status.success(), "leftovers do not fail: {text}");
+    for expected in [
+        "leftover: incomplete savepoint 990",
+        "leftover: checkpoint 991 set aside",
+        "leftover: unreferenced shared file",
+    ] {
+        assert!(text.contains(expected), "{expected:?} in {text}");
+    }
+    let document = json(&snapflow(&["verify", root, "tally", "--json"]));
+    let leftovers = document["leftovers"].as_array().expect("leftovers");
+    let kinds: Vec<(&str, Option<u64>)> = leftovers
+        .iter()
+        .map(|row| (row["kind"].as_str().expect("a kind"), row["id"].as_u64()))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("incomplete", Some(990)),
+            ("set aside", Some(991)),
+            ("unreferenced shared file", None)
+        ],
+        "{document}"
+    );
+    assert!(document["checkpoints"]
+        .as_array()
+        .expect("verdicts")
+        .iter()
+        .all(|verdict| verdict["ok"] == true));
+
+    let unreadable = job_dir.join(format!("checkpoints/chk-{:020}", 993));
+    std::fs::create_dir_all(&unreadable).expect("a directory");
+    std::fs::write(unreadable.join("_metadata"), b"not metadata").expect("metadata");
+    let verified = snapflow(&["verify", root, "tally"]);
+    assert_eq!(verified.status.code(), Some(1), "{}", stdout(&verified));
+    assert!(
+        stdout(&verified).contains("checkpoint 993: DAMAGED"),
+        "{}",
+        stdout(&verified)
+    );
 }

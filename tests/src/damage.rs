@@ -64,6 +64,17 @@ pub struct CrashingSink {
     commits: Arc<AtomicU64>,
 }
 
+impl CrashingSink {
+    /// `inner` with `crash` planted.
+    pub fn new(inner: FileSinkFactory<(u64, u64), Encode>, crash: Crash) -> CrashingSink {
+        CrashingSink {
+            inner,
+            crash,
+            commits: Arc::new(AtomicU64::new(0)),
+        }
+    }
+}
+
 impl SinkFactory for CrashingSink {
     type Sink = Crashing;
 
@@ -179,11 +190,7 @@ const PACING: Pacing = Pacing {
 /// restarts. The result is whatever the run ended with.
 pub fn crash_run(dirs: &Dirs, crash: Crash) -> Result<JobReport, JobError> {
     let job = Job::new(JOB, config(dirs, RestartStrategy::None, false));
-    let sink = CrashingSink {
-        inner: line_sink(&dirs.output),
-        crash,
-        commits: Arc::new(AtomicU64::new(0)),
-    };
+    let sink = CrashingSink::new(line_sink(&dirs.output), crash);
     declare(&job, RECORDS, SHAPE, PACING, &Faults::none(), sink);
     job.run()
 }
@@ -423,7 +430,12 @@ pub fn apply(path: &Path, harm: Harm, rng: &mut TestRng) {
 
 /// The checkpoint ids of the sink's committed files, ascending, unique.
 pub fn committed_checkpoints(dirs: &Dirs) -> Vec<u64> {
-    let files = snapflow::sink::committed_files(&dirs.output, snapflow::sink::DEFAULT_PREFIX)
+    committed_checkpoints_in(&dirs.output)
+}
+
+/// [`committed_checkpoints`] of the file sink writing into `output`.
+pub fn committed_checkpoints_in(output: &Path) -> Vec<u64> {
+    let files = snapflow::sink::committed_files(output, snapflow::sink::DEFAULT_PREFIX)
         .expect("the output lists");
     let mut ids: Vec<u64> = files
         .iter()

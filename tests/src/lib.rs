@@ -11,6 +11,7 @@
 
 pub mod crash;
 pub mod damage;
+pub mod forge;
 pub mod hooked_store;
 pub mod kafka_count;
 pub mod logged_commits;

@@ -73,6 +73,7 @@ mod physical;
 mod recovery;
 mod region;
 mod report;
+mod restore_check;
 mod route;
 mod shell;
 pub mod snapshots;
@@ -343,6 +344,22 @@ pub enum JobError {
         stored: u32,
         /// In the job's configuration.
         configured: u32,
+    },
+    /// The checkpoint to restore holds state of an operator the job no
+    /// longer has (by name): restoring would drop that state silently,
+    /// so the job refuses, as Flink does without
+    /// `--allowNonRestoredState`. Nothing ran. A stateless operator that
+    /// was removed is no reason (it has no state to lose).
+    #[error(
+        "checkpoint {checkpoint} holds state of operator `{operator}`, which the job no longer \
+         has; restoring would drop that state. Nothing ran. Give the job that operator back \
+         under the same name, or start the changed job on a new store"
+    )]
+    OperatorStateNotRestored {
+        /// The operator the checkpoint has and the job does not.
+        operator: String,
+        /// The checkpoint.
+        checkpoint: u64,
     },
     /// An operator's parallelism changed and its state cannot follow.
     #[error("operator `{operator}` cannot change its parallelism on restore: {reason}")]

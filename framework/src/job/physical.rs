@@ -637,7 +637,9 @@ impl PhysicalPlan {
             if matches!(operator.rescale, Rescale::No) {
                 return Err(rescale_error("sources and sinks keep their parallelism"));
             }
-            let mut states = Vec::with_capacity(old as usize);
+            // Bounded by the parts really there, never by the stored
+            // number alone (`restore_check` has compared the two already).
+            let mut states = Vec::with_capacity((old as usize).min(parts.len()));
             for subtask in 0..old {
                 let Some(bytes) = parts.remove(&PartId::new(operator.name.clone(), subtask)) else {
                     if matches!(operator.rescale, Rescale::Operator(_)) {

@@ -4,6 +4,11 @@
 //! warning naming the file), and refusing a fallback that would write
 //! committed output a second time.
 //!
+//! A checkpoint is also damaged when its metadata disagrees with itself
+//! (a part missing, a parallelism beyond its parts or bounds; see
+//! `restore_check`), and refused with a typed error when it is whole but
+//! does not fit the job; both are decided before any part is used.
+//!
 //! This module owns the fallback rule and the floor of new checkpoint ids.
 //! It runs on the checkpoint writer's thread, before any actor of the
 //! generation starts, so a refusal means nothing ran. It never starts
@@ -26,6 +31,7 @@ use crate::source::Guarantee;
 use crate::storage::{CheckpointStore, LoadedCheckpoint, PartId};
 
 use super::report::{FallbackReport, GuaranteeReason};
+use super::restore_check::{self, JobShape, Misfit};
 use super::shell::PartBytes;
 use super::writer::Restored;
 use super::JobError;
@@ -90,7 +96,8 @@ pub(crate) struct Recovery {
 
 /// Why a candidate checkpoint was not taken.
 enum Rejection {
-    /// A sink's staged data is damaged: fall back past it.
+    /// The checkpoint's metadata or a sink's staged data is damaged:
+    /// fall back past it.
     Damaged(String),
     /// Anything else: the start fails.
     Failed(JobError),
@@ -100,6 +107,7 @@ enum Rejection {
 pub(crate) fn recover(
     store: &dyn CheckpointStore,
     sinks: &[SinkHooks],
+    shape: &JobShape,
     options: RecoveryOptions,
 ) -> Result<Recovery, JobError> {
     let mut fallbacks = Vec::new();
@@ -120,12 +128,14 @@ pub(crate) fn recover(
             .checkpoint
             .as_ref()
             .map(|loaded| loaded.metadata.checkpoint);
-        match check_sinks(sinks, report.checkpoint.as_ref()) {
+        let checked = check_fit(shape, report.checkpoint.as_ref())
+            .and_then(|()| check_sinks(sinks, report.checkpoint.as_ref()));
+        match checked {
             Ok(views) => break (report.checkpoint, views),
             Err(Rejection::Damaged(reason)) => {
                 let Some(checkpoint) = restored else {
                     return Err(JobError::Internal(format!(
-                        "a sink found damaged staged data without a checkpoint: {reason}"
+                        "damage found without a checkpoint: {reason}"
                     )));
                 };
                 // The pin must go before the directory can move.
@@ -199,6 +209,19 @@ fn set_aside(store: &dyn CheckpointStore, checkpoint: u64, reason: &str) -> Fall
         set_aside: moved,
         restored: None,
     }
+}
+
+/// Whether `loaded` fits the job (see `restore_check`): its metadata
+/// disagreeing with itself is damage, a whole checkpoint of another shape
+/// a typed error.
+fn check_fit(shape: &JobShape, loaded: Option<&LoadedCheckpoint>) -> Result<(), Rejection> {
+    let Some(loaded) = loaded else {
+        return Ok(());
+    };
+    restore_check::check(shape, &loaded.metadata, &loaded.parts).map_err(|misfit| match misfit {
+        Misfit::Damaged(reason) => Rejection::Damaged(format!("its metadata: {reason}")),
+        Misfit::Refused(error) => Rejection::Failed(error),
+    })
 }
 
 /// The stored state of one sink subtask in `loaded`, if it has one.

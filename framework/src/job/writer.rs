@@ -41,6 +41,7 @@ use crate::storage::{
 };
 
 use super::recovery::{recover, Recovery, RecoveryOptions, SinkHooks};
+use super::restore_check::JobShape;
 use super::shell::PendingPart;
 use super::JobError;
 use crate::storage::segment::total_len;
@@ -145,9 +146,11 @@ pub(crate) struct Loaded {
 /// Starts the writer thread. Its queue is unbounded, but the supervisor
 /// sends at most one persist per completed checkpoint (and pauses periodic
 /// checkpoints while one is persisted) and one load per region start.
+/// Every checkpoint it loads must fit `shape` (see `restore_check`).
 pub(crate) fn spawn_writer(
     store: Arc<dyn CheckpointStore>,
     sinks: Vec<SinkHooks>,
+    shape: JobShape,
     accept_duplicates: bool,
     persisted: Recipient<Persisted>,
     loaded: Recipient<Loaded>,
@@ -188,7 +191,7 @@ pub(crate) fn spawn_writer(
                             accept_duplicates,
                             first_start: region.is_none(),
                         };
-                        let result = recover(store.as_ref(), &sinks, options);
+                        let result = recover(store.as_ref(), &sinks, &shape, options);
                         loaded.do_send(Loaded {
                             region,
                             generation,

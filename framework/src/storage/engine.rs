@@ -55,9 +55,11 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 mod aside;
 mod delegate;
 mod delete;
+mod leftovers;
 mod shared;
 
 pub(crate) use delegate::delegate_store;
+pub use leftovers::Leftover;
 
 use super::io::Io;
 use super::metadata::{CheckpointMetadata, MetadataError, PartInfo, MAX_METADATA_BYTES};
@@ -649,14 +651,27 @@ impl Engine {
 
     /// Keeps the newest `retained_checkpoints` complete checkpoints and every
     /// pinned one; deletes older complete ones and older leftovers without
-    /// valid metadata. Savepoints and in-progress checkpoints are untouched.
+    /// valid metadata. A savepoint directory without metadata older than a
+    /// complete checkpoint (a savepoint interrupted by a crash) goes as an
+    /// interrupted checkpoint does; complete savepoints, and savepoints
+    /// whose metadata is damaged (the user's to judge), are untouched, as
+    /// are checkpoints and savepoints in progress.
     fn apply_retention(&self) -> Result<(), StoreError> {
         let _serial = lock(&self.retention);
         let pending: BTreeSet<CheckpointId> = lock(&self.pending).keys().copied().collect();
         let mut complete_seen = 0usize;
         let mut doomed = Vec::new();
         for (checkpoint, kind, dir) in self.entries()?.into_iter().rev() {
-            if kind != CheckpointKind::Checkpoint || pending.contains(&checkpoint) {
+            if pending.contains(&checkpoint) {
+                continue;
+            }
+            if kind == CheckpointKind::Savepoint {
+                let never_committed = complete_seen > 0
+                    && read_metadata(self.io.as_ref(), &dir, Some((checkpoint, &self.job)))
+                        .is_ok_and(|metadata| metadata.is_none());
+                if never_committed {
+                    doomed.push((checkpoint, dir));
+                }
                 continue;
             }
             match read_metadata(self.io.as_ref(), &dir, Some((checkpoint, &self.job))) {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use super::engine::{delegate_store, read_metadata, read_parts, Engine};
 use super::io::{Io, StdIo};
 use super::pin::CheckpointPin;
-use super::{CheckpointId, CheckpointKind, LoadedCheckpoint, StoreError, StoreOptions};
+use super::{CheckpointId, CheckpointKind, Leftover, LoadedCheckpoint, StoreError, StoreOptions};
 
 /// A [`CheckpointStore`](super::CheckpointStore) in a local directory.
 ///
@@ -108,6 +108,13 @@ impl FsCheckpointStore {
     }
 
     /// Where the job's checkpoints are, for [`CheckpointStore::location`](super::CheckpointStore::location).
+    /// What the job's directory holds besides its complete checkpoints
+    /// and savepoints (see [`Leftover`]), for `snapflow verify`. It only
+    /// reads.
+    pub fn leftovers(&self) -> Result<Vec<Leftover>, StoreError> {
+        self.engine.leftovers()
+    }
+
     fn directory(&self) -> Option<&Path> {
         Some(self.engine.job_dir())
     }

@@ -93,6 +93,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+pub use engine::Leftover;
 pub use error::StoreError;
 pub use fs::{load_checkpoint_dir, load_checkpoint_dir_with_io, FsCheckpointStore};
 pub use memory::MemoryCheckpointStore;

@@ -22,6 +22,11 @@
 //! the first commit of a checkpoint the sink staged rows for (see
 //! `snapflow_tests::slow_commit`). Prints `resumed <checkpoint>` when it
 //! resumed, and `done` when the job finished.
+//!
+//! With the environment variable `SNAPFLOW_SAVEPOINT_EVERY_MS=n` it also
+//! asks for a savepoint every `n` ms while the job runs (one at a time:
+//! a request while one is in flight is dropped), so that a kill can land
+//! while one is written.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -171,9 +176,23 @@ fn run_windows(run: &Run, output: &std::path::Path) -> Result<(), Box<dyn std::e
     finish(job)
 }
 
-/// Runs `job` and prints where it resumed from and `done`.
+/// Runs `job` (asking for savepoints as `SNAPFLOW_SAVEPOINT_EVERY_MS`
+/// says) and prints where it resumed from and `done`.
 fn finish(job: Job) -> Result<(), Box<dyn std::error::Error>> {
-    let report = job.run()?;
+    let report = match std::env::var("SNAPFLOW_SAVEPOINT_EVERY_MS") {
+        Ok(text) => {
+            let every_ms: u64 = text.parse().map_err(|_| {
+                format!("SNAPFLOW_SAVEPOINT_EVERY_MS must be a number, got {text:?}")
+            })?;
+            let running = job.start()?;
+            while !running.status().ended {
+                running.trigger_savepoint();
+                std::thread::sleep(std::time::Duration::from_millis(every_ms));
+            }
+            running.wait()?
+        }
+        Err(_) => job.run()?,
+    };
     if let Some(checkpoint) = report.resumed_from {
         println!("resumed {checkpoint}");
     }

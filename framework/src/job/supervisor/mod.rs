@@ -254,6 +254,7 @@ pub(crate) fn start(name: String, mut plan: PhysicalPlan) -> Result<RunningJob, 
     let (writer, writer_thread) = spawn_writer(
         store,
         sinks,
+        super::restore_check::JobShape::of(&plan),
         accept_duplicates,
         supervisor.clone().recipient(),
         supervisor.clone().recipient(),

@@ -34,7 +34,7 @@ fn shared_file_name(subtask: u32, checkpoint: CheckpointId) -> String {
 
 /// `(subtask, checkpoint)` of a shared file's name, `None` for any other
 /// name (temporary files included).
-fn parse_shared_file_name(name: &str) -> Option<(u32, CheckpointId)> {
+pub(super) fn parse_shared_file_name(name: &str) -> Option<(u32, CheckpointId)> {
     let stem = name.strip_suffix(SHARED_SUFFIX)?;
     let (subtask, digits) = stem.split_once('-')?;
     if digits.len() != 20 || !digits.bytes().all(|byte| byte.is_ascii_digit()) {

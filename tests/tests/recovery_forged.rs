@@ -1,0 +1,243 @@
+//! Recovery from metadata that lies with valid checksums: the newest
+//! checkpoint's `_metadata` is re-encoded with a part missing (of every
+//! kind: source, stateless, operator state, keyed, timed, sink),
+//! parallelisms and key-group counts of 0, `u32::MAX` and in between,
+//! sizes beyond the file, a duplicated part, an unknown operator, parts
+//! beyond the parallelism, segments that point past their files, and the
+//! job resumes. Each case must either fall back past the forged
+//! checkpoint (reported, and then exactly-once or the typed
+//! `FallbackWouldDuplicate`) or end with a typed error that says the
+//! checkpoint does not fit the job; it must never restore the forged
+//! checkpoint, panic or abort.
+//!
+//! The seeded cases share one store, written once: each case forges a
+//! copy of it (hard links, a new `_metadata`) whose newest checkpoint is
+//! the job's final one, so a resume that accepts it ends at once
+//! ("already finished") and one that falls back is refused at once
+//! (the sink committed the final checkpoint's output): every case is
+//! decided before any record moves, through `Job::run` and the real
+//! restore. Seeds: `SNAPFLOW_FORGE_CASES` (default 1,000) from 1 on;
+//! `SNAPFLOW_SEED=n` replays case n. Each case's line goes straight to
+//! stderr before it runs, so even an abort names it.
+
+use std::io::Write as _;
+use std::path::Path;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use snapflow::job::{JobError, JobReport, RestartStrategy};
+use snapflow::sink::Guarantee;
+use snapflow::storage::PartId;
+use snapflow_tests::damage::{line_sink, Crash, CrashingSink};
+use snapflow_tests::file_sink::committed;
+use snapflow_tests::forge::{self, Dirs};
+use snapflow_tests::{seeds, TestRng};
+
+const LIMIT: Duration = Duration::from_secs(60);
+/// The records of the shared store's run (small: each case only restores).
+const BASE_RECORDS: u64 = 600;
+/// The records of the runs that resume and go on.
+const RUN_RECORDS: u64 = 3_000;
+
+/// The shared store, written once per test process.
+fn base() -> &'static (tempfile::TempDir, Dirs, u64) {
+    static BASE: OnceLock<(tempfile::TempDir, Dirs, u64)> = OnceLock::new();
+    BASE.get_or_init(|| {
+        let root = tempfile::tempdir().expect("a temporary directory");
+        let dirs = Dirs::under(root.path());
+        let report = forge::run(
+            &dirs,
+            BASE_RECORDS,
+            RestartStrategy::None,
+            LIMIT,
+            line_sink(&dirs.output),
+        )
+        .expect("the base run finishes");
+        assert_eq!(report.guarantee, Guarantee::ExactlyOnce);
+        let newest = dirs.newest().expect("the base run left a checkpoint");
+        (root, dirs, newest)
+    })
+}
+
+/// A copy of the shared store under `root`.
+fn copy_of_base(root: &Path) -> Dirs {
+    let (_, base, _) = base();
+    let dirs = Dirs::under(root);
+    forge::copy_tree(&base.store, &dirs.store);
+    forge::copy_tree(&base.output, &dirs.output);
+    dirs
+}
+
+/// How a resume over a forged checkpoint `forged` ended, or why that is
+/// wrong.
+fn judge(result: &Result<JobReport, JobError>, forged: u64) -> Result<String, String> {
+    match result {
+        Ok(report) if report.resumed_from == Some(forged) => Err(format!(
+            "restored the forged checkpoint {forged}: {report:?}"
+        )),
+        Ok(report) => {
+            if !report
+                .fallbacks
+                .iter()
+                .any(|fallback| fallback.checkpoint == forged)
+            {
+                return Err(format!("ran without reporting a fallback: {report:?}"));
+            }
+            Ok(format!("fell back to {:?}, ran", report.resumed_from))
+        }
+        Err(JobError::FallbackWouldDuplicate {
+            skipped, restored, ..
+        }) if skipped.contains(&forged) => Ok(format!("fell back to {restored:?}, refused")),
+        Err(
+            error @ (JobError::MaxParallelismChanged { .. }
+            | JobError::RescaleUnsupported { .. }
+            | JobError::OperatorStateNotRestored { .. }),
+        ) => {
+            if error.is_retryable() {
+                return Err(format!("a misfit marked retryable: {error}"));
+            }
+            Ok(format!("refused: {error}"))
+        }
+        Err(error) => Err(format!(
+            "ended with an unexpected error: {error} ({error:?})"
+        )),
+    }
+}
+
+/// Forges case `seed` on a copy of the shared store, resumes, and judges.
+fn check_case(seed: u64) -> String {
+    let (_, _, newest) = *base();
+    let root = tempfile::tempdir().expect("a temporary directory");
+    let dirs = copy_of_base(root.path());
+    let dir = dirs.checkpoint_dir(newest);
+    let mut metadata = forge::read_metadata(&dir);
+    let mut rng = TestRng::new(seed);
+    let forgery = forge::forge(&mut rng, &dir, &mut metadata);
+    forge::write_metadata(&dir, &metadata);
+    let replay = format!("forged case {seed}: {forgery} (replay with SNAPFLOW_SEED={seed})");
+    // Straight to stderr, not through the test harness's capture: an
+    // abort (the failure this test exists for) loses captured output.
+    let _ = writeln!(std::io::stderr(), "{replay}");
+    let result = forge::run(
+        &dirs,
+        BASE_RECORDS,
+        RestartStrategy::default(),
+        LIMIT,
+        line_sink(&dirs.output),
+    );
+    match judge(&result, newest) {
+        Ok(outcome) => outcome,
+        Err(wrong) => panic!("{replay}: {wrong}"),
+    }
+}
+
+#[test]
+fn forged_metadata_never_restores() {
+    let started = Instant::now();
+    let mut outcomes = std::collections::BTreeMap::<String, usize>::new();
+    let cases = seeds("SNAPFLOW_FORGE_CASES", 1_000);
+    for &seed in &cases {
+        let outcome = check_case(seed);
+        // Group by the kind of outcome, without ids.
+        let kind: String = outcome.chars().take_while(|c| *c != ':').collect();
+        *outcomes.entry(kind).or_default() += 1;
+    }
+    eprintln!(
+        "{} forged cases in {:.1} s: {outcomes:?}",
+        cases.len(),
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// Finding 3 of issue 36: a parallelism of `u32::MAX` with valid
+/// checksums aborted the process (a 96 GiB allocation). Now it is a
+/// damaged checkpoint: set aside and fallen back past.
+#[test]
+fn a_parallelism_of_u32_max_is_damage_not_an_abort() {
+    let (_, _, newest) = *base();
+    for operator in ["count", "tally", "timed"] {
+        let root = tempfile::tempdir().expect("a temporary directory");
+        let dirs = copy_of_base(root.path());
+        let dir = dirs.checkpoint_dir(newest);
+        let mut metadata = forge::read_metadata(&dir);
+        metadata
+            .key_groups
+            .operator_parallelism
+            .insert(operator.into(), u32::MAX);
+        forge::write_metadata(&dir, &metadata);
+        let result = forge::run(
+            &dirs,
+            BASE_RECORDS,
+            RestartStrategy::default(),
+            LIMIT,
+            line_sink(&dirs.output),
+        );
+        // Damage, not a misfit: a fallback past it, reported, whether
+        // the job then refuses (the sink committed the newest
+        // checkpoint's output) or ends (it had nothing to commit).
+        let fell_back = match &result {
+            Err(JobError::FallbackWouldDuplicate { skipped, .. }) => skipped.contains(&newest),
+            Ok(report) => {
+                report.resumed_from != Some(newest)
+                    && report
+                        .fallbacks
+                        .iter()
+                        .any(|fallback| fallback.checkpoint == newest)
+            }
+            Err(_) => false,
+        };
+        assert!(fell_back, "{operator}: expected a fallback, got {result:?}");
+    }
+}
+
+/// Finding 2 of issue 36: a `_metadata` without one source subtask's part
+/// (valid checksums) was restored, that subtask read its input again from
+/// the start and the report said exactly-once. Now the checkpoint is
+/// damaged: the job falls back past it (its output was only staged), says
+/// so, and the committed output is exactly-once.
+#[test]
+fn a_metadata_without_a_source_part_falls_back_and_stays_exactly_once() {
+    // A commit call fails before it makes anything visible, and every
+    // one after it; the first crash point whose newest checkpoint's
+    // output is only staged (no subtask committed it) is used.
+    let (_root, dirs, newest) = (3..=20)
+        .find_map(|at| {
+            let root = tempfile::tempdir().expect("a temporary directory");
+            let dirs = Dirs::under(root.path());
+            let crash = CrashingSink::new(line_sink(&dirs.output), Crash::BeforeCommit(at));
+            let _ = forge::run(&dirs, RUN_RECORDS, RestartStrategy::None, LIMIT, crash);
+            let newest = dirs.newest()?;
+            let visible = snapflow_tests::damage::committed_checkpoints_in(&dirs.output);
+            (!visible.contains(&newest)).then_some((root, dirs, newest))
+        })
+        .expect("a crash left the newest checkpoint's output staged");
+    let dir = dirs.checkpoint_dir(newest);
+    let mut metadata = forge::read_metadata(&dir);
+    let missing = PartId::new("numbers", 1);
+    metadata.parts.retain(|info| info.part != missing);
+    metadata.segments.remove(&missing);
+    forge::write_metadata(&dir, &metadata);
+
+    let report = forge::run(
+        &dirs,
+        RUN_RECORDS,
+        RestartStrategy::default(),
+        LIMIT,
+        line_sink(&dirs.output),
+    )
+    .unwrap_or_else(|error| panic!("the resume failed: {error}"));
+    assert_ne!(report.resumed_from, Some(newest), "{report:?}");
+    assert!(
+        report
+            .fallbacks
+            .iter()
+            .any(|fallback| fallback.checkpoint == newest && fallback.reason.contains("numbers")),
+        "no fallback past {newest} naming the source: {:?}",
+        report.fallbacks
+    );
+    assert_eq!(report.guarantee, Guarantee::ExactlyOnce);
+    let got = committed(&dirs.output).expect("the committed output reads");
+    let want = forge::expected(RUN_RECORDS);
+    assert_eq!(got.len(), want.len(), "committed record count differs");
+    assert!(got == want, "committed output differs");
+}
