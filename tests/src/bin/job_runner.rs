@@ -22,6 +22,11 @@
 //! the first commit of a checkpoint the sink staged rows for (see
 //! `snapflow_tests::slow_commit`). Prints `resumed <checkpoint>` when it
 //! resumed, and `done` when the job finished.
+//!
+//! `--stop-on-signals` (anywhere) makes SIGTERM and SIGINT stop the job
+//! gracefully (`RunningJob::stop_on_signals`): it prints `started` once
+//! the job runs with the watch, and `savepoint <id>` when a signal
+//! stopped it with a savepoint.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -36,13 +41,15 @@ use snapflow_tests::Faults;
 /// The delay before every commit.
 const COMMIT_DELAY_MS: u64 = 20;
 
-const USAGE: &str = "usage: job_runner <store dir> <records> <parallelism> file <output dir>\n       \
+const USAGE: &str = "usage: job_runner [--stop-on-signals] <store dir> <records> <parallelism> file <output dir>\n       \
      job_runner <store dir> <records> <parallelism> window <output dir>\n       \
      job_runner <store dir> <records> <parallelism> postgres <url> <exactly-once|idempotent> <job> <table> [--multi-row] [--hold-first-commit]";
 
 /// What the command line asked for.
 struct Run {
     store: PathBuf,
+    /// Stop gracefully on SIGTERM and SIGINT.
+    stop_on_signals: bool,
     records: u64,
     parallelism: usize,
     sink: SinkChoice,
@@ -110,6 +117,7 @@ fn parse(args: &[String]) -> Result<Run, String> {
     };
     Ok(Run {
         store: store.into(),
+        stop_on_signals: false,
         records: number(records, "records")?,
         parallelism: parallelism as usize,
         sink,
@@ -160,7 +168,7 @@ where
         &Faults::none(),
         sink,
     );
-    finish(job)
+    finish(job, run.stop_on_signals)
 }
 
 fn run_windows(run: &Run, output: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
@@ -168,14 +176,23 @@ fn run_windows(run: &Run, output: &std::path::Path) -> Result<(), Box<dyn std::e
     let sink = snapflow_tests::file_sink::factory(output)?;
     let sink = SlowCommits::new(sink, COMMIT_DELAY_MS, false);
     snapflow_tests::window_pipeline::declare(&job, run.records, run.parallelism, PACING, sink);
-    finish(job)
+    finish(job, run.stop_on_signals)
 }
 
-/// Runs `job` and prints where it resumed from and `done`.
-fn finish(job: Job) -> Result<(), Box<dyn std::error::Error>> {
-    let report = job.run()?;
+/// Runs `job` and prints where it resumed from, the savepoint a signal
+/// stopped it with, and `done`.
+fn finish(job: Job, stop_on_signals: bool) -> Result<(), Box<dyn std::error::Error>> {
+    let running = job.start()?;
+    if stop_on_signals {
+        running.stop_on_signals()?;
+        println!("started");
+    }
+    let report = running.wait()?;
     if let Some(checkpoint) = report.resumed_from {
         println!("resumed {checkpoint}");
+    }
+    if let Some(savepoint) = report.savepoint {
+        println!("savepoint {savepoint}");
     }
     println!("done");
     Ok(())
@@ -211,8 +228,16 @@ fn run(run: &Run) -> Result<(), Box<dyn std::error::Error>> {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    let stop_on_signals = args.iter().any(|arg| arg == "--stop-on-signals");
+    let args: Vec<String> = args
+        .into_iter()
+        .filter(|arg| arg != "--stop-on-signals")
+        .collect();
     let parsed = match parse(&args) {
-        Ok(parsed) => parsed,
+        Ok(parsed) => Run {
+            stop_on_signals,
+            ..parsed
+        },
         Err(message) => {
             eprintln!("{message}");
             return ExitCode::from(2);
