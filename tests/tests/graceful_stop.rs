@@ -82,15 +82,20 @@ impl Watched {
         panic!("{replay}: the child never printed {expected:?}");
     }
 
-    /// Sends `signal` (a name for `kill -s`).
-    fn signal(&self, signal: &str) {
-        let status = Command::new("kill")
-            .arg("-s")
-            .arg(signal)
-            .arg(self.child.id().to_string())
+    /// Sends `signals` (names for `kill -s`) one right after the other,
+    /// from one shell (its built-in `kill` starts no process per signal).
+    fn signal(&self, signals: &[&str]) {
+        let pid = self.child.id();
+        let script: Vec<String> = signals
+            .iter()
+            .map(|signal| format!("kill -s {signal} {pid}"))
+            .collect();
+        let status = Command::new("sh")
+            .arg("-c")
+            .arg(script.join(" && "))
             .status()
-            .expect("kill runs");
-        assert!(status.success(), "kill -s {signal} failed");
+            .expect("sh runs");
+        assert!(status.success(), "{script:?} failed");
     }
 
     /// Waits for the child to end within `limit`; its exit status, how
@@ -148,8 +153,10 @@ fn check_sigterm(seed: u64) {
     let (store, output) = (dir.path().join("store"), dir.path().join("output"));
     let mut running = Watched::start(runner(&store, &output, true));
     running.wait_for("started", &replay);
-    thread::sleep(Duration::from_millis(rng.between(100, 800)));
-    running.signal("TERM");
+    // Late enough that the source has read something even on a busy
+    // machine, early enough that it has not read everything.
+    thread::sleep(Duration::from_millis(rng.between(300, 800)));
+    running.signal(&["TERM"]);
     let (status, took, lines, stderr) = running.end(STOP_LIMIT, &replay);
     eprintln!("{replay}: stopped in {took:?}: {lines:?}");
     assert!(status.success(), "{replay}: exit {status}: {stderr}");
@@ -194,8 +201,7 @@ fn a_second_signal_cancels_at_once_without_a_savepoint() {
     // The stop savepoint's commits take 20 ms each (`job_runner`), so the
     // second signal, sent right after, comes before the stop ends. Two
     // different signals: the same one twice in a row may arrive as one.
-    running.signal("TERM");
-    running.signal("INT");
+    running.signal(&["TERM", "INT"]);
     let (status, took, lines, stderr) = running.end(STOP_LIMIT, replay);
     eprintln!("{replay}: ended in {took:?}: {lines:?} {stderr}");
     assert!(!status.success(), "{replay}: a cancel exits non-zero");
