@@ -59,6 +59,16 @@ pub enum ExampleError {
     /// The job ran but its result differs from a direct computation.
     #[error("MISMATCH: {0}")]
     Mismatch(String),
+    /// SIGTERM or Ctrl-C stopped the job with a savepoint before it
+    /// finished, so there is no whole result to check (exit code 0).
+    #[error(
+        "stopped by a signal with savepoint {savepoint}; the output it covers is committed \
+         (the examples start from scratch, so a new run does not resume from it)"
+    )]
+    Stopped {
+        /// The stop savepoint's id.
+        savepoint: u64,
+    },
 }
 
 impl ExampleError {
@@ -77,14 +87,17 @@ impl ExampleError {
             ExampleError::Database { retryable, .. } => *retryable,
             #[cfg(feature = "kafka")]
             ExampleError::Kafka(error) => error.is_retryable(),
-            ExampleError::Usage(_) | ExampleError::Decode(_) | ExampleError::Mismatch(_) => false,
+            ExampleError::Usage(_)
+            | ExampleError::Decode(_)
+            | ExampleError::Mismatch(_)
+            | ExampleError::Stopped { .. } => false,
         }
     }
 }
 
 /// Runs an example's `main`: parses the arguments, runs, prints the error
-/// if any, and returns the process exit code (0 success, 1 failure or
-/// mismatch, 2 usage).
+/// if any, and returns the process exit code (0 success or a graceful
+/// stop by a signal, 1 failure or mismatch, 2 usage).
 pub fn main_with<O>(
     name: &str,
     usage: &str,
@@ -102,6 +115,10 @@ pub fn main_with<O>(
     };
     match run(&options) {
         Ok(()) => 0,
+        Err(error @ ExampleError::Stopped { .. }) => {
+            eprintln!("{name}: {error}");
+            0
+        }
         Err(error) => {
             eprintln!("{name}: {error}");
             1
@@ -315,8 +332,14 @@ impl CommonOptions {
 
     /// Starts `job`, shows where its dashboard is (with `--http`) and its
     /// progress (with `--progress`) while it runs, and waits for it.
-    pub fn run(&self, job: Job) -> Result<JobReport, JobError> {
+    /// SIGTERM and Ctrl-C stop it with a savepoint (a second one cancels
+    /// it): that is [`ExampleError::Stopped`], since the output is then
+    /// only what the savepoint covers.
+    pub fn run(&self, job: Job) -> Result<JobReport, ExampleError> {
         let running = job.start()?;
+        if let Err(error) = running.stop_on_signals() {
+            eprintln!("  SIGTERM and Ctrl-C will end the job without a savepoint: {error}");
+        }
         if let Some(addr) = running.http_addr() {
             println!("  dashboard: http://{addr}/ (Prometheus text at /metrics)");
         }
@@ -325,7 +348,11 @@ impl CommonOptions {
             .then(|| Progress::start(running.metrics_registry(), 1_000));
         let report = running.wait();
         drop(progress);
-        report
+        let report = report?;
+        match report.savepoint {
+            Some(savepoint) => Err(ExampleError::Stopped { savepoint }),
+            None => Ok(report),
+        }
     }
 
     /// Restarts with a short fixed delay, a few more attempts than planned

@@ -4,7 +4,9 @@
 //! This module owns the restart policy: the configuration
 //! ([`RestartStrategy`]), its validation ([`RestartConfigError`]) and the
 //! machine that applies it to a job's history of failures
-//! ([`RestartTracker`]), whose answers are [`RestartDecision`]s. It is pure:
+//! ([`RestartTracker`]), whose answers are [`RestartDecision`]s, including
+//! the rule that ends a job whose failures make no progress (see
+//! [`RunPositions`]). It is pure:
 //! time is an input (`now_ms` on every call), and it never reads a clock,
 //! sleeps, spawns, schedules the restart itself or knows actix. The
 //! supervisor actor (runtime layer) feeds it failures and "running again"
@@ -54,11 +56,19 @@ use serde::{Deserialize, Serialize};
 ///
 /// The [`Default`] is Flink's default for a job with checkpointing since
 /// Flink 1.19: [`RestartStrategy::ExponentialBackoff`] from 1 s, growing by
-/// 1.5 per failure up to 1 min, reset after the job ran stably for 1 h;
-/// unlike Flink's it gives up after
-/// [`DEFAULT_RESTARTS_MAX_WITHOUT_CHECKPOINT`] restarts in a row with no
-/// checkpoint completed between them, so a job that fails in the same
-/// place every time ends instead of retrying forever. Flink's default also has a 10 % jitter; ours has none,
+/// 1.5 per failure up to 1 min, reset after the job ran stably for 1 h.
+/// Unlike Flink's, which retries for ever, it gives up after
+/// [`DEFAULT_RESTARTS_MAX_WITHOUT_CHECKPOINT`] (10) restarts in a row that
+/// made no progress: after each of them the job failed again before any
+/// checkpoint completed at new source positions (no checkpoint at all, or
+/// only checkpoints holding the very positions the run restored). A
+/// record that fails its operator every time (a poison pill) fails the
+/// job at the same place after every restart, so it ends the job after
+/// 11 failures and about two minutes of backoff (1 + 1.5 + ... + 1.5^9 s
+/// = 113 s) instead of never; the error names the failing operator, the
+/// restored source positions and the last cause. To retry for ever as
+/// Flink does, set `restarts_max_without_checkpoint: None`; to allow more
+/// or fewer, set another number. Flink's default also has a 10 % jitter; ours has none,
 /// because the jitter here is seeded and a fixed seed in a default would
 /// make every job jitter alike, which defeats the purpose: give each job its
 /// own [`Jitter::seed`] to spread restarts out.
@@ -100,13 +110,20 @@ pub enum RestartStrategy {
         /// Optional random spread of each delay, deterministic per seed.
         #[serde(default)]
         jitter: Option<Jitter>,
-        /// How many restarts in a row with no checkpoint completed between
-        /// them are allowed before giving up (`None`: no limit, Flink's
-        /// behaviour). A poison pill (a record that fails its operator
-        /// every time) fails in the same place after every restart, so no
-        /// checkpoint completes between the failures; this ends such a job
-        /// instead of retrying it forever. A completed checkpoint resets
-        /// the count ([`RestartTracker::on_checkpoint_completed`]).
+        /// How many restarts in a row that made no progress are allowed
+        /// before giving up (`None`: no limit, Flink's behaviour). A
+        /// restart made no progress when the job failed again before any
+        /// checkpoint completed at source positions other than the ones
+        /// the restart restored: no checkpoint at all, or only checkpoints
+        /// at the same positions (a source that waits a while before it
+        /// reads, such as a Kafka consumer joining its group, lets
+        /// checkpoints complete where it restored). A poison pill (a
+        /// record that fails its operator every time) fails in the same
+        /// place after every restart; this ends such a job instead of
+        /// retrying it for ever. Progress resets the count (see
+        /// [`RestartTracker::on_failure_at`] and
+        /// [`RestartTracker::on_checkpoint_completed`]). The name is kept
+        /// from when only a completed checkpoint counted as progress.
         #[serde(default = "default_restarts_without_checkpoint")]
         restarts_max_without_checkpoint: Option<u32>,
     },
@@ -125,8 +142,9 @@ pub enum RestartStrategy {
     },
 }
 
-/// The default strategy's limit on restarts in a row with no checkpoint
-/// completed between them: 10, about two minutes of backoff from 1 s,
+/// The default strategy's limit on restarts in a row that made no
+/// progress (no checkpoint completed at new source positions between
+/// them): 10, about two minutes of backoff from 1 s,
 /// long enough to ride out an external system that is away for a moment,
 /// short enough that a poison pill ends the job in minutes, not never.
 pub const DEFAULT_RESTARTS_MAX_WITHOUT_CHECKPOINT: u32 = 10;
@@ -306,8 +324,9 @@ pub enum GiveUpReason {
         attempts_max: u32,
     },
     /// A [`RestartStrategy::ExponentialBackoff`] restarted
-    /// `restarts_max_without_checkpoint` times in a row and the job failed
-    /// again with no checkpoint completed in between.
+    /// `restarts_max_without_checkpoint` times in a row and after each
+    /// restart the job failed again with no checkpoint completed at new
+    /// source positions in between (see [`RunPositions`]).
     NoCheckpointBetweenFailures {
         /// The configured limit.
         restarts_max: u32,
@@ -330,7 +349,8 @@ impl fmt::Display for GiveUpReason {
             GiveUpReason::NoCheckpointBetweenFailures { restarts_max } => write!(
                 f,
                 "failed again after {restarts_max} {} in a row with no checkpoint completed \
-                 between them (the same failure every time, e.g. a poison pill)",
+                 at new source positions between them (the same failure at the same place \
+                 every time, e.g. a poison pill)",
                 plural(*restarts_max, "restart", "restarts")
             ),
             GiveUpReason::AttemptsExhausted { attempts_max } => {
@@ -364,6 +384,35 @@ fn plural(count: u32, one: &'static str, many: &'static str) -> &'static str {
     }
 }
 
+/// Where the run that failed started and how far it got, as fingerprints
+/// of its sources' stored positions, for the no-progress rule of
+/// [`RestartStrategy::ExponentialBackoff`] (`restarts_max_without_checkpoint`).
+///
+/// The supervisor computes both over the source subtasks of the failover
+/// regions that failed: `restored` from the checkpoint the run restored
+/// (a fixed value for "nothing restored"), `reached` from the newest
+/// checkpoint completed since, which is what the next restart restores
+/// (`reached == restored` when none completed). The run made progress
+/// exactly when they differ; the tracker compares them and nothing else.
+/// A position the supervisor cannot read must get a fingerprint of its
+/// own (it then counts as progress), so that a job is never given up on
+/// for a position nobody compared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RunPositions {
+    /// The fingerprint of the positions the failed run restored.
+    pub restored: u64,
+    /// The fingerprint of the positions of the newest checkpoint completed
+    /// when it failed.
+    pub reached: u64,
+}
+
+impl RunPositions {
+    /// Whether the run's sources got past where it restored them.
+    pub fn advanced(&self) -> bool {
+        self.restored != self.reached
+    }
+}
+
 /// Applies a [`RestartStrategy`] to one job's failures.
 ///
 /// Call [`on_failure`](RestartTracker::on_failure) once per job failure
@@ -392,8 +441,9 @@ pub struct RestartTracker {
     jitter_state: u64,
     /// Failure times within the failure-rate window, oldest first.
     failure_times_ms: VecDeque<u64>,
-    /// Restarts decided since the last completed checkpoint.
-    restarts_without_checkpoint: u32,
+    /// Restarts decided in a row, each followed by a failure that made no
+    /// progress (the last restart included, whose run has not failed yet).
+    restarts_without_progress: u32,
 }
 
 impl RestartTracker {
@@ -417,7 +467,7 @@ impl RestartTracker {
             running_since_ms: None,
             jitter_state,
             failure_times_ms: VecDeque::new(),
-            restarts_without_checkpoint: 0,
+            restarts_without_progress: 0,
         })
     }
 
@@ -438,16 +488,34 @@ impl RestartTracker {
     }
 
     /// The job failed at `now_ms`: restart it after a delay, or give up.
+    /// Nothing is known of its sources' positions, so only
+    /// [`RestartTracker::on_checkpoint_completed`] counts as progress;
+    /// [`RestartTracker::on_failure_at`] is the same with positions.
     pub fn on_failure(&mut self, now_ms: u64) -> RestartDecision {
+        self.failure(now_ms, false)
+    }
+
+    /// The job failed at `now_ms` after its sources got from
+    /// `positions.restored` to `positions.reached`: if they differ, the
+    /// restart before made progress and the count of restarts without
+    /// progress starts again from zero. Then as
+    /// [`RestartTracker::on_failure`].
+    pub fn on_failure_at(&mut self, now_ms: u64, positions: RunPositions) -> RestartDecision {
+        self.failure(now_ms, positions.advanced())
+    }
+
+    fn failure(&mut self, now_ms: u64, advanced: bool) -> RestartDecision {
         if let Some(reason) = self.given_up {
             return RestartDecision::GiveUp { reason };
+        }
+        if advanced {
+            self.restarts_without_progress = 0;
         }
         let now_ms = self.observe(now_ms);
         match self.decide(now_ms) {
             Ok(delay_ms) => {
                 self.attempts = self.attempts.saturating_add(1);
-                self.restarts_without_checkpoint =
-                    self.restarts_without_checkpoint.saturating_add(1);
+                self.restarts_without_progress = self.restarts_without_progress.saturating_add(1);
                 RestartDecision::Restart {
                     delay_ms,
                     attempt: self.attempts,
@@ -469,10 +537,13 @@ impl RestartTracker {
         self.running_since_ms.get_or_insert(now_ms);
     }
 
-    /// A checkpoint completed: the job made progress, so the count of
-    /// restarts in a row without a checkpoint starts again from zero.
+    /// A checkpoint completed whose positions are not compared: taken as
+    /// progress, so the count of restarts in a row without progress starts
+    /// again from zero. The supervisor does not call this: a checkpoint at
+    /// the positions the run restored is no progress, so it reports
+    /// positions through [`RestartTracker::on_failure_at`] instead.
     pub fn on_checkpoint_completed(&mut self) {
-        self.restarts_without_checkpoint = 0;
+        self.restarts_without_progress = 0;
     }
 
     /// Takes `now_ms` as the latest time, never letting time go backwards.
@@ -504,7 +575,7 @@ impl RestartTracker {
                 restarts_max_without_checkpoint,
             } => {
                 if let Some(restarts_max) = restarts_max_without_checkpoint {
-                    if self.restarts_without_checkpoint >= restarts_max {
+                    if self.restarts_without_progress >= restarts_max {
                         return Err(GiveUpReason::NoCheckpointBetweenFailures { restarts_max });
                     }
                 }

@@ -5,14 +5,17 @@
 //!
 //! Cases are one line each (`#[rustfmt::skip]` keeps them so). Scripts are
 //! one line too: `F<ms>` is a failure at that time, `R<ms>` the job running
-//! again. Run with `cargo test -p snapflow --test restart`;
+//! again, `S<ms>` a failure whose run restored the same source positions
+//! as the newest checkpoint holds (no progress), `A<ms>` one whose run got
+//! past them (progress), `C<ms>` a checkpoint completed (the positionless
+//! API). Run with `cargo test -p snapflow --test restart`;
 //! proptest prints the failing case and its seed, and replays it from
 //! `proptest-regressions/` or `PROPTEST_RNG_SEED`.
 
 use proptest::prelude::*;
 use snapflow::restart::{
     GiveUpReason, Jitter, RestartConfigError, RestartDecision, RestartStrategy, RestartTracker,
-    DEFAULT_RESTARTS_MAX_WITHOUT_CHECKPOINT,
+    RunPositions, DEFAULT_RESTARTS_MAX_WITHOUT_CHECKPOINT,
 };
 
 fn fixed(attempts_max: u32, delay_ms: u64) -> RestartStrategy {
@@ -66,6 +69,9 @@ fn rate(failures_max: u32, interval_ms: u64, delay_ms: u64) -> RestartStrategy {
 enum Step {
     Fail(u64),
     Run(u64),
+    /// A failure with positions: whether the run advanced.
+    FailAt(u64, bool),
+    Checkpoint,
 }
 
 fn parse(script: &str) -> Vec<Step> {
@@ -75,6 +81,9 @@ fn parse(script: &str) -> Vec<Step> {
         match kind {
             "F" => Step::Fail(time_ms),
             "R" => Step::Run(time_ms),
+            "S" => Step::FailAt(time_ms, false),
+            "A" => Step::FailAt(time_ms, true),
+            "C" => Step::Checkpoint,
             _ => panic!("bad step {word}"),
         }
     };
@@ -88,6 +97,10 @@ fn run(tracker: &mut RestartTracker, steps: &[Step]) -> Vec<RestartDecision> {
         match *step {
             Step::Fail(now_ms) => decisions.push(tracker.on_failure(now_ms)),
             Step::Run(now_ms) => tracker.on_running(now_ms),
+            Step::FailAt(now_ms, advanced) => {
+                decisions.push(tracker.on_failure_at(now_ms, positions(advanced)));
+            }
+            Step::Checkpoint => tracker.on_checkpoint_completed(),
         }
     }
     decisions
@@ -181,17 +194,30 @@ fn the_default_is_flinks_exponential_backoff() {
     check(strategy, "F0 F1 F2 R3 F3600003", &["1000", "1500", "2250", "1000"]);
 }
 
-/// A backoff with a limit on restarts without a checkpoint.
-fn limited(restarts_max: u32) -> RestartTracker {
+/// Positions of a failed run: restored at 7, reached 7 or 8.
+fn positions(advanced: bool) -> RunPositions {
+    RunPositions {
+        restored: 7,
+        reached: if advanced { 8 } else { 7 },
+    }
+}
+
+/// A backoff with a limit on restarts without progress.
+fn limit(restarts_max: Option<u32>) -> RestartStrategy {
     let mut strategy = backoff(10, 100, 2.0, 1_000_000);
     if let RestartStrategy::ExponentialBackoff {
         restarts_max_without_checkpoint,
         ..
     } = &mut strategy
     {
-        *restarts_max_without_checkpoint = Some(restarts_max);
+        *restarts_max_without_checkpoint = restarts_max;
     }
-    RestartTracker::new(strategy).expect("a valid strategy")
+    strategy
+}
+
+/// A tracker of [`limit`].
+fn limited(restarts_max: u32) -> RestartTracker {
+    RestartTracker::new(limit(Some(restarts_max))).expect("a valid strategy")
 }
 
 #[test]
@@ -231,6 +257,66 @@ fn a_completed_checkpoint_resets_the_count_of_restarts_without_one() {
         tracker.on_checkpoint_completed();
     }
     assert_eq!(tracker.attempts(), 10);
+}
+
+/// The give-up message of the no-progress rule with `restarts_max`.
+fn no_progress(restarts_max: u32) -> String {
+    GiveUpReason::NoCheckpointBetweenFailures { restarts_max }.to_string()
+}
+
+#[test]
+#[rustfmt::skip]
+fn failures_at_the_same_positions_give_up_even_with_checkpoints_between() {
+    let gave_up = &*no_progress(3);
+    assert_eq!(gave_up, "failed again after 3 restarts in a row with no checkpoint completed at new source positions between them (the same failure at the same place every time, e.g. a poison pill)");
+    // Issue 36, finding 5: checkpoints complete between the failures, at
+    // the restored positions; that is no progress.
+    check(limit(Some(3)), "S0 S1 S2 S3 S4", &["10", "20", "40", gave_up, gave_up]);
+    // The first failure's run got somewhere; the three after did not.
+    check(limit(Some(3)), "A0 S1 S2 S3", &["10", "20", "40", gave_up]);
+    // Progress starts the count again; the backoff grows on regardless.
+    check(limit(Some(3)), "S0 S1 A2 S3 S4 S5", &["10", "20", "40", "80", "100", gave_up]);
+    check(limit(Some(3)), "S0 S1 S2 A3 S4 S5 S6", &["10", "20", "40", "80", "100", "100", gave_up]);
+    // A limit of 0 gives up at the first failure without progress.
+    check(limit(Some(0)), "A0", &[&*no_progress(0)]);
+    // No limit: Flink's behaviour, for ever.
+    check(limit(None), "S0 S1 S2 S3 S4 S5 S6", &["10", "20", "40", "80", "100", "100", "100"]);
+    // The positionless API: a completed checkpoint is progress.
+    check(limit(Some(2)), "F0 F1 C2 F3 F4 F5", &["10", "20", "40", "80", &*no_progress(2)]);
+}
+
+#[test]
+fn the_default_gives_up_on_a_poison_pill_after_ten_restarts_and_two_minutes() {
+    let mut tracker = RestartTracker::new(RestartStrategy::default()).expect("valid");
+    let mut now_ms = 0;
+    let mut delays_ms = Vec::new();
+    // The first run got as far as the pill; every later one restored the
+    // position before it, and checkpoints completed there each time.
+    let mut advanced = true;
+    loop {
+        match tracker.on_failure_at(now_ms, positions(advanced)) {
+            RestartDecision::Restart { delay_ms, .. } => {
+                delays_ms.push(delay_ms);
+                now_ms += delay_ms + 500;
+                tracker.on_running(now_ms);
+                now_ms += 500;
+            }
+            RestartDecision::GiveUp { reason } => {
+                assert!(matches!(
+                    reason,
+                    GiveUpReason::NoCheckpointBetweenFailures { restarts_max: 10 }
+                ));
+                break;
+            }
+        }
+        advanced = false;
+    }
+    assert_eq!(
+        delays_ms,
+        [1000, 1500, 2250, 3375, 5063, 7594, 11391, 17086, 25629, 38443]
+    );
+    assert_eq!(delays_ms.iter().sum::<u64>(), 113_331);
+    assert_eq!(tracker.attempts(), DEFAULT_RESTARTS_MAX_WITHOUT_CHECKPOINT);
 }
 
 #[test]
@@ -525,6 +611,26 @@ proptest! {
             let low_ms = (base_ms * (1.0 - jitter.factor)).floor() - 1.0;
             let high_ms = ((base_ms * (1.0 + jitter.factor)).ceil() + 1.0).min(cap_ms);
             prop_assert!(low_ms <= with_ms && with_ms <= high_ms, "{with_ms} from {base_ms}");
+        }
+    }
+
+    #[test]
+    fn the_no_progress_rule_matches_a_count_of_restarts_since_progress(
+        restarts_max in 0..6u32,
+        advanced in proptest::collection::vec(any::<bool>(), 0..40),
+    ) {
+        let mut tracker = RestartTracker::new(limit(Some(restarts_max))).expect("valid");
+        // The model: restarts since the last failure whose run advanced.
+        let mut without_progress = 0u32;
+        let mut gave_up = false;
+        for (k, &advanced) in advanced.iter().enumerate() {
+            if advanced {
+                without_progress = 0;
+            }
+            gave_up |= without_progress >= restarts_max;
+            let decision = tracker.on_failure_at(k as u64 * 10, positions(advanced));
+            prop_assert_eq!(matches!(decision, RestartDecision::GiveUp { .. }), gave_up, "failure {}", k);
+            without_progress += 1;
         }
     }
 

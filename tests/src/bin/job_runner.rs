@@ -27,6 +27,11 @@
 //! asks for a savepoint every `n` ms while the job runs (one at a time:
 //! a request while one is in flight is dropped), so that a kill can land
 //! while one is written.
+//!
+//! `--stop-on-signals` (anywhere) makes SIGTERM and SIGINT stop the job
+//! gracefully (`RunningJob::stop_on_signals`): it prints `started` once
+//! the job runs with the watch, and `savepoint <id>` when a signal
+//! stopped it with a savepoint.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -41,13 +46,15 @@ use snapflow_tests::Faults;
 /// The delay before every commit.
 const COMMIT_DELAY_MS: u64 = 20;
 
-const USAGE: &str = "usage: job_runner <store dir> <records> <parallelism> file <output dir>\n       \
+const USAGE: &str = "usage: job_runner [--stop-on-signals] <store dir> <records> <parallelism> file <output dir>\n       \
      job_runner <store dir> <records> <parallelism> window <output dir>\n       \
      job_runner <store dir> <records> <parallelism> postgres <url> <exactly-once|idempotent> <job> <table> [--multi-row] [--hold-first-commit]";
 
 /// What the command line asked for.
 struct Run {
     store: PathBuf,
+    /// Stop gracefully on SIGTERM and SIGINT.
+    stop_on_signals: bool,
     records: u64,
     parallelism: usize,
     sink: SinkChoice,
@@ -115,6 +122,7 @@ fn parse(args: &[String]) -> Result<Run, String> {
     };
     Ok(Run {
         store: store.into(),
+        stop_on_signals: false,
         records: number(records, "records")?,
         parallelism: parallelism as usize,
         sink,
@@ -165,7 +173,7 @@ where
         &Faults::none(),
         sink,
     );
-    finish(job)
+    finish(job, run.stop_on_signals)
 }
 
 fn run_windows(run: &Run, output: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
@@ -173,28 +181,36 @@ fn run_windows(run: &Run, output: &std::path::Path) -> Result<(), Box<dyn std::e
     let sink = snapflow_tests::file_sink::factory(output)?;
     let sink = SlowCommits::new(sink, COMMIT_DELAY_MS, false);
     snapflow_tests::window_pipeline::declare(&job, run.records, run.parallelism, PACING, sink);
-    finish(job)
+    finish(job, run.stop_on_signals)
 }
 
 /// Runs `job` (asking for savepoints as `SNAPFLOW_SAVEPOINT_EVERY_MS`
-/// says) and prints where it resumed from and `done`.
-fn finish(job: Job) -> Result<(), Box<dyn std::error::Error>> {
-    let report = match std::env::var("SNAPFLOW_SAVEPOINT_EVERY_MS") {
-        Ok(text) => {
-            let every_ms: u64 = text.parse().map_err(|_| {
-                format!("SNAPFLOW_SAVEPOINT_EVERY_MS must be a number, got {text:?}")
-            })?;
-            let running = job.start()?;
-            while !running.status().ended {
-                running.trigger_savepoint();
-                std::thread::sleep(std::time::Duration::from_millis(every_ms));
-            }
-            running.wait()?
-        }
-        Err(_) => job.run()?,
+/// says) and prints where it resumed from, the savepoint a signal
+/// stopped it with, and `done`.
+fn finish(job: Job, stop_on_signals: bool) -> Result<(), Box<dyn std::error::Error>> {
+    let savepoint_every_ms = match std::env::var("SNAPFLOW_SAVEPOINT_EVERY_MS") {
+        Ok(text) => Some(text.parse::<u64>().map_err(|_| {
+            format!("SNAPFLOW_SAVEPOINT_EVERY_MS must be a number, got {text:?}")
+        })?),
+        Err(_) => None,
     };
+    let running = job.start()?;
+    if stop_on_signals {
+        running.stop_on_signals()?;
+        println!("started");
+    }
+    if let Some(every_ms) = savepoint_every_ms {
+        while !running.status().ended {
+            running.trigger_savepoint();
+            std::thread::sleep(std::time::Duration::from_millis(every_ms));
+        }
+    }
+    let report = running.wait()?;
     if let Some(checkpoint) = report.resumed_from {
         println!("resumed {checkpoint}");
+    }
+    if let Some(savepoint) = report.savepoint {
+        println!("savepoint {savepoint}");
     }
     println!("done");
     Ok(())
@@ -230,8 +246,16 @@ fn run(run: &Run) -> Result<(), Box<dyn std::error::Error>> {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    let stop_on_signals = args.iter().any(|arg| arg == "--stop-on-signals");
+    let args: Vec<String> = args
+        .into_iter()
+        .filter(|arg| arg != "--stop-on-signals")
+        .collect();
     let parsed = match parse(&args) {
-        Ok(parsed) => parsed,
+        Ok(parsed) => Run {
+            stop_on_signals,
+            ..parsed
+        },
         Err(message) => {
             eprintln!("{message}");
             return ExitCode::from(2);

@@ -247,6 +247,7 @@ impl Supervisor {
             .enumerate()
             .map(|(node, bytes)| (self.plan.part_id(node), bytes))
             .collect();
+        self.positions.on_persist(checkpoint, &parts);
         let request = CommitRequest {
             key_groups: self.key_group_layout(),
             expected_parts: Some(parts.iter().map(|(part, _)| part.clone()).collect()),
@@ -328,7 +329,10 @@ impl Supervisor {
                     written_bytes: size.written_bytes,
                     alignment_max_us,
                 });
-                self.restarts.on_checkpoint_completed();
+                // Progress is judged by the positions it holds, not by its
+                // completion (a source that waits before it reads lets
+                // checkpoints complete where it restored).
+                self.positions.on_persisted(checkpoint, true);
                 self.update_status(|status| {
                     status.last_completed_checkpoint =
                         status.last_completed_checkpoint.max(Some(checkpoint.0));
@@ -342,6 +346,7 @@ impl Supervisor {
                 }
             }
             PersistOutcome::Subsumed => {
+                self.positions.on_persisted(checkpoint, false);
                 // Not a failure: the final checkpoint holds all it held.
                 tracing::info!(
                     checkpoint = checkpoint.0,
@@ -352,6 +357,7 @@ impl Supervisor {
                 self.report.subsumed_checkpoints.push(checkpoint.0);
             }
             PersistOutcome::Failed(error) => {
+                self.positions.on_persisted(checkpoint, false);
                 tracing::warn!(
                     checkpoint = checkpoint.0,
                     duration_ms,

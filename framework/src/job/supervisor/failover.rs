@@ -8,6 +8,7 @@
 //! again it asks `checkpoints` to resume.
 
 use super::*;
+use crate::restart::GiveUpReason;
 
 impl Supervisor {
     /// Asks the writer for the newest checkpoint, to start `region`
@@ -158,6 +159,7 @@ impl Supervisor {
         }
         let restored_from = last_completed.map(|checkpoint| checkpoint.0);
         for &region in targets {
+            self.positions.on_restored(region, &self.plan, &parts);
             self.start_region(region, &parts, last_completed, context)?;
         }
         if self.phase == Phase::Loading {
@@ -327,10 +329,12 @@ impl Supervisor {
             .flat_map(|&region| self.regions[region].operators.iter().map(String::as_str))
             .collect();
         let region_text = operators.join(",");
-        match self.restarts.on_failure(self.now_ms()) {
+        let positions = self.positions.of_failure(&failed);
+        match self.restarts.on_failure_at(self.now_ms(), positions) {
             RestartDecision::GiveUp { reason } => {
+                let reason = self.give_up_text(reason, &failed, &failure);
                 tracing::error!(region = %region_text, %cause, %reason, "job failed");
-                let (restarts, reason) = (self.restarts.attempts(), reason.to_string());
+                let restarts = self.restarts.attempts();
                 let error = match failure {
                     Failure::Checkpoints {
                         consecutive_failures,
@@ -368,6 +372,27 @@ impl Supervisor {
                 }
             }
         }
+    }
+
+    /// Why the restart strategy gave up, in words: a job that made no
+    /// progress also names the failing operator and the source positions
+    /// the failed regions restored every time (the failing record is at
+    /// or after them).
+    fn give_up_text(&self, reason: GiveUpReason, failed: &[usize], failure: &Failure) -> String {
+        if !matches!(reason, GiveUpReason::NoCheckpointBetweenFailures { .. }) {
+            return reason.to_string();
+        }
+        let operator = match failure {
+            Failure::Operator { report, .. } => format!(
+                "operator `{}` (subtask {}) failed each time",
+                report.tag.operator, report.tag.subtask
+            ),
+            Failure::Checkpoints { .. } => "checkpoints failed each time".to_owned(),
+        };
+        format!(
+            "{reason}; {operator}, from the same source positions: {}",
+            self.positions.describe_restored(failed)
+        )
     }
 
     /// Aborts the checkpoints in flight (telling every subtask outside

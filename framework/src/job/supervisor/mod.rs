@@ -76,6 +76,8 @@ use crate::source::Guarantee;
 mod checkpoints;
 mod failover;
 mod metrics;
+mod positions;
+mod signals;
 mod snapshots;
 
 pub use snapshots::StuckDetection;
@@ -96,6 +98,8 @@ pub struct RunningJob {
     /// Serves until the job ends (`JobConfig::http_addr`).
     #[cfg(feature = "http")]
     http: Option<crate::http::HttpServer>,
+    /// The signal thread, once [`RunningJob::stop_on_signals`] started it.
+    signals: Mutex<Option<signals::SignalWatch>>,
 }
 
 impl RunningJob {
@@ -190,6 +194,8 @@ impl RunningJob {
                 Vec::new(),
             ),
         };
+        // The job has ended: signals end the process by default again.
+        drop(self.signals);
         // The server stops with the job it shows.
         #[cfg(feature = "http")]
         drop(self.http);
@@ -274,6 +280,7 @@ pub(crate) fn start(name: String, mut plan: PhysicalPlan) -> Result<RunningJob, 
         metrics,
         #[cfg(feature = "http")]
         http,
+        signals: Mutex::new(None),
     })
 }
 
@@ -497,6 +504,8 @@ pub(crate) struct Supervisor {
     status: Arc<Mutex<JobStatus>>,
     /// Snapshots that are not checkpoints (see `snapshots.rs`).
     snapshots: snapshots::Snapshots,
+    /// Where each region's sources stand, for the restart strategy.
+    positions: positions::SourcePositions,
 }
 
 impl Supervisor {
@@ -532,6 +541,8 @@ impl Supervisor {
             already_finished: false,
         };
         let (regions, nodes) = plan_regions(&plan);
+        let region_of: Vec<usize> = nodes.iter().map(|node| node.region).collect();
+        let positions = positions::SourcePositions::new(&plan, &region_of, regions.len());
         let operator_index = plan
             .operators
             .iter()
@@ -564,6 +575,7 @@ impl Supervisor {
             report,
             status,
             snapshots: snapshots::Snapshots::default(),
+            positions,
         }
     }
 
