@@ -184,7 +184,6 @@ fn check(mut broker: TansuBroker, outage: Outage) {
     source.request_timeout_ms = REQUEST_TIMEOUT_MS;
     let source = KafkaSourceFactory::new(source, decode).expect("the source's checks pass");
     let mut sink = KafkaSinkConfig::new(&brokers, &output, &job_name, "out");
-    sink.checkpoint_interval_ms = Some(INTERVAL_MS);
     sink.transaction_timeout_ms = 30_000;
     sink.request_timeout_ms = REQUEST_TIMEOUT_MS;
     let sink = KafkaSinkFactory::new(sink, encode).expect("the sink's checks pass");
