@@ -5,8 +5,10 @@
 //!   request time-out (which was librdkafka's message time-out before),
 //!   or throttled (stopped and resumed in a cycle), slows the job down:
 //!   the job neither fails nor restarts, and once the broker goes on it
-//!   catches up, with every record committed once (read back at
-//!   `read_committed`, each under a header of a committed transaction).
+//!   catches up, with every record committed once (each read back under
+//!   the header of a committed transaction; at `read_uncommitted`, as the
+//!   other Kafka tests, because tansu's last stable offset can stay
+//!   behind).
 //! - **The job's checkpoint interval.** The sink learns it from the job
 //!   (`SinkFactory::open`); a transaction time-out not longer than it
 //!   stops the job at its start with a typed, non-retryable error that
@@ -55,8 +57,15 @@ struct Seen {
 }
 
 /// Every record of `topic` (from offset 0 of each of its `partitions`)
-/// at `isolation`, read until `count` are in or [`WAIT_LIMIT`].
-fn read(brokers: &str, topic: &str, partitions: i32, isolation: &str, count: usize) -> Vec<Seen> {
+/// at `isolation`, read until `count` are in or `limit`.
+fn read(
+    brokers: &str,
+    topic: &str,
+    partitions: i32,
+    isolation: &str,
+    count: usize,
+    limit: Duration,
+) -> Vec<Seen> {
     let consumer: BaseConsumer = support::consumer(brokers, isolation);
     let mut assignment = TopicPartitionList::new();
     for partition in 0..partitions {
@@ -67,7 +76,7 @@ fn read(brokers: &str, topic: &str, partitions: i32, isolation: &str, count: usi
     consumer.assign(&assignment).expect("assign");
     let started = Instant::now();
     let mut seen = Vec::new();
-    while seen.len() < count && started.elapsed() < WAIT_LIMIT {
+    while seen.len() < count && started.elapsed() < limit {
         let Some(message) = consumer.poll(Duration::from_millis(100)) else {
             continue;
         };
@@ -188,12 +197,16 @@ fn check_backpressure(outage: Outage) {
             let during = mapped.load(Ordering::Relaxed) - before;
             broker.resume();
             eprintln!("{during} records mapped while the broker was stopped for {paused_ms} ms");
-            // Backpressure: the map ran ahead of the stopped sink by at
-            // most what the channels and librdkafka's queue hold, far
-            // fewer than the records left.
+            // Backpressure: the map could not run to the end while the
+            // sink waited for the broker. A subtask whose transaction is
+            // pre-committed may take its whole share meanwhile (the send
+            // gate holds up to `HELD_MAX` records in the sink while a
+            // checkpoint waits for another subtask), but a subtask
+            // waiting in its flush or commit takes nothing more.
             assert!(
-                during < RECORDS / 2,
-                "the job did not slow down: {during} records mapped while the broker was stopped"
+                before + during < RECORDS,
+                "the job did not slow down: all {RECORDS} records were mapped while the broker \
+                 was stopped ({during} of them during the stop)"
             );
             done.recv_timeout(WAIT_LIMIT).expect("the job ends in time")
         }
@@ -244,7 +257,32 @@ fn check_backpressure(outage: Outage) {
             .collect::<Vec<_>>()
     );
     let committed: BTreeSet<String> = log.committed().into_iter().collect();
-    let seen = read(&brokers, &output, 2, "read_committed", RECORDS as usize);
+    // At `read_uncommitted`, with the committed headers as the proof of a
+    // commit, as `support::read_results` and for its reason: tansu's last
+    // stable offset sometimes stays behind for good (README, Kafka), and
+    // a `read_committed` reader with it. How far a `read_committed`
+    // reader gets is printed.
+    let seen = read(
+        &brokers,
+        &output,
+        2,
+        "read_uncommitted",
+        RECORDS as usize,
+        WAIT_LIMIT,
+    );
+    let at_committed = read(
+        &brokers,
+        &output,
+        2,
+        "read_committed",
+        RECORDS as usize,
+        Duration::from_secs(10),
+    );
+    eprintln!(
+        "read back: {} records at read_uncommitted, {} at read_committed",
+        seen.len(),
+        at_committed.len()
+    );
     let uncommitted: Vec<&Seen> = seen
         .iter()
         .filter(|seen| !seen.header.as_ref().is_some_and(|h| committed.contains(h)))
@@ -406,11 +444,15 @@ fn records_carry_the_timestamp_given_or_their_event_time() {
     stream.sink("unset", without);
     let started_ms = now_ms();
     job.run().expect("the job completes");
+    // The job completed, so every transaction is committed; read at
+    // `read_uncommitted`, as the other tests, past tansu's last stable
+    // offset when it stays behind.
 
-    let mut seen: Vec<(u64, Option<i64>)> = read(&brokers, &given, 2, "read_committed", 40)
-        .into_iter()
-        .map(|seen| (seen.value.parse().expect("an id"), seen.timestamp_ms))
-        .collect();
+    let mut seen: Vec<(u64, Option<i64>)> =
+        read(&brokers, &given, 2, "read_uncommitted", 40, WAIT_LIMIT)
+            .into_iter()
+            .map(|seen| (seen.value.parse().expect("an id"), seen.timestamp_ms))
+            .collect();
     seen.sort_unstable();
     let want: Vec<(u64, Option<i64>)> = events()
         .into_iter()
@@ -421,7 +463,7 @@ fn records_carry_the_timestamp_given_or_their_event_time() {
         .collect();
     assert_eq!(seen, want, "the timestamps read back");
     // Neither given nor read from the record: the producer's time.
-    let unstamped = read(&brokers, &unset, 1, "read_committed", 40);
+    let unstamped = read(&brokers, &unset, 1, "read_uncommitted", 40, WAIT_LIMIT);
     assert_eq!(unstamped.len(), 40);
     for seen in unstamped {
         let at = seen.timestamp_ms.expect("a timestamp");
