@@ -474,6 +474,7 @@ fn a_kafka_sinks_state_shows_its_pending_transactions() {
         key: None,
         value: n.to_string().into_bytes(),
         partition: Some((n % 2) as i32),
+        timestamp_ms: None,
     };
     let sink = KafkaSinkFactory::new(KafkaSinkConfig::new(&brokers, &topic, &name, "out"), encode)
         .expect("the sink's checks pass");

@@ -116,6 +116,7 @@ fn write_lines(options: &Options) -> Result<(), ExampleError> {
         key: None,
         value: line.clone().into_bytes(),
         partition: Some(0),
+        timestamp_ms: None,
     })?;
     let writer = Job::new(&format!("{}-input", options.job), JobConfig::default());
     let lines: Vec<String> = TEXT.iter().map(|line| (*line).to_owned()).collect();
@@ -141,12 +142,12 @@ fn count(options: &Options) -> Result<(usize, BTreeSet<String>), ExampleError> {
         &options.job,
         "counts",
     );
-    sink.checkpoint_interval_ms = Some(options.checkpoint_interval_ms);
     sink.client_options = one_record_per_batch();
     let sink = KafkaSinkFactory::new(sink, |(word, count): &(String, u64)| KafkaOut {
         key: Some(word.clone().into_bytes()),
         value: format!("{word}:{count}").into_bytes(),
         partition: None,
+        timestamp_ms: None,
     })?;
     let log = sink.commit_log();
     let job = Job::new(

@@ -295,12 +295,12 @@ fn job(options: &Options, brokers: &str, input: &str, output: &str) -> Result<Du
     .map_err(|error| error.to_string())?;
     let job_name = format!("{input}-job");
     let mut sink = KafkaSinkConfig::new(brokers, output, &job_name, "out");
-    sink.checkpoint_interval_ms = Some(options.interval_ms);
     sink.transaction_timeout_ms = (options.interval_ms * 10).max(60_000);
     let sink = KafkaSinkFactory::new(sink, |&(key, count): &(u64, u64)| KafkaOut {
         key: Some(key.to_le_bytes().to_vec()),
         value: count.to_le_bytes().to_vec(),
         partition: None,
+        timestamp_ms: None,
     })
     .map_err(|error| error.to_string())?;
     let config = JobConfig {

@@ -21,5 +21,6 @@ pub fn encode_count(&(key, count): &(u64, u64)) -> KafkaOut {
         key: Some(key.to_string().into_bytes()),
         value: format!("{key}:{count}").into_bytes(),
         partition: None,
+        timestamp_ms: None,
     }
 }

@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use snapflow::connectors::kafka::CommitLog;
-use snapflow::sink::{Guarantee, Sink, SinkError, SinkFactory, SinkState, Visibility};
+use snapflow::sink::{Guarantee, Sink, SinkContext, SinkError, SinkFactory, SinkState, Visibility};
 
 /// Wraps `F`'s sinks; see the module documentation.
 pub struct LoggedCommits<F> {
@@ -89,6 +89,10 @@ impl<F> LoggedCommits<F> {
 
 impl<F: SinkFactory> SinkFactory for LoggedCommits<F> {
     type Sink = LoggedCommit<F::Sink>;
+
+    fn open(&mut self, context: &SinkContext) -> Result<(), SinkError> {
+        self.inner.open(context)
+    }
 
     fn create(&self, subtask: usize, parallelism: usize) -> Result<Self::Sink, SinkError> {
         Ok(LoggedCommit {

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use snapflow::sink::{Guarantee, Sink, SinkError, SinkFactory, SinkState, Visibility};
+use snapflow::sink::{Guarantee, Sink, SinkContext, SinkError, SinkFactory, SinkState, Visibility};
 
 /// How long a held commit waits before it goes on: long enough for any
 /// parent to kill the process, short enough that a parent that never
@@ -59,6 +59,10 @@ impl<F> SlowCommits<F> {
 
 impl<F: SinkFactory> SinkFactory for SlowCommits<F> {
     type Sink = SlowCommit<F::Sink>;
+
+    fn open(&mut self, context: &SinkContext) -> Result<(), SinkError> {
+        self.inner.open(context)
+    }
 
     fn create(&self, subtask: usize, parallelism: usize) -> Result<Self::Sink, SinkError> {
         Ok(SlowCommit {

@@ -78,12 +78,12 @@ fn kafka_bytes_positions_and_lag_of_a_bounded_source_and_the_sink() {
     source.bounded = true;
     let source = KafkaSourceFactory::new(source, value_of).expect("the source's checks pass");
     let mut sink = KafkaSinkConfig::new(&brokers, &to, &name, "out");
-    sink.checkpoint_interval_ms = Some(100);
     sink.transaction_timeout_ms = 30_000;
     let sink = KafkaSinkFactory::new(sink, |value: &Vec<u8>| KafkaOut {
         key: Some(value[..1].to_vec()),
         value: value.clone(),
         partition: None,
+        timestamp_ms: None,
     })
     .expect("the sink's checks pass");
     job.source("in", source).sink(

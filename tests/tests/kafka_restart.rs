@@ -184,9 +184,12 @@ fn check(mut broker: TansuBroker, outage: Outage) {
     source.request_timeout_ms = REQUEST_TIMEOUT_MS;
     let source = KafkaSourceFactory::new(source, decode).expect("the source's checks pass");
     let mut sink = KafkaSinkConfig::new(&brokers, &output, &job_name, "out");
-    sink.checkpoint_interval_ms = Some(INTERVAL_MS);
     sink.transaction_timeout_ms = 30_000;
     sink.request_timeout_ms = REQUEST_TIMEOUT_MS;
+    // The sink waits out a broker that is slow or briefly away
+    // (backpressure, `kafka_sink.rs`); here it is to count as gone
+    // after the request time-out, so that the job fails over.
+    sink.unreachable_timeout_ms = REQUEST_TIMEOUT_MS;
     let sink = KafkaSinkFactory::new(sink, encode).expect("the sink's checks pass");
     let log = sink.commit_log();
     let job = Job::new(

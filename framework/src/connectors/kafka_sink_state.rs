@@ -16,8 +16,9 @@ use std::collections::BTreeMap;
 use super::bytes::{put_str, Reader};
 use crate::sink::{SinkError, SinkState};
 
-/// One record to produce.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One record to produce: `KafkaOut { key: Some(key), timestamp_ms:
+/// Some(ms), ..KafkaOut::new(value) }` sets what a record needs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct KafkaOut {
     /// The key (it also chooses the partition when `partition` is None).
     pub key: Option<Vec<u8>>,
@@ -25,10 +26,32 @@ pub struct KafkaOut {
     pub value: Vec<u8>,
     /// A partition to write to, or `None` for the producer's partitioner.
     pub partition: Option<i32>,
+    /// The record's timestamp in milliseconds since the epoch (Kafka's
+    /// `CreateTime`), e.g. its event time; `None`: the sink factory's
+    /// event-time function gives it (`KafkaSinkFactory::with_event_time`),
+    /// else the producer stamps the time it sends the record. A topic
+    /// set to `LogAppendTime` replaces it with the broker's time.
+    pub timestamp_ms: Option<u64>,
 }
 
-/// The state's format byte (`L`; `K` was the layout without records).
-pub(crate) const STATE_FORMAT: u8 = b'L';
+impl KafkaOut {
+    /// A record of `value` without key, partition or timestamp.
+    pub fn new(value: Vec<u8>) -> KafkaOut {
+        KafkaOut {
+            value,
+            ..KafkaOut::default()
+        }
+    }
+}
+
+/// The state's format byte (`M`; `L` was the layout without timestamps,
+/// still read; `K` the layout without records).
+pub(crate) const STATE_FORMAT: u8 = b'M';
+/// The layout before records had timestamps: its key flag is 0 or 1.
+const STATE_FORMAT_UNTIMED: u8 = b'L';
+/// Bits of a record's flags byte: a key follows; a timestamp follows.
+const HAS_KEY: u8 = 1;
+const HAS_TIMESTAMP: u8 = 2;
 
 /// One pre-committed transaction as the state lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,9 +76,10 @@ pub(crate) struct TxnState {
 /// Layout (little-endian): `L`, subtask `u32`, next name `u64`, count
 /// `u32`, then per pending transaction its checkpoint id `u64`, id and
 /// header (`u16` length and UTF-8 bytes each), record count `u32`, and
-/// per record its partition `i32` (-1: none), key flag `u8`, key (`u32`
-/// length and bytes, when the flag is 1) and value (`u32` length and
-/// bytes).
+/// per record its partition `i32` (-1: none), flags `u8` (bit 0: a
+/// key, bit 1: a timestamp), the timestamp `u64` (when bit 1), the key
+/// (`u32` length and bytes, when bit 0) and the value (`u32` length and
+/// bytes). Layout `L` is the same without timestamps (flags 0 or 1).
 // The sink writes and reads it; without the feature only `decode_any` runs.
 #[cfg_attr(not(feature = "kafka"), allow(dead_code))]
 pub(crate) fn encode(
@@ -80,12 +104,18 @@ pub(crate) fn encode(
         put_u32_len(&mut bytes, txn.records.len());
         for out in &txn.records {
             bytes.extend_from_slice(&out.partition.unwrap_or(-1).to_le_bytes());
-            match &out.key {
-                Some(key) => {
-                    bytes.push(1);
-                    put_bytes(&mut bytes, key);
-                }
-                None => bytes.push(0),
+            let key_flag = if out.key.is_some() { HAS_KEY } else { 0 };
+            let timestamp_flag = if out.timestamp_ms.is_some() {
+                HAS_TIMESTAMP
+            } else {
+                0
+            };
+            bytes.push(key_flag | timestamp_flag);
+            if let Some(timestamp_ms) = out.timestamp_ms {
+                bytes.extend_from_slice(&timestamp_ms.to_le_bytes());
+            }
+            if let Some(key) = &out.key {
+                put_bytes(&mut bytes, key);
             }
             put_bytes(&mut bytes, &out.value);
         }
@@ -137,15 +167,16 @@ pub(crate) fn decode_any(state: &[u8]) -> Result<(u32, TxnState), SinkError> {
         reason: format!("Kafka sink state: {reason}"),
     };
     let mut reader = Reader::new(state);
-    match reader.u8().map_err(malformed)? {
-        STATE_FORMAT => {}
+    let flags_allowed = match reader.u8().map_err(malformed)? {
+        STATE_FORMAT => HAS_KEY | HAS_TIMESTAMP,
+        STATE_FORMAT_UNTIMED => HAS_KEY,
         b'K' => {
             return Err(malformed(
                 "written by an older snapflow whose Kafka sink kept no records",
             ))
         }
         _ => return Err(malformed("not written by the Kafka sink")),
-    }
+    };
     let found = reader.u32().map_err(malformed)?;
     let opened_after = reader.u64().map_err(malformed)?;
     let count = reader.u32().map_err(malformed)?;
@@ -154,7 +185,7 @@ pub(crate) fn decode_any(state: &[u8]) -> Result<(u32, TxnState), SinkError> {
         let checkpoint_id = reader.u64().map_err(malformed)?;
         let id = reader.str().map_err(malformed)?;
         let header = reader.str().map_err(malformed)?;
-        let records = read_records(&mut reader).map_err(malformed)?;
+        let records = read_records(&mut reader, flags_allowed).map_err(malformed)?;
         pending.insert(
             checkpoint_id,
             PendingTxn {
@@ -174,7 +205,7 @@ pub(crate) fn decode_any(state: &[u8]) -> Result<(u32, TxnState), SinkError> {
     ))
 }
 
-fn read_records(reader: &mut Reader<'_>) -> Result<Vec<KafkaOut>, &'static str> {
+fn read_records(reader: &mut Reader<'_>, flags_allowed: u8) -> Result<Vec<KafkaOut>, &'static str> {
     let count = reader.u32()? as usize;
     // Each record takes at least 9 bytes, so the count cannot make this
     // allocate more than the input justifies.
@@ -184,15 +215,23 @@ fn read_records(reader: &mut Reader<'_>) -> Result<Vec<KafkaOut>, &'static str> 
     let mut records = Vec::with_capacity(count);
     for _ in 0..count {
         let partition = reader.i32()?;
-        let key = match reader.u8()? {
+        let flags = reader.u8()?;
+        if flags & !flags_allowed != 0 {
+            return Err("a record's flags have unknown bits");
+        }
+        let timestamp_ms = match flags & HAS_TIMESTAMP {
             0 => None,
-            1 => Some(reader.bytes()?),
-            _ => return Err("a key flag is neither 0 nor 1"),
+            _ => Some(reader.u64()?),
+        };
+        let key = match flags & HAS_KEY {
+            0 => None,
+            _ => Some(reader.bytes()?),
         };
         records.push(KafkaOut {
             key,
             value: reader.bytes()?,
             partition: (partition >= 0).then_some(partition),
+            timestamp_ms,
         });
     }
     Ok(records)
@@ -214,11 +253,13 @@ mod tests {
                         key: Some(b"k".to_vec()),
                         value: b"v".to_vec(),
                         partition: None,
+                        timestamp_ms: Some(1_700_000_000_123),
                     },
                     KafkaOut {
                         key: None,
                         value: Vec::new(),
                         partition: Some(2),
+                        timestamp_ms: None,
                     },
                 ],
             },
@@ -263,5 +304,30 @@ mod tests {
         old[0] = b'K';
         let error = decode(&SinkState::from_bytes(old), 1).expect_err("the old layout");
         assert!(error.to_string().contains("older"), "{error}");
+    }
+
+    /// A state of layout `L` (before timestamps) still reads, with no
+    /// timestamps; a timestamp flag in it is refused.
+    #[test]
+    fn a_state_written_before_timestamps_still_reads() {
+        let mut untimed = sample();
+        for txn in untimed.pending.values_mut() {
+            for out in &mut txn.records {
+                out.timestamp_ms = None;
+            }
+        }
+        let state = encode(1, untimed.opened_after, &untimed.pending);
+        let mut old = state.as_bytes().to_vec();
+        old[0] = STATE_FORMAT_UNTIMED;
+        assert_eq!(
+            decode(&SinkState::from_bytes(old), 1).expect("layout L"),
+            untimed
+        );
+        let timed = sample();
+        let mut forged = encode(1, timed.opened_after, &timed.pending)
+            .as_bytes()
+            .to_vec();
+        forged[0] = STATE_FORMAT_UNTIMED;
+        assert!(decode(&SinkState::from_bytes(forged), 1).is_err());
     }
 }

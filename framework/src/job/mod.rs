@@ -484,6 +484,17 @@ pub enum JobError {
         /// The failed operator instance.
         failure: FailureReport,
     },
+    /// A sink refused the job's settings when it joined the job
+    /// ([`SinkFactory::open`](crate::sink::SinkFactory::open)); nothing
+    /// ran. Its error says what to change.
+    #[error("sink `{sink}` cannot run in this job: {error}")]
+    SinkConfig {
+        /// The sink operator.
+        sink: String,
+        /// The sink's error.
+        #[source]
+        error: SinkError,
+    },
     /// A sink could not be checked or restored before the job started.
     #[error("sink `{sink}` (subtask {subtask}) cannot restore: {error}")]
     SinkRestore {

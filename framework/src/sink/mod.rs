@@ -322,10 +322,59 @@ impl Visibility {
     }
 }
 
+/// What a job tells a sink's factory when the sink joins it
+/// ([`SinkFactory::open`]), so that a sink need not repeat the job's
+/// settings in its own (and cannot disagree with them).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SinkContext {
+    /// The job's name.
+    pub job: String,
+    /// The sink operator's name.
+    pub operator: String,
+    /// The checkpoint interval the job runs with:
+    /// [`JobConfig::checkpoint_interval_ms`](crate::job::JobConfig::checkpoint_interval_ms),
+    /// or [`DEFAULT_CHECKPOINT_INTERVAL_MS`](crate::job::DEFAULT_CHECKPOINT_INTERVAL_MS)
+    /// for a job with a store and no interval. `None`: no periodic
+    /// checkpoints (a bounded job still takes a final one at its end, so
+    /// a sink's first transaction then lasts the whole run).
+    pub checkpoint_interval_ms: Option<u64>,
+}
+
+impl SinkContext {
+    /// The context of sink `operator` of job `job`, checkpointing every
+    /// `checkpoint_interval_ms` (for a test that drives a factory
+    /// without a job).
+    pub fn new(job: &str, operator: &str, checkpoint_interval_ms: Option<u64>) -> SinkContext {
+        SinkContext {
+            job: job.to_owned(),
+            operator: operator.to_owned(),
+            checkpoint_interval_ms,
+        }
+    }
+}
+
 /// Builds the sink of one parallel subtask.
 pub trait SinkFactory {
     /// The sink each subtask gets.
     type Sink: Sink;
+
+    /// Called once when the sink joins a job
+    /// ([`Stream::sink`](crate::job::Stream::sink)), before any
+    /// [`SinkFactory::create`], with what the job tells its sinks. A
+    /// factory that needs the job's settings (the Kafka sink checks its
+    /// transaction time-out against the checkpoint interval) keeps them
+    /// here. The default does nothing.
+    ///
+    /// # Errors
+    ///
+    /// A [`SinkError`] when the sink cannot work with this job; the job
+    /// then does not start
+    /// ([`JobError::SinkConfig`](crate::job::JobError::SinkConfig)).
+    fn open(&mut self, context: &SinkContext) -> Result<(), SinkError> {
+        let _ = context;
+        Ok(())
+    }
 
     /// The sink of subtask `subtask` out of `parallelism`. It is called
     /// again with the same arguments for each new incarnation after a

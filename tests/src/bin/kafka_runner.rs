@@ -85,7 +85,6 @@ fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     source.bad_records = BadRecords::Fail;
     let source = KafkaSourceFactory::new(source, decode)?;
     let mut sink = KafkaSinkConfig::new(brokers, output, job_name, "out");
-    sink.checkpoint_interval_ms = Some(INTERVAL_MS);
     sink.transaction_timeout_ms = 30_000;
     let sink = KafkaSinkFactory::new(sink, encode)?;
     let log = sink.commit_log();

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use postgres::{Client, NoTls};
 use snapflow::connectors::postgres::{Mode, PostgresSinkFactory};
-use snapflow::sink::{Sink, SinkError, SinkFactory, SinkState, Visibility};
+use snapflow::sink::{Sink, SinkContext, SinkError, SinkFactory, SinkState, Visibility};
 pub use snapflow_tests::postgres::KeyCount;
 use snapflow_tests::servers::{server_from_env, unique_name};
 
@@ -119,6 +119,10 @@ pub struct Chaos<F> {
 
 impl<F: SinkFactory> SinkFactory for Chaos<F> {
     type Sink = ChaosSink<F::Sink>;
+
+    fn open(&mut self, context: &SinkContext) -> Result<(), SinkError> {
+        self.inner.open(context)
+    }
 
     fn create(&self, subtask: usize, parallelism: usize) -> Result<Self::Sink, SinkError> {
         Ok(ChaosSink {

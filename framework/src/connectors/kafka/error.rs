@@ -10,7 +10,7 @@
 use rdkafka::error::KafkaError as ClientError;
 use rdkafka::types::RDKafkaErrorCode;
 
-use crate::sink::SinkError;
+use crate::sink::{ConnectorError, SinkError};
 use crate::source::SourceError;
 
 /// Why the Kafka source or sink could not start or went wrong.
@@ -50,14 +50,27 @@ pub enum KafkaError {
     /// before its checkpoint could commit it.
     #[error(
         "the Kafka transaction timeout ({transaction_timeout_ms} ms) must be longer than the \
-         checkpoint interval ({checkpoint_interval_ms} ms), or the broker aborts transactions \
-         before their checkpoint completes; raise `transaction_timeout_ms`"
+         job's checkpoint interval ({checkpoint_interval_ms} ms), or the broker aborts every \
+         transaction before its checkpoint completes: raise \
+         `KafkaSinkConfig::transaction_timeout_ms` (to at least twice the interval; the \
+         broker's `transaction.max.timeout.ms` caps it, 15 minutes by default) or shorten \
+         `JobConfig::checkpoint_interval_ms`"
     )]
     TransactionTimeoutTooShort {
         /// The configured transaction time-out.
         transaction_timeout_ms: u64,
         /// The job's checkpoint interval.
         checkpoint_interval_ms: u64,
+    },
+    /// A record's timestamp that Kafka cannot hold (past `i64::MAX`
+    /// milliseconds).
+    #[error(
+        "a Kafka record's timestamp of {timestamp_ms} ms since the epoch is past what Kafka \
+         holds (i64::MAX ms); check what the sink's serializer or event-time function returns"
+    )]
+    BadTimestamp {
+        /// The timestamp given.
+        timestamp_ms: u64,
     },
     /// A user deserialiser rejected a record and the source is set to
     /// fail on bad records.
@@ -118,18 +131,18 @@ impl KafkaError {
             KafkaError::InvalidConfig { .. }
             | KafkaError::UnknownTopic { .. }
             | KafkaError::TransactionTimeoutTooShort { .. }
+            | KafkaError::BadTimestamp { .. }
             | KafkaError::BadRecord { .. }
             | KafkaError::MalformedState { .. } => false,
         }
     }
 
-    /// The framework's sink error for this one, keeping its message and
-    /// whether it is retryable.
+    /// The framework's sink error for this one, keeping its message,
+    /// whether it is retryable, and itself (reach it with
+    /// [`ConnectorError::downcast_ref`]).
     pub(crate) fn into_sink_error(self) -> SinkError {
-        SinkError::Custom {
-            retryable: self.is_retryable(),
-            message: self.to_string(),
-        }
+        let retryable = self.is_retryable();
+        SinkError::Connector(ConnectorError::new(self, retryable))
     }
 
     /// The framework's source error for this one.

@@ -117,11 +117,6 @@ impl MarkerGroup {
         })
     }
 
-    /// The request time-out, in milliseconds.
-    pub(crate) fn timeout_ms(&self) -> u64 {
-        u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX)
-    }
-
     /// The group's metadata for `send_offsets_to_transaction` with the
     /// offsets that record `marker`.
     ///

@@ -43,11 +43,11 @@
 //! )?;
 //! let mut sink = KafkaSinkConfig::new("127.0.0.1:9092", "counts", "word-count", "out");
 //! sink.delivery = Delivery::ExactlyOnce;
-//! sink.checkpoint_interval_ms = Some(1_000);
 //! let sink = KafkaSinkFactory::new(sink, |(word, count): &(String, u64)| KafkaOut {
 //!     key: Some(word.as_bytes().to_vec()),
 //!     value: count.to_string().into_bytes(),
 //!     partition: None,
+//!     timestamp_ms: None,
 //! })?;
 //! let job = Job::new("word-count", JobConfig::default());
 //! let (counts, _state) = job

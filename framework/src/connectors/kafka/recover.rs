@@ -43,15 +43,15 @@ use super::unblock;
 ///
 /// [`KafkaError::Client`] when the broker refuses it or times out.
 pub(crate) fn send_marker(
+    config: &KafkaSinkConfig,
     producer: &Producer_,
     group: &MarkerGroup,
     marker: &Marker,
 ) -> Result<(), KafkaError> {
-    let timeout = Duration::from_millis(group.timeout_ms());
     let (metadata, offsets) = group.offsets(marker)?;
-    producer
-        .send_offsets_to_transaction(&offsets, &metadata, timeout)
-        .map_err(|source| KafkaError::client("send_offsets_to_transaction (marker)", source))
+    txn::ask_until_unreachable(config, "send_offsets_to_transaction (marker)", |timeout| {
+        producer.send_offsets_to_transaction(&offsets, &metadata, timeout)
+    })
 }
 
 /// Sets the marker to checkpoint 0 when it names a later one, in a
@@ -77,7 +77,7 @@ pub(crate) fn reset_marker(
         first: 0,
         nonce: 0,
     };
-    send_marker(&txn.producer, group, &marker)?;
+    send_marker(config, &txn.producer, group, &marker)?;
     txn.producer
         .commit_transaction(Duration::from_millis(config.request_timeout_ms))
         .map_err(|source| KafkaError::client("commit_transaction (marker reset)", source))
@@ -173,17 +173,16 @@ pub(crate) fn finish(
 
 /// Commits `txn` with the producer that opened it.
 fn commit_parked(config: &KafkaSinkConfig, log: &CommitLog, txn: Txn) -> Result<(), KafkaError> {
-    match txn
-        .producer
-        .commit_transaction(Duration::from_millis(config.request_timeout_ms))
-    {
+    let committed = txn::ask_until_unreachable(config, "commit_transaction", |timeout| {
+        txn.producer.commit_transaction(timeout)
+    });
+    match committed {
         Ok(()) => {
             registry::note_committed(&txn.header);
             log.push(txn.header.clone());
             Ok(())
         }
-        Err(source) => {
-            let error = KafkaError::client("commit_transaction", source);
+        Err(error) => {
             if error.is_retryable() {
                 // Still pending: a later commit or restore tries again.
                 registry::park(txn);
@@ -241,7 +240,7 @@ fn rewrite(
         first,
         nonce: txn.nonce,
     };
-    send_marker(&txn.producer, group, &marker)?;
+    send_marker(config, &txn.producer, group, &marker)?;
     txn::flush(&txn.producer, timeout)?;
     txn.watch.check()?;
     txn.records.clear();

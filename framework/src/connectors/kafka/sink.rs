@@ -78,9 +78,14 @@
 //! writes them again). [`Delivery::None`]: records are sent and not
 //! waited for (a failure can lose them).
 //!
-//! # Errors
+//! # Backpressure and errors
 //!
-//! A broker that is away or times out gives retryable errors (the job
+//! A slow broker slows the job down: the sink waits while librdkafka's
+//! queue is full, at a pre-commit's flush and on transactional requests
+//! that time out, for as long as the broker acknowledges records, and
+//! gives up only after [`KafkaSinkConfig::unreachable_timeout_ms`]
+//! without an acknowledgement (see `docs/design/kafka-sink.md`). A
+//! broker that is away that long gives retryable errors (the job
 //! restarts per its strategy); a fenced producer, a missing topic or a
 //! bad setting does not. Nothing committed is lost and nothing is
 //! committed twice by a retry: commits are in checkpoint order and a
@@ -101,7 +106,7 @@ use super::marker::{Marker, MarkerGroup};
 use super::sink_state::{self, PendingTxn};
 use super::txn::{self, fence, open_txn, send, DeliveryWatch, Producer_, Txn};
 use super::{client_config, partition_counts, recover, registry, unblock};
-use crate::sink::{Guarantee, Sink, SinkError, SinkFactory, SinkState, Visibility};
+use crate::sink::{Guarantee, Sink, SinkContext, SinkError, SinkFactory, SinkState, Visibility};
 
 /// The header every exactly-once record carries: its transaction's id
 /// and the producing incarnation, `<transactional id>#<nonce>`.
@@ -146,17 +151,31 @@ pub struct KafkaSinkConfig {
     /// Two jobs writing at once must not share it.
     pub transactional_id_prefix: Option<String>,
     /// The producer's `transaction.timeout.ms`: a transaction open longer
-    /// is aborted by the broker. It must be longer than the checkpoint
-    /// interval.
+    /// is aborted by the broker. It must be longer than the job's
+    /// checkpoint interval, which the sink learns from the job
+    /// ([`SinkFactory::open`]): a job whose interval is not shorter
+    /// does not start ([`KafkaError::TransactionTimeoutTooShort`]). It is
+    /// also librdkafka's `message.timeout.ms` of the exactly-once mode (a
+    /// record not delivered by then belongs to a transaction the broker
+    /// aborts anyway).
     pub transaction_timeout_ms: u64,
-    /// The job's checkpoint interval, for the check above; `None` skips
-    /// it.
-    pub checkpoint_interval_ms: Option<u64>,
     /// How many ids past the restored checkpoint a restore fences.
     pub fence_ahead: u64,
-    /// How long a flush, commit or metadata request may take before it
-    /// fails (retryably).
+    /// How long one request to the broker (a commit, opening a
+    /// transaction, adding the commit marker, a metadata request) waits
+    /// for its answer. A request that times out is asked again until
+    /// [`KafkaSinkConfig::unreachable_timeout_ms`] has passed.
     pub request_timeout_ms: u64,
+    /// How long the sink waits while the broker acknowledges nothing
+    /// before it fails with a retryable error (the broker counts as
+    /// unreachable, and the job restarts per its strategy). While the
+    /// broker acknowledges records, however slowly, the sink waits for
+    /// it: when librdkafka's queue is full, at a pre-commit's flush, and
+    /// for requests that time out. A slow or briefly stopped broker thus
+    /// slows the job down (backpressure) instead of failing it. Default
+    /// 60 s; keep it below `transaction_timeout_ms` in the exactly-once
+    /// mode, or the broker aborts the transaction first.
+    pub unreachable_timeout_ms: u64,
     /// Further librdkafka producer settings, applied last.
     pub client_options: Vec<(String, String)>,
 }
@@ -173,9 +192,9 @@ impl KafkaSinkConfig {
             delivery: Delivery::ExactlyOnce,
             transactional_id_prefix: None,
             transaction_timeout_ms: 60_000,
-            checkpoint_interval_ms: None,
             fence_ahead: 2,
             request_timeout_ms: 30_000,
+            unreachable_timeout_ms: 60_000,
             client_options: Vec::new(),
         }
     }
@@ -242,6 +261,8 @@ impl CommitLog {
 pub struct KafkaSinkFactory<T, S> {
     config: Arc<KafkaSinkConfig>,
     serialize: Arc<S>,
+    /// The records' event time, for those without a timestamp.
+    event_time: Option<EventTime<T>>,
     log: CommitLog,
     gate: Arc<SendGate>,
     _records: std::marker::PhantomData<fn(&T)>,
@@ -252,29 +273,26 @@ where
     S: Fn(&T) -> KafkaOut + Send + Sync + 'static,
 {
     /// A factory writing `config.topic` through `serialize`; it checks now
-    /// the settings, that a broker answers and that the topic exists.
+    /// the settings, that a broker answers and that the topic exists. The
+    /// transaction time-out is checked against the job's checkpoint
+    /// interval when the sink joins a job ([`SinkFactory::open`]).
     ///
     /// # Errors
     ///
-    /// [`KafkaError::TransactionTimeoutTooShort`],
     /// [`KafkaError::InvalidConfig`], [`KafkaError::BrokerUnreachable`],
     /// [`KafkaError::UnknownTopic`].
     pub fn new(config: KafkaSinkConfig, serialize: S) -> Result<Self, KafkaError> {
-        if let Some(interval_ms) = config.checkpoint_interval_ms {
-            if config.delivery == Delivery::ExactlyOnce
-                && config.transaction_timeout_ms <= interval_ms
-            {
-                return Err(KafkaError::TransactionTimeoutTooShort {
-                    transaction_timeout_ms: config.transaction_timeout_ms,
-                    checkpoint_interval_ms: interval_ms,
+        for (setting, value) in [
+            ("request_timeout_ms", config.request_timeout_ms),
+            ("unreachable_timeout_ms", config.unreachable_timeout_ms),
+            ("transaction_timeout_ms", config.transaction_timeout_ms),
+        ] {
+            if value == 0 {
+                return Err(KafkaError::InvalidConfig {
+                    setting,
+                    reason: "must be above 0".to_owned(),
                 });
             }
-        }
-        if config.request_timeout_ms == 0 {
-            return Err(KafkaError::InvalidConfig {
-                setting: "request_timeout_ms",
-                reason: "must be above 0".to_owned(),
-            });
         }
         let prefix = config.prefix();
         if prefix.is_empty() || prefix.len() > 200 {
@@ -295,10 +313,43 @@ where
         Ok(KafkaSinkFactory {
             config: Arc::new(config),
             serialize: Arc::new(serialize),
+            event_time: None,
             log: CommitLog::default(),
             gate: Arc::new(SendGate::default()),
             _records: std::marker::PhantomData,
         })
+    }
+
+    /// Gives every record whose [`KafkaOut::timestamp_ms`] is `None` the
+    /// timestamp `timestamp_of` reads from it: its event time, in
+    /// milliseconds since the epoch.
+    ///
+    /// Records do not carry their event time through a job (as for
+    /// [`window`](crate::job::KeyedStream::window), the timestamp is a
+    /// function of the record), so the sink cannot read it by itself:
+    /// pass the function the source's
+    /// [`WatermarkStrategy`](crate::time::WatermarkStrategy) uses, or one
+    /// that reads the time a result carries (a window's `end_ms - 1`).
+    /// Without this and without a timestamp in the record, the producer
+    /// stamps the time it sends the record.
+    ///
+    /// ```no_run
+    /// use snapflow::connectors::kafka::{KafkaOut, KafkaSinkConfig, KafkaSinkFactory};
+    ///
+    /// // (user, event time in ms)
+    /// let sink = KafkaSinkFactory::new(
+    ///     KafkaSinkConfig::new("127.0.0.1:9092", "events", "job", "out"),
+    ///     |event: &(u32, u64)| KafkaOut::new(event.0.to_string().into_bytes()),
+    /// )?
+    /// .with_event_time(|event: &(u32, u64)| event.1);
+    /// # Ok::<(), snapflow::connectors::kafka::KafkaError>(())
+    /// ```
+    pub fn with_event_time(
+        mut self,
+        timestamp_of: impl Fn(&T) -> u64 + Send + Sync + 'static,
+    ) -> Self {
+        self.event_time = Some(Arc::new(timestamp_of));
+        self
     }
 
     /// The log of committed transactions of this factory's sinks.
@@ -313,11 +364,23 @@ where
 {
     type Sink = KafkaSink<T, S>;
 
+    /// Checks the transaction time-out against the job's checkpoint
+    /// interval: every transaction stays open for one interval and until
+    /// its checkpoint completes, so a time-out not longer than the
+    /// interval would make the broker abort every one of them.
+    fn open(&mut self, context: &SinkContext) -> Result<(), SinkError> {
+        if self.config.delivery != Delivery::ExactlyOnce {
+            return Ok(());
+        }
+        check_transaction_timeout(&self.config, context).map_err(KafkaError::into_sink_error)
+    }
+
     fn create(&self, subtask: usize, _parallelism: usize) -> Result<Self::Sink, SinkError> {
         Ok(KafkaSink {
             prefix: format!("{}-{subtask}-", self.config.prefix()),
             config: Arc::clone(&self.config),
             serialize: Arc::clone(&self.serialize),
+            event_time: self.event_time.clone(),
             log: self.log.clone(),
             gate: Arc::clone(&self.gate),
             reported_pending: 0,
@@ -336,10 +399,51 @@ where
     }
 }
 
+/// A function that reads a record's event time.
+type EventTime<T> = Arc<dyn Fn(&T) -> u64 + Send + Sync>;
+
+/// [`SinkFactory::open`]'s check of the exactly-once mode.
+///
+/// # Errors
+///
+/// [`KafkaError::TransactionTimeoutTooShort`] when the transaction
+/// time-out is not longer than the job's checkpoint interval.
+fn check_transaction_timeout(
+    config: &KafkaSinkConfig,
+    context: &SinkContext,
+) -> Result<(), KafkaError> {
+    match context.checkpoint_interval_ms {
+        Some(interval_ms) if config.transaction_timeout_ms <= interval_ms => {
+            Err(KafkaError::TransactionTimeoutTooShort {
+                transaction_timeout_ms: config.transaction_timeout_ms,
+                checkpoint_interval_ms: interval_ms,
+            })
+        }
+        Some(_) => Ok(()),
+        None => {
+            // Not an error: a short bounded job commits its one
+            // transaction at its final checkpoint in time. A longer one
+            // fails (retryably) when the broker aborts the transaction.
+            tracing::warn!(
+                job = %context.job,
+                sink = %context.operator,
+                transaction_timeout_ms = config.transaction_timeout_ms,
+                "the job takes no periodic checkpoints, so the exactly-once Kafka sink writes \
+                 all its output in one transaction, committed at the job's end: the broker \
+                 aborts it if the job runs longer than transaction_timeout_ms; set \
+                 JobConfig::checkpoint_interval_ms"
+            );
+            Ok(())
+        }
+    }
+}
+
 /// The sink of one subtask. See the [module documentation](self).
 pub struct KafkaSink<T, S> {
     config: Arc<KafkaSinkConfig>,
     serialize: Arc<S>,
+    /// The records' event time, for those without a timestamp.
+    event_time: Option<EventTime<T>>,
     log: CommitLog,
     /// The factory's [`SendGate`], and this subtask's pending count as
     /// last told to it.
@@ -376,6 +480,20 @@ pub struct KafkaSink<T, S> {
     _records: std::marker::PhantomData<fn(&T)>,
 }
 
+/// The record `serialize` makes of `record`, with the event time
+/// `event_time` reads as its timestamp when it has none.
+fn to_out<T, S: Fn(&T) -> KafkaOut>(
+    serialize: &S,
+    event_time: Option<&EventTime<T>>,
+    record: &T,
+) -> KafkaOut {
+    let mut out = serialize(record);
+    if let (None, Some(event_time)) = (out.timestamp_ms, event_time) {
+        out.timestamp_ms = Some(event_time(record));
+    }
+    out
+}
+
 /// The bytes of one produced record as [`Sink::bytes_written`] counts
 /// them: key, value and, with a transaction, the header's name and value.
 fn record_bytes(out: &KafkaOut, header: Option<&str>) -> u64 {
@@ -400,6 +518,11 @@ where
 {
     fn timeout(&self) -> Duration {
         Duration::from_millis(self.config.request_timeout_ms)
+    }
+
+    /// How long the sink waits for a broker that acknowledges nothing.
+    fn unreachable(&self) -> Duration {
+        Duration::from_millis(self.config.unreachable_timeout_ms)
     }
 
     fn id_after(&self, checkpoint_id: u64) -> String {
@@ -498,7 +621,7 @@ where
 
     /// Sends the records of the open transaction that wait for the gate.
     fn send_held(&mut self) -> Result<(), KafkaError> {
-        let timeout = self.timeout();
+        let timeout = self.unreachable();
         let Some(txn) = self.open.as_mut() else {
             return Ok(());
         };
@@ -531,7 +654,7 @@ where
         if batch.is_empty() {
             return Ok(());
         }
-        let timeout = self.timeout();
+        let timeout = self.unreachable();
         match self.config.delivery {
             Delivery::ExactlyOnce => {
                 if self.open.is_none() {
@@ -547,8 +670,12 @@ where
                         reason: "no open transaction after opening one".to_owned(),
                     });
                 };
-                txn.records
-                    .extend(batch.iter().map(|record| (self.serialize)(record)));
+                let (serialize, event_time) = (&*self.serialize, &self.event_time);
+                txn.records.extend(
+                    batch
+                        .iter()
+                        .map(|record| to_out(serialize, event_time.as_ref(), record)),
+                );
                 let held = txn.records.len() - self.held_from;
                 if self.gate.is_open() || held >= HELD_MAX {
                     self.send_held()?;
@@ -564,7 +691,7 @@ where
                     });
                 };
                 for record in batch {
-                    let out = (self.serialize)(record);
+                    let out = to_out(&*self.serialize, self.event_time.as_ref(), record);
                     send(producer, &self.config.topic, &out, None, timeout)?;
                     self.bytes_written += record_bytes(&out, None);
                 }
@@ -606,9 +733,10 @@ where
                         first: checkpoint_id,
                         nonce: txn.nonce,
                     };
+                    let config = Arc::clone(&self.config);
                     let group = self.marker()?;
-                    recover::send_marker(&txn.producer, group, &marker)?;
-                    txn::flush(&txn.producer, self.timeout())?;
+                    recover::send_marker(&config, &txn.producer, group, &marker)?;
+                    txn::flush(&txn.producer, self.unreachable())?;
                     txn.watch.check()?;
                     let pending = PendingTxn {
                         id: txn.id.clone(),
@@ -628,7 +756,7 @@ where
             }
             Delivery::AtLeastOnce => {
                 if let Some((producer, watch)) = &self.plain {
-                    txn::flush(producer, self.timeout())?;
+                    txn::flush(producer, self.unreachable())?;
                     watch.check()?;
                 }
             }
@@ -744,7 +872,7 @@ where
         // Only the final checkpoint is left: nothing to open ahead for.
         self.ended = true;
         if let Some((producer, watch)) = &self.plain {
-            txn::flush(producer, self.timeout())?;
+            txn::flush(producer, self.unreachable())?;
             watch.check()?;
         }
         Ok(())

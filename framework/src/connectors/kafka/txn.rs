@@ -112,7 +112,17 @@ pub(crate) fn producer(
     transactional_id: Option<&str>,
 ) -> Result<(Producer_, Arc<DeliveryWatch>), KafkaError> {
     let mut client = client_config(&config.brokers);
-    let message_timeout_ms = config.request_timeout_ms.min(config.transaction_timeout_ms);
+    // A record waits in librdkafka, retried, for as long as its
+    // transaction can live (librdkafka allows no longer): a slow broker
+    // must slow the job down, not fail it, and the sink's own waits
+    // (`send`, `flush`) say when the broker is unreachable. Without a
+    // transaction nothing limits it but those waits (0: no limit).
+    // Before, this was the request time-out, and a broker slower than
+    // that failed the job with `MessageTimedOut`.
+    let message_timeout_ms = match transactional_id {
+        Some(_) => config.transaction_timeout_ms,
+        None => 0,
+    };
     client
         .set("enable.idempotence", "true")
         .set("message.timeout.ms", message_timeout_ms.to_string())
@@ -137,10 +147,9 @@ pub(crate) fn producer(
 /// aborts whatever another producer left open under it).
 pub(crate) fn open_txn(config: &KafkaSinkConfig, id: String) -> Result<Txn, KafkaError> {
     let (producer, watch) = producer(config, Some(&id))?;
-    let timeout = Duration::from_millis(config.request_timeout_ms);
-    producer
-        .init_transactions(timeout)
-        .map_err(|source| KafkaError::client("init_transactions", source))?;
+    ask_until_unreachable(config, "init_transactions", |timeout| {
+        producer.init_transactions(timeout)
+    })?;
     producer
         .begin_transaction()
         .map_err(|source| KafkaError::client("begin_transaction", source))?;
@@ -187,14 +196,22 @@ pub(crate) fn fence(config: &KafkaSinkConfig, id: &str) -> Result<(), KafkaError
         .map_err(|source| KafkaError::client("init_transactions (fencing)", source))
 }
 
-/// Sends one record, serving delivery callbacks while the local queue is
-/// full, for at most `timeout`.
+/// Sends one record. While librdkafka's queue is full (the broker is
+/// slower than the job), it serves delivery callbacks and waits: the
+/// job slows down to the broker's pace (backpressure). It gives up only
+/// when the broker acknowledged nothing for `stalled` (it is
+/// unreachable): [`KafkaError::Client`] with `QueueFull`, retryable.
+///
+/// # Errors
+///
+/// As above; [`KafkaError::BadTimestamp`] for a timestamp past
+/// `i64::MAX`; librdkafka's error for anything else.
 pub(crate) fn send(
     producer: &Producer_,
     topic: &str,
     out: &KafkaOut,
     header: Option<&str>,
-    timeout: Duration,
+    stalled: Duration,
 ) -> Result<(), KafkaError> {
     let mut record = BaseRecord::<Vec<u8>, Vec<u8>>::to(topic).payload(&out.value);
     if let Some(key) = &out.key {
@@ -203,19 +220,24 @@ pub(crate) fn send(
     if let Some(partition) = out.partition {
         record = record.partition(partition);
     }
+    if let Some(timestamp_ms) = out.timestamp_ms {
+        let timestamp_ms =
+            i64::try_from(timestamp_ms).map_err(|_| KafkaError::BadTimestamp { timestamp_ms })?;
+        record = record.timestamp(timestamp_ms);
+    }
     if let Some(header) = header {
         record = record.headers(OwnedHeaders::new().insert(Header {
             key: TXN_HEADER,
             value: Some(header),
         }));
     }
-    let deadline = Instant::now() + timeout;
+    let mut progress = Progress::new(producer, stalled);
     loop {
         match producer.send(record) {
             Ok(()) => return Ok(()),
             Err((error, back))
                 if error.rdkafka_error_code() == Some(RDKafkaErrorCode::QueueFull)
-                    && Instant::now() < deadline =>
+                    && progress.goes_on(producer) =>
             {
                 record = back;
                 producer.poll(Duration::from_millis(5));
@@ -224,6 +246,78 @@ pub(crate) fn send(
         }
     }
 }
+
+/// Whether a producer's records still move: the count of records
+/// librdkafka holds (queued or waiting for an acknowledgement) fell, or
+/// did within the last `stalled`. A broker that acknowledges anything is
+/// busy, not gone.
+struct Progress {
+    stalled: Duration,
+    lowest: i32,
+    since: Instant,
+}
+
+impl Progress {
+    fn new(producer: &Producer_, stalled: Duration) -> Progress {
+        Progress {
+            stalled,
+            lowest: producer.in_flight_count(),
+            since: Instant::now(),
+        }
+    }
+
+    /// Whether to wait on: the records moved within the last `stalled`.
+    fn goes_on(&mut self, producer: &Producer_) -> bool {
+        let now = producer.in_flight_count();
+        if now < self.lowest {
+            self.lowest = now;
+            self.since = Instant::now();
+        }
+        self.since.elapsed() < self.stalled
+    }
+}
+
+/// Asks the broker through `request`, each time for at most
+/// `config.request_timeout_ms`, again and again while it answers with an
+/// error librdkafka says may be retried (a time-out: a busy or briefly
+/// stopped broker), until `config.unreachable_timeout_ms` has passed
+/// since the first ask. Every transactional call of librdkafka
+/// (`init_transactions`, `send_offsets_to_transaction`,
+/// `commit_transaction`) may be called again after such an error and
+/// goes on where it was.
+///
+/// # Errors
+///
+/// [`KafkaError::Client`] for `operation`: the last error once the time
+/// is up, or at once an error that is not retriable.
+pub(crate) fn ask_until_unreachable(
+    config: &KafkaSinkConfig,
+    operation: &'static str,
+    mut request: impl FnMut(Duration) -> rdkafka::error::KafkaResult<()>,
+) -> Result<(), KafkaError> {
+    let timeout = Duration::from_millis(config.request_timeout_ms);
+    let deadline = Instant::now() + Duration::from_millis(config.unreachable_timeout_ms);
+    loop {
+        let asked = Instant::now();
+        match request(timeout) {
+            Ok(()) => return Ok(()),
+            Err(rdkafka::error::KafkaError::Transaction(error))
+                if error.is_retriable() && Instant::now() < deadline =>
+            {
+                tracing::debug!(operation, %error, "the Kafka broker is slow; asking again");
+                // An error that came at once (no broker to connect to)
+                // is not asked again in a tight loop.
+                if asked.elapsed() < RETRY_PAUSE {
+                    std::thread::sleep(RETRY_PAUSE);
+                }
+            }
+            Err(source) => return Err(KafkaError::client(operation, source)),
+        }
+    }
+}
+
+/// The least time between two asks of [`ask_until_unreachable`].
+const RETRY_PAUSE: Duration = Duration::from_millis(50);
 
 /// Starts opening the transaction `id` on a thread of its own, for the
 /// sink to take with [`take_ahead`] when its first record comes: opening
@@ -336,7 +430,12 @@ pub(crate) fn open_and_fence(
 }
 
 /// Waits until the broker acknowledged every record `producer` holds,
-/// for at most `timeout`, serving delivery callbacks meanwhile.
+/// serving delivery callbacks meanwhile, for as long as the broker
+/// acknowledges records: it gives up when none was acknowledged for
+/// `stalled` (the broker is unreachable), not after a fixed time, so
+/// that a slow broker's backlog slows the job down instead of failing
+/// it (before, a pre-commit failed with `OperationTimedOut` after the
+/// request time-out however fast the records went).
 ///
 /// Why not `Producer::flush(timeout)`: rdkafka 0.39 flushes by polling
 /// in slices of 100 ms, and its poll runs each slice to the end even
@@ -347,16 +446,16 @@ pub(crate) fn open_and_fence(
 ///
 /// # Errors
 ///
-/// [`KafkaError::Client`] (retryable) when `timeout` passes first, or
-/// librdkafka's error.
-pub(crate) fn flush(producer: &Producer_, timeout: Duration) -> Result<(), KafkaError> {
-    let deadline = Instant::now() + timeout;
+/// [`KafkaError::Client`] (retryable) when the broker stalls for
+/// `stalled`, or librdkafka's error.
+pub(crate) fn flush(producer: &Producer_, stalled: Duration) -> Result<(), KafkaError> {
+    let mut progress = Progress::new(producer, stalled);
     loop {
         match producer.flush(Duration::ZERO) {
             Ok(()) => return Ok(()),
             Err(source)
                 if source.rdkafka_error_code() == Some(RDKafkaErrorCode::OperationTimedOut)
-                    && Instant::now() < deadline =>
+                    && progress.goes_on(producer) =>
             {
                 producer.poll(Duration::from_millis(1));
             }

@@ -104,6 +104,7 @@ pub(crate) fn nudge(config: &KafkaSinkConfig, prefix: &str) -> Result<(), KafkaE
             key: None,
             value: Vec::new(),
             partition: i32::try_from(partition).ok(),
+            timestamp_ms: None,
         };
         send(
             &txn.producer,

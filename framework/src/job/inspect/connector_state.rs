@@ -316,6 +316,7 @@ mod tests {
                     key: Some(b"k".to_vec()),
                     value: b"v:1".to_vec(),
                     partition: None,
+                    timestamp_ms: None,
                 }],
             },
         );

@@ -48,6 +48,16 @@ impl Job {
         &self.name
     }
 
+    /// The checkpoint interval the job will run with (see
+    /// [`SinkContext::checkpoint_interval_ms`](crate::sink::SinkContext::checkpoint_interval_ms)),
+    /// as `plan` settles it.
+    pub(super) fn effective_checkpoint_interval_ms(&self) -> Option<u64> {
+        match self.config.checkpoint_interval_ms {
+            None if self.config.store.is_some() => Some(DEFAULT_CHECKPOINT_INTERVAL_MS),
+            interval => interval,
+        }
+    }
+
     /// Adds a source operator: `factory` makes each subtask's split. A
     /// source that cannot seek ([`Source::can_seek`] is false) is accepted
     /// but makes the job at-least-once: [`JobReport::guarantee`] says so,

@@ -17,7 +17,7 @@ use crate::job::route::KeyHasher;
 use crate::job::shell::{Core, Data};
 use crate::job::snapshots::SnapshotStarter;
 use crate::job::JobError;
-use crate::sink::{Sink, SinkFactory};
+use crate::sink::{Sink, SinkContext, SinkFactory};
 use crate::time::WatermarkStrategy;
 
 /// A typed stream of records of type `T`, produced by one or more operators
@@ -387,11 +387,26 @@ impl<'j, T: Data> Stream<'j, T> {
     /// driven through two-phase commit (pre-commit at each checkpoint,
     /// commit when it is complete, restore before the first record).
     /// Returns a handle to set the sink's parallelism.
-    pub fn sink<F>(self, name: &str, factory: F) -> SinkHandle<'j>
+    pub fn sink<F>(self, name: &str, mut factory: F) -> SinkHandle<'j>
     where
         F: SinkFactory + Send + Sync + 'static,
         F::Sink: Sink<Item = T> + 'static,
     {
+        let context = SinkContext::new(
+            self.job.name(),
+            name,
+            self.job.effective_checkpoint_interval_ms(),
+        );
+        if let Err(error) = factory.open(&context) {
+            self.job
+                .graph
+                .borrow_mut()
+                .errors
+                .push(JobError::SinkConfig {
+                    sink: name.to_owned(),
+                    error,
+                });
+        }
         let factory = Arc::new(factory);
         let hooks = sink_hooks(&factory);
         let make: SinkMaker<T> = Arc::new(move |subtask, parallelism| {
