@@ -77,6 +77,10 @@ const HIGHS_REFRESH: Duration = Duration::from_secs(1);
 /// (just started): its first one then shows within milliseconds.
 const FIRST_ANSWER_POLL: Duration = Duration::from_millis(10);
 
+/// How long an unbounded source that read nothing yet waits before it
+/// starts its lag probe (one that read something starts it at once).
+const LAG_PROBE_DELAY: Duration = Duration::from_secs(2);
+
 /// How often an unbounded source looks for new partitions unless told
 /// otherwise: 5 minutes, Flink's default for `partition.discovery.interval.ms`
 /// (since its Kafka connector 3.1, FLIP-288). Each look is one metadata
@@ -335,6 +339,7 @@ where
             failed: None,
             dropped_here: 0,
             drop_log: DropLog::default(),
+            made_at: Instant::now(),
         };
         source.discover(self.config.start)?;
         Ok(source)
@@ -391,6 +396,8 @@ pub struct KafkaSource<D> {
     dropped_here: u64,
     /// The rate limit on the warnings about them.
     drop_log: DropLog,
+    /// When the source was made.
+    made_at: Instant,
 }
 
 /// The partitions of `topic` (with `count` partitions now) that
@@ -712,7 +719,12 @@ where
     /// high watermark is not known yet leaves the lag unknown).
     fn figures(&mut self) -> SourceFigures {
         let due = self.lag_due.map_or(true, |at| Instant::now() >= at);
-        if due && !self.config.bounded {
+        // The probe starts once the source read something (or after
+        // LAG_PROBE_DELAY), so that its offset requests never stand
+        // between the job's start and its first fetch.
+        let started = self.readers.iter().any(|reader| reader.bytes_read > 0)
+            || self.made_at.elapsed() >= LAG_PROBE_DELAY;
+        if due && !self.config.bounded && started {
             self.refresh_lag();
         }
         let mut pending = Some(0_u64);
