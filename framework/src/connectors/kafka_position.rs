@@ -11,7 +11,10 @@
 //!
 //! Layout (little-endian): format byte `1`, entry count `u32`, then per
 //! entry the topic's length `u16` and UTF-8 bytes, the partition `i32`,
-//! the next offset `i64` and the end offset `i64` (`-1`: unbounded).
+//! the next offset `i64` and the end offset `i64` (`-1`: unbounded;
+//! `-2`: bounded, but the end the broker gave proved wrong, so the
+//! partition is read until the broker has nothing more; a reader older
+//! than this value rejects it rather than misread it).
 //! Decoding checks every length against the bytes that remain before it
 //! allocates, so hostile bytes cannot make it allocate more than they
 //! are long.
@@ -34,7 +37,15 @@ pub(crate) struct PartitionOffsets {
     /// A bounded source's end: records at this offset and later are not
     /// read. `None`: unbounded.
     pub(crate) end: Option<i64>,
+    /// Whether a record at or past `end` came, which proves the broker's
+    /// end wrong (tansu's latest offset counts batches): the partition is
+    /// then read until the broker says it has nothing more, and `end`
+    /// no longer bounds it.
+    pub(crate) reads_on: bool,
 }
+
+/// The stored end of a partition that reads on past a wrong end.
+const READS_ON: i64 = -2;
 
 /// The position bytes of `offsets`.
 #[cfg_attr(not(feature = "kafka"), allow(dead_code))]
@@ -49,7 +60,12 @@ pub(crate) fn encode(offsets: &Offsets) -> Vec<u8> {
         put_str(&mut bytes, topic);
         bytes.extend_from_slice(&partition.to_le_bytes());
         bytes.extend_from_slice(&place.next.to_le_bytes());
-        bytes.extend_from_slice(&place.end.unwrap_or(-1).to_le_bytes());
+        let end = match (place.reads_on, place.end) {
+            (true, _) => READS_ON,
+            (false, Some(end)) => end,
+            (false, None) => -1,
+        };
+        bytes.extend_from_slice(&end.to_le_bytes());
     }
     bytes
 }
@@ -72,12 +88,17 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Offsets, &'static str> {
         let partition = reader.i32()?;
         let next = reader.i64()?;
         let end = reader.i64()?;
-        if partition < 0 || next < 0 || end < -1 {
+        if partition < 0 || next < 0 || end < READS_ON {
             return Err("a negative partition or offset");
         }
         let place = PartitionOffsets {
             next,
-            end: (end >= 0).then_some(end),
+            end: match end {
+                -1 => None,
+                READS_ON => Some(next),
+                _ => Some(end),
+            },
+            reads_on: end == READS_ON,
         };
         if offsets.insert((topic, partition), place).is_some() {
             return Err("a partition is listed twice");
@@ -94,12 +115,20 @@ pub(crate) mod tests {
     /// Two partitions, one bounded.
     pub(crate) fn sample() -> Offsets {
         let mut offsets = Offsets::new();
-        offsets.insert(("in".into(), 0), PartitionOffsets { next: 7, end: None });
+        offsets.insert(
+            ("in".into(), 0),
+            PartitionOffsets {
+                next: 7,
+                end: None,
+                reads_on: false,
+            },
+        );
         offsets.insert(
             ("in".into(), 3),
             PartitionOffsets {
                 next: 0,
                 end: Some(12),
+                reads_on: false,
             },
         );
         offsets
@@ -111,6 +140,22 @@ pub(crate) mod tests {
         assert_eq!(decode(&encode(&offsets)).expect("decodes"), offsets);
         // An eight-byte index of the built-in sources is never read as one.
         assert!(decode(&1_u64.to_le_bytes()).is_err());
+    }
+
+    /// A partition reading on past a wrong end keeps doing so after a
+    /// restore, and its stored end is one an older reader rejects.
+    #[test]
+    fn a_partition_reading_on_round_trips() {
+        let mut offsets = sample();
+        let on = PartitionOffsets {
+            next: 30,
+            end: Some(30),
+            reads_on: true,
+        };
+        offsets.insert(("in".into(), 4), on);
+        let bytes = encode(&offsets);
+        assert_eq!(decode(&bytes).expect("decodes")[&("in".into(), 4)], on);
+        assert_eq!(&bytes[bytes.len() - 8..], &(-2_i64).to_le_bytes());
     }
 
     #[test]

@@ -58,6 +58,7 @@ struct SubtaskFamilies {
     pending_bytes: Gauges,
     split_position: Gauges,
     split_pending_records: Gauges,
+    records_dropped: Counters,
 }
 
 impl SubtaskFamilies {
@@ -115,6 +116,11 @@ impl SubtaskFamilies {
                 "snapflow_source_split_pending_records",
                 "Records of a split not read yet",
             ),
+            records_dropped: counter(
+                registry,
+                "snapflow_source_records_dropped",
+                "Records a source read and dropped as bad (replayed ones counted again)",
+            ),
         }
     }
 
@@ -133,6 +139,9 @@ impl SubtaskFamilies {
         }
         if let Some(bytes) = subtask.pending_bytes {
             self.pending_bytes.get_or_create(labels).set(bytes as f64);
+        }
+        if let Some(records) = subtask.records_dropped {
+            self.records_dropped.get_or_create(labels).inc_by(records);
         }
         for split in &subtask.splits {
             let mut labels = labels.clone();

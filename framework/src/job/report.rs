@@ -166,6 +166,11 @@ pub struct OperatorReport {
     /// watermarks that arrived on an input lower than that input's
     /// previous one.
     pub watermark_regressions: u64,
+    /// Records a source read and dropped because its user chose to skip
+    /// them (the Kafka source's undecodable records with
+    /// `BadRecords::Drop`); 0 for other operators. Replayed records are
+    /// counted again after a restart.
+    pub records_dropped: u64,
 }
 
 /// One completed checkpoint.

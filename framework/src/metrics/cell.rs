@@ -53,6 +53,9 @@ pub struct SubtaskCell {
     pending_records: AtomicU64,
     /// A source's bytes not read yet, plus one; 0: unknown.
     pending_bytes: AtomicU64,
+    /// Records a source dropped (bad records it was told to skip), plus
+    /// one; 0 for an operator that is not a source.
+    records_dropped: AtomicU64,
     /// The source position taken with the newest checkpoint, as text.
     position: Mutex<Option<String>>,
     /// A source's splits as numbers, written at most once a second.
@@ -90,6 +93,7 @@ impl SubtaskCell {
             bytes_out: AtomicU64::new(0),
             pending_records: AtomicU64::new(0),
             pending_bytes: AtomicU64::new(0),
+            records_dropped: AtomicU64::new(0),
             position: Mutex::new(None),
             splits: Mutex::new(Vec::new()),
             sync_parts: Mutex::new(VecDeque::new()),
@@ -144,6 +148,19 @@ impl SubtaskCell {
     /// A source's bytes not read yet, if it knows.
     pub fn pending_bytes(&self) -> Option<u64> {
         plus_one(&self.pending_bytes)
+    }
+
+    /// Adds `records` a source dropped; from the first call on (a source
+    /// shell makes it with 0 as it opens its source) the subtask shows
+    /// its dropped records, 0 included.
+    pub fn add_records_dropped(&self, records: u64) {
+        add_plus_one(&self.records_dropped, records);
+    }
+
+    /// Records a source dropped, over every generation (`None`: not a
+    /// source).
+    pub fn records_dropped(&self) -> Option<u64> {
+        plus_one(&self.records_dropped)
     }
 
     /// Sets where a source's splits are (called at most once a second).

@@ -476,6 +476,7 @@ impl MetricsRegistry {
             bytes_out_per_second: rates.bytes_out,
             pending_records: cell.pending_records(),
             pending_bytes: cell.pending_bytes(),
+            records_dropped: cell.records_dropped(),
             splits: cell.splits(),
         }
     }
@@ -524,6 +525,7 @@ fn sum_operator(info: &OperatorInfo, subtasks: Vec<SubtaskMetrics>) -> OperatorM
         bytes_out_per_second: subtasks.iter().map(|s| s.bytes_out_per_second).sum(),
         pending_records: sum_known(&subtasks, |s| s.pending_records),
         pending_bytes: sum_known(&subtasks, |s| s.pending_bytes),
+        records_dropped: sum_known(&subtasks, |s| s.records_dropped),
         subtasks,
     }
 }

@@ -112,6 +112,9 @@ pub struct OperatorMetrics {
     /// A source's bytes not read yet, summed over the subtasks that know
     /// (Flink's `pendingBytes`).
     pub pending_bytes: Option<u64>,
+    /// Records a source dropped as bad, summed over its subtasks (see
+    /// [`SubtaskMetrics::records_dropped`]); `None` for other operators.
+    pub records_dropped: Option<u64>,
 }
 
 /// One operator instance's figures.
@@ -171,6 +174,12 @@ pub struct SubtaskMetrics {
     /// For a source that knows: bytes not read yet (the file source: its
     /// split's end minus its next line).
     pub pending_bytes: Option<u64>,
+    /// For a source: the records it read and dropped because its user
+    /// chose to skip them (the Kafka source's undecodable records with
+    /// `BadRecords::Drop`), over every generation (replayed records are
+    /// counted again); 0 for a source that dropped none, `None` for
+    /// every other operator.
+    pub records_dropped: Option<u64>,
     /// For a source that reports them: each split's position as a number
     /// (a Kafka partition's next offset, a file's byte offset), copied at
     /// most once a second while it runs and at its end.

@@ -255,6 +255,17 @@ pub trait Source {
         SourceFigures::default()
     }
 
+    /// Records this source object read and dropped since it was made
+    /// (records its user chose to skip, such as the Kafka source's
+    /// undecodable ones with `BadRecords::Drop`). The runtime asks after
+    /// every poll and adds what is new to the operator's
+    /// [`OperatorReport::records_dropped`](crate::job::OperatorReport::records_dropped)
+    /// and the live metrics, so it must be cheap: return a counter. The
+    /// default drops nothing.
+    fn records_dropped(&self) -> u64 {
+        0
+    }
+
     /// Appends where each of this source's splits is, as numbers, to
     /// `out`. The runtime asks at most once a second and when the source
     /// ends, while metrics are on. The default appends nothing (the

@@ -74,7 +74,11 @@ pub enum KafkaError {
     },
     /// A user deserialiser rejected a record and the source is set to
     /// fail on bad records.
-    #[error("record at {topic}/{partition}@{offset} does not decode: {reason}")]
+    #[error(
+        "record at {topic}/{partition}@{offset} does not decode: {reason} (the source fails on \
+         such records; set `KafkaSourceConfig::bad_records` to `BadRecords::Drop` to skip them, \
+         logged and counted)"
+    )]
     BadRecord {
         /// The record's topic.
         topic: String,

@@ -20,8 +20,16 @@ use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
-/// How often the probe asks.
+/// How often the probe asks, at most.
 const INTERVAL: Duration = Duration::from_secs(1);
+
+/// The probe waits this many times as long as its last round of requests
+/// took before the next one (and at least [`INTERVAL`]), so that it never
+/// takes more than about a tenth of a slow broker's time: on tansu each
+/// offset request lists every batch of the partition, seconds on a topic
+/// written one record per batch, and a probe asking every second kept the
+/// broker from answering the fetches (issue 36's stalled source).
+const BACKOFF_FACTOR: u32 = 10;
 
 /// A partition as the source names it: (reader index, partition).
 pub(super) type PartitionKey = (usize, i32);
@@ -101,6 +109,7 @@ fn ask_until_stopped(
     timeout: Duration,
 ) {
     loop {
+        let round = std::time::Instant::now();
         let partitions = lock(wanted).clone();
         for (index, partition) in &partitions {
             if !matches!(stopped.try_recv(), Err(TryRecvError::Empty)) {
@@ -116,7 +125,8 @@ fn ask_until_stopped(
             }
         }
         lock(highs).retain(|key, _| partitions.contains(key));
-        match stopped.recv_timeout(INTERVAL) {
+        let wait = INTERVAL.max(round.elapsed() * BACKOFF_FACTOR);
+        match stopped.recv_timeout(wait) {
             Err(RecvTimeoutError::Timeout) => {}
             Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
         }

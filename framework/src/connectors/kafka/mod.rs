@@ -63,6 +63,8 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod bad;
+mod bound;
 mod error;
 mod gate;
 mod lag;

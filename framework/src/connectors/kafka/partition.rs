@@ -37,6 +37,7 @@ use rdkafka::error::KafkaError as ClientError;
 use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
+use super::bound::{self, Seen};
 use super::error::{code_is_retryable, KafkaError};
 use super::lag::PartitionKey;
 use super::position::PartitionOffsets;
@@ -89,10 +90,7 @@ pub(super) struct OwnedPartition {
     consumed: Option<i64>,
 }
 
-/// Whether a bounded partition has nothing left to read.
-pub(super) fn done(offsets: &PartitionOffsets) -> bool {
-    offsets.end.is_some_and(|end| offsets.next >= end)
-}
+pub(super) use super::bound::done;
 
 /// One topic's consumer within a subtask: one consumer per topic, so
 /// that its events name partitions of one topic only.
@@ -106,6 +104,9 @@ pub(super) struct TopicReader {
     /// Bytes of the messages read (keys, values, headers), for the live
     /// metrics.
     pub(super) bytes_read: u64,
+    /// Whether a partition's end already proved wrong (warned once per
+    /// topic and subtask).
+    warned_end: bool,
 }
 
 /// The bytes of one message as the source's metrics count them: key,
@@ -130,6 +131,7 @@ impl TopicReader {
             partitions: BTreeMap::new(),
             assigned: false,
             bytes_read: 0,
+            warned_end: false,
         }
     }
 
@@ -161,7 +163,10 @@ impl TopicReader {
     /// up to the probe's high watermark (`None` before one is known), from
     /// its next offset or the consumer's position past markers.
     pub(super) fn pending(owned: &OwnedPartition) -> Option<u64> {
-        let target = owned.offsets.end.or(owned.high)?;
+        let target = match owned.offsets.reads_on {
+            true => owned.high,
+            false => owned.offsets.end.or(owned.high),
+        }?;
         let from = owned
             .consumed
             .filter(|&at| at <= target)
@@ -251,7 +256,10 @@ impl TopicReader {
                 }
                 Err(ClientError::PartitionEOF(partition)) => {
                     if let Some(owned) = self.partitions.get_mut(&partition) {
-                        skip_markers(&self.consumer, &self.topic, partition, &mut owned.offsets);
+                        at_end(&self.consumer, &self.topic, partition, &mut owned.offsets);
+                        if done(&owned.offsets) {
+                            self.assigned = false;
+                        }
                     }
                 }
                 Err(error) => check_retryable(&self.topic, error)?,
@@ -283,6 +291,7 @@ impl TopicReader {
             partitions,
             assigned,
             bytes_read,
+            warned_end,
         } = self;
         let Some(owned) = partitions.get_mut(&partition) else {
             return Ok(read);
@@ -291,8 +300,16 @@ impl TopicReader {
             return Ok(read);
         };
         let place = &mut owned.offsets;
+        if done(place) {
+            // Records the fetcher queued before the partition is left
+            // out at the next assignment are not read.
+            return Ok(read);
+        }
         let mut other_events = 0;
         while read.produced < max_records && other_events < OTHER_EVENTS_PER_READ {
+            if bound::stop_before_last(place, read.produced, max_records) {
+                break;
+            }
             let Some(result) = queue.poll(Duration::ZERO) else {
                 break;
             };
@@ -301,10 +318,9 @@ impl TopicReader {
                 Err(ClientError::PartitionEOF(_)) => {
                     // A bounded partition whose last offsets are
                     // transaction markers (never delivered) ends when the
-                    // consumer's own position passed its end. The event
-                    // alone is not trusted: tansu 0.6 sends it before the
-                    // partition's records.
-                    skip_markers(consumer, topic, partition, place);
+                    // consumer's own position passed its end, and one
+                    // that reads on past a wrong end ends here.
+                    at_end(consumer, topic, partition, place);
                     if done(place) {
                         *assigned = false;
                         break;
@@ -319,17 +335,20 @@ impl TopicReader {
                 }
             };
             let offset = message.offset();
-            if place.end.is_some_and(|end| offset >= end) {
-                // Past a bounded end: the partition is done, and the next
-                // assignment leaves it out, so its queue stops filling.
-                place.next = place.next.max(offset);
-                *assigned = false;
-                break;
-            }
-            if offset < place.next {
-                // An earlier assignment's leftover.
-                other_events += 1;
-                continue;
+            match bound::on_message(place, offset) {
+                Seen::Take => {}
+                Seen::TakeProvingEndWrong => warn_end_wrong(warned_end, topic, partition, offset),
+                Seen::Leftover => {
+                    // An earlier assignment's leftover.
+                    other_events += 1;
+                    continue;
+                }
+                Seen::PastDone => {
+                    // The next assignment leaves the partition out, so
+                    // its queue stops filling.
+                    *assigned = false;
+                    break;
+                }
             }
             place.next = offset + 1;
             *bytes_read += message_bytes(&message);
@@ -375,6 +394,40 @@ fn check_retryable(topic: &str, error: ClientError) -> Result<(), KafkaError> {
     Err(KafkaError::client("reading", error))
 }
 
+/// Warns, once per topic and subtask, that a bounded partition's end
+/// proved wrong at `offset`.
+fn warn_end_wrong(warned: &mut bool, topic: &str, partition: i32, offset: i64) {
+    if std::mem::replace(warned, true) {
+        return;
+    }
+    tracing::warn!(
+        %topic,
+        partition,
+        offset,
+        "a bounded Kafka source read a record at or past the end offset the broker gave \
+         (tansu's latest offset counts batches, not records): it reads on until the broker \
+         has nothing more (warned once per topic and subtask)"
+    );
+}
+
+/// An end-of-partition event for `partition`: past trailing transaction
+/// markers, and the end of a partition that reads on past a wrong end.
+fn at_end(consumer: &BaseConsumer, topic: &str, partition: i32, place: &mut PartitionOffsets) {
+    skip_markers(consumer, topic, partition, place);
+    if place.reads_on {
+        bound::at_broker_end(place, consumer_position(consumer, topic, partition));
+    }
+}
+
+/// The consumer's own position in `partition` (local, no request).
+fn consumer_position(consumer: &BaseConsumer, topic: &str, partition: i32) -> Option<i64> {
+    let positions = consumer.position().ok()?;
+    match positions.find_partition(topic, partition)?.offset() {
+        Offset::Offset(at) => Some(at),
+        _ => None,
+    }
+}
+
 /// Moves a bounded partition's next offset up to the consumer's position
 /// when that lies between it and the end: the offsets between were
 /// control records (transaction markers).
@@ -384,7 +437,7 @@ fn skip_markers(
     partition: i32,
     place: &mut PartitionOffsets,
 ) {
-    let Some(end) = place.end else {
+    let Some(end) = place.end.filter(|_| !place.reads_on) else {
         return;
     };
     let Ok(positions) = consumer.position() else {

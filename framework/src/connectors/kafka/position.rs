@@ -62,7 +62,14 @@ mod tests {
         let offsets = sample();
         assert_eq!(decode(&encode(&offsets)).expect("decodes"), offsets);
         let mut other = Offsets::new();
-        other.insert(("in".into(), 1), PartitionOffsets { next: 2, end: None });
+        other.insert(
+            ("in".into(), 1),
+            PartitionOffsets {
+                next: 2,
+                end: None,
+                reads_on: false,
+            },
+        );
         let merged = merge(&[encode(&offsets), encode(&other)]).expect("merges");
         assert_eq!(decode(&merged).expect("decodes").len(), 3);
         let twice = merge(&[encode(&offsets), encode(&offsets)]);

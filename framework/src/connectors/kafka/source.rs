@@ -49,7 +49,6 @@
 //! records from the first that has any.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -57,6 +56,8 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
+use super::bad::{log_drop, DropLog};
+pub use super::bad::{BadRecords, DroppedRecords};
 use super::error::KafkaError;
 use super::lag::LagProbe;
 use super::partition::{self, Taken, TopicReader};
@@ -76,6 +77,10 @@ const HIGHS_REFRESH: Duration = Duration::from_secs(1);
 /// (just started): its first one then shows within milliseconds.
 const FIRST_ANSWER_POLL: Duration = Duration::from_millis(10);
 
+/// How long an unbounded source that read nothing yet waits before it
+/// starts its lag probe (one that read something starts it at once).
+const LAG_PROBE_DELAY: Duration = Duration::from_secs(2);
+
 /// How often an unbounded source looks for new partitions unless told
 /// otherwise: 5 minutes, Flink's default for `partition.discovery.interval.ms`
 /// (since its Kafka connector 3.1, FLIP-288). Each look is one metadata
@@ -92,16 +97,6 @@ pub enum StartFrom {
     /// At the first record whose timestamp is at or after this many
     /// milliseconds since the Unix epoch (at the end when there is none).
     TimestampMs(i64),
-}
-
-/// What the source does with a record the deserialiser rejects.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BadRecords {
-    /// Count it ([`DroppedRecords`]) and go on.
-    Drop,
-    /// Fail the job with [`KafkaError::BadRecord`] (not retryable: the
-    /// record is still there after a restart).
-    Fail,
 }
 
 /// The Kafka source's settings.
@@ -240,20 +235,6 @@ impl fmt::Debug for KafkaRecord<'_> {
     }
 }
 
-/// The number of records the deserialiser rejected and
-/// [`BadRecords::Drop`] dropped, over every subtask and restart of the
-/// factory's job. Clones share the count.
-#[derive(Debug, Clone, Default)]
-pub struct DroppedRecords(Arc<AtomicU64>);
-
-impl DroppedRecords {
-    /// Records dropped so far. A restore re-reads records after its
-    /// checkpoint, so a bad record in that stretch is counted again.
-    pub fn count(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
-    }
-}
-
 /// Builds the Kafka source of each subtask. See the
 /// [module documentation](self).
 pub struct KafkaSourceFactory<D> {
@@ -356,6 +337,9 @@ where
             lag_due: None,
             lag: None,
             failed: None,
+            dropped_here: 0,
+            drop_log: DropLog::default(),
+            made_at: Instant::now(),
         };
         source.discover(self.config.start)?;
         Ok(source)
@@ -407,6 +391,13 @@ pub struct KafkaSource<D> {
     /// A bad record found while filling a batch, returned by the next
     /// poll (the records before it are delivered first).
     failed: Option<KafkaError>,
+    /// Records this source object dropped ([`BadRecords::Drop`]), for
+    /// [`Source::records_dropped`].
+    dropped_here: u64,
+    /// The rate limit on the warnings about them.
+    drop_log: DropLog,
+    /// When the source was made.
+    made_at: Instant,
 }
 
 /// The partitions of `topic` (with `count` partitions now) that
@@ -469,9 +460,20 @@ impl<D> KafkaSource<D> {
     ) -> Result<PartitionOffsets, KafkaError> {
         let timeout = Duration::from_millis(self.config.request_timeout_ms);
         let consumer = reader.consumer();
-        let (_, high) = consumer
-            .fetch_watermarks(&reader.topic, partition, timeout)
-            .map_err(|source| KafkaError::client("fetching offsets", source))?;
+        // The latest offset only when it is needed: an unbounded source
+        // from the earliest record (the default) asks the broker nothing
+        // before its first fetch. On tansu every offset request lists
+        // every batch the partition holds (seconds on a topic written one
+        // record per batch, and a subtask asked twice per partition before
+        // reading: the 10 s before the first record of issue 36).
+        let high = if self.config.bounded || start != StartFrom::Earliest {
+            let (_, high) = consumer
+                .fetch_watermarks(&reader.topic, partition, timeout)
+                .map_err(|source| KafkaError::client("fetching offsets", source))?;
+            high
+        } else {
+            0
+        };
         let next = match start {
             // Offset 0, not the broker's earliest: tansu 0.6 answers
             // "earliest" with the first offset of the batch it stored first
@@ -506,7 +508,11 @@ impl<D> KafkaSource<D> {
             ?end,
             "Kafka source starts a partition without a stored offset"
         );
-        Ok(PartitionOffsets { next, end })
+        Ok(PartitionOffsets {
+            next,
+            end,
+            reads_on: false,
+        })
     }
 
     /// Places `partition` of reader `index` at `offsets`: a partition new
@@ -602,7 +608,8 @@ where
             let at = (self.cursor + step) % count;
             let (index, partition) = self.order[at];
             let deserialize = &*self.deserialize;
-            let (bad_records, dropped) = (self.config.bad_records, &self.dropped.0);
+            let (bad_records, dropped) = (self.config.bad_records, &self.dropped);
+            let (dropped_here, drop_log) = (&mut self.dropped_here, &mut self.drop_log);
             let reader = &mut self.readers[index];
             let read = reader.read(partition, max_records, |message| {
                 match deserialize(&KafkaRecord { message }) {
@@ -612,7 +619,10 @@ where
                     }
                     Err(reason) => match bad_records {
                         BadRecords::Drop => {
-                            dropped.fetch_add(1, Ordering::Relaxed);
+                            dropped.add_one();
+                            *dropped_here += 1;
+                            let at = (message.topic(), partition, message.offset());
+                            log_drop(drop_log, Instant::now(), at, &reason);
                             Taken::Dropped
                         }
                         BadRecords::Fail => Taken::Bad(reason),
@@ -676,6 +686,12 @@ where
         position::encode(&self.offsets())
     }
 
+    /// The records this subtask's source dropped with
+    /// [`BadRecords::Drop`] since it was made.
+    fn records_dropped(&self) -> u64 {
+        self.dropped_here
+    }
+
     /// One split per owned partition with records left to read (a
     /// bounded partition that reached its end drops out), so that each
     /// partition has a watermark generator of its own, and none when the
@@ -703,7 +719,12 @@ where
     /// high watermark is not known yet leaves the lag unknown).
     fn figures(&mut self) -> SourceFigures {
         let due = self.lag_due.map_or(true, |at| Instant::now() >= at);
-        if due && !self.config.bounded {
+        // The probe starts once the source read something (or after
+        // LAG_PROBE_DELAY), so that its offset requests never stand
+        // between the job's start and its first fetch.
+        let started = self.readers.iter().any(|reader| reader.bytes_read > 0)
+            || self.made_at.elapsed() >= LAG_PROBE_DELAY;
+        if due && !self.config.bounded && started {
             self.refresh_lag();
         }
         let mut pending = Some(0_u64);

@@ -31,6 +31,8 @@ pub(crate) struct OperatorCounters {
     /// Watermarks that arrived lower than their channel's previous one
     /// (ignored, DESIGN.md §7).
     pub(crate) watermark_regressions: AtomicU64,
+    /// Records a source dropped ([`crate::source::Source::records_dropped`]).
+    pub(crate) records_dropped: AtomicU64,
 }
 
 /// The user-facing logic of one stage instance.

@@ -17,7 +17,7 @@ use super::pending::PendingPart;
 use super::snapshot::{SnapshotDriver, SnapshotHost};
 use super::taken::TakenStates;
 use crate::job::route::Router;
-use crate::metrics::SourceMeter;
+use crate::metrics::{BytesSeen, SourceMeter};
 use crate::source::{Source, SourceError, SourcePoll as ReadStatus, SourcePosition, SplitId};
 use crate::storage::Segment;
 use crate::time::{SourceSignal, SourceWatermarks};
@@ -58,6 +58,9 @@ pub(crate) struct SourceShell<T: Data> {
     snapshots: SnapshotDriver<T>,
     /// The source's own figures on their way to the live metrics.
     meter: SourceMeter,
+    /// The source's dropped records already added to the counters (its
+    /// running total, which a new source object starts again at 0).
+    dropped: BytesSeen,
 }
 
 impl<T: Data> SourceShell<T> {
@@ -87,6 +90,7 @@ impl<T: Data> SourceShell<T> {
             exhausted: false,
             taken: TakenStates::default(),
             meter: SourceMeter::default(),
+            dropped: BytesSeen::default(),
         }
     }
 
@@ -110,6 +114,11 @@ impl<T: Data> SourceShell<T> {
                 if reader.can_seek() {
                     reader.seek(&SourcePosition::from_bytes(part.state))?;
                 }
+            }
+            if let Some(cell) = &self.env.metrics {
+                // A source shows its dropped records from the start, 0
+                // included.
+                cell.add_records_dropped(0);
             }
             self.reader = Some(reader);
         }
@@ -170,6 +179,18 @@ impl<T: Data> SourceShell<T> {
 }
 
 impl<T: Data> SourceShell<T> {
+    /// Adds `records` the source dropped to the report's counter and the
+    /// live metrics.
+    fn note_dropped(&self, records: u64) {
+        self.env
+            .counters
+            .records_dropped
+            .fetch_add(records, Ordering::Relaxed);
+        if let Some(cell) = &self.env.metrics {
+            cell.add_records_dropped(records);
+        }
+    }
+
     /// What the watermark machinery says after a poll that read `records`:
     /// it asks the source which splits it reads and which one the records
     /// came from.
@@ -212,7 +233,13 @@ impl<T: Data> SourceLogic for SourceShell<T> {
         let _entered = self.env.enter();
         let read_batch = self.read_batch;
         let mut buffer = std::mem::take(&mut self.buffer);
-        let status = self.reader()?.poll_batch(&mut buffer, read_batch);
+        let reader = self.reader()?;
+        let status = reader.poll_batch(&mut buffer, read_batch);
+        let dropped_total = reader.records_dropped();
+        let dropped = self.dropped.delta(dropped_total);
+        if dropped > 0 {
+            self.note_dropped(dropped);
+        }
         let records = buffer.len() as u64;
         // One branch per poll without a watermark strategy.
         let signal = match status.is_ok() && self.watermarks.is_some() {

@@ -765,6 +765,9 @@ impl Supervisor {
             operator.watermark_regressions = counters
                 .watermark_regressions
                 .load(std::sync::atomic::Ordering::Relaxed);
+            operator.records_dropped = counters
+                .records_dropped
+                .load(std::sync::atomic::Ordering::Relaxed);
             if counters
                 .at_least_once
                 .load(std::sync::atomic::Ordering::Relaxed)

@@ -1,0 +1,278 @@
+//! Kafka source benchmark: records per second of a bounded Kafka source
+//! into a sink that drops them, at parallelism 1 and 2, beside plain
+//! librdkafka consumers (`BaseConsumer`, no snapflow) reading the same
+//! topic on the same broker in the same run (one consumer per subtask,
+//! each assigned the partitions that subtask owns), printed as a ratio.
+//!
+//! Both timings cover making the consumers, reading every record and
+//! closing them; the job's also covers its start, checkpoints every
+//! second and its end. The input is `--records` (2,000,000) small
+//! records (decimal ids) over four partitions, written once with the
+//! producer's usual batching before every run.
+//!
+//! Needs a broker: `eval "$(.ci/kafka.sh start)"`, then
+//! `cargo bench -p snapflow --features kafka --bench kafka_source`
+//! (`-- --help` for the options, `-- --smoke` for a tiny run). Without
+//! `SNAPFLOW_KAFKA_BROKERS` (or `--brokers`) it says how to start one and
+//! exits with 0. It checks that every record arrived and asserts nothing
+//! about speed.
+
+mod support;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{Offset, TopicPartitionList};
+use snapflow::connectors::kafka::source::owner;
+use snapflow::connectors::kafka::{KafkaSourceConfig, KafkaSourceFactory};
+use snapflow::job::{Job, JobConfig};
+
+use support::{bench_main, mega_per_second, parse_number, DiscardSink};
+
+const USAGE: &str = "kafka_source [--records N] [--runs R] [--brokers HOST:PORT] [--smoke]";
+
+const PARTITIONS: i32 = 4;
+const TIMEOUT: Duration = Duration::from_secs(600);
+
+#[derive(Debug, Clone)]
+struct Options {
+    records: u64,
+    runs: usize,
+    brokers: Option<String>,
+}
+
+fn parse(arguments: impl IntoIterator<Item = String>) -> Result<Options, String> {
+    let mut options = Options {
+        records: 2_000_000,
+        runs: 1,
+        brokers: std::env::var("SNAPFLOW_KAFKA_BROKERS")
+            .ok()
+            .filter(|brokers| !brokers.is_empty()),
+    };
+    let mut arguments = arguments.into_iter();
+    while let Some(flag) = arguments.next() {
+        let mut value = || arguments.next();
+        match flag.as_str() {
+            "--records" => options.records = parse_number(&flag, value().as_deref())?,
+            "--runs" => options.runs = parse_number(&flag, value().as_deref())?,
+            "--brokers" => options.brokers = Some(value().ok_or("--brokers needs a value")?),
+            "--smoke" => options.records = 20_000,
+            // `cargo bench` passes this to every benchmark.
+            "--bench" => {}
+            _ => return Err(USAGE.to_string()),
+        }
+    }
+    if options.records == 0 || options.runs == 0 {
+        return Err(format!("records and runs must be above 0\n{USAGE}"));
+    }
+    Ok(options)
+}
+
+/// Runs an admin future on this thread (rdkafka drives the admin client
+/// on its own thread; this only polls).
+fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    use std::task::{Context, Poll, Wake, Waker};
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut context = Context::from_waker(&waker);
+    let mut future = Box::pin(future);
+    loop {
+        if let Poll::Ready(output) = future.as_mut().poll(&mut context) {
+            return output;
+        }
+        std::thread::park_timeout(Duration::from_millis(100));
+    }
+}
+
+fn create_topic(brokers: &str, name: &str) -> Result<(), String> {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .map_err(|error| error.to_string())?;
+    let topic = NewTopic::new(name, PARTITIONS, TopicReplication::Fixed(1));
+    for result in block_on(admin.create_topics(&[topic], &AdminOptions::new()))
+        .map_err(|error| error.to_string())?
+    {
+        result.map_err(|(topic, code)| format!("creating {topic}: {code}"))?;
+    }
+    // Metadata needs a moment to show a new topic.
+    std::thread::sleep(Duration::from_millis(500));
+    Ok(())
+}
+
+/// Writes ids `0..records` over the partitions with the producer's usual
+/// batching.
+fn fill(brokers: &str, topic: &str, records: u64) -> Result<(), String> {
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "5")
+        .create()
+        .map_err(|error| error.to_string())?;
+    for id in 0..records {
+        let value = id.to_string();
+        let mut record = BaseRecord::<(), [u8]>::to(topic)
+            .partition((id % PARTITIONS as u64) as i32)
+            .payload(value.as_bytes());
+        loop {
+            match producer.send(record) {
+                Ok(()) => break,
+                Err((error, back))
+                    if error.rdkafka_error_code() == Some(RDKafkaErrorCode::QueueFull) =>
+                {
+                    record = back;
+                    producer.poll(Duration::from_millis(5));
+                }
+                Err((error, _)) => return Err(error.to_string()),
+            }
+        }
+    }
+    producer.flush(TIMEOUT).map_err(|error| error.to_string())
+}
+
+/// Plain librdkafka: `parallelism` consumers on threads of their own,
+/// each reading the partitions the source's subtask of the same index
+/// owns, from offset 0 to the end; returns the elapsed time.
+fn plain(brokers: &str, topic: &str, records: u64, parallelism: usize) -> Result<Duration, String> {
+    let started = Instant::now();
+    let read = Arc::new(AtomicU64::new(0));
+    let threads: Vec<_> = (0..parallelism)
+        .map(|subtask| {
+            let (brokers, topic, read) = (brokers.to_owned(), topic.to_owned(), Arc::clone(&read));
+            std::thread::spawn(move || -> Result<(), String> {
+                let consumer: BaseConsumer = ClientConfig::new()
+                    .set("bootstrap.servers", &brokers)
+                    .set("group.id", format!("{topic}-plain"))
+                    .set("enable.auto.commit", "false")
+                    .set("isolation.level", "read_committed")
+                    .create()
+                    .map_err(|error| error.to_string())?;
+                let mut assignment = TopicPartitionList::new();
+                let mine: Vec<i32> = (0..PARTITIONS)
+                    .filter(|&p| owner(&topic, p, parallelism) == subtask)
+                    .collect();
+                for &partition in &mine {
+                    assignment
+                        .add_partition_offset(&topic, partition, Offset::Offset(0))
+                        .map_err(|error| error.to_string())?;
+                }
+                consumer
+                    .assign(&assignment)
+                    .map_err(|error| error.to_string())?;
+                let want = records / PARTITIONS as u64 * mine.len() as u64;
+                let mut mine_read = 0;
+                while mine_read < want {
+                    if started.elapsed() > TIMEOUT {
+                        return Err(format!("a plain consumer read {mine_read} of {want}"));
+                    }
+                    match consumer.poll(Duration::from_millis(100)) {
+                        Some(Ok(_)) => mine_read += 1,
+                        Some(Err(error)) => return Err(error.to_string()),
+                        None => {}
+                    }
+                }
+                read.fetch_add(mine_read, Ordering::Relaxed);
+                if consumer.close_queue().is_ok() {
+                    while !consumer.closed() {
+                        let _ = consumer.poll(Duration::from_millis(1));
+                    }
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread
+            .join()
+            .map_err(|_| "a plain consumer panicked".to_string())??;
+    }
+    let read = read.load(Ordering::Relaxed);
+    if read != records {
+        return Err(format!("the plain consumers read {read} of {records}"));
+    }
+    Ok(started.elapsed())
+}
+
+/// The job: bounded Kafka source → a sink that drops the records; returns
+/// the elapsed time of `Job::run`.
+fn job(brokers: &str, topic: &str, records: u64, parallelism: usize) -> Result<Duration, String> {
+    let mut source = KafkaSourceConfig::new(brokers, &[topic]);
+    source.bounded = true;
+    let source = KafkaSourceFactory::new(source, |record| {
+        Ok(record.value().map_or(0, <[u8]>::len) as u64)
+    })
+    .map_err(|error| error.to_string())?;
+    let config = JobConfig {
+        checkpoint_interval_ms: Some(1_000),
+        default_parallelism: parallelism,
+        ..JobConfig::default()
+    };
+    let job = Job::new(&format!("{topic}-job-{parallelism}"), config);
+    let sink = DiscardSink::<u64>::default();
+    job.source("in", source).sink("out", sink.clone());
+    let started = Instant::now();
+    job.run().map_err(|error| error.to_string())?;
+    let elapsed = started.elapsed();
+    if sink.committed() != records {
+        return Err(format!(
+            "the job committed {} of {records}",
+            sink.committed()
+        ));
+    }
+    Ok(elapsed)
+}
+
+fn run(options: &Options) -> Result<(), String> {
+    let Some(brokers) = &options.brokers else {
+        println!(
+            "kafka_source: skipped: SNAPFLOW_KAFKA_BROKERS is not set; start a broker with \
+             `eval \"$(.ci/kafka.sh start)\"` or pass --brokers"
+        );
+        return Ok(());
+    };
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis());
+    let topic = format!("bench-source-{stamp}");
+    create_topic(brokers, &topic)?;
+    let started = Instant::now();
+    fill(brokers, &topic, options.records)?;
+    println!(
+        "kafka_source: {} records over {PARTITIONS} partitions written in {:.1} s",
+        options.records,
+        started.elapsed().as_secs_f64()
+    );
+    let rate = |elapsed: Duration| mega_per_second(options.records, elapsed) * 1e6;
+    for _ in 0..options.runs {
+        for parallelism in [1, 2] {
+            let plain = plain(brokers, &topic, options.records, parallelism)?;
+            let job = job(brokers, &topic, options.records, parallelism)?;
+            println!(
+                "  p={parallelism}: plain librdkafka {:.2} s, {:.0} records/s; snapflow source \
+                 {:.2} s, {:.0} records/s; ratio {:.2}",
+                plain.as_secs_f64(),
+                rate(plain),
+                job.as_secs_f64(),
+                rate(job),
+                rate(job) / rate(plain)
+            );
+        }
+    }
+    Ok(())
+}
+
+fn main() -> std::process::ExitCode {
+    bench_main("kafka_source", parse, run)
+}
