@@ -188,12 +188,13 @@ fn run_windows(run: &Run, output: &std::path::Path) -> Result<(), Box<dyn std::e
 /// says) and prints where it resumed from, the savepoint a signal
 /// stopped it with, and `done`.
 fn finish(job: Job, stop_on_signals: bool) -> Result<(), Box<dyn std::error::Error>> {
-    let savepoint_every_ms = match std::env::var("SNAPFLOW_SAVEPOINT_EVERY_MS") {
-        Ok(text) => Some(text.parse::<u64>().map_err(|_| {
-            format!("SNAPFLOW_SAVEPOINT_EVERY_MS must be a number, got {text:?}")
-        })?),
-        Err(_) => None,
-    };
+    let savepoint_every_ms =
+        match std::env::var("SNAPFLOW_SAVEPOINT_EVERY_MS") {
+            Ok(text) => Some(text.parse::<u64>().map_err(|_| {
+                format!("SNAPFLOW_SAVEPOINT_EVERY_MS must be a number, got {text:?}")
+            })?),
+            Err(_) => None,
+        };
     let running = job.start()?;
     if stop_on_signals {
         running.stop_on_signals()?;
