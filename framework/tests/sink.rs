@@ -40,8 +40,12 @@ fn names(dir: &Path) -> Vec<String> {
     names
 }
 
+/// The sink's files in `.pending`, without the directory's owner lock
+/// (`<prefix>.lock`, see `snapflow::storage::owner`).
 fn pending_names(dir: &Path) -> Vec<String> {
-    names(&dir.join(".pending"))
+    let mut names = names(&dir.join(".pending"));
+    names.retain(|name| !name.ends_with(".lock"));
+    names
 }
 
 fn read(path: PathBuf) -> String {

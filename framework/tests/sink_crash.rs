@@ -401,6 +401,7 @@ fn read_committed(dir: &Path) -> String {
     text
 }
 
+/// The sink's files in `.pending`, without the directory's owner lock.
 fn pending_files(dir: &Path) -> Vec<String> {
     std::fs::read_dir(dir.join(".pending"))
         .expect("list pending")
@@ -411,6 +412,7 @@ fn pending_files(dir: &Path) -> Vec<String> {
                 .to_string_lossy()
                 .into_owned()
         })
+        .filter(|name| !name.ends_with(".lock"))
         .collect()
 }
 

@@ -387,8 +387,11 @@ pub fn candidates(dirs: &Dirs) -> Option<(u64, Vec<(Target, PathBuf)>)> {
             }
         }
     }
+    // The sink's owner lock (`<prefix>.lock`) holds no output.
     for path in files_in(&dirs.output.join(".pending")) {
-        found.push((Target::Staged, path));
+        if !path.extension().is_some_and(|extension| extension == "lock") {
+            found.push((Target::Staged, path));
+        }
     }
     Some((newest, found))
 }
