@@ -389,10 +389,7 @@ pub fn candidates(dirs: &Dirs) -> Option<(u64, Vec<(Target, PathBuf)>)> {
     }
     // The sink's owner lock (`<prefix>.lock`) holds no output.
     for path in files_in(&dirs.output.join(".pending")) {
-        if !path
-            .extension()
-            .is_some_and(|extension| extension == "lock")
-        {
+        if path.extension() != Some(std::ffi::OsStr::new("lock")) {
             found.push((Target::Staged, path));
         }
     }
