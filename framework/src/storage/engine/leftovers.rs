@@ -5,11 +5,9 @@
 //! verify`); retention and recovery decide what goes.
 
 use std::collections::BTreeSet;
-use std::io;
 use std::path::PathBuf;
 
-use super::shared::parse_shared_file_name;
-use super::{lock, names, read_metadata, Engine, TEMP_SUFFIX};
+use super::{lock, read_metadata, Engine};
 use crate::storage::{CheckpointId, CheckpointKind, PartId, StoreError};
 
 /// Something in a job's store directory that no complete checkpoint or
@@ -132,39 +130,12 @@ impl Engine {
         referenced: &BTreeSet<(PartId, CheckpointId)>,
         found: &mut Vec<Leftover>,
     ) -> Result<(), StoreError> {
-        let operator_dirs = match self.io.list_dir(&self.shared_dir) {
-            Ok(listing) => listing,
-            Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(()),
-            Err(error) => return Err(StoreError::io("list_dir", &self.shared_dir, error)),
-        };
-        for operator_entry in operator_dirs.into_iter().filter(|entry| entry.is_dir) {
-            let Some(operator) = operator_entry
-                .name
-                .strip_prefix("op-")
-                .and_then(names::decode_component)
-            else {
+        for file in self.shared_files()? {
+            let kept = !file.temporary && referenced.contains(&(file.part, file.shared));
+            if kept || pending.contains(&file.shared) {
                 continue;
-            };
-            let operator_dir = self.shared_dir.join(&operator_entry.name);
-            let listing = self
-                .io
-                .list_dir(&operator_dir)
-                .map_err(|error| StoreError::io("list_dir", &operator_dir, error))?;
-            for file in listing.into_iter().filter(|entry| !entry.is_dir) {
-                let temporary = file.name.ends_with(TEMP_SUFFIX);
-                let name = file.name.strip_suffix(TEMP_SUFFIX).unwrap_or(&file.name);
-                let Some((subtask, shared)) = parse_shared_file_name(name) else {
-                    continue;
-                };
-                let part = PartId::new(operator.clone(), subtask);
-                let kept = !temporary && referenced.contains(&(part, shared));
-                if kept || pending.contains(&shared) {
-                    continue;
-                }
-                found.push(Leftover::UnreferencedShared {
-                    path: operator_dir.join(&file.name),
-                });
             }
+            found.push(Leftover::UnreferencedShared { path: file.path });
         }
         Ok(())
     }

@@ -236,11 +236,37 @@ impl Engine {
                 Err(error) => return Err(error),
             }
         }
+        let mut removed_from = BTreeSet::new();
+        for file in self.shared_files()? {
+            if pending.contains_key(&file.shared) || keep.contains(&(file.part, file.shared)) {
+                continue;
+            }
+            match self.io.remove_file(&file.path) {
+                Ok(()) => {
+                    removed_from.insert(parent(&file.path).to_path_buf());
+                }
+                Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+                Err(error) => return Err(StoreError::io("remove_file", &file.path, error)),
+            }
+        }
+        for dir in &removed_from {
+            self.sync_dir(dir)?;
+        }
+        Ok(())
+    }
+
+    /// Every file under `shared/` whose name a shared file (or its
+    /// temporary) has, with what the name says; none when `shared/` does
+    /// not exist. Unknown directories and files are left alone (and
+    /// logged at debug level). Retention deletes from this listing and
+    /// `leftovers` reports from it.
+    pub(super) fn shared_files(&self) -> Result<Vec<SharedFile>, StoreError> {
         let operator_dirs = match self.io.list_dir(&self.shared_dir) {
             Ok(listing) => listing,
-            Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
             Err(error) => return Err(StoreError::io("list_dir", &self.shared_dir, error)),
         };
+        let mut files = Vec::new();
         for operator_entry in operator_dirs.into_iter().filter(|entry| entry.is_dir) {
             let Some(operator) = operator_entry
                 .name
@@ -255,29 +281,22 @@ impl Engine {
                 .io
                 .list_dir(&operator_dir)
                 .map_err(|error| StoreError::io("list_dir", &operator_dir, error))?;
-            let mut removed = false;
             for file in listing.into_iter().filter(|entry| !entry.is_dir) {
+                let temporary = file.name.ends_with(TEMP_SUFFIX);
                 let name = file.name.strip_suffix(TEMP_SUFFIX).unwrap_or(&file.name);
                 let Some((subtask, shared)) = parse_shared_file_name(name) else {
                     tracing::debug!(name = %file.name, "leaving an unknown file in shared/");
                     continue;
                 };
-                let part = PartId::new(operator.clone(), subtask);
-                if pending.contains_key(&shared) || keep.contains(&(part, shared)) {
-                    continue;
-                }
-                let path = operator_dir.join(&file.name);
-                match self.io.remove_file(&path) {
-                    Ok(()) => removed = true,
-                    Err(error) if error.kind() == io::ErrorKind::NotFound => {}
-                    Err(error) => return Err(StoreError::io("remove_file", &path, error)),
-                }
-            }
-            if removed {
-                self.sync_dir(&operator_dir)?;
+                files.push(SharedFile {
+                    path: operator_dir.join(&file.name),
+                    part: PartId::new(operator.clone(), subtask),
+                    shared,
+                    temporary,
+                });
             }
         }
-        Ok(())
+        Ok(files)
     }
 
     fn file_exists(&self, path: &Path) -> Result<bool, StoreError> {
@@ -291,6 +310,18 @@ impl Engine {
             Err(error) => Err(StoreError::io("list_dir", dir, error)),
         }
     }
+}
+
+/// One file under `shared/`, as [`Engine::shared_files`] lists it.
+pub(super) struct SharedFile {
+    /// Where it is.
+    pub(super) path: PathBuf,
+    /// The part whose bytes it holds.
+    pub(super) part: PartId,
+    /// The checkpoint that wrote it.
+    pub(super) shared: CheckpointId,
+    /// Whether it is a temporary (`.tmp`) name, never committed.
+    pub(super) temporary: bool,
 }
 
 /// Appends `bytes` to `file` and describes them as a segment of it.
