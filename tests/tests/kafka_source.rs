@@ -20,7 +20,7 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
 use snapflow::connectors::kafka::{BadRecords, KafkaRecord, KafkaSourceConfig, KafkaSourceFactory};
@@ -76,13 +76,23 @@ fn config(parallelism: usize) -> JobConfig {
     }
 }
 
-/// How long after the start the first record may be processed. The issue
-/// asks for 1 s; on a loaded 2-core CI machine the broker's first fetch
-/// alone sometimes takes longer, so the bound is 3 s, which still
-/// separates the fix from the bug (10 s and more on a topic with many
-/// batches, where the source asked the broker for every partition's
-/// offsets, each request listing every batch, before its first fetch).
-const FIRST_RECORD_LIMIT: Duration = Duration::from_secs(3);
+/// How long after the start the first record may be processed: the
+/// issue's 1 s. The test measures alone (see [`ALONE`]); on an idle
+/// broker it takes tens of milliseconds, and the bug it guards against
+/// took 10 s and more on a topic with many batches (the source asked the
+/// broker for every partition's offsets, each request listing every
+/// batch, before its first fetch).
+const FIRST_RECORD_LIMIT: Duration = Duration::from_secs(1);
+
+/// The first-record test holds this exclusively while it measures, and
+/// every other test of this file holds it shared while it runs: a
+/// latency bound means nothing while two million records go through the
+/// same broker on a 2-core machine.
+static ALONE: RwLock<()> = RwLock::new(());
+
+fn shared() -> RwLockReadGuard<'static, ()> {
+    ALONE.read().unwrap_or_else(|e| e.into_inner())
+}
 
 #[test]
 fn the_first_record_is_processed_soon_after_the_start() {
@@ -91,6 +101,7 @@ fn the_first_record_is_processed_soon_after_the_start() {
     // written one record per batch shows the bug of issue 36).
     let topic = std::env::var("SNAPFLOW_KAFKA_SOURCE_TOPIC")
         .unwrap_or_else(|_| batched_topic(&brokers, "first", 20_000));
+    let _alone = ALONE.write().unwrap_or_else(|e| e.into_inner());
     let first: Arc<Mutex<Option<Instant>>> = Arc::default();
     let job = Job::new(&unique("first"), config(2));
     let seen = Arc::clone(&first);
@@ -140,6 +151,7 @@ fn read_all(brokers: &str, topic: &str, parallelism: usize) -> (JobReport, Vec<u
 #[test]
 fn a_bounded_read_of_a_topic_written_in_large_batches_reads_every_record() {
     let Some(brokers) = broker() else { return };
+    let _shared = shared();
     let topic = batched_topic(&brokers, "batched", 20_000);
     for parallelism in [1, 3] {
         let (_, got) = read_all(&brokers, &topic, parallelism);
@@ -154,6 +166,7 @@ fn a_bounded_read_of_a_topic_written_in_large_batches_reads_every_record() {
 #[test]
 fn two_million_records_over_four_partitions_at_parallelism_2_finish() {
     let Some(brokers) = broker() else { return };
+    let _shared = shared();
     let records: u64 = std::env::var("SNAPFLOW_KAFKA_SOURCE_RECORDS")
         .ok()
         .and_then(|value| value.parse().ok())
@@ -278,6 +291,7 @@ fn with_bad_records(brokers: &str) -> String {
 #[test]
 fn dropped_records_are_in_the_report_and_the_metrics() {
     let Some(brokers) = broker() else { return };
+    let _shared = shared();
     let topic = with_bad_records(&brokers);
     let factory = source(&brokers, &topic, true, BadRecords::Drop);
     let dropped = factory.dropped();
@@ -316,6 +330,7 @@ fn dropped_records_are_in_the_report_and_the_metrics() {
 #[test]
 fn a_bad_record_fails_the_job_with_an_error_naming_the_drop_option() {
     let Some(brokers) = broker() else { return };
+    let _shared = shared();
     let topic = with_bad_records(&brokers);
     let job = Job::new(&unique("fail"), config(1));
     job.source("in", source(&brokers, &topic, true, BadRecords::Fail))
