@@ -437,7 +437,7 @@ fn print_ratios(options: &Options, runs: &[JobRun], job_rate: f64, loop_rate: f6
     println!(
         "  (placement of the vCPUs by a cache-line round trip probed right before and after each \
          run: SMT-sibling below {SMT_PLACEMENT_NS:.0} ns, near below {FAR_PLACEMENT_NS:.0}, far \
-         above, mixed when the two disagree; BENCHMARKS.md \"keyed_count, third round\")"
+         above, mixed when the two disagree; BENCHMARKS.md \"Machine and conditions\")"
     );
 }
 
@@ -547,7 +547,7 @@ fn print_job_runs(title: &str, options: &Options, runs: &[JobRun]) -> f64 {
 /// many runs with periodic checkpoints off; with `--compare-metrics`, as
 /// many with the live metrics off; interleaved (on, off, metrics off, on,
 /// ...) so that all see the same changes in the host's condition (see
-/// BENCHMARKS.md, "Slow mode").
+/// BENCHMARKS.md, "Machine and conditions").
 fn run_configs(options: &Options, compare_off: bool) -> Result<[Vec<JobRun>; 3], String> {
     let (mut on, mut off, mut unmetered) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..options.runs {

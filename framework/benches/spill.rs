@@ -2,7 +2,7 @@
 //! keyed count of `keyed_count.rs` (key = i % K) over many keys, with the
 //! spilling keyed-state backend (`KeyedBackend::Spilling`) or, for
 //! comparison, the in-memory one. Run it under a memory limit (see
-//! BENCHMARKS.md, "Spilling keyed state") to show that the spilling
+//! BENCHMARKS.md, "spill") to show that the spilling
 //! backend completes where the in-memory one cannot.
 //!
 //! It prints throughput, peak RSS, the checkpoints' figures (with each

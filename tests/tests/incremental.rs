@@ -97,7 +97,7 @@ fn bytes_written_follow(copy_on_write_threshold_keys: usize) {
     let store = touch::retaining_store(dir.path(), "touch");
     // A pause after each checkpoint, so that it is persisted and
     // confirmed to the operator before the next one: an operator refers
-    // only to confirmed key groups (see the known gap in ARCHITECTURE.md).
+    // only to confirmed key groups (see the known gaps in docs/design/incremental-checkpoints.md).
     let config = JobConfig {
         checkpoint_interval_ms: Some(30),
         min_pause_ms: 30,

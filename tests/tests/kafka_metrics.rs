@@ -122,7 +122,7 @@ fn kafka_bytes_positions_and_lag_of_a_bounded_source_and_the_sink() {
 
     // At `read_uncommitted`, as every reader of the sink's output in
     // these tests: tansu 0.6's last stable offset sometimes stays behind
-    // (ARCHITECTURE.md, Kafka, known gaps); a run without failures
+    // (docs/design/kafka-connector.md, known gaps); a run without failures
     // aborts nothing, so every record read is a committed one.
     let read = read_until(
         &brokers,

@@ -1,7 +1,7 @@
 //! A probe of what the test broker does with transactions: one
 //! transaction committed, one aborted, then the topic read at both
 //! isolation levels. It asserts what the broker in `.ci/kafka.sh` did when
-//! the connector was written (see ARCHITECTURE.md, Kafka connector), so
+//! the connector was written (see docs/design/kafka-connector.md), so
 //! that a broker upgrade that changes it fails here, by name, before the
 //! connector's own tests fail in confusing ways.
 
@@ -139,7 +139,7 @@ fn the_high_watermark_counts_every_record() {
         (low, high),
         (0, 1),
         "the broker's latest offset changed: if it is now 40, tansu fixed its high watermark; \
-         update this probe, ARCHITECTURE.md and support::produce"
+         update this probe, docs/design/kafka-connector.md and support::produce"
     );
 }
 

@@ -408,7 +408,7 @@ pub fn bench_main<O>(
 /// between about 30, about 80 and about 340 ns from one minute to the next
 /// (the host places the two vCPUs as SMT siblings, on cores that share a
 /// cache, or on cores that do not), and the job's throughput moves with
-/// it; see BENCHMARKS.md, "keyed_count, third round". Taken around a run,
+/// it; see BENCHMARKS.md, "Machine and conditions". Taken around a run,
 /// it tells which placement the run had. It measures nothing about the job.
 pub fn cross_core_round_trip_ns(round_trips: u64) -> f64 {
     use std::sync::atomic::{AtomicU64, Ordering};

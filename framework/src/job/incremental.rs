@@ -75,7 +75,7 @@ pub struct IncrementalCheckpoints {
 /// spilling backend a read of it too: at 10 M keys with 1 s checkpoints
 /// the whole reads of a full one every 10 took about a quarter of its
 /// checkpoint writer's CPU, and a full one every 48 instead took a fifth
-/// of the writer's samples off a run (BENCHMARKS.md, "Fewer whole reads"). What a restore reads is
+/// of the writer's samples off a run (BENCHMARKS.md at 07a44e5, "Fewer whole reads"). What a restore reads is
 /// bounded anyway: a spilling group's chain is written whole again once
 /// its deltas pass half its base part (`job/incremental/chains.rs`), and
 /// an in-memory slice is read once, from the newest checkpoint holding

@@ -663,7 +663,7 @@ impl PhysicalPlan {
             }
             let encode = |state: Vec<u8>| {
                 // A rescaled operator's inputs are other channels: its
-                // watermarks start afresh (ARCHITECTURE.md, Time).
+                // watermarks start afresh (docs/design/time-and-windows.md).
                 let part = PartBytes {
                     state,
                     channels: Vec::new(),

@@ -19,7 +19,7 @@
 //! checkpoint below the final one as subsumed ([`WriterHandle::subsume_below`])
 //! and the writer stops writing such a checkpoint before its next part,
 //! discards what it wrote and answers [`PersistOutcome::Subsumed`]. At 10 M
-//! keys that was about 176 ms of a 7 s run (BENCHMARKS.md). Only a
+//! keys that was about 176 ms of a 7 s run (BENCHMARKS.md at 07a44e5). Only a
 //! checkpoint of kind `Checkpoint` is subsumed: a savepoint is written
 //! whole, always. A subsumed checkpoint was never complete, so no sink
 //! committed anything for it; the final checkpoint's completion commits

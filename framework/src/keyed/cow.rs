@@ -102,7 +102,7 @@ pub(crate) enum GroupTable<K, S> {
 ///
 /// A snapshot of a large state hands off every slice, and a busy operator
 /// writes nearly every slice within milliseconds, long before the
-/// checkpoint writer reaches most of them (BENCHMARKS.md: at 10 M keys
+/// checkpoint writer reaches most of them (BENCHMARKS.md at 07a44e5: at 10 M keys
 /// every slice was copied once per checkpoint). A copy reads the slice,
 /// writes it to fresh pages, and the writer then reads the original again
 /// to encode it. Here the snapshots hold the table weakly, so the first

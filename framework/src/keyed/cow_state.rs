@@ -54,7 +54,7 @@
 //! its part's header). More slices would shrink the written bytes
 //! further only when a handful of keys changes, and add per-checkpoint
 //! work (a plan and a CRC combine per slice). Known gap: 64 was chosen
-//! so, not by a sweep; only 64 was measured (BENCHMARKS.md).
+//! so, not by a sweep; only 64 was measured (BENCHMARKS.md at 07a44e5).
 
 use super::backend::{parts_covering, KeyGroupPart, KeyedState};
 #[cfg(feature = "spill")]

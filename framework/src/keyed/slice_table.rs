@@ -12,7 +12,7 @@
 //!
 //! With millions of keys per subtask a lookup misses the caches twice (the
 //! probe's control bytes and the bucket), and the keyed batch loop spent
-//! most of its time waiting on those loads (BENCHMARKS.md, "Prefetching
+//! most of its time waiting on those loads (BENCHMARKS.md at 07a44e5, "Prefetching
 //! the copy-on-write tables"). The records of a batch are all known up front, so
 //! the loop can ask for the lines of the key eight records ahead while it
 //! works on the current one, and the misses overlap instead of following
@@ -180,7 +180,7 @@ const SCAN_AHEAD_BYTES: usize = 512;
 /// iterator walks the buckets in index order, which lies downwards in
 /// memory (the layout above), so the lines below `entry`. A scan of a
 /// slice not in the caches otherwise waits on each of its lines in turn
-/// (BENCHMARKS.md, "Frozen hot slices encoded at the first write"; the
+/// (BENCHMARKS.md at 07a44e5, "Frozen hot slices encoded at the first write"; the
 /// in-memory encoders use it too, "Prefetching the encoding scan"). An
 /// address past the table's start prefetches nothing of use, and never
 /// faults.

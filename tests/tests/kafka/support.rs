@@ -392,7 +392,7 @@ pub fn missing(want: &[(u64, u64)], got: &[((u64, u64), String)]) -> usize {
 /// tansu's last stable offset still sometimes stays behind a
 /// transaction for good, although the sink's send gate and its
 /// restore's fences (`connectors/kafka/gate.rs`, `unblock.rs`) ended
-/// that in the SIGKILL runs (ARCHITECTURE.md, Kafka, known gaps).
+/// that in the SIGKILL runs (docs/design/kafka-connector.md, known gaps).
 pub fn read_results(
     brokers: &str,
     topic: &str,

@@ -12,7 +12,7 @@
 //! records would keep the commit before it half-done until it ends
 //! itself, and the one after it the same, so with records flowing the
 //! markers and `read_committed` readers never caught up while the job
-//! ran (see ARCHITECTURE.md, Kafka). Holding the next records back for
+//! ran (see docs/design/kafka-connector.md). Holding the next records back for
 //! the few milliseconds between a checkpoint's barrier and its commit
 //! keeps commits whole. On Kafka the gate costs that latency and nothing
 //! else.

@@ -16,7 +16,7 @@
 //! process) finds there for certain that a pending transaction its state
 //! lists was committed, where the commit marker may not show it yet (on
 //! the test broker, tansu 0.6, a committed marker sometimes shows only
-//! a while after `commit_transaction` returned; see ARCHITECTURE.md).
+//! a while after `commit_transaction` returned; see docs/design/kafka-connector.md).
 //!
 //! And the transactions being opened ahead of need
 //! ([`open_ahead`](super::txn::open_ahead)), each on a thread of its own,

@@ -60,7 +60,7 @@
 //! process's transactions before it reads the marker
 //! (`super::unblock`): the test broker, tansu 0.6, applies a
 //! commit's marker only once every overlapping transaction has ended
-//! (see ARCHITECTURE.md). Flink resumes the
+//! (see docs/design/kafka-connector.md). Flink resumes the
 //! transaction itself by producer id and epoch; librdkafka offers no
 //! such call, hence the records in the state. Their cost: a checkpoint
 //! holds the sink's output of one interval (more while commits lag).

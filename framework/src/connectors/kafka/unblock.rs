@@ -6,8 +6,8 @@
 //! transactional offsets (the commit marker) only when every other
 //! transaction with records in the same partition that started before
 //! it ended has asked to end too, and then only as part of one of those
-//! later `EndTxn` calls (see [`gate`](super::gate) and ARCHITECTURE.md,
-//! Kafka). A process killed between two subtasks' commits leaves one
+//! later `EndTxn` calls (see [`gate`](super::gate) and docs/design/kafka-connector.md,
+//! "how tansu 0.6 ends transactions"). A process killed between two subtasks' commits leaves one
 //! subtask's commit decided but its marker not applied, behind the other
 //! subtask's transaction, which nobody will end. A restore that read the
 //! marker then would write that interval again. So, at a restore in a

@@ -20,7 +20,7 @@
 //! only the newest record of each key, in key order (what the snapshot
 //! would keep of them anyway). An eviction-heavy workload writes the same
 //! keys many times between snapshots (at 100 k keys and a budget of 10 k
-//! per subtask, about four times each per second: BENCHMARKS.md), so the
+//! per subtask, about four times each per second: BENCHMARKS.md at 07a44e5), so the
 //! compacted log is a fraction of the full one and logging goes on. Only
 //! when the newest records of the distinct keys written since the last
 //! snapshot take more than half of either bound does the log give up: it

@@ -38,7 +38,7 @@ use super::SpillError;
 /// 0.6 byte less per spilled key) and half the build: a restore builds
 /// one over every key it loads, which was a sixth of a restore's CPU at
 /// 10 M keys, and every compaction into those levels builds one too
-/// (BENCHMARKS.md, "A restore that copies entries").
+/// (BENCHMARKS.md at 07a44e5, "A restore that copies entries").
 const BLOOM_BITS_PER_KEY: u8 = 5;
 
 /// One operator instance's table on disk.

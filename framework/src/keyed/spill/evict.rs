@@ -32,7 +32,7 @@
 //!   in the same padding): it replaced a set of key hashes that cost a
 //!   hash-table insert per record on the operator's thread and a probe
 //!   per hot entry on the checkpoint writer's, about 4 % of the CPU of a
-//!   spilling run at 10 M keys (BENCHMARKS.md). That set was never a
+//!   spilling run at 10 M keys (BENCHMARKS.md at 07a44e5). That set was never a
 //!   recency signal either: every key that enters memory enters it by a
 //!   lookup, so it held every key loaded since the last snapshot.
 //! - A bit set beside each slice's table, indexed by bucket, would cost a

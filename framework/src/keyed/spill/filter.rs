@@ -109,7 +109,7 @@ impl SpilledKeys {
     /// Records every hash of `hashes`, as [`Self::insert`] each, asking for
     /// each one's blocks [`INSERT_AHEAD`] hashes ahead: a restore notes
     /// millions of keys, and one at a time each waited on its block's
-    /// cache miss (a third of a restore's CPU at 10 M keys: BENCHMARKS.md,
+    /// cache miss (a third of a restore's CPU at 10 M keys: BENCHMARKS.md at 07a44e5,
     /// "Restoring the spilling backend").
     pub(crate) fn insert_all(&mut self, hashes: &[u64]) {
         for (index, hash) in hashes.iter().enumerate() {
@@ -188,7 +188,7 @@ const BLOCKED_EXTRA_BITS: f64 = 1.1;
 /// A key's bits spread over the whole filter cost a cache miss each (8 to
 /// 14 per key here, and one 64-bit division each to place them): at a
 /// restore of 5 M keys per subtask, noting them in the filter took
-/// about 45 % of the restore's CPU (BENCHMARKS.md, "Restoring the
+/// about 45 % of the restore's CPU (BENCHMARKS.md at 07a44e5, "Restoring the
 /// spilling backend"), and every lookup of a key not in memory asks every
 /// filter. In one block a key costs one miss per filter. The price is a
 /// somewhat higher false-positive rate for the same bits (blocks hold

@@ -12,7 +12,7 @@
 //!
 //! A spilling snapshot used to write every hot entry of its key groups
 //! back to the disk table on the operator's thread (137 ms at p50 for
-//! 100,000 entries: BENCHMARKS.md). Instead [`Frozen`] takes the key
+//! 100,000 entries: BENCHMARKS.md at 07a44e5). Instead [`Frozen`] takes the key
 //! groups' slice tables weakly ([`crate::keyed::cow`]'s frozen slices) in
 //! constant time per slice, and the checkpoint writer encodes one key
 //! group of them at a time, on its own thread, when it builds that
@@ -101,7 +101,7 @@ impl HotEntries {
 
     /// Makes room for the entries of the encoded ones of `slices` at once:
     /// growing by doubling copied them again (a tenth of the checkpoint
-    /// writer's CPU at 10 M keys: BENCHMARKS.md, "Fewer whole reads").
+    /// writer's CPU at 10 M keys: BENCHMARKS.md at 07a44e5, "Fewer whole reads").
     fn reserve_framed<K, S>(&mut self, slices: &FrozenSlices<K, S>) {
         let (mut bytes, mut entries) = (0, 0);
         for slice in slices {
@@ -201,7 +201,7 @@ fn bad_frame(at: usize) -> SpillError {
 /// A busy operator writes nearly every hot slice within milliseconds of a
 /// snapshot, long before the writer reads it. Copying the slice then cost
 /// the operator threads more than any other part of a checkpoint at
-/// 10 M keys (`HashTable::clone` and its allocations: BENCHMARKS.md), and
+/// 10 M keys (`HashTable::clone` and its allocations: BENCHMARKS.md at 07a44e5), and
 /// the writer read every hot entry again to find a delta's. Here the
 /// operator reads the slice once, while it is about to write it anyway,
 /// and keeps only what the snapshot needs: at 1 s checkpoints about one

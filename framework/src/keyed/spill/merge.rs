@@ -21,7 +21,7 @@
 //! entry written: at 10 M keys, where a whole part then merged a base
 //! with up to ten runs, the pick itself was about a sixth of the
 //! checkpoint writer's CPU, and with up to 64 runs it would grow with
-//! them (BENCHMARKS.md, "Fewer whole reads").
+//! them (BENCHMARKS.md at 07a44e5, "Fewer whole reads").
 
 use std::cmp::Ordering;
 

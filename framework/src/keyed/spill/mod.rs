@@ -31,7 +31,7 @@
 //!   memory that fjall's flush thread frees from the operator threads'
 //!   arenas (about 20 bytes of RSS per spilled key unless the application
 //!   sets `GLIBC_TUNABLES=glibc.malloc.trim_threshold=...` or another
-//!   allocator; BENCHMARKS.md).
+//!   allocator; BENCHMARKS.md at 07a44e5).
 //! - A lookup of a key that is on disk (or a false positive of the
 //!   filter, under 1 %) still goes through fjall's memtables and segments
 //!   on the operator's thread.
@@ -48,7 +48,7 @@
 //!   is read whole and its base file rewritten, off the operator's
 //!   thread. The parts are written to the checkpoint store, not as
 //!   references to fjall's segment files (fjall's API does not expose
-//!   them; BENCHMARKS.md).
+//!   them; BENCHMARKS.md at 07a44e5).
 //! - The change log (`changes.rs`) is bounded by the budget (six entries
 //!   per budgeted key, at least 2^18): when it fills it compacts to the
 //!   newest record of each key, a sort on the operator's thread (not

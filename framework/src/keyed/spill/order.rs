@@ -11,7 +11,7 @@
 //!
 //! The checkpoint writer sorts each delta's hot entries and the change
 //! log by key. Sorting by slices calls `memcmp` per comparison, which
-//! was the writer's largest symbol at 10 M keys (BENCHMARKS.md). A key of
+//! was the writer's largest symbol at 10 M keys (BENCHMARKS.md at 07a44e5). A key of
 //! a keyed count (a `u64` in postcard) is at most 10 bytes, so its first
 //! 8 bytes as a big-endian number decide nearly every comparison with
 //! one integer compare.
@@ -22,7 +22,7 @@
 //! the buffer that holds them, at scattered places: a sort of a hundred
 //! thousand entries then waits on a cache miss or two per comparison,
 //! and the sorts were again about 40 % of the writer's CPU at 10 M keys
-//! (BENCHMARKS.md, "Sorting by kept prefixes"). A [`Prefixed`] item is computed once per key, in
+//! (BENCHMARKS.md at 07a44e5, "Sorting by kept prefixes"). A [`Prefixed`] item is computed once per key, in
 //! the order the keys were written, and the sort moves the prefixes with
 //! the items, so it reads a key only when two prefixes tie.
 
@@ -51,7 +51,7 @@ fn key_prefix(bytes: &[u8]) -> u64 {
 /// `a` against `b` in byte order, through their prefixes first: for the
 /// overlay of a snapshot's hot entries on its disk entries, which
 /// compares each disk entry's key with the next hot one's (a `memcmp`
-/// call or two each before: BENCHMARKS.md, "Sorting by kept prefixes").
+/// call or two each before: BENCHMARKS.md at 07a44e5, "Sorting by kept prefixes").
 /// Not for the merge of a base's inputs: it compares the smallest key so
 /// far with each input's, and recomputing that key's prefix per input
 /// cost more than the `memcmp` calls it saved.

@@ -13,7 +13,7 @@
 //! old generation's states are dropped as its arbiters stop, and the new
 //! generation started only after that: at 10 M keys the wait was 0.2 to
 //! 0.9 s of the 1.8 s from the failure to processing again, with one core
-//! running the old compaction and the other idle (BENCHMARKS.md, "The
+//! running the old compaction and the other idle (BENCHMARKS.md at 07a44e5, "The
 //! old generation's tables drop in the background"). Handed here, the
 //! old table drops on a thread of its own while the new generation
 //! restores, and the idle core does the old compaction.

@@ -17,7 +17,7 @@
 //! instead takes one sorted stream and writes its segments directly:
 //! 1.3 s, of which decoding, sorting and fjall's writing are most, and
 //! noting the keys in the filter of spilled keys (prefetched, one
-//! filter sized for them) about a tenth (BENCHMARKS.md, "Restoring the
+//! filter sized for them) about a tenth (BENCHMARKS.md at 07a44e5, "Restoring the
 //! spilling backend"). The stream must
 //! ascend strictly (fjall panics otherwise), so each group is sorted
 //! here and every adjacent pair is compared before it goes out, and the
@@ -31,7 +31,7 @@
 //! check its key group and to note its hash, and each payload only to be
 //! checked. Decoding every entry into a table, encoding it again and
 //! sorting it whole made the restore of 5 M keys per subtask about 1.9 s
-//! instead of 1.5 s (BENCHMARKS.md, "A restore that copies entries"). A
+//! instead of 1.5 s (BENCHMARKS.md at 07a44e5, "A restore that copies entries"). A
 //! part of an older schema still goes through the state's upgrade chain
 //! and is encoded again. A chain's deltas replace older entries of their
 //! keys: the sort is stable, so the newest entry of a key comes last

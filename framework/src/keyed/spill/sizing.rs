@@ -38,7 +38,7 @@ const CACHE_BYTES_PER_KEY: u64 = 2;
 /// write about as many entries as the records it processed (each miss
 /// loads a key and evicts another) plus the write-back of the budget, so
 /// a few budgets' worth lets a 1 s interval merge at a few hundred
-/// thousand records per second and subtask (BENCHMARKS.md).
+/// thousand records per second and subtask (BENCHMARKS.md at 07a44e5).
 const CHANGE_LOG_ENTRIES_PER_KEY: usize = 6;
 
 /// The change log's least bound in entries, whatever the budget: the
@@ -48,7 +48,7 @@ const CHANGE_LOG_ENTRIES_PER_KEY: usize = 6;
 /// bound of six entries per budgeted key every interval and fell back to
 /// reading the whole disk table (at 100 k keys and a budget of 10 k, about
 /// 180,000 writes per second and subtask against a bound of 60,000:
-/// BENCHMARKS.md). 2^18 entries cover a second and a half of that rate
+/// BENCHMARKS.md at 07a44e5). 2^18 entries cover a second and a half of that rate
 /// without a compaction, for 8 MiB of records and 2 MiB of index per
 /// instance; past it the log compacts (`changes.rs`).
 const CHANGE_LOG_ENTRIES_FLOOR: usize = 1 << 18;
@@ -73,13 +73,13 @@ pub(crate) struct StoreSizing {
     /// 500 ms per memtable rotation above 90 % of it, so it must leave
     /// room for the journals of sealed memtables not yet flushed and of
     /// journals its monitor has not yet deleted: at 32 MiB, writes stalled
-    /// so often that throughput fell by 3 to 4 times (BENCHMARKS.md).
+    /// so often that throughput fell by 3 to 4 times (BENCHMARKS.md at 07a44e5).
     pub(crate) journal_bytes: u64,
     /// `PartitionCreateOptions::block_size`: the data and index blocks of
     /// the store's segments (uncompressed here). A point read of a key on
     /// disk decodes its whole block, so fjall's smallest, 1 KiB, not its
     /// default 4 KiB: it cut the CPU of a read-back workload by about 40 %
-    /// for a few MB more of block index (BENCHMARKS.md).
+    /// for a few MB more of block index (BENCHMARKS.md at 07a44e5).
     pub(crate) block_bytes: u32,
     /// The leveled compaction's target segment size (on disk, compressed;
     /// fjall's default 64 MiB). A segment writer holds 16 bytes of bloom

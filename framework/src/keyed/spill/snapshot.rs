@@ -13,7 +13,7 @@
 //!
 //! Reading the whole disk table back through fjall costs about a
 //! microsecond per entry (its merge of memtables and segments, block
-//! decoding and version filtering: BENCHMARKS.md, "Checkpoints of the
+//! decoding and version filtering: BENCHMARKS.md at 07a44e5, "Checkpoints of the
 //! spilling backend"), so a workload that changes every key group each
 //! interval spent more CPU on checkpoints than on processing. A snapshot
 //! therefore writes, beside its parts, a base: every entry of the disk
@@ -29,7 +29,7 @@
 //! and version on the writer's thread and keeps fjall's old versions
 //! alive meanwhile: at 100 k keys, when the log's bound was six entries
 //! per budgeted key, every snapshot fell back and checkpoints took about
-//! a second (BENCHMARKS.md, "The spilling backend's change log").
+//! a second (BENCHMARKS.md at 07a44e5, "The spilling backend's change log").
 //!
 //! # The hot overlay
 //!

@@ -71,7 +71,7 @@ impl Engine {
         // cost a pass over it and its size again in memory.
         // The own file is sized once: growing it by doubling copied a
         // large part again (a tenth of the spilling backend's checkpoint
-        // writer at 10 M keys: BENCHMARKS.md, "Fewer whole reads").
+        // writer at 10 M keys: BENCHMARKS.md at 07a44e5, "Fewer whole reads").
         let own_len = segments
             .iter()
             .map(|segment| match segment {
