@@ -33,6 +33,7 @@ use object_store::{ObjectStore, PutMode, PutOptions, PutPayload, UpdateVersion, 
 use super::bridge::Bridge;
 use super::errors::classify;
 use super::pointer::{Pointer, MAX_POINTER_BYTES, POINTER_FILE};
+
 use crate::storage::io::{DirEntry, Io};
 use crate::storage::owner::{this_process, LockAttempt, OwnerLock};
 use crate::storage::StoreError;
@@ -507,13 +508,12 @@ impl Io for ObjectIo {
             .common_prefixes
             .iter()
             .filter_map(|prefix| prefix.parts().last())
-            .map(|name| DirEntry {
-                name: name.as_ref().to_string(),
-                is_dir: true,
-            })
+            .filter_map(|name| decode_part(name.as_ref()))
+            .map(|name| DirEntry { name, is_dir: true })
             .chain(listing.objects.iter().filter_map(|meta| {
-                meta.location.filename().map(|name| DirEntry {
-                    name: name.to_string(),
+                let name = decode_part(meta.location.filename()?)?;
+                Some(DirEntry {
+                    name,
                     is_dir: false,
                 })
             }))
@@ -562,6 +562,55 @@ fn entry_of(dir: &Path) -> Option<(PathBuf, String)> {
     Some((job_dir.to_path_buf(), format!("{kind}/{name}")))
 }
 
+/// A key's part as the engine named it: `object_store` percent-encodes
+/// some characters of a part (`%` among them, which the engine's own
+/// escaping uses), and listings return them encoded. `None` for a part
+/// that does not decode to UTF-8 (not written by a store).
+fn decode_part(raw: &str) -> Option<String> {
+    let bytes = raw.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut index = 0;
+    while index < bytes.len() {
+        let escape = (bytes[index] == b'%')
+            .then(|| raw.get(index + 1..index + 3))
+            .flatten()
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
+        match escape {
+            Some(byte) => {
+                decoded.push(byte);
+                index += 3;
+            }
+            None => {
+                decoded.push(bytes[index]);
+                index += 1;
+            }
+        }
+    }
+    String::from_utf8(decoded).ok()
+}
+
 fn parent(path: &Path) -> &Path {
     path.parent().unwrap_or(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::decode_part;
+    use object_store::path::PathPart;
+
+    /// A part the engine escaped survives `object_store`'s own encoding
+    /// and a listing.
+    #[test]
+    fn parts_decode_to_the_engine_names() {
+        for name in [
+            "op-%43ount",
+            "chk-00000000000000000001",
+            "0-1.shared",
+            "a%2Fb",
+        ] {
+            let encoded = PathPart::from(name);
+            assert_eq!(decode_part(encoded.as_ref()).as_deref(), Some(name));
+        }
+        assert_eq!(decode_part("%zz").as_deref(), Some("%zz"));
+    }
 }
