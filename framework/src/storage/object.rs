@@ -140,6 +140,30 @@ impl ObjectCheckpointStore {
         })
     }
 
+    /// The names of the jobs that have checkpoints at `location`, sorted:
+    /// the `job-*` prefixes under it. It only lists.
+    ///
+    /// # Errors
+    ///
+    /// As [`ObjectCheckpointStore::open`].
+    pub fn jobs_at(location: &str, settings: &S3Settings) -> Result<Vec<String>, StoreError> {
+        let (store, prefix) = settings.client(location)?;
+        let io = object_io(store, location, prefix)?;
+        let root = root_path(location);
+        let listing = super::io::Io::list_dir(io.as_ref(), &root)
+            .map_err(|error| StoreError::io("list", &root, error))?;
+        let mut jobs: Vec<String> = listing
+            .into_iter()
+            .filter(|entry| entry.is_dir)
+            .filter_map(|entry| {
+                let name = entry.name.strip_prefix("job-")?;
+                super::names::decode_component(name)
+            })
+            .collect();
+        jobs.sort();
+        Ok(jobs)
+    }
+
     /// Deletes complete checkpoint or savepoint `checkpoint` (removing it
     /// from the pointer first) and says which kind it was; as
     /// [`FsCheckpointStore::delete`](super::FsCheckpointStore::delete).
