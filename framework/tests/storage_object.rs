@@ -36,17 +36,19 @@ enum Backend {
         prefix: String,
         /// Set for S3: the store is opened through its settings, as a
         /// user would.
-        settings: Option<S3Settings>,
-        runtime: tokio::runtime::Runtime,
+        settings: Option<Box<S3Settings>>,
+        runtime: Arc<tokio::runtime::Runtime>,
     },
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap()
+fn runtime() -> Arc<tokio::runtime::Runtime> {
+    Arc::new(
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap(),
+    )
 }
 
 fn unique(what: &str) -> String {
@@ -127,7 +129,7 @@ fn s3_backend() -> Option<Backend> {
         raw: Arc::new(raw),
         location: format!("s3://{bucket}/team/jobs"),
         prefix: "team/jobs".to_string(),
-        settings: Some(settings(&endpoint)),
+        settings: Some(Box::new(settings(&endpoint))),
         runtime: runtime(),
     })
 }
@@ -785,4 +787,83 @@ fn missing_credentials_and_bad_locations_are_named() {
     ));
     assert_eq!(problem, ObjectStoreProblem::Configuration);
     assert!(text.contains("AWS_ALLOW_HTTP"), "{text}");
+}
+
+/// A moto server of this test's own with credential checks on
+/// (`INITIAL_NO_AUTH_ACTION_COUNT=0`), killed when dropped; the shared
+/// server checks none.
+struct CheckingServer {
+    child: std::process::Child,
+    endpoint: String,
+}
+
+impl CheckingServer {
+    /// Starts `SNAPFLOW_MOTO_SERVER` (printed by `.ci/s3.sh`) on a free
+    /// port; `None` (skipping) outside CI when the variable is unset.
+    fn start() -> Option<Self> {
+        let binary = std::env::var("SNAPFLOW_MOTO_SERVER")
+            .ok()
+            .filter(|value| !value.is_empty());
+        let Some(binary) = binary else {
+            let ci = std::env::var("CI").is_ok_and(|value| value == "true");
+            assert!(
+                !ci,
+                "SNAPFLOW_MOTO_SERVER is not set, and CI must not skip this test"
+            );
+            eprintln!(
+                "skipped: SNAPFLOW_MOTO_SERVER is not set; `eval \"$(.ci/s3.sh start)\"` sets it"
+            );
+            return None;
+        };
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = std::process::Command::new(binary)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .env("INITIAL_NO_AUTH_ACTION_COUNT", "0")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let server = Self {
+            child,
+            endpoint: format!("http://127.0.0.1:{port}"),
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "moto did not listen within 30 s"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        Some(server)
+    }
+}
+
+impl Drop for CheckingServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Credentials the server does not know are refused, named, and not
+/// retried.
+#[test]
+fn refused_credentials_are_named() {
+    let Some(server) = CheckingServer::start() else {
+        return;
+    };
+    let (problem, text) = problem_of(ObjectCheckpointStore::open_s3(
+        "s3://bucket/x",
+        JOB,
+        StoreOptions::default(),
+        &settings(&server.endpoint),
+    ));
+    assert_eq!(problem, ObjectStoreProblem::BadCredentials, "{text}");
+    assert!(text.contains("AWS_SECRET_ACCESS_KEY"), "{text}");
+    assert!(!problem.is_retryable());
 }

@@ -269,7 +269,7 @@ impl StoreError {
     /// An I/O error of `operation` on `path`. An [`Io`](super::io::Io)
     /// that knows more than an I/O error can say (an object store that
     /// found another owner, or refused the credentials) wraps a
-    /// `StoreError` inside the `io::Error` ([`StoreError::into_io`]);
+    /// `StoreError` inside the `io::Error` (`StoreError::into_io`);
     /// that error is returned as it is.
     pub(crate) fn io(operation: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
         if source
@@ -293,6 +293,7 @@ impl StoreError {
 
     /// This error inside an `io::Error`, for an [`Io`](super::io::Io) to
     /// return; [`StoreError::io`] takes it out again.
+    #[cfg(feature = "s3")]
     pub(crate) fn into_io(self) -> io::Error {
         let kind = if self.is_retryable() {
             io::ErrorKind::Other
