@@ -11,9 +11,12 @@
 #   eval "$(.ci/s3.sh start)"   # installs if missing, starts, prints exports
 #   .ci/s3.sh stop              # stops it
 #
-# `start` prints one `export` line on stdout (everything else goes to
+# `start` prints `export` lines on stdout (everything else goes to
 # stderr):
 #   SNAPFLOW_S3_ENDPOINT   http://host:port of the object store
+#   SNAPFLOW_MOTO_SERVER   the moto_server binary, for a test that starts
+#                          a server of its own with credential checks on
+#                          (framework/tests/storage_object.rs)
 set -euo pipefail
 
 # shellcheck source=.ci/daemon.sh
@@ -46,7 +49,10 @@ install_if_missing() {
 
 listening() { (exec 3<>"/dev/tcp/127.0.0.1/${port}") 2>/dev/null; }
 
-print_exports() { echo "export SNAPFLOW_S3_ENDPOINT='http://127.0.0.1:${port}'"; }
+print_exports() {
+  echo "export SNAPFLOW_S3_ENDPOINT='http://127.0.0.1:${port}'"
+  echo "export SNAPFLOW_MOTO_SERVER='${venv}/bin/moto_server'"
+}
 
 start() {
   if [[ -f "${state_file}" ]]; then

@@ -13,12 +13,20 @@
 //! Otherwise it only reads: it never creates or repairs anything. Exit
 //! codes: 0 success, 1 an error or a damaged checkpoint, 2 a usage error.
 //!
+//! A store is a directory or, with the `s3` feature (on by default), an
+//! object-storage location `s3://bucket/prefix`, whose endpoint and
+//! credentials come from `AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`,
+//! `AWS_SECRET_ACCESS_KEY` and `AWS_REGION`. Deleting and pruning there
+//! take the store over, so a job still running on it fails at its next
+//! checkpoint: stop it first.
+//!
 //! ```sh
 //! snapflow list target/snapflow-checkpoints
 //! snapflow show target/snapflow-checkpoints wordcount 12 --json
 //! snapflow show --dir path/to/savepoint-7
 //! snapflow verify target/snapflow-checkpoints wordcount
 //! snapflow prune target/snapflow-checkpoints wordcount --keep 2
+//! snapflow verify s3://my-bucket/checkpoints wordcount
 //! ```
 
 mod report;
@@ -33,7 +41,7 @@ use serde::Serialize;
 use report::Verdict;
 use store::CliError;
 
-const USAGE: &str = "usage:
+const USAGE: &str = "usage (STORE_DIR may be s3://bucket/prefix):
   snapflow list STORE_DIR [--json]
   snapflow show STORE_DIR JOB ID [--json]
   snapflow show --dir CHECKPOINT_DIR [--json]

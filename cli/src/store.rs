@@ -1,19 +1,153 @@
-//! Finding and reading what a store directory holds, without ever
-//! creating or changing anything in it.
+//! Finding and reading what a store holds, without ever creating or
+//! changing anything in it unless asked to delete.
 //!
-//! A store directory (the `root` a job's `JobConfig::with_store_dir`
-//! names) holds one `job-<escaped name>` directory per job. This module
-//! turns a path into the jobs it holds and a job into its entries, and
-//! refuses paths that are not a store with a typed error. It prints
-//! nothing: `report` does.
+//! A store (the `root` a job's `JobConfig::with_store_dir` or
+//! `with_store_location` names) is a directory or, with the `s3` feature,
+//! an object-storage location `s3://bucket/prefix` (endpoint and
+//! credentials from the `AWS_*` variables). It holds one
+//! `job-<escaped name>` directory (or prefix) per job. This module turns a
+//! root into the jobs it holds and a job into its entries, and refuses
+//! roots that are not a store with a typed error. It prints nothing:
+//! `report` does.
 
 use std::path::{Path, PathBuf};
 
 use snapflow::storage::names::decode_component;
 use snapflow::storage::{
-    load_checkpoint_dir, CheckpointStore, CheckpointSummary, FsCheckpointStore, LoadedCheckpoint,
-    StoreError,
+    load_checkpoint_dir, CheckpointId, CheckpointKind, CheckpointStore, CheckpointSummary,
+    FsCheckpointStore, Leftover, LoadedCheckpoint, StoreError,
 };
+
+/// One job's store, on a directory or on object storage.
+#[derive(Debug)]
+pub enum Store {
+    /// A job directory.
+    Fs(FsCheckpointStore),
+    /// A job's prefix on object storage.
+    #[cfg(feature = "s3")]
+    Object(snapflow::storage::ObjectCheckpointStore),
+}
+
+impl Store {
+    /// The store through the common trait.
+    pub fn as_store(&self) -> &dyn CheckpointStore {
+        match self {
+            Store::Fs(store) => store,
+            #[cfg(feature = "s3")]
+            Store::Object(store) => store,
+        }
+    }
+
+    /// What the job holds besides its complete entries.
+    pub fn leftovers(&self) -> Result<Vec<Leftover>, StoreError> {
+        match self {
+            Store::Fs(store) => store.leftovers(),
+            #[cfg(feature = "s3")]
+            Store::Object(store) => store.leftovers(),
+        }
+    }
+
+    /// Deletes every complete checkpoint but the newest `keep`.
+    pub fn prune(&self, keep: usize) -> Result<Vec<CheckpointId>, StoreError> {
+        match self {
+            Store::Fs(store) => store.prune(keep),
+            #[cfg(feature = "s3")]
+            Store::Object(store) => store.prune(keep),
+        }
+    }
+
+    /// Deletes complete entry `checkpoint`.
+    pub fn delete(&self, checkpoint: CheckpointId) -> Result<CheckpointKind, StoreError> {
+        match self {
+            Store::Fs(store) => store.delete(checkpoint),
+            #[cfg(feature = "s3")]
+            Store::Object(store) => store.delete(checkpoint),
+        }
+    }
+
+    /// Where entry `checkpoint` of `kind` lives.
+    pub fn entry_dir(&self, checkpoint: CheckpointId, kind: CheckpointKind) -> PathBuf {
+        match self {
+            Store::Fs(store) => store.entry_dir(checkpoint, kind),
+            #[cfg(feature = "s3")]
+            Store::Object(store) => store.entry_dir(checkpoint, kind),
+        }
+    }
+}
+
+/// Whether `root` names object storage rather than a directory.
+fn is_object(root: &Path) -> bool {
+    root.to_str().is_some_and(|root| root.starts_with("s3://"))
+}
+
+#[cfg(feature = "s3")]
+mod object {
+    use std::path::Path;
+
+    use snapflow::storage::{ObjectCheckpointStore, S3Settings};
+
+    use super::{CliError, Store};
+
+    fn location(root: &Path) -> &str {
+        root.to_str().unwrap_or_default()
+    }
+
+    pub(super) fn jobs(root: &Path) -> Result<Vec<String>, CliError> {
+        let jobs = ObjectCheckpointStore::jobs_at(location(root), &S3Settings::from_env())?;
+        if jobs.is_empty() {
+            return Err(CliError::NotAStore {
+                path: root.to_path_buf(),
+            });
+        }
+        Ok(jobs)
+    }
+
+    pub(super) fn open(root: &Path, job: &str) -> Result<Store, CliError> {
+        Ok(Store::Object(ObjectCheckpointStore::open_read_only(
+            location(root),
+            job,
+        )?))
+    }
+
+    /// Opening as owner on object storage takes the store over: a job
+    /// that runs on it can no longer commit. The tool says so.
+    pub(super) fn open_owned(root: &Path, job: &str) -> Result<Store, CliError> {
+        eprintln!(
+            "snapflow: taking the store of job {job:?} over; a job running on it now fails \
+             at its next checkpoint (stop it first)"
+        );
+        Ok(Store::Object(ObjectCheckpointStore::open(
+            location(root),
+            job,
+        )?))
+    }
+}
+
+#[cfg(not(feature = "s3"))]
+mod object {
+    use std::path::Path;
+
+    use super::{CliError, Store};
+
+    fn unsupported(root: &Path) -> CliError {
+        CliError::Usage(format!(
+            "{} is on object storage, and this build has no `s3` feature",
+            root.display()
+        ))
+    }
+
+    pub(super) fn jobs(root: &Path) -> Result<Vec<String>, CliError> {
+        Err(unsupported(root))
+    }
+
+    pub(super) fn open(root: &Path, _job: &str) -> Result<Store, CliError> {
+        Err(unsupported(root))
+    }
+
+    pub(super) fn open_owned(root: &Path, _job: &str) -> Result<Store, CliError> {
+        Err(unsupported(root))
+    }
+}
 
 /// Why the tool could not do what it was asked.
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +197,9 @@ pub enum CliError {
 /// [`CliError::NoDirectory`], [`CliError::NotAStore`] or
 /// [`CliError::Io`].
 pub fn jobs(root: &Path) -> Result<Vec<String>, CliError> {
+    if is_object(root) {
+        return object::jobs(root);
+    }
     if !root.is_dir() {
         return Err(CliError::NoDirectory {
             path: root.to_path_buf(),
@@ -100,9 +237,12 @@ pub fn jobs(root: &Path) -> Result<Vec<String>, CliError> {
 /// # Errors
 ///
 /// [`CliError::NoSuchJob`] and the errors of [`jobs`] and of opening.
-pub fn open(root: &Path, job: &str) -> Result<FsCheckpointStore, CliError> {
+pub fn open(root: &Path, job: &str) -> Result<Store, CliError> {
     check_exists(root, job)?;
-    Ok(FsCheckpointStore::open_read_only(root, job)?)
+    if is_object(root) {
+        return object::open(root, job);
+    }
+    Ok(Store::Fs(FsCheckpointStore::open_read_only(root, job)?))
 }
 
 /// Opens job `job` of the store `root`, which must exist, as its owner,
@@ -112,9 +252,12 @@ pub fn open(root: &Path, job: &str) -> Result<FsCheckpointStore, CliError> {
 /// # Errors
 ///
 /// As [`open`], and `StoreInUse`.
-pub fn open_owned(root: &Path, job: &str) -> Result<FsCheckpointStore, CliError> {
+pub fn open_owned(root: &Path, job: &str) -> Result<Store, CliError> {
     check_exists(root, job)?;
-    Ok(FsCheckpointStore::open(root, job)?)
+    if is_object(root) {
+        return object::open_owned(root, job);
+    }
+    Ok(Store::Fs(FsCheckpointStore::open(root, job)?))
 }
 
 /// Opening a store that does not exist would create it.
@@ -145,7 +288,8 @@ pub struct JobEntries {
 /// # Errors
 ///
 /// The store's, when it cannot list.
-pub fn entries(store: &FsCheckpointStore, job: &str) -> Result<JobEntries, CliError> {
+pub fn entries(store: &Store, job: &str) -> Result<JobEntries, CliError> {
+    let store = store.as_store();
     Ok(JobEntries {
         job: job.to_string(),
         entries: store.list()?,
@@ -159,8 +303,8 @@ pub fn entries(store: &FsCheckpointStore, job: &str) -> Result<JobEntries, CliEr
 /// # Errors
 ///
 /// The store's typed error when anything is missing or damaged.
-pub fn load(store: &FsCheckpointStore, checkpoint: u64) -> Result<LoadedCheckpoint, CliError> {
-    Ok(store.load(checkpoint)?)
+pub fn load(store: &Store, checkpoint: u64) -> Result<LoadedCheckpoint, CliError> {
+    Ok(store.as_store().load(checkpoint)?)
 }
 
 /// Loads the checkpoint or savepoint whose own directory is `dir` (one

@@ -743,3 +743,101 @@ fn verify_reports_leftovers() {
         stdout(&verified)
     );
 }
+
+/// Runs the binary with the S3 server's endpoint and credentials.
+fn snapflow_s3(endpoint: &str, arguments: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_snapflow"))
+        .args(arguments)
+        .env("AWS_ENDPOINT_URL", endpoint)
+        .env("AWS_ACCESS_KEY_ID", "snapflow")
+        .env("AWS_SECRET_ACCESS_KEY", "snapflow")
+        .env("AWS_REGION", "us-east-1")
+        .output()
+        .expect("the binary runs")
+}
+
+/// The tool on checkpoints on object storage (moto from `.ci/s3.sh`):
+/// `list`, `show`, `verify` and `prune` take an `s3://` location as they
+/// take a directory, and a missing bucket is a clear error.
+#[test]
+fn list_show_verify_and_prune_on_s3() {
+    use snapflow::storage::{ObjectCheckpointStore, S3Settings, StoreOptions};
+    use snapflow_tests::servers::{server_from_env, unique_name};
+    use snapflow_tests::tansu::{create_bucket, S3_ENDPOINT_VAR};
+
+    let Some(endpoint) = server_from_env(S3_ENDPOINT_VAR, "S3 checkpoint", ".ci/s3.sh") else {
+        return;
+    };
+    let bucket = unique_name("cli", '-').to_lowercase();
+    create_bucket(&endpoint, &bucket);
+    let root = format!("s3://{bucket}/checkpoints");
+    let settings = S3Settings {
+        endpoint: Some(endpoint.clone()),
+        access_key_id: Some("snapflow".to_string()),
+        secret_access_key: Some("snapflow".to_string()),
+        ..S3Settings::default()
+    };
+    let store = ObjectCheckpointStore::open_s3(&root, "tally", StoreOptions::default(), &settings)
+        .expect("the store opens");
+    let config = JobConfig {
+        checkpoint_interval_ms: Some(20),
+        default_parallelism: 2,
+        batch_size_max: 16,
+        window_batches: 2,
+        store: Some(std::sync::Arc::new(store)),
+        ..JobConfig::default()
+    };
+    let job = Job::new("tally", config);
+    job.source("numbers", VecSourceFactory::new((0..2_000_u64).collect()))
+        .map("pace", |n: u64| {
+            std::thread::sleep(std::time::Duration::from_micros(300));
+            n
+        })
+        .key_by(|n: &u64| n % 7)
+        .process("count", |_key: &u64, tally: &mut Tally, _n: u64, out| {
+            tally.seen += 1;
+            out.emit(tally.seen);
+            Ok(())
+        })
+        .sink("out", CollectHandle::new());
+    job.run().expect("the job runs");
+
+    let listed = snapflow_s3(&endpoint, &["list", &root, "--json"]);
+    assert!(listed.status.success(), "{}", stderr(&listed));
+    let listing = json(&listed);
+    assert_eq!(listing[0]["job"], "tally", "{listing}");
+    let ids: Vec<u64> = listing[0]["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .map(|entry| entry["id"].as_u64().expect("an id"))
+        .collect();
+    assert!(!ids.is_empty(), "{listing}");
+    let newest = ids.last().expect("a newest").to_string();
+    let shown = snapflow_s3(&endpoint, &["show", &root, "tally", &newest, "--json"]);
+    assert!(shown.status.success(), "{}", stderr(&shown));
+    assert!(stdout(&shown).contains("count"), "{}", stdout(&shown));
+    let verified = snapflow_s3(&endpoint, &["verify", &root, "tally"]);
+    assert!(verified.status.success(), "{}", stdout(&verified));
+    let pruned = snapflow_s3(
+        &endpoint,
+        &["prune", &root, "tally", "--keep", "1", "--json"],
+    );
+    assert!(pruned.status.success(), "{}", stderr(&pruned));
+    let after = json(&snapflow_s3(&endpoint, &["list", &root, "--json"]));
+    assert_eq!(
+        after[0]["entries"].as_array().map(Vec::len),
+        Some(1),
+        "{after}"
+    );
+    assert_eq!(after[0]["entries"][0]["id"].as_u64(), ids.last().copied());
+
+    let missing = format!("s3://{}/x", unique_name("missing", '-').to_lowercase());
+    let refused = snapflow_s3(&endpoint, &["list", &missing]);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        stderr(&refused).contains("bucket does not exist"),
+        "{}",
+        stderr(&refused)
+    );
+}

@@ -326,8 +326,9 @@ fn stored_partitions(meta: &serde_json::Value, topic: &str) -> i32 {
     i32::try_from(stored).unwrap_or_else(|_| panic!("{topic} has {stored} partitions"))
 }
 
-/// Creates `bucket` on the S3 server at `endpoint`.
-fn create_bucket(endpoint: &str, bucket: &str) {
+/// Creates `bucket` on the S3 server at `endpoint` (the object-storage
+/// checkpoint tests use it too).
+pub fn create_bucket(endpoint: &str, bucket: &str) {
     let url = format!("{endpoint}/{bucket}");
     ureq::put(&url)
         .timeout(Duration::from_secs(10))

@@ -286,6 +286,38 @@ impl JobConfig {
         self.store = Some(Arc::new(FsCheckpointStore::open(root, job)?));
         Ok(self)
     }
+
+    /// Uses the store at `location` for job `job`: object storage for
+    /// `s3://bucket/prefix` (feature `s3`; endpoint and credentials from
+    /// the `AWS_*` variables, see
+    /// [`ObjectCheckpointStore::open`](crate::storage::ObjectCheckpointStore::open)),
+    /// else a file-system store under the directory `location`.
+    ///
+    /// # Errors
+    ///
+    /// Those of opening the store; for an `s3://` location in a build
+    /// without the `s3` feature, [`StoreError::InvalidOptions`].
+    pub fn with_store_location(mut self, location: &str, job: &str) -> Result<Self, JobError> {
+        if location.starts_with("s3://") {
+            self.store = Some(open_object_store(location, job)?);
+            return Ok(self);
+        }
+        self.with_store_dir(location, job)
+    }
+}
+
+#[cfg(feature = "s3")]
+fn open_object_store(location: &str, job: &str) -> Result<Arc<dyn CheckpointStore>, StoreError> {
+    Ok(Arc::new(crate::storage::ObjectCheckpointStore::open(
+        location, job,
+    )?))
+}
+
+#[cfg(not(feature = "s3"))]
+fn open_object_store(location: &str, _job: &str) -> Result<Arc<dyn CheckpointStore>, StoreError> {
+    Err(StoreError::InvalidOptions(format!(
+        "{location} is on object storage, and this build has no `s3` feature"
+    )))
 }
 
 /// Why a job could not be built or did not finish.

@@ -717,6 +717,18 @@ impl Engine {
     /// [`Self::write_durably`] of the concatenation of `pieces`, without
     /// building it.
     fn write_pieces_durably(&self, path: &Path, pieces: &[&[u8]]) -> Result<(), StoreError> {
+        let is_metadata = path.file_name().is_some_and(|name| name == METADATA_FILE);
+        if is_metadata {
+            if let Some(result) = self.io.publish_metadata(path, &pieces.concat()) {
+                return result.map_err(|error| StoreError::io("publish_metadata", path, error));
+            }
+        }
+        if self.io.atomic_writes() {
+            return self
+                .io
+                .write_file_pieces(path, pieces)
+                .map_err(|error| StoreError::io("write_file", path, error));
+        }
         let temp = temp_path(path);
         self.io
             .write_file_pieces(&temp, pieces)
@@ -727,7 +739,7 @@ impl Engine {
         self.io
             .rename(&temp, path)
             .map_err(|error| StoreError::io("rename", &temp, error))?;
-        if path.file_name().is_some_and(|name| name == METADATA_FILE) {
+        if is_metadata {
             self.sync_dir(parent(path))?;
         }
         Ok(())
@@ -757,11 +769,9 @@ impl Engine {
     }
 
     fn exists(&self, dir: &Path) -> Result<bool, StoreError> {
-        match self.io.list_dir(dir) {
-            Ok(_) => Ok(true),
-            Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(false),
-            Err(error) => Err(StoreError::io("list_dir", dir, error)),
-        }
+        self.io
+            .dir_exists(dir)
+            .map_err(|error| StoreError::io("list_dir", dir, error))
     }
 }
 

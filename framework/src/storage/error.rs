@@ -179,6 +179,68 @@ pub enum StoreError {
         /// Why.
         reason: String,
     },
+    /// The object store that holds the checkpoints (an `s3://` location)
+    /// refused a request or could not be reached. [`ObjectStoreProblem`]
+    /// says what to fix and whether a retry can help.
+    #[error("object store {location}: {problem}: {detail}")]
+    ObjectStore {
+        /// The bucket and key (or the location) the request was for.
+        location: String,
+        /// What kind of failure it was.
+        problem: ObjectStoreProblem,
+        /// The object store's own message.
+        detail: String,
+    },
+}
+
+/// What went wrong with an object store, in the terms of what to fix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ObjectStoreProblem {
+    /// The endpoint did not answer (wrong address, server down, network
+    /// away). Retryable.
+    Unreachable,
+    /// The server refused the credentials. Not retryable.
+    BadCredentials,
+    /// The bucket does not exist. Not retryable.
+    NoSuchBucket,
+    /// The location or the environment is incomplete or malformed (no
+    /// credentials, a location that is not `s3://bucket/prefix`). Not
+    /// retryable.
+    Configuration,
+    /// The server does not support what the commit protocol needs
+    /// (conditional writes). Not retryable.
+    Unsupported,
+    /// Any other failed request (a server error, a throttled request).
+    /// Retryable.
+    Request,
+}
+
+impl ObjectStoreProblem {
+    /// Whether retrying the same request may succeed.
+    pub fn is_retryable(self) -> bool {
+        matches!(self, Self::Unreachable | Self::Request)
+    }
+}
+
+impl std::fmt::Display for ObjectStoreProblem {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str(match self {
+            Self::Unreachable => {
+                "the endpoint cannot be reached; check AWS_ENDPOINT_URL and that the server runs"
+            }
+            Self::BadCredentials => {
+                "the credentials were refused; check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+            }
+            Self::NoSuchBucket => "the bucket does not exist; create it or fix the location",
+            Self::Configuration => "the location or the AWS_* environment is incomplete",
+            Self::Unsupported => {
+                "the server does not support conditional writes (If-None-Match, If-Match), \
+                 which the commit needs"
+            }
+            Self::Request => "a request failed",
+        })
+    }
 }
 
 impl StoreError {
@@ -186,7 +248,11 @@ impl StoreError {
     /// for a commit that raced part writes, false for corruption, bad names
     /// and misuse.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Self::Io { .. } | Self::PartsInFlight { .. })
+        match self {
+            Self::Io { .. } | Self::PartsInFlight { .. } => true,
+            Self::ObjectStore { problem, .. } => problem.is_retryable(),
+            _ => false,
+        }
     }
 
     /// Whether this error says stored bytes are damaged or unreadable by
@@ -200,11 +266,50 @@ impl StoreError {
         )
     }
 
+    /// An I/O error of `operation` on `path`. An [`Io`](super::io::Io)
+    /// that knows more than an I/O error can say (an object store that
+    /// found another owner, or refused the credentials) wraps a
+    /// `StoreError` inside the `io::Error` (`StoreError::into_io`);
+    /// that error is returned as it is.
     pub(crate) fn io(operation: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
-        Self::Io {
-            operation,
-            path: path.into(),
-            source,
+        if source
+            .get_ref()
+            .is_some_and(|inner| inner.is::<StoreError>())
+        {
+            if let Some(inner) = source.into_inner() {
+                if let Ok(typed) = inner.downcast::<StoreError>() {
+                    return *typed;
+                }
+            }
+            unreachable_io(operation, path.into())
+        } else {
+            Self::Io {
+                operation,
+                path: path.into(),
+                source,
+            }
         }
+    }
+
+    /// This error inside an `io::Error`, for an [`Io`](super::io::Io) to
+    /// return; [`StoreError::io`] takes it out again.
+    #[cfg(feature = "s3")]
+    pub(crate) fn into_io(self) -> io::Error {
+        let kind = if self.is_retryable() {
+            io::ErrorKind::Other
+        } else {
+            io::ErrorKind::PermissionDenied
+        };
+        io::Error::new(kind, self)
+    }
+}
+
+/// The error of a wrapped `StoreError` that could not be taken out, which
+/// `is` just ruled out; kept so the conversion has no panic.
+fn unreachable_io(operation: &'static str, path: PathBuf) -> StoreError {
+    StoreError::Io {
+        operation,
+        path,
+        source: io::Error::other("a wrapped store error was lost"),
     }
 }

@@ -61,6 +61,32 @@ pub trait Io: Send + Sync + fmt::Debug {
     /// [`MemFs`](super::memory::MemFs)) returns
     /// [`OwnerLock::in_process`].
     fn try_lock_owner(&self, path: &Path) -> io::Result<LockAttempt>;
+    /// Whether a directory exists. The default lists it; an object store,
+    /// whose directories are only key prefixes, says whether any object
+    /// lies under it.
+    fn dir_exists(&self, path: &Path) -> io::Result<bool> {
+        match self.list_dir(path) {
+            Ok(_) => Ok(true),
+            Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(error) => Err(error),
+        }
+    }
+    /// Whether [`Io::write_file`] is atomic and durable by itself (an
+    /// object store's PUT): the engine then writes every file under its
+    /// final name, without a temporary name, fsync and rename. False by
+    /// default.
+    fn atomic_writes(&self) -> bool {
+        false
+    }
+    /// Writes a checkpoint's metadata file as the commit point of an
+    /// [`Io`] that has one of its own (an object store: a create-once put
+    /// and a conditional update of the pointer object), or `None` when it
+    /// has none and the engine's temporary name, fsync and rename are the
+    /// commit (the default).
+    fn publish_metadata(&self, path: &Path, bytes: &[u8]) -> Option<io::Result<()>> {
+        let _ = (path, bytes);
+        None
+    }
 }
 
 /// The real file system through `std::fs`.

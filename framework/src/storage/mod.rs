@@ -82,6 +82,8 @@ pub mod io;
 pub mod memory;
 pub mod metadata;
 pub mod names;
+#[cfg(feature = "s3")]
+mod object;
 pub mod owner;
 mod pin;
 pub mod segment;
@@ -94,10 +96,12 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 pub use engine::Leftover;
-pub use error::StoreError;
+pub use error::{ObjectStoreProblem, StoreError};
 pub use fs::{load_checkpoint_dir, load_checkpoint_dir_with_io, FsCheckpointStore};
 pub use memory::MemoryCheckpointStore;
 pub use metadata::{CheckpointMetadata, KeyGroupLayout, PartInfo};
+#[cfg(feature = "s3")]
+pub use object::{is_object_location, ObjectCheckpointStore, S3Settings, S3_SCHEME};
 pub use pin::CheckpointPin;
 pub use segment::{Segment, SegmentInfo, SegmentSource, SharedRange};
 

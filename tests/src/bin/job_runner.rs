@@ -12,6 +12,10 @@
 //! job_runner <store dir> <records> <parallelism> postgres <url> <exactly-once|idempotent> <job> <table> [--multi-row] [--hold-first-commit]
 //! ```
 //!
+//! `<store dir>` may also be an object-storage location,
+//! `s3://bucket/prefix` (endpoint and credentials from the `AWS_*`
+//! variables; `JobConfig::with_store_location`).
+//!
 //! `window` runs the windowed pipeline (`snapflow_tests::window_pipeline`)
 //! into files instead of the keyed one.
 //!
@@ -151,7 +155,7 @@ fn crash_job(run: &Run) -> Result<Job, Box<dyn std::error::Error>> {
         copy_on_write_threshold_keys,
         ..JobConfig::default()
     }
-    .with_store_dir(run.store.clone(), "crash")?;
+    .with_store_location(&run.store.to_string_lossy(), "crash")?;
     Ok(Job::new("crash", config))
 }
 
