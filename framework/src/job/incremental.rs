@@ -5,8 +5,7 @@
 //! that say so to the store ([`crate::storage::segment`]).
 //!
 //! This module owns that bookkeeping ([`KeyGroupLedger`]), the settings
-//! ([`IncrementalCheckpoints`]), the job-wide record of which checkpoint
-//! ids are savepoints ([`SnapshotKinds`]) and the segmented form of the
+//! ([`IncrementalCheckpoints`]) and the segmented form of the
 //! keyed-state envelope. It never does I/O, never decides when to
 //! checkpoint and never reads a part back: loading assembles segmented
 //! parts into exactly the bytes a full snapshot has, so restoring,
@@ -25,7 +24,6 @@
 //! Savepoints are written whole and change nothing here.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use crate::keyed::deferred::{DeferredParts, DeferredSlices, ReadySlices};
@@ -92,30 +90,6 @@ impl Default for IncrementalCheckpoints {
             enabled: true,
             full_every: DEFAULT_FULL_EVERY,
         }
-    }
-}
-
-/// Which checkpoint ids of a job are savepoints: the supervisor marks one
-/// when it triggers it, before any barrier of it exists, and operator
-/// instances ask at their snapshot. Only the latest is kept: one savepoint
-/// is in flight at a time, and an instance asking about an older one that
-/// was aborted treats it as a checkpoint, which is harmless (it never
-/// completes, so nothing refers to it).
-#[derive(Debug, Default)]
-pub(crate) struct SnapshotKinds {
-    latest_savepoint: AtomicU64,
-}
-
-impl SnapshotKinds {
-    /// Records that `checkpoint` is a savepoint.
-    pub(crate) fn mark_savepoint(&self, checkpoint: CheckpointId) {
-        self.latest_savepoint
-            .fetch_max(checkpoint.0, Ordering::AcqRel);
-    }
-
-    /// Whether `checkpoint` is the savepoint most recently triggered.
-    pub(crate) fn is_savepoint(&self, checkpoint: CheckpointId) -> bool {
-        checkpoint.0 != 0 && self.latest_savepoint.load(Ordering::Acquire) == checkpoint.0
     }
 }
 
@@ -786,16 +760,5 @@ pub(crate) mod tests {
             .encode()
             .unwrap();
         assert_eq!(segments, vec![Segment::Own(expected)]);
-    }
-
-    #[test]
-    fn a_savepoint_mark_names_only_the_latest_savepoint() {
-        let kinds = SnapshotKinds::default();
-        assert!(!kinds.is_savepoint(CheckpointId(0)));
-        kinds.mark_savepoint(CheckpointId(4));
-        assert!(kinds.is_savepoint(CheckpointId(4)));
-        assert!(!kinds.is_savepoint(CheckpointId(5)));
-        kinds.mark_savepoint(CheckpointId(9));
-        assert!(!kinds.is_savepoint(CheckpointId(4)));
     }
 }

@@ -111,8 +111,7 @@ pub use shell::Data;
 #[cfg(test)]
 pub(crate) use incremental::tests::Written as WrittenShared;
 pub(crate) use incremental::{
-    full_segments, push_own, KeyGroupLedger, KeyedSnapshotParts, KeyedSnapshotSlices,
-    SnapshotKinds, SnapshotPlan,
+    full_segments, push_own, KeyGroupLedger, KeyedSnapshotParts, KeyedSnapshotSlices, SnapshotPlan,
 };
 pub(crate) use ops::{decode_keyed_state, encode_keyed_state, merge_keyed_states};
 pub(crate) use shell::Core;

@@ -24,13 +24,11 @@ use serde::Serialize;
 use crate::keyed::deferred::DeferredParts;
 use crate::keyed::store::{KeyGroupSnapshots, KeyedStore};
 use crate::keyed::{key_hash, KeyedBackend, MaxParallelism};
-use crate::protocol::CheckpointId;
+use crate::protocol::{CheckpointId, CheckpointKind};
 use crate::runtime::BoxError;
 use crate::state::{blob, Snapshot, StateError};
 
-use super::incremental::{
-    full_segments, IncrementalCheckpoints, KeyGroupLedger, SnapshotKinds, SnapshotPlan,
-};
+use super::incremental::{full_segments, IncrementalCheckpoints, KeyGroupLedger, SnapshotPlan};
 use super::operator::Operator;
 use super::route::Collector;
 use super::shell::{Core, Data, DeferredState, TakenState};
@@ -109,12 +107,11 @@ pub(crate) struct KeyedCore<
     pub(crate) _records: PhantomData<fn(In) -> Out>,
 }
 
-/// A keyed core's incremental checkpoints: its ledger, and the job's
-/// record of which checkpoints are savepoints (written whole).
+/// A keyed core's incremental checkpoints: its ledger. (Which checkpoints
+/// are savepoints, written whole, the barrier says.)
 #[derive(Debug)]
 pub(crate) struct Incremental {
     pub(crate) ledger: KeyGroupLedger,
-    pub(crate) kinds: Arc<SnapshotKinds>,
 }
 
 /// The stored form of one subtask's keyed state: one part per key group,
@@ -175,7 +172,7 @@ impl<K: Key, S: Snapshot + Default, In: 'static, Out: Send + 'static, F: ?Sized,
         key_of: Arc<KF>,
         function: Arc<F>,
         publish: Option<FinalStates<K, S>>,
-        incremental: Option<(IncrementalCheckpoints, Arc<SnapshotKinds>)>,
+        incremental: Option<IncrementalCheckpoints>,
         plan: &StatePlan,
     ) -> Self {
         let states = KeyedStore::for_subtask(
@@ -187,9 +184,8 @@ impl<K: Key, S: Snapshot + Default, In: 'static, Out: Send + 'static, F: ?Sized,
             plan.copy_on_write_threshold_keys,
         )
         .unwrap_or_else(|error| panic!("bug: the plan let through {error}"));
-        let incremental = incremental.map(|(settings, kinds)| Incremental {
+        let incremental = incremental.map(|settings| Incremental {
             ledger: KeyGroupLedger::new(settings, states.key_groups().len()),
-            kinds,
         });
         KeyedCore {
             subtask,
@@ -249,8 +245,12 @@ where
     }
 
     /// What [`Self::take_state`] takes, encoded at once.
-    fn snapshot_segments(&mut self, checkpoint: CheckpointId) -> Result<Vec<Segment>, BoxError> {
-        match self.take_state(checkpoint)? {
+    fn snapshot_segments(
+        &mut self,
+        checkpoint: CheckpointId,
+        kind: CheckpointKind,
+    ) -> Result<Vec<Segment>, BoxError> {
+        match self.take_state(checkpoint, kind)? {
             TakenState::Segments(segments) => Ok(segments),
             TakenState::Deferred(state) => state.encode(),
         }
@@ -267,34 +267,39 @@ where
     /// to the writer. Both in-memory layouts write incremental checkpoints
     /// in the same units (the slices of each key group), so a state that
     /// moves from flat to copy-on-write keeps referring to what it wrote.
-    fn take_state(&mut self, checkpoint: CheckpointId) -> Result<TakenState, BoxError> {
+    fn take_state(
+        &mut self,
+        checkpoint: CheckpointId,
+        kind: CheckpointKind,
+    ) -> Result<TakenState, BoxError> {
+        let savepoint = kind == CheckpointKind::Savepoint;
         let (plan, parts): (SnapshotPlan, Box<dyn DeferredParts>) = match &mut self.states {
             KeyedStore::Memory(states) => {
-                let Some(incremental) = incremental_of(&mut self.incremental, checkpoint) else {
+                let Some(incremental) = incremental_of(&mut self.incremental, savepoint) else {
                     return Ok(TakenState::Segments(full_segments(states)?));
                 };
                 let slices = incremental.ledger.snapshot_flat(checkpoint, states)?;
                 return Ok(TakenState::Deferred(Box::new(slices)));
             }
             KeyedStore::CopyOnWrite(states) => {
-                if let Some(incremental) = incremental_of(&mut self.incremental, checkpoint) {
+                if let Some(incremental) = incremental_of(&mut self.incremental, savepoint) {
                     // Incremental: planned and handed off per slice.
                     let slices = incremental.ledger.hand_off_cow(checkpoint, states);
                     return Ok(TakenState::Deferred(Box::new(slices)));
                 }
-                let plan = plan_of(&mut self.incremental, checkpoint, &*states);
+                let plan = plan_of(&mut self.incremental, checkpoint, savepoint, &*states);
                 let handoff = states.hand_off_key_groups(|key_group| plan.writes(key_group));
                 // With incremental checkpoints on, this full snapshot is
                 // a savepoint's, which must leave the flags to the next
                 // incremental checkpoint.
-                if forgets_changes(&self.incremental, checkpoint) {
+                if forgets_changes(&self.incremental, savepoint) {
                     states.clear_dirty();
                 }
                 (plan, Box::new(handoff))
             }
             #[cfg(feature = "spill")]
             KeyedStore::Spilling(states) => {
-                let plan = match incremental_of(&mut self.incremental, checkpoint) {
+                let plan = match incremental_of(&mut self.incremental, savepoint) {
                     // Incremental: changed groups as delta parts on their
                     // chains where the ledger allows it.
                     Some(incremental) => incremental.ledger.plan_chained(
@@ -309,7 +314,7 @@ where
                     &mut |key_group| plan.writes(key_group),
                     &mut |key_group| plan.writes_delta(key_group),
                 )?;
-                if forgets_changes(&self.incremental, checkpoint) {
+                if forgets_changes(&self.incremental, savepoint) {
                     states.forget_changes();
                 }
                 (plan, Box::new(snapshot))
@@ -361,18 +366,16 @@ where
     }
 }
 
-/// The incremental bookkeeping when `checkpoint` is written
-/// incrementally (incremental checkpoints on, and not a savepoint).
+/// The incremental bookkeeping when a snapshot is written incrementally
+/// (incremental checkpoints on, and not a `savepoint`).
 fn incremental_of(
     incremental: &mut Option<Incremental>,
-    checkpoint: CheckpointId,
+    savepoint: bool,
 ) -> Option<&mut Incremental> {
-    incremental
-        .as_mut()
-        .filter(|incremental| !incremental.kinds.is_savepoint(checkpoint))
+    incremental.as_mut().filter(|_| !savepoint)
 }
 
-/// Whether the snapshot for `checkpoint` may clear the state's dirty
+/// Whether a snapshot (a `savepoint` or not) may clear the state's dirty
 /// flags (forget which key groups and slices changed). Not for a savepoint
 /// while incremental checkpoints are on: a savepoint is written whole and
 /// is not part of the incremental chain, so the ledger still holds the
@@ -382,10 +385,8 @@ fn incremental_of(
 /// refer to older bytes of those key groups, and a job resumed from it
 /// would lose their updates. The flat layout's full snapshot
 /// (`full_segments`) never clears them.
-fn forgets_changes(incremental: &Option<Incremental>, checkpoint: CheckpointId) -> bool {
-    !incremental
-        .as_ref()
-        .is_some_and(|incremental| incremental.kinds.is_savepoint(checkpoint))
+fn forgets_changes(incremental: &Option<Incremental>, savepoint: bool) -> bool {
+    !(savepoint && incremental.is_some())
 }
 
 /// What a snapshot of `states` for `checkpoint` writes and what it refers
@@ -394,9 +395,10 @@ fn forgets_changes(incremental: &Option<Incremental>, checkpoint: CheckpointId) 
 fn plan_of(
     incremental: &mut Option<Incremental>,
     checkpoint: CheckpointId,
+    savepoint: bool,
     states: &impl KeyGroupSnapshots,
 ) -> SnapshotPlan {
-    match incremental_of(incremental, checkpoint) {
+    match incremental_of(incremental, savepoint) {
         Some(incremental) => {
             let changed = states.changed_key_groups();
             incremental

@@ -18,7 +18,6 @@ use std::sync::Arc;
 
 use actix::{Addr, Recipient};
 
-use crate::job::incremental::SnapshotKinds;
 use crate::keyed::MaxParallelism;
 use crate::metrics::{MetricsRegistry, SubtaskRecorder};
 use crate::protocol::{
@@ -482,9 +481,6 @@ pub(crate) struct PhysicalPlan {
     pub(crate) config: JobConfig,
     /// The job's live metrics (set when the job starts).
     pub(crate) metrics: Option<Arc<MetricsRegistry>>,
-    /// Which checkpoints are savepoints, shared with the keyed cores
-    /// (see [`super::incremental`]); the job builder sets its own.
-    pub(crate) snapshot_kinds: Arc<SnapshotKinds>,
 }
 
 impl PhysicalPlan {
@@ -570,7 +566,6 @@ impl PhysicalPlan {
             snapshot,
             config,
             metrics: None,
-            snapshot_kinds: Arc::default(),
         })
     }
 

@@ -428,16 +428,17 @@ impl<H> Coordinator<H> {
     }
 
     /// Node `node` had all its inputs end: from now on it is triggered
-    /// directly. Returns the checkpoints in flight that the driver must
-    /// trigger at it now (their barriers will never reach it).
-    pub fn add_initiator(&mut self, node: usize) -> Vec<CheckpointId> {
+    /// directly. Returns the checkpoints in flight, with their kinds, that
+    /// the driver must trigger at it now (their barriers will never reach
+    /// it).
+    pub fn add_initiator(&mut self, node: usize) -> Vec<(CheckpointId, CheckpointKind)> {
         assert!(node < self.node_count, "node {node} is not a node");
         if !self.initiators.contains(&node) {
             self.initiators.push(node);
         }
         self.pending
             .iter()
-            .map(|pending| pending.checkpoint)
+            .map(|pending| (pending.checkpoint, pending.kind))
             .collect()
     }
 

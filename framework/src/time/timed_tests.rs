@@ -12,12 +12,11 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use crate::job::{
-    encode_keyed_state, Collector, Core, IncrementalCheckpoints, Router, SnapshotKinds, TakenState,
-    WrittenShared,
+    encode_keyed_state, Collector, Core, IncrementalCheckpoints, Router, TakenState, WrittenShared,
 };
 use crate::keyed::test_support::{seed, Count, Rng};
 use crate::keyed::{KeyGroupRange, KeyedState, MaxParallelism};
-use crate::protocol::CheckpointId;
+use crate::protocol::{CheckpointId, CheckpointKind};
 use crate::runtime::channel::Outputs;
 use crate::storage::Segment;
 
@@ -119,14 +118,14 @@ fn contents(bytes: &[u8]) -> Contents {
     )
 }
 
-fn plan(threshold_keys: usize, kinds: Option<Arc<SnapshotKinds>>) -> TimedStatePlan {
+fn plan(threshold_keys: usize, incremental: bool) -> TimedStatePlan {
     let settings = IncrementalCheckpoints {
         enabled: true,
         full_every: 4,
     };
     TimedStatePlan {
         copy_on_write_threshold_keys: threshold_keys,
-        incremental: kinds.map(|kinds| (settings, kinds)),
+        incremental: incremental.then_some(settings),
     }
 }
 
@@ -135,11 +134,7 @@ fn plan(threshold_keys: usize, kinds: Option<Arc<SnapshotKinds>>) -> TimedStateP
 /// the state at its hand-off; returns how many segments referred to
 /// earlier checkpoints.
 fn check_chain(seed: u64, threshold_keys: usize, incremental: bool) -> usize {
-    let kinds = Arc::new(SnapshotKinds::default());
-    let mut core = core(&plan(
-        threshold_keys,
-        incremental.then(|| Arc::clone(&kinds)),
-    ));
+    let mut core = core(&plan(threshold_keys, incremental));
     let (mut rng, mut watermark_ms) = (Rng(seed), 0);
     let (mut written, mut reused) = (WrittenShared::default(), 0);
     let context = format!(
@@ -149,11 +144,16 @@ fn check_chain(seed: u64, threshold_keys: usize, incremental: bool) -> usize {
         for _ in 0..rng.below(6) {
             workload(&mut core, &mut rng, &mut watermark_ms);
         }
-        if checkpoint % 5 == 0 {
-            kinds.mark_savepoint(CheckpointId(checkpoint));
-        }
+        // Every fifth is a savepoint, as its barrier would say.
+        let kind = if checkpoint % 5 == 0 {
+            CheckpointKind::Savepoint
+        } else {
+            CheckpointKind::Periodic
+        };
         let at_hand_off = core.snapshot(CheckpointId(0)).expect("encodes");
-        let taken = core.take_state(CheckpointId(checkpoint)).expect("takes");
+        let taken = core
+            .take_state(CheckpointId(checkpoint), kind)
+            .expect("takes");
         if threshold_keys == 0 {
             assert!(
                 matches!(taken, TakenState::Deferred(_)),
@@ -167,7 +167,7 @@ fn check_chain(seed: u64, threshold_keys: usize, incremental: bool) -> usize {
             TakenState::Segments(segments) => segments,
             TakenState::Deferred(state) => state.encode().expect("encodes on the writer"),
         };
-        if kinds.is_savepoint(CheckpointId(checkpoint)) || !incremental {
+        if kind == CheckpointKind::Savepoint || !incremental {
             assert!(
                 segments.iter().all(|s| matches!(s, Segment::Own(_))),
                 "{context}: whole"
@@ -212,13 +212,15 @@ fn writes_after_the_hand_off_never_reach_the_snapshot() {
 fn a_whole_snapshot_keeps_the_stored_bytes() {
     let seed = seed();
     for threshold_keys in [0, usize::MAX] {
-        let mut core = core(&plan(threshold_keys, None));
+        let mut core = core(&plan(threshold_keys, false));
         let (mut rng, mut watermark_ms) = (Rng(seed), 0);
         for _ in 0..8 {
             workload(&mut core, &mut rng, &mut watermark_ms);
         }
         let bytes = core.snapshot(CheckpointId(0)).expect("encodes");
-        let segments = core.snapshot_segments(CheckpointId(1)).expect("encodes");
+        let segments = core
+            .snapshot_segments(CheckpointId(1), CheckpointKind::Periodic)
+            .expect("encodes");
         assert_eq!(
             segments,
             [Segment::Own(bytes)],
@@ -252,7 +254,7 @@ fn pre_change_checkpoint() -> Vec<u8> {
 fn a_checkpoint_written_before_asynchronous_snapshots_restores_into_either_layout() {
     let stored = pre_change_checkpoint();
     for threshold_keys in [0, 50, usize::MAX] {
-        let mut core = core(&plan(threshold_keys, None));
+        let mut core = core(&plan(threshold_keys, false));
         core.restore(Some(&stored)).expect("restores");
         let restored = core.snapshot(CheckpointId(0)).expect("encodes");
         assert_eq!(

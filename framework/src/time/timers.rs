@@ -19,11 +19,9 @@ use std::collections::BTreeMap;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use crate::job::{
-    Collector, Core, Data, IncrementalCheckpoints, Key, KeyGroupLedger, SnapshotKinds, TakenState,
-};
+use crate::job::{Collector, Core, Data, IncrementalCheckpoints, Key, KeyGroupLedger, TakenState};
 use crate::keyed::{key_hash, CowKeyedState, MaxParallelism};
-use crate::protocol::CheckpointId;
+use crate::protocol::{CheckpointId, CheckpointKind};
 use crate::runtime::BoxError;
 use crate::state::Snapshot;
 use crate::storage::Segment;
@@ -275,7 +273,7 @@ fn slot(domain: TimeDomain) -> usize {
 #[derive(Debug, Clone)]
 pub(crate) struct TimedStatePlan {
     pub(crate) copy_on_write_threshold_keys: usize,
-    pub(crate) incremental: Option<(IncrementalCheckpoints, Arc<SnapshotKinds>)>,
+    pub(crate) incremental: Option<IncrementalCheckpoints>,
 }
 
 impl Default for TimedStatePlan {
@@ -295,7 +293,6 @@ impl Default for TimedStatePlan {
 struct TimedIncremental {
     user: KeyGroupLedger,
     timers: KeyGroupLedger,
-    kinds: Arc<SnapshotKinds>,
 }
 
 /// The timers of a timed core: per key, its sorted times (a keyed table
@@ -497,14 +494,10 @@ impl<
         let timers = TimedTable::for_subtask(max_parallelism, subtask, threshold)
             .unwrap_or_else(|error| panic!("bug: the plan let through {error}"));
         let key_groups = states.range().len();
-        let incremental = plan
-            .incremental
-            .clone()
-            .map(|(settings, kinds)| TimedIncremental {
-                user: KeyGroupLedger::new(settings, key_groups),
-                timers: KeyGroupLedger::new(settings, key_groups),
-                kinds,
-            });
+        let incremental = plan.incremental.map(|settings| TimedIncremental {
+            user: KeyGroupLedger::new(settings, key_groups),
+            timers: KeyGroupLedger::new(settings, key_groups),
+        });
         TimedKeyedCore {
             fns,
             states,
@@ -650,8 +643,12 @@ where
     }
 
     /// What [`Self::take_state`] takes, encoded at once.
-    fn snapshot_segments(&mut self, checkpoint: CheckpointId) -> Result<Vec<Segment>, BoxError> {
-        match self.take_state(checkpoint)? {
+    fn snapshot_segments(
+        &mut self,
+        checkpoint: CheckpointId,
+        kind: CheckpointKind,
+    ) -> Result<Vec<Segment>, BoxError> {
+        match self.take_state(checkpoint, kind)? {
             TakenState::Segments(segments) => Ok(segments),
             TakenState::Deferred(state) => state.encode(),
         }
@@ -663,11 +660,15 @@ where
     /// proportional to its key groups (its slices with incremental
     /// checkpoints) and encoded by the checkpoint writer. A savepoint, or
     /// a job without incremental checkpoints, writes both whole.
-    fn take_state(&mut self, checkpoint: CheckpointId) -> Result<TakenState, BoxError> {
+    fn take_state(
+        &mut self,
+        checkpoint: CheckpointId,
+        kind: CheckpointKind,
+    ) -> Result<TakenState, BoxError> {
         let incremental = self
             .incremental
             .as_mut()
-            .filter(|incremental| !incremental.kinds.is_savepoint(checkpoint));
+            .filter(|_| kind != CheckpointKind::Savepoint);
         let (user_ledger, timer_ledger) = match incremental {
             Some(incremental) => (Some(&mut incremental.user), Some(&mut incremental.timers)),
             None => (None, None),

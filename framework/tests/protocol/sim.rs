@@ -531,7 +531,7 @@ impl World {
             // Barriers will never reach this node again; the coordinator
             // triggers it directly from now on.
             self.known_initiators[node] = true;
-            for checkpoint in self.coordinator.add_initiator(node) {
+            for (checkpoint, _) in self.coordinator.add_initiator(node) {
                 self.triggers.push((checkpoint, node));
             }
         }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use actix::Recipient;
 
 use crate::job::snapshots::{Requests, Waiting};
-use crate::protocol::CheckpointId;
+use crate::protocol::{CheckpointId, CheckpointKind};
 use crate::runtime::{BoxError, Generation};
 use crate::storage::Segment;
 
@@ -44,8 +44,14 @@ pub(crate) trait Core<In, Out: Send + 'static>: 'static {
     /// The state of a checkpoint as the store's segments, whose
     /// concatenation is what [`Core::snapshot`] would return; a core with
     /// incremental checkpoints refers to earlier checkpoints in them. The
-    /// default is the whole snapshot as one segment.
-    fn snapshot_segments(&mut self, checkpoint: CheckpointId) -> Result<Vec<Segment>, BoxError> {
+    /// default is the whole snapshot as one segment. `kind` is what the
+    /// checkpoint's barrier carried: a savepoint is written whole.
+    fn snapshot_segments(
+        &mut self,
+        checkpoint: CheckpointId,
+        kind: CheckpointKind,
+    ) -> Result<Vec<Segment>, BoxError> {
+        let _ = kind;
         Ok(vec![Segment::Own(self.snapshot(checkpoint)?)])
     }
     /// The synchronous part of a checkpoint as the shell calls it: the
@@ -54,8 +60,14 @@ pub(crate) trait Core<In, Out: Send + 'static>: 'static {
     /// those segments later (a core overriding this must make sure nothing
     /// it does afterwards changes what is encoded). The default is the
     /// segments, encoded now.
-    fn take_state(&mut self, checkpoint: CheckpointId) -> Result<TakenState, BoxError> {
-        Ok(TakenState::Segments(self.snapshot_segments(checkpoint)?))
+    fn take_state(
+        &mut self,
+        checkpoint: CheckpointId,
+        kind: CheckpointKind,
+    ) -> Result<TakenState, BoxError> {
+        Ok(TakenState::Segments(
+            self.snapshot_segments(checkpoint, kind)?,
+        ))
     }
     /// Starts the core: from bytes [`Core::snapshot`] returned, or fresh
     /// (`None`). Called once, before any batch.

@@ -7,7 +7,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::job::snapshots::SnapshotReply;
-use crate::protocol::{CheckpointId, DeclineReason, SnapshotId};
+use crate::protocol::{CheckpointId, CheckpointKind, DeclineReason, SnapshotId};
 
 use super::pending::PendingPart;
 use super::snapshot::PartActivity;
@@ -39,12 +39,15 @@ pub(crate) enum InputItem<T> {
 /// The in-band and injected control items of the job layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Control {
-    /// In-band: barrier of a checkpoint.
-    Barrier(CheckpointId),
+    /// In-band: barrier of a checkpoint, with its kind (a savepoint is
+    /// written whole), so that every node learns the kind from the
+    /// barrier itself.
+    Barrier(CheckpointId, CheckpointKind),
     /// In-band: no more items on this channel.
     End,
-    /// Injected: the coordinator triggers this node.
-    Trigger(CheckpointId),
+    /// Injected: the coordinator triggers this node for a checkpoint of
+    /// this kind.
+    Trigger(CheckpointId, CheckpointKind),
     /// Injected: the checkpoint is complete and durable.
     Complete(CheckpointId),
     /// Injected: the checkpoint was aborted.

@@ -15,7 +15,7 @@ use super::event::{Control, Data, NodeEventKind};
 use super::part::PartBytes;
 use super::pending::PendingPart;
 use super::snapshot::{SnapshotDriver, SnapshotHost};
-use super::taken::TakenStates;
+use super::taken::{BarrierKinds, TakenStates};
 use crate::job::route::Router;
 use crate::metrics::{BytesSeen, SourceMeter};
 use crate::source::{Source, SourceError, SourcePoll as ReadStatus, SourcePosition, SplitId};
@@ -48,6 +48,8 @@ pub(crate) struct SourceShell<T: Data> {
     taken: TakenStates,
     /// The watermarks taken with each position in `taken` (empty: none).
     taken_time: TakenStates,
+    /// The kind of each checkpoint in flight, as its trigger carried it.
+    kinds: BarrierKinds,
     /// The subtask's watermark generator, when the stream has a
     /// [`crate::time::WatermarkStrategy`].
     watermarks: Option<SourceWatermarks<T>>,
@@ -76,6 +78,7 @@ impl<T: Data> SourceShell<T> {
         SourceShell {
             snapshots: SnapshotDriver::new(&env, 0, None),
             taken_time: TakenStates::default(),
+            kinds: BarrierKinds::default(),
             watermarks,
             splits: Vec::new(),
             env,
@@ -148,7 +151,8 @@ impl<T: Data> SourceShell<T> {
                 }
                 NodeAction::EmitBarrier(checkpoint) => {
                     if !self.exhausted {
-                        outputs.broadcast_control(Control::Barrier(checkpoint));
+                        let kind = self.kinds.kind(checkpoint);
+                        outputs.broadcast_control(Control::Barrier(checkpoint, kind));
                     }
                 }
                 NodeAction::ReportPart(part) => {
@@ -295,14 +299,19 @@ impl<T: Data> SourceLogic for SourceShell<T> {
     ) -> Result<(), BoxError> {
         let _entered = self.env.enter();
         match control {
-            Control::Trigger(checkpoint) => self.machine.on_trigger(checkpoint),
+            Control::Trigger(checkpoint, kind) => {
+                self.kinds.note(checkpoint, kind);
+                self.machine.on_trigger(checkpoint);
+            }
             Control::Abort(checkpoint) => {
+                self.kinds.forget_up_to(checkpoint);
                 self.taken.forget_up_to(checkpoint);
                 self.taken_time.forget_up_to(checkpoint);
                 self.machine.on_abort(checkpoint);
             }
             Control::Complete(checkpoint) => {
                 self.machine.on_complete(checkpoint);
+                self.kinds.forget_up_to(checkpoint);
                 self.taken.forget_up_to(checkpoint);
                 self.taken_time.forget_up_to(checkpoint);
                 self.env.tell(NodeEventKind::Committed { checkpoint });

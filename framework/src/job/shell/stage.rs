@@ -14,7 +14,7 @@ use super::event::{Control, Data, InputItem, NodeEventKind};
 use super::part::{decode_channel, encode_channel, PartBytes};
 use super::pending::{PendingPart, TakenState};
 use super::snapshot::{SnapshotDriver, SnapshotHost};
-use super::taken::TakenStates;
+use super::taken::{BarrierKinds, TakenStates};
 use crate::job::route::{Collector, Router};
 use crate::metrics::BytesSeen;
 use crate::source::Guarantee;
@@ -98,6 +98,9 @@ pub(crate) struct StageShell<In: Data, Out: Data> {
     /// The watermarks taken with each state in `taken` (empty: none).
     taken_time: TakenStates,
     alignments: Alignments,
+    /// The kind of each checkpoint in flight, as its barrier or trigger
+    /// carried it.
+    kinds: BarrierKinds,
     watermarks: InputWatermarks,
     inputs_ended: bool,
     trigger_requested: bool,
@@ -136,6 +139,7 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
             taken: TakenStates::default(),
             taken_time: TakenStates::default(),
             alignments: Alignments::default(),
+            kinds: BarrierKinds::default(),
             watermarks: InputWatermarks::new(back_edge),
             inputs_ended: false,
             trigger_requested: false,
@@ -172,7 +176,9 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
                     let checkpoint = token.checkpoint();
                     self.alignments.snapshot(checkpoint);
                     let started = Instant::now();
-                    let state = self.core.take_state(checkpoint)?;
+                    let state = self
+                        .core
+                        .take_state(checkpoint, self.kinds.kind(checkpoint))?;
                     self.env.note_sync_part(checkpoint, started);
                     self.taken.insert(checkpoint, state);
                     let time = if self.watermarks.is_pristine() {
@@ -187,7 +193,9 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
                 }
                 NodeAction::EmitBarrier(checkpoint) => {
                     if !self.inputs_ended {
-                        io.outputs().broadcast_control(Control::Barrier(checkpoint));
+                        let kind = self.kinds.kind(checkpoint);
+                        io.outputs()
+                            .broadcast_control(Control::Barrier(checkpoint, kind));
                     }
                 }
                 NodeAction::ReportPart(part) => {
@@ -229,6 +237,7 @@ impl<In: Data, Out: Data> StageShell<In, Out> {
         self.taken.forget_up_to(checkpoint);
         self.taken_time.forget_up_to(checkpoint);
         self.alignments.forget_up_to(checkpoint);
+        self.kinds.forget_up_to(checkpoint);
     }
 
     /// Carries out what a change of the input watermarks asks for: fires
@@ -448,7 +457,8 @@ impl<In: Data, Out: Data> StageLogic for StageShell<In, Out> {
             }
         }
         match control {
-            Control::Barrier(checkpoint) => {
+            Control::Barrier(checkpoint, kind) => {
+                self.kinds.note(checkpoint, kind);
                 self.alignments.barrier(checkpoint);
                 self.machine.on_barrier(input, checkpoint);
             }
@@ -499,7 +509,10 @@ impl<In: Data, Out: Data> StageLogic for StageShell<In, Out> {
     ) -> Result<(), BoxError> {
         let _entered = self.env.enter();
         match control {
-            Control::Trigger(checkpoint) => self.machine.on_trigger(checkpoint),
+            Control::Trigger(checkpoint, kind) => {
+                self.kinds.note(checkpoint, kind);
+                self.machine.on_trigger(checkpoint);
+            }
             Control::Abort(checkpoint) => {
                 self.forget_up_to(checkpoint);
                 self.machine.on_abort(checkpoint);

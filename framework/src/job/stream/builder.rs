@@ -11,7 +11,7 @@ use crate::storage::names;
 
 use super::graph::{EdgeKind, EdgeSpec, GraphSpec, OperatorSpec, Producer};
 use super::typed::Stream;
-use crate::job::incremental::{IncrementalCheckpoints, SnapshotKinds};
+use crate::job::incremental::IncrementalCheckpoints;
 use crate::job::physical::{
     CoreFactory, Partition, PhysicalPlan, PlannedEdge, PlannedOperator, Rescale, SourceTemplate,
     StageTemplate, Template,
@@ -28,8 +28,6 @@ pub struct Job {
     pub(super) name: String,
     pub(super) config: JobConfig,
     pub(super) graph: RefCell<GraphSpec>,
-    /// Which checkpoints are savepoints, for incremental keyed cores.
-    pub(super) snapshot_kinds: Arc<SnapshotKinds>,
 }
 
 impl Job {
@@ -39,7 +37,6 @@ impl Job {
             name: name.to_owned(),
             config,
             graph: RefCell::new(GraphSpec::default()),
-            snapshot_kinds: Arc::default(),
         }
     }
 
@@ -317,22 +314,20 @@ impl Job {
                 },
             ));
         }
-        let mut plan = PhysicalPlan::new(operators, &sources, logical, config)?;
-        plan.snapshot_kinds = Arc::clone(&self.snapshot_kinds);
-        Ok(plan)
+        PhysicalPlan::new(operators, &sources, logical, config)
     }
 
     /// The settings of incremental checkpoints for a keyed core of this
-    /// job, with the record of savepoints; `None` when they are off or the
+    /// job; `None` when they are off or the
     /// store cannot refer to earlier checkpoints (a store of its own
     /// without segments: every checkpoint is then full).
-    pub(super) fn incremental(&self) -> Option<(IncrementalCheckpoints, Arc<SnapshotKinds>)> {
+    pub(super) fn incremental(&self) -> Option<IncrementalCheckpoints> {
         let settings = self.config.incremental_checkpoints;
         let supported = self
             .config
             .store
             .as_ref()
             .map_or(true, |store| store.supports_segments());
-        (settings.enabled && supported).then(|| (settings, Arc::clone(&self.snapshot_kinds)))
+        (settings.enabled && supported).then_some(settings)
     }
 }

@@ -326,7 +326,7 @@ where
                 Arc::clone(&key_of),
                 Arc::clone(&function),
                 publish.clone(),
-                incremental.clone(),
+                incremental,
                 &plan,
             )) as Box<dyn Core<T, U>>
         });

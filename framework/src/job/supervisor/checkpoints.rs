@@ -195,10 +195,6 @@ impl Supervisor {
         }
         self.highest_triggered = self.highest_triggered.max(checkpoint);
         self.metrics_triggered(checkpoint, kind);
-        if kind == CheckpointKind::Savepoint {
-            // Before any barrier exists: keyed cores write it whole.
-            self.plan.snapshot_kinds.mark_savepoint(checkpoint);
-        }
         self.tracked.insert(
             checkpoint,
             Tracked {
@@ -217,7 +213,9 @@ impl Supervisor {
         };
         for &node in coordinator.initiators() {
             if let Some(inject) = &self.nodes[node].inject {
-                inject.do_send(Inject(Control::Trigger(checkpoint)));
+                // The kind travels with the trigger and every barrier:
+                // keyed cores write a savepoint whole.
+                inject.do_send(Inject(Control::Trigger(checkpoint, kind)));
             }
         }
     }

@@ -691,8 +691,8 @@ impl Supervisor {
             self.regions[region].tickers.push(ticker);
         }
         if let Some(coordinator) = &mut self.coordinator {
-            for checkpoint in coordinator.add_initiator(node) {
-                inject.do_send(Inject(Control::Trigger(checkpoint)));
+            for (checkpoint, kind) in coordinator.add_initiator(node) {
+                inject.do_send(Inject(Control::Trigger(checkpoint, kind)));
             }
         }
         self.check_final(now_ms);
