@@ -109,7 +109,19 @@ use std::sync::Arc;
 
 /// The generation of a running job: every restart starts a new generation,
 /// and messages of an old generation are dropped by the new one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+)]
 pub struct Generation(pub u64);
 
 impl fmt::Display for Generation {

@@ -36,8 +36,9 @@ pub(crate) enum InputItem<T> {
     Idle,
 }
 
-/// The in-band and injected control items of the job layer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The in-band and injected control items of the job layer: plain data,
+/// so that they could cross a process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Control {
     /// In-band: barrier of a checkpoint, with its kind (a savepoint is
     /// written whole), so that every node learns the kind from the

@@ -1,11 +1,13 @@
-//! The supervisor's checkpoint bookkeeping: triggering checkpoints (and
-//! the stop savepoint), carrying out what the [`Coordinator`] decides,
-//! handing completed checkpoints to the writer and counting the ones the
-//! store could not persist, and each checkpoint's span and figures.
+//! The supervisor's shell around its machine (`machine`): feeding it
+//! events at the actor's clock, carrying out its commands (sends to the
+//! subtasks, the writer, the timer), and each checkpoint's span, figures
+//! and report.
 //!
-//! It never touches a region's pool or a node's generation; failures and
-//! restarts are `failover`'s. Everything here runs on the supervisor's
-//! actor and never blocks it: store work goes to the writer thread.
+//! It decides nothing about checkpoints itself: what to trigger, when a
+//! checkpoint is complete, when the subtasks hear of it, what a failure
+//! means are the machine's. It never touches a region's pool; restarts
+//! are `failover`'s. Everything here runs on the supervisor's actor and
+//! never blocks it: store work goes to the writer thread.
 
 use super::*;
 use crate::job::inspect::{role_key, OperatorRole};
@@ -23,147 +25,151 @@ impl Supervisor {
         }
     }
 
-    /// Every region runs: a new coordinator numbers on from the newest
-    /// checkpoint ever triggered. Subtasks whose inputs ended (in regions
-    /// that kept running) are triggered directly, as before.
-    pub(super) fn resume_checkpoints(
-        &mut self,
-        context: &mut Context<Self>,
-    ) -> Result<(), JobError> {
-        let config = &self.plan.config;
-        let now_ms = self.now_ms();
-        let mut coordinator = Coordinator::new(
-            CoordinatorConfig {
-                interval_ms: config.checkpoint_interval_ms,
-                min_pause_ms: config.min_pause_ms,
-                max_concurrent: config.max_concurrent_checkpoints,
-                timeout_ms: config.checkpoint_timeout_ms,
-                tolerable_failures: config.tolerable_checkpoint_failures,
-                first_checkpoint: self.highest_triggered.next(),
-            },
-            self.plan.node_count(),
-            self.plan.snapshot.initiators.clone(),
-            now_ms,
-        )?;
-        for (node, state) in self.nodes.iter().enumerate() {
-            if state.ended {
-                // Nothing is in flight yet, so there is nothing to trigger.
-                let _ = coordinator.add_initiator(node);
+    /// Carries out the machine's commands, then re-arms its timer.
+    pub(super) fn drive(&mut self, context: &mut Context<Self>) {
+        while let Some(command) = self.machine.poll_command() {
+            if self.phase == Phase::Done {
+                return;
             }
+            self.execute(command, context);
         }
-        if self.stop_requested {
-            coordinator.savepoints_only();
-        }
-        self.coordinator = Some(coordinator);
-        self.epoch += 1;
-        self.restarts.on_running(now_ms);
-        self.check_final(now_ms);
-        self.carry_out(context);
-        self.request_savepoint(context);
-        Ok(())
+        self.reschedule(context);
     }
 
-    /// Once every input ended, the next checkpoint is the final one.
-    pub(super) fn check_final(&mut self, now_ms: u64) {
-        let Some(coordinator) = &mut self.coordinator else {
-            return;
-        };
-        if self.final_from.is_none() && self.nodes.iter().all(|node| node.ended) {
-            // Every checkpoint from the next one on sees every input ended,
-            // so its completion commits all output.
-            let final_from = self.highest_triggered.next();
-            self.final_from = Some(final_from);
-            // A checkpoint still being written would only delay the final
-            // one, which holds all it holds (the writer's module doc).
-            self.writer.subsume_below(final_from);
-            coordinator.request_checkpoint(now_ms, CheckpointKind::Requested);
-        }
+    /// Hands one event to the machine at the actor's clock and carries out
+    /// what it decides.
+    pub(super) fn feed(&mut self, event: Event<PendingPart>, context: &mut Context<Self>) {
+        let now_ms = self.now_ms();
+        self.machine.handle(event, now_ms);
+        self.drive(context);
     }
 
-    /// Re-arms the coordinator's timer for its next deadline.
+    /// Re-arms the timer for the machine's next deadline.
     pub(super) fn reschedule(&mut self, context: &mut Context<Self>) {
         if let Some(timer) = self.timer.take() {
             context.cancel_future(timer);
         }
-        let Some(coordinator) = &self.coordinator else {
-            return;
-        };
         if self.phase != Phase::Running {
             return;
         }
-        // While a completed checkpoint is still being written, the schedule
-        // pauses: otherwise a store slower than the interval would queue
-        // persists without bound (Flink likewise counts a checkpoint as
-        // pending until it is finalized). Requested checkpoints (the final
-        // one) still start at once, through `request_checkpoint`.
-        if !self.persisting.is_empty() {
-            return;
-        }
-        if let Some(due_ms) = coordinator.poll_timeout() {
+        if let Some(due_ms) = self.machine.poll_timeout() {
             let delay_ms = due_ms.saturating_sub(self.now_ms());
             self.timer = Some(context.run_later(
                 Duration::from_millis(delay_ms),
                 |supervisor, context| {
                     supervisor.timer = None;
-                    let now_ms = supervisor.now_ms();
-                    if let Some(coordinator) = &mut supervisor.coordinator {
-                        coordinator.handle_timeout(now_ms);
-                    }
-                    supervisor.carry_out(context);
+                    supervisor.feed(Event::Timer, context);
                 },
             ));
         }
     }
 
-    /// Carries out the coordinator's actions, then re-arms the timer.
-    pub(super) fn carry_out(&mut self, context: &mut Context<Self>) {
-        let Some(coordinator) = &mut self.coordinator else {
-            return;
-        };
-        let actions: Vec<CoordinatorAction<PendingPart>> =
-            std::iter::from_fn(|| coordinator.poll_action()).collect();
-        for action in actions {
-            if self.phase != Phase::Running || self.coordinator.is_none() {
-                return;
+    /// Carries out one command of the machine: I/O and reports only.
+    fn execute(&mut self, command: Command<PendingPart>, context: &mut Context<Self>) {
+        match command {
+            Command::Send { node, message } => {
+                let control = match message {
+                    ToSubtask::Trigger(checkpoint, kind) => Control::Trigger(checkpoint, kind),
+                    ToSubtask::Complete(checkpoint) => Control::Complete(checkpoint),
+                    ToSubtask::Abort(checkpoint) => Control::Abort(checkpoint),
+                };
+                if let Some(inject) = self.nodes.get(node).and_then(|node| node.inject.as_ref()) {
+                    inject.do_send(Inject(control));
+                }
             }
-            match action {
-                CoordinatorAction::Trigger { checkpoint, kind } => {
-                    self.trigger(checkpoint, kind);
+            Command::Triggered { checkpoint, kind } => self.triggered(checkpoint, kind),
+            Command::Persist {
+                epoch,
+                checkpoint,
+                kind,
+                is_final,
+                parts,
+            } => self.persist(epoch, checkpoint, kind, is_final, parts, context),
+            Command::SubsumeBelow(checkpoint) => self.writer.subsume_below(checkpoint),
+            Command::Aborted {
+                checkpoint,
+                reason,
+                failure,
+            } => self.on_abort(checkpoint, &reason, failure),
+            Command::Durable {
+                checkpoint,
+                stop_savepoint,
+            } => {
+                if stop_savepoint {
+                    self.report.savepoint = Some(checkpoint.0);
                 }
-                CoordinatorAction::Complete(completed) => {
-                    self.persist(
-                        completed.checkpoint,
-                        completed.kind,
-                        completed.parts,
-                        context,
-                    );
-                }
-                CoordinatorAction::Abort {
-                    checkpoint, reason, ..
-                } => {
-                    self.on_abort(checkpoint, &format!("{reason:?}"), reason.is_failure());
-                    if self.savepoint_in_flight == Some(checkpoint) {
-                        self.savepoint_in_flight = None;
-                        self.request_savepoint(context);
-                    }
-                }
-                CoordinatorAction::FailJob {
+            }
+            Command::RegionFailed {
+                region,
+                node: _,
+                checkpoint_in_flight,
+            } => {
+                let Some(report) = self.failure_in_hand.take() else {
+                    return;
+                };
+                let text = report.to_string();
+                self.metrics_failure(&text);
+                self.update_status(|status| status.last_failure = Some(text));
+                let failure = Failure::Operator {
+                    report,
+                    checkpoint_in_flight,
+                };
+                self.fail(vec![region], failure, context);
+            }
+            Command::CheckpointsFailing {
+                consecutive_failures,
+            } => {
+                let failure = Failure::Checkpoints {
                     consecutive_failures,
-                } => {
-                    let failure = Failure::Checkpoints {
-                        consecutive_failures,
-                        persist: self.persist_failure.take(),
-                    };
-                    let regions = (0..self.regions.len()).collect();
-                    self.fail(regions, failure, context);
-                }
+                    persist: self.persist_failure.take(),
+                };
+                let regions = (0..self.regions.len()).collect();
+                self.fail(regions, failure, context);
             }
+            Command::Resumed => {
+                let now_ms = self.now_ms();
+                self.restarts.on_running(now_ms);
+            }
+            Command::Finish(ending) => self.on_ending(ending, context),
         }
-        self.reschedule(context);
     }
 
-    /// Reports and forgets an aborted checkpoint and tells every running
-    /// subtask.
+    /// The machine ended the job.
+    fn on_ending(&mut self, ending: Ending, context: &mut Context<Self>) {
+        match ending {
+            Ending::Finished => {
+                let report = self.final_report();
+                self.finish(Ok(report), context);
+            }
+            Ending::Cancelled => {
+                let span = self.span.clone();
+                let _entered = span.enter();
+                tracing::info!("job cancelled");
+                self.finish(Err(JobError::Cancelled), context);
+            }
+            Ending::NotRetryable { .. } => {
+                let Some(report) = self.failure_in_hand.take() else {
+                    let error = JobError::Internal("a failure ended the job unreported".into());
+                    return self.finish(Err(error), context);
+                };
+                let text = report.to_string();
+                self.metrics_failure(&text);
+                self.update_status(|status| status.last_failure = Some(text));
+                let span = self.span.clone();
+                let _entered = span.enter();
+                tracing::error!(failure = %report, "job failed with an error that retrying cannot fix");
+                let error = JobError::NotRetryable {
+                    restarts: self.restarts.attempts(),
+                    cause: report.to_string(),
+                    failure: report,
+                };
+                self.finish(Err(error), context);
+            }
+        }
+    }
+
+    /// Reports and forgets an aborted checkpoint (the machine tells the
+    /// subtasks).
     pub(super) fn on_abort(&mut self, checkpoint: CheckpointId, reason: &str, failure: bool) {
         let span = self.checkpoint_span(checkpoint);
         let _entered = span.enter();
@@ -184,16 +190,15 @@ impl Supervisor {
                 reason: reason.to_owned(),
             });
         }
-        self.broadcast(Control::Abort(checkpoint));
     }
 
-    pub(super) fn trigger(&mut self, checkpoint: CheckpointId, kind: CheckpointKind) {
+    /// A checkpoint was triggered: its span and figures start.
+    fn triggered(&mut self, checkpoint: CheckpointId, kind: CheckpointKind) {
         let span = tracing::info_span!(parent: &self.span, "checkpoint", checkpoint = checkpoint.0);
         {
             let _entered = span.enter();
             tracing::info!(checkpoint = checkpoint.0, ?kind, "checkpoint triggered");
         }
-        self.highest_triggered = self.highest_triggered.max(checkpoint);
         self.metrics_triggered(checkpoint, kind);
         self.tracked.insert(
             checkpoint,
@@ -203,21 +208,6 @@ impl Supervisor {
                 span,
             },
         );
-        // Only a stop makes a savepoint the stop savepoint; one asked for
-        // by `RunningJob::trigger_savepoint` is stored and the job goes on.
-        if kind == CheckpointKind::Savepoint && self.stop_requested {
-            self.savepoint_in_flight = Some(checkpoint);
-        }
-        let Some(coordinator) = &self.coordinator else {
-            return;
-        };
-        for &node in coordinator.initiators() {
-            if let Some(inject) = &self.nodes[node].inject {
-                // The kind travels with the trigger and every barrier:
-                // keyed cores write a savepoint whole.
-                inject.do_send(Inject(Control::Trigger(checkpoint, kind)));
-            }
-        }
     }
 
     /// The job's key-group layout, as its checkpoints record it.
@@ -233,10 +223,13 @@ impl Supervisor {
         }
     }
 
-    pub(super) fn persist(
+    /// Hands a completed checkpoint to the writer.
+    fn persist(
         &mut self,
+        epoch: u64,
         checkpoint: CheckpointId,
         kind: CheckpointKind,
+        is_final: bool,
         parts: Vec<PendingPart>,
         context: &mut Context<Self>,
     ) {
@@ -246,14 +239,13 @@ impl Supervisor {
             .map(|(node, bytes)| (self.plan.part_id(node), bytes))
             .collect();
         self.positions.on_persist(checkpoint, &parts);
-        let request = CommitRequest {
+        let mut request = CommitRequest {
             key_groups: self.key_group_layout(),
             expected_parts: Some(parts.iter().map(|(part, _)| part.clone()).collect()),
             ..CommitRequest::default()
         };
-        let mut request = request;
         record_roles(&self.plan, &mut request.user);
-        if self.final_from.is_some_and(|first| checkpoint >= first) {
+        if is_final {
             // Every input had ended: a later run on this store has nothing
             // left to do (see `recovery`).
             request
@@ -266,9 +258,8 @@ impl Supervisor {
                 storage::CheckpointKind::Checkpoint
             }
         };
-        self.persisting.insert(checkpoint);
         let job = WriterJob::Persist {
-            epoch: self.epoch,
+            epoch,
             checkpoint,
             kind,
             parts,
@@ -282,24 +273,8 @@ impl Supervisor {
         }
     }
 
-    /// Asks the coordinator for the stop savepoint (again, after an abort
-    /// or a restart); while a region restarts it is asked once every region
-    /// runs again.
-    pub(super) fn request_savepoint(&mut self, context: &mut Context<Self>) {
-        if !self.stop_requested || self.savepoint_in_flight.is_some() {
-            return;
-        }
-        let now_ms = self.now_ms();
-        if let (Phase::Running, Some(coordinator)) = (self.phase, &mut self.coordinator) {
-            coordinator.request_checkpoint(now_ms, CheckpointKind::Savepoint);
-            self.carry_out(context);
-        }
-    }
-
     pub(super) fn on_persisted(&mut self, persisted: Persisted, context: &mut Context<Self>) {
         let checkpoint = persisted.checkpoint;
-        self.persisting.remove(&checkpoint);
-        self.reschedule(context);
         let span = self.checkpoint_span(checkpoint);
         let _entered = span.enter();
         let (duration_ms, alignment_max_us) =
@@ -335,13 +310,12 @@ impl Supervisor {
                     status.last_completed_checkpoint =
                         status.last_completed_checkpoint.max(Some(checkpoint.0));
                 });
-                if self.savepoint_in_flight == Some(checkpoint) {
-                    self.savepoint_in_flight = None;
-                    self.report.savepoint = Some(checkpoint.0);
-                }
-                if self.phase == Phase::Running {
-                    self.broadcast(Control::Complete(checkpoint));
-                }
+                drop(_entered);
+                // The machine tells the subtasks, now that it is durable.
+                self.feed(
+                    persisted_event(persisted.epoch, checkpoint, PersistResult::Durable),
+                    context,
+                );
             }
             PersistOutcome::Subsumed => {
                 self.positions.on_persisted(checkpoint, false);
@@ -353,6 +327,11 @@ impl Supervisor {
                 );
                 self.metrics_failed(checkpoint, "subsumed by the final checkpoint");
                 self.report.subsumed_checkpoints.push(checkpoint.0);
+                drop(_entered);
+                self.feed(
+                    persisted_event(persisted.epoch, checkpoint, PersistResult::Subsumed),
+                    context,
+                );
             }
             PersistOutcome::Failed(error) => {
                 self.positions.on_persisted(checkpoint, false);
@@ -367,39 +346,30 @@ impl Supervisor {
                     checkpoint: checkpoint.0,
                     reason,
                 });
-                self.count_persist_failure(persisted.epoch, checkpoint, error, context);
-                if self.savepoint_in_flight == Some(checkpoint) {
-                    self.savepoint_in_flight = None;
-                    self.request_savepoint(context);
-                }
+                drop(_entered);
+                // The machine counts it as a failed checkpoint; if that is
+                // one too many, the restart names this store error.
+                self.persist_failure = Some((checkpoint, error));
+                self.feed(
+                    persisted_event(persisted.epoch, checkpoint, PersistResult::Failed),
+                    context,
+                );
+                self.persist_failure = None;
             }
         }
     }
+}
 
-    /// A checkpoint that could not be persisted is a failed checkpoint for
-    /// the coordinator's tolerance. The coordinator that completed it must
-    /// still be running (same epoch); a failure of an earlier coordinator's
-    /// checkpoint is only reported, because a new coordinator (after a
-    /// restart) counts from zero.
-    pub(super) fn count_persist_failure(
-        &mut self,
-        epoch: u64,
-        checkpoint: CheckpointId,
-        error: StoreError,
-        context: &mut Context<Self>,
-    ) {
-        if epoch != self.epoch || self.phase != Phase::Running {
-            return;
-        }
-        let now_ms = self.now_ms();
-        let Some(coordinator) = &mut self.coordinator else {
-            return;
-        };
-        self.persist_failure = Some((checkpoint, error));
-        coordinator.on_persist_failed(now_ms, checkpoint);
-        self.carry_out(context);
-        // Only a `FailJob` of this very call takes the error.
-        self.persist_failure = None;
+/// The machine's event for a writer's answer.
+fn persisted_event(
+    epoch: u64,
+    checkpoint: CheckpointId,
+    outcome: PersistResult,
+) -> Event<PendingPart> {
+    Event::Persisted {
+        epoch,
+        checkpoint,
+        outcome,
     }
 }
 

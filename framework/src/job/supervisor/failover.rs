@@ -3,9 +3,10 @@
 //! report into a region restart (or the job's end, once the restart
 //! strategy says so), and stopping a failed region's pool off the actor.
 //!
-//! It never triggers or completes a checkpoint. At a failure it aborts the
-//! ones in flight and sets the coordinator aside; once every region runs
-//! again it asks `checkpoints` to resume.
+//! It never triggers or completes a checkpoint, and what a failure means
+//! (the job's end or a region's restart) the machine decides; this asks
+//! the restart strategy whether and when to restart, then tells the
+//! machine which regions stopped and which generations started.
 
 use super::*;
 use crate::restart::GiveUpReason;
@@ -96,7 +97,7 @@ impl Supervisor {
         recovery: Recovery,
         context: &mut Context<Self>,
     ) -> Result<(), JobError> {
-        self.highest_triggered = self.highest_triggered.max(CheckpointId(recovery.id_floor));
+        let id_floor = CheckpointId(recovery.id_floor);
         let fallbacks = recovery.fallbacks.len();
         self.report.fallbacks.extend(recovery.fallbacks);
         self.update_status(|status| status.fallbacks += fallbacks);
@@ -134,16 +135,18 @@ impl Supervisor {
             self.finish(Ok(report), context);
             return Ok(());
         }
-        self.start_regions(targets, recovery.restored, context)
+        self.start_regions(targets, recovery.restored, id_floor, context)
     }
 
     /// Starts a new generation of every region in `targets` from the
-    /// restored checkpoint (its parts of it), then resumes checkpoints if
-    /// every region runs.
+    /// restored checkpoint (its parts of it), and tells the machine, which
+    /// resumes checkpoints once every region runs. New checkpoint ids
+    /// start above `id_floor` and the restored checkpoint.
     pub(super) fn start_regions(
         &mut self,
         targets: &[usize],
         restored: Restored,
+        id_floor: CheckpointId,
         context: &mut Context<Self>,
     ) -> Result<(), JobError> {
         let span = self.span.clone();
@@ -154,9 +157,7 @@ impl Supervisor {
             }
             None => (None, Default::default()),
         };
-        if let Some(checkpoint) = last_completed {
-            self.highest_triggered = self.highest_triggered.max(checkpoint);
-        }
+        let id_floor = id_floor.max(last_completed.unwrap_or(CheckpointId(0)));
         let restored_from = last_completed.map(|checkpoint| checkpoint.0);
         for &region in targets {
             self.positions.on_restored(region, &self.plan, &parts);
@@ -194,13 +195,17 @@ impl Supervisor {
             self.metrics_restarted(&restart);
             self.report.restarts.push(restart);
         }
-        if self
-            .regions
-            .iter()
-            .all(|region| region.phase == RegionPhase::Running)
-        {
-            self.resume_checkpoints(context)?;
+        for &region in targets {
+            let generation = self.regions[region].generation;
+            let started = Event::RegionStarted {
+                region,
+                generation,
+                id_floor,
+            };
+            let now_ms = self.now_ms();
+            self.machine.handle(started, now_ms);
         }
+        self.drive(context);
         Ok(())
     }
 
@@ -248,15 +253,11 @@ impl Supervisor {
             let state = &mut self.nodes[node];
             state.generation = generation;
             state.inject = handles.injects[node].take();
-            state.ended = false;
-            state.committed = None;
         }
-        let first_checkpoint = self.highest_triggered.next();
         let state = &mut self.regions[region];
         state.channel_stats = handles.channel_stats;
         state.pool = Some(pool);
         state.phase = RegionPhase::Running;
-        state.first_checkpoint = first_checkpoint;
         tracing::info!(
             region = %state.operators.join(","),
             generation = generation.0,
@@ -280,30 +281,16 @@ impl Supervisor {
         {
             return;
         }
-        let checkpoint_in_flight = self
-            .coordinator
-            .as_ref()
-            .and_then(|coordinator| coordinator.in_flight().last());
-        let text = report.to_string();
-        self.metrics_failure(&text);
-        self.update_status(|status| status.last_failure = Some(text));
-        if !report.retryable {
-            let span = self.span.clone();
-            let _entered = span.enter();
-            tracing::error!(failure = %report, "job failed with an error that retrying cannot fix");
-            let error = JobError::NotRetryable {
-                restarts: self.restarts.attempts(),
-                cause: report.to_string(),
-                failure: report,
-            };
-            self.finish(Err(error), context);
-            return;
-        }
-        let failure = Failure::Operator {
-            report,
-            checkpoint_in_flight,
+        // The machine decides what the failure means; the commands it
+        // causes take the report from here.
+        let event = Event::Failed {
+            node,
+            generation: report.tag.generation,
+            retryable: report.retryable,
         };
-        self.fail(vec![state.region], failure, context);
+        self.failure_in_hand = Some(report);
+        self.feed(event, context);
+        self.failure_in_hand = None;
     }
 
     /// The node of an actor tag (operator name and subtask).
@@ -363,7 +350,14 @@ impl Supervisor {
                     "restarting a failover region"
                 );
                 self.update_status(|status| status.restarts = attempt);
-                self.suspend_checkpoints(&failed, context);
+                // Checkpoints in flight are aborted (the machine tells the
+                // subtasks outside `failed`) and suspended until every
+                // region runs again.
+                let now_ms = self.now_ms();
+                let stopped = Event::RegionsStopped {
+                    regions: failed.clone(),
+                };
+                self.machine.handle(stopped, now_ms);
                 let pending = PendingRestart::new(&failure, attempt, delay_ms);
                 for region in failed {
                     if self.regions[region].phase == RegionPhase::Running {
@@ -393,36 +387,6 @@ impl Supervisor {
             "{reason}; {operator}, from the same source positions: {}",
             self.positions.describe_restored(failed)
         )
-    }
-
-    /// Aborts the checkpoints in flight (telling every subtask outside
-    /// `failed`) and sets the coordinator aside until every region runs.
-    pub(super) fn suspend_checkpoints(&mut self, failed: &[usize], context: &mut Context<Self>) {
-        if let Some(timer) = self.timer.take() {
-            context.cancel_future(timer);
-        }
-        self.savepoint_in_flight = None;
-        self.final_from = None;
-        let Some(mut coordinator) = self.coordinator.take() else {
-            return;
-        };
-        coordinator.abort_all(self.now_ms());
-        // The failed regions' subtasks are about to stop; they need no news.
-        for region in failed {
-            for &node in &self.regions[*region].nodes {
-                self.nodes[node].inject = None;
-            }
-        }
-        while let Some(action) = coordinator.poll_action() {
-            if let CoordinatorAction::Abort { checkpoint, .. } = action {
-                self.on_abort(checkpoint, "the job restarts", false);
-            }
-        }
-        // Checkpoints still with the writer keep their figures: they may
-        // yet become durable, and then they are reported as complete.
-        let persisting = &self.persisting;
-        self.tracked
-            .retain(|checkpoint, _| persisting.contains(checkpoint));
     }
 
     /// Stops a region's generation: its pool shuts down on a helper thread,
@@ -518,8 +482,6 @@ pub(super) fn plan_regions(plan: &PhysicalPlan) -> (Vec<Region>, Vec<Node>) {
             region: 0,
             generation: Generation(1),
             inject: None,
-            ended: false,
-            committed: None,
         })
         .collect();
     let regions = partition
@@ -546,7 +508,6 @@ pub(super) fn plan_regions(plan: &PhysicalPlan) -> (Vec<Region>, Vec<Node>) {
                 pool: None,
                 channel_stats: Vec::new(),
                 tickers: Vec::new(),
-                first_checkpoint: CheckpointId(1),
                 pending: None,
                 restart_delay_ms: 0,
             }

@@ -5,9 +5,11 @@
 //! The supervisor owns the life of a running job: its failover regions
 //! (the connected parts of the graph of subtasks, see `region`), each
 //! running one generation of subtask actors on its own arbiter pool, so
-//! that stopping a region is shutting its pool down; the [`Coordinator`]
-//! (fed acks, declines and time; its triggers, completions and aborts are
-//! carried out here); the restart decisions; and the [`JobReport`]. It
+//! that stopping a region is shutting its pool down; the machine
+//! (`machine`, a pure state machine around the checkpoint
+//! [`Coordinator`](crate::protocol::Coordinator): fed acks, declines,
+//! failures, persists and time, its commands are carried out here); the
+//! restart strategy; and the [`JobReport`]. It
 //! never blocks its actor: every store operation runs on the writer thread
 //! (`writer`), the shutdown of a failed region's pool on a helper thread,
 //! and both answer with messages. It never panics on an operator's
@@ -37,7 +39,7 @@
 //! reaches a new one. The restart strategy counts failures per job. Too
 //! many checkpoint failures in a row restart every region.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::num::NonZeroUsize;
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
@@ -46,9 +48,7 @@ use std::time::{Duration, Instant};
 use actix::SpawnHandle;
 use actix::{Actor, ActorContext, Addr, AsyncContext, Context, Handler, Message, Recipient};
 
-use crate::protocol::{
-    AckOutcome, CheckpointId, CheckpointKind, Coordinator, CoordinatorAction, CoordinatorConfig,
-};
+use crate::protocol::{CheckpointId, CheckpointKind};
 use crate::runtime::channel::ChannelStats;
 use crate::runtime::failure::{FailureReport, FailureSink};
 use crate::runtime::pool::{ActorSlot, ArbiterPool, Placement, PoolConfig};
@@ -75,6 +75,7 @@ use crate::source::Guarantee;
 
 mod checkpoints;
 mod failover;
+pub(crate) mod machine;
 mod metrics;
 mod positions;
 mod signals;
@@ -83,6 +84,7 @@ mod snapshots;
 pub use snapshots::StuckDetection;
 
 use failover::plan_regions;
+use machine::{Command, Ending, Event, MachineConfig, PersistResult, SupervisorMachine, ToSubtask};
 
 type Outcome = (Result<JobReport, JobError>, Vec<ArbiterPool>);
 
@@ -232,6 +234,7 @@ pub(crate) fn start(name: String, mut plan: PhysicalPlan) -> Result<RunningJob, 
     plan.metrics = Some(Arc::clone(&metrics));
     let span = tracing::info_span!("job", job = %name);
     let restarts = RestartTracker::new(plan.config.restart.clone())?;
+    let machine = SupervisorMachine::new(machine_config(&plan))?;
     let store: Arc<dyn CheckpointStore> = match &plan.config.store {
         Some(store) => Arc::clone(store),
         None => Arc::new(MemoryCheckpointStore::new(&name)?),
@@ -269,7 +272,15 @@ pub(crate) fn start(name: String, mut plan: PhysicalPlan) -> Result<RunningJob, 
     let tag = ActorTag::new("supervisor", 0, Generation(0));
     control.start_in_slot(slot, Placement::Arbiter(0), tag, FailureSink::log_only(), {
         let status = Arc::clone(&status);
-        move |_| Supervisor::new(name, plan, writer, done_sender, span, restarts, status)
+        move |_| {
+            let links = Links {
+                writer,
+                done: done_sender,
+                span,
+                status,
+            };
+            Supervisor::new(name, plan, machine, links, restarts)
+        }
     })?;
     Ok(RunningJob {
         supervisor,
@@ -293,11 +304,7 @@ impl Handler<TriggerSavepoint> for Supervisor {
     type Result = ();
 
     fn handle(&mut self, _: TriggerSavepoint, context: &mut Context<Self>) {
-        let now_ms = self.now_ms();
-        if let (Phase::Running, Some(coordinator)) = (self.phase, &mut self.coordinator) {
-            coordinator.request_checkpoint(now_ms, CheckpointKind::Savepoint);
-            self.carry_out(context);
-        }
+        self.feed(Event::SavepointRequested, context);
     }
 }
 
@@ -430,10 +437,6 @@ struct Region {
     channel_stats: Vec<(usize, ChannelStats)>,
     /// Timers ticking its iteration heads.
     tickers: Vec<SpawnHandle>,
-    /// The first checkpoint its current generation can take part in;
-    /// older completions are not for it (it restored from one at least as
-    /// new).
-    first_checkpoint: CheckpointId,
     /// The failure it is restarting from.
     pending: Option<PendingRestart>,
     restart_delay_ms: u64,
@@ -446,10 +449,6 @@ struct Node {
     generation: Generation,
     /// Where to inject controls; `None` while its region is not running.
     inject: Option<Recipient<Inject<Control>>>,
-    /// Its input ended (a source: exhausted).
-    ended: bool,
-    /// The newest completion it processed (sinks committed).
-    committed: Option<CheckpointId>,
 }
 
 /// A triggered checkpoint's figures and span, until it is persisted or
@@ -474,31 +473,21 @@ pub(crate) struct Supervisor {
     operator_index: HashMap<String, usize>,
     /// The newest generation handed out to a region.
     newest_generation: Generation,
-    /// Present exactly while every region runs.
-    coordinator: Option<Coordinator<PendingPart>>,
-    /// Counts coordinators, so a persist failure is counted only by the
-    /// coordinator that completed the checkpoint.
-    epoch: u64,
-    /// The first checkpoint triggered after every input ended.
-    final_from: Option<CheckpointId>,
+    /// The decisions about checkpoints and failures (see `machine`).
+    machine: SupervisorMachine<PendingPart>,
+    /// The failure report being handed to the machine, for the command
+    /// it causes (see `on_failure_report`).
+    failure_in_hand: Option<FailureReport>,
     clock: Instant,
     timer: Option<SpawnHandle>,
-    /// The newest checkpoint id ever triggered (or restored).
-    highest_triggered: CheckpointId,
     /// Triggered checkpoints not yet persisted or aborted. Those still with
     /// the writer survive a failure, so a checkpoint that becomes durable
     /// after a failure still reports its real duration.
     tracked: HashMap<CheckpointId, Tracked>,
     restarts: RestartTracker,
-    /// Completed checkpoints sent to the writer and not yet persisted.
-    persisting: BTreeSet<CheckpointId>,
-    /// The user asked to stop with a savepoint.
-    stop_requested: bool,
-    /// The store error of the persist failure being counted, for the
-    /// `FailJob` it may cause (see `count_persist_failure`).
+    /// The store error of the persist failure being handed to the
+    /// machine, for the restart it may cause (see `on_persisted`).
     persist_failure: Option<(CheckpointId, StoreError)>,
-    /// The stop savepoint, while it is triggered and not yet persisted.
-    savepoint_in_flight: Option<CheckpointId>,
     report: JobReport,
     /// What [`RunningJob::status`] shows.
     status: Arc<Mutex<JobStatus>>,
@@ -508,16 +497,44 @@ pub(crate) struct Supervisor {
     positions: positions::SourcePositions,
 }
 
+/// What the supervisor talks through: the writer thread, the waiting
+/// caller, its tracing span and the status record.
+struct Links {
+    writer: WriterHandle,
+    done: mpsc::Sender<Outcome>,
+    span: tracing::Span,
+    status: Arc<Mutex<JobStatus>>,
+}
+
+/// The machine's configuration for a plan.
+fn machine_config(plan: &PhysicalPlan) -> MachineConfig {
+    let (_, nodes) = plan_regions(plan);
+    let config = &plan.config;
+    MachineConfig {
+        interval_ms: config.checkpoint_interval_ms,
+        min_pause_ms: config.min_pause_ms,
+        max_concurrent: config.max_concurrent_checkpoints,
+        timeout_ms: config.checkpoint_timeout_ms,
+        tolerable_failures: config.tolerable_checkpoint_failures,
+        region_of: nodes.iter().map(|node| node.region).collect(),
+        initiators: plan.snapshot.initiators.clone(),
+    }
+}
+
 impl Supervisor {
     fn new(
         name: String,
         plan: PhysicalPlan,
-        writer: WriterHandle,
-        done: mpsc::Sender<Outcome>,
-        span: tracing::Span,
+        machine: SupervisorMachine<PendingPart>,
+        links: Links,
         restarts: RestartTracker,
-        status: Arc<Mutex<JobStatus>>,
     ) -> Supervisor {
+        let Links {
+            writer,
+            done,
+            span,
+            status,
+        } = links;
         let report = JobReport {
             guarantee: Guarantee::ExactlyOnce,
             guarantee_reasons: Vec::new(),
@@ -560,18 +577,13 @@ impl Supervisor {
             nodes,
             operator_index,
             newest_generation: Generation(1),
-            coordinator: None,
-            epoch: 0,
-            final_from: None,
+            machine,
+            failure_in_hand: None,
             clock: Instant::now(),
             timer: None,
-            highest_triggered: CheckpointId(0),
             tracked: HashMap::new(),
             restarts,
-            persisting: BTreeSet::new(),
-            stop_requested: false,
             persist_failure: None,
-            savepoint_in_flight: None,
             report,
             status,
             snapshots: snapshots::Snapshots::default(),
@@ -588,21 +600,6 @@ impl Supervisor {
         u64::try_from(self.clock.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// Sends `control` to every running subtask; a completion only to
-    /// regions whose generation took part in that checkpoint.
-    fn broadcast(&self, control: Control) {
-        for node in &self.nodes {
-            if let Control::Complete(checkpoint) = control {
-                if checkpoint < self.regions[node.region].first_checkpoint {
-                    continue;
-                }
-            }
-            if let Some(inject) = &node.inject {
-                inject.do_send(Inject(control));
-            }
-        }
-    }
-
     fn on_node_event(&mut self, event: NodeEvent, context: &mut Context<Self>) {
         let node = event.node;
         let Some(state) = self.nodes.get(node) else {
@@ -614,8 +611,8 @@ impl Supervisor {
         {
             return;
         }
-        let now_ms = self.now_ms();
-        match event.kind {
+        let generation = event.generation;
+        let machine_event = match event.kind {
             NodeEventKind::Ack {
                 checkpoint,
                 part,
@@ -629,21 +626,26 @@ impl Supervisor {
                 // checkpoint's total is known, once durable).
                 let size_bytes = part.known_len().unwrap_or(0);
                 self.metrics_acked(checkpoint, node, alignment_us, size_bytes as usize);
-                // A stale ack's part is simply dropped: parts live in memory
-                // until the writer persists a completed checkpoint.
-                if let Some(coordinator) = &mut self.coordinator {
-                    if let AckOutcome::Stale(_) = coordinator.on_ack(now_ms, node, checkpoint, part)
-                    {
-                        tracing::debug!(checkpoint = checkpoint.0, node, "stale ack");
-                    }
+                // A stale ack's part is simply dropped by the machine:
+                // parts live in memory until the writer persists a
+                // completed checkpoint.
+                Event::Ack {
+                    node,
+                    generation,
+                    checkpoint,
+                    part,
                 }
             }
-            NodeEventKind::Decline { checkpoint, reason } => {
-                if let Some(coordinator) = &mut self.coordinator {
-                    coordinator.on_decline(now_ms, node, checkpoint, reason);
-                }
+            NodeEventKind::Decline { checkpoint, reason } => Event::Decline {
+                node,
+                generation,
+                checkpoint,
+                reason,
+            },
+            NodeEventKind::InputsEnded => {
+                self.on_inputs_ended(node, context);
+                Event::InputsEnded { node, generation }
             }
-            NodeEventKind::InputsEnded => self.on_inputs_ended(node, now_ms, context),
             NodeEventKind::SnapshotStarted {
                 snapshot,
                 reply,
@@ -658,21 +660,19 @@ impl Supervisor {
                 snapshot,
                 max_concurrent,
             } => return self.on_snapshot_declined(node, snapshot, max_concurrent, context),
-            NodeEventKind::Committed { checkpoint } => {
-                let committed = &mut self.nodes[node].committed;
-                *committed = (*committed).max(Some(checkpoint));
-                if self.is_done() {
-                    let report = self.final_report();
-                    self.finish(Ok(report), context);
-                    return;
-                }
-            }
-        }
-        self.carry_out(context);
+            NodeEventKind::Committed { checkpoint } => Event::Committed {
+                node,
+                generation,
+                checkpoint,
+            },
+        };
+        self.feed(machine_event, context);
     }
 
-    fn on_inputs_ended(&mut self, node: usize, now_ms: u64, context: &mut Context<Self>) {
-        self.nodes[node].ended = true;
+    /// The shell's part of a subtask's end of input: the clock or the
+    /// snapshots that end an iteration (the machine triggers it directly
+    /// from now on).
+    fn on_inputs_ended(&mut self, node: usize, context: &mut Context<Self>) {
         let Some(inject) = self.nodes[node].inject.clone() else {
             return;
         };
@@ -690,54 +690,13 @@ impl Supervisor {
             let region = self.nodes[node].region;
             self.regions[region].tickers.push(ticker);
         }
-        if let Some(coordinator) = &mut self.coordinator {
-            for (checkpoint, kind) in coordinator.add_initiator(node) {
-                inject.do_send(Inject(Control::Trigger(checkpoint, kind)));
-            }
-        }
-        self.check_final(now_ms);
-    }
-
-    /// Whether every subtask committed a checkpoint that ends the job: one
-    /// triggered after every input ended, or the stop savepoint. Never
-    /// while a region restarts.
-    fn is_done(&self) -> bool {
-        if self.coordinator.is_none() {
-            return false;
-        }
-        let all_committed = |first: CheckpointId| {
-            self.nodes
-                .iter()
-                .all(|node| node.committed.is_some_and(|checkpoint| checkpoint >= first))
-        };
-        let ended = self.final_from.is_some_and(all_committed);
-        let stopped = self.stop_requested
-            && self
-                .report
-                .savepoint
-                .is_some_and(|savepoint| all_committed(CheckpointId(savepoint)));
-        ended || stopped
     }
 
     fn on_stop(&mut self, savepoint: bool, context: &mut Context<Self>) {
         if self.phase == Phase::Done {
             return;
         }
-        if !savepoint {
-            let span = self.span.clone();
-            let _entered = span.enter();
-            tracing::info!("job cancelled");
-            self.finish(Err(JobError::Cancelled), context);
-            return;
-        }
-        self.stop_requested = true;
-        // No checkpoint may follow the stop savepoint: it would commit
-        // output written after the savepoint, which a resume from the
-        // savepoint writes again.
-        if let Some(coordinator) = &mut self.coordinator {
-            coordinator.savepoints_only();
-        }
-        self.request_savepoint(context);
+        self.feed(Event::StopRequested { savepoint }, context);
     }
 
     fn final_report(&mut self) -> JobReport {
