@@ -21,7 +21,9 @@
 //! its snapshot.
 //!
 //! Run: `cargo bench -p snapflow --bench keyed_count -- --parallelism 2
-//! --checkpoint-interval-ms 1000` (see `--help`).
+//! --checkpoint-interval-ms 1000` (see `--help`). With checkpoints on
+//! S3 (moto on loopback, see BENCHMARKS.md): `--features s3` and
+//! `--store s3://bucket/prefix`.
 
 mod support;
 
@@ -59,13 +61,17 @@ const FAR_PLACEMENT_NS: f64 = 200.0;
 const SMT_PLACEMENT_NS: f64 = 50.0;
 
 /// Where checkpoints go.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum StoreKind {
     /// A fresh in-memory store per run.
     Memory,
     /// A file-system store in a fresh temporary directory per run (like the
     /// Flink anchor's local checkpoint directory).
     Fs,
+    /// Object storage at this `s3://bucket/prefix` location (feature
+    /// `s3`; endpoint and credentials from the `AWS_*` variables), under
+    /// a fresh job name per run. The bucket must exist.
+    Location(String),
 }
 
 /// The keyed count of DESIGN.md section 5 as a real job with checkpoints:
@@ -93,8 +99,10 @@ struct Options {
     /// Runs of each configuration (medians are printed).
     #[arg(long, value_name = "R", value_parser = positive::<usize>, default_value_t = 1)]
     runs: usize,
-    /// Where checkpoints go: memory or fs (a fresh temporary directory).
-    #[arg(long, value_name = "memory|fs", value_parser = store_kind, default_value = "fs")]
+    /// Where checkpoints go: memory, fs (a fresh temporary directory) or
+    /// an `s3://bucket/prefix` location (feature `s3`; the `AWS_*`
+    /// variables give the endpoint and credentials).
+    #[arg(long, value_name = "memory|fs|s3://BUCKET/PREFIX", value_parser = store_kind, default_value = "fs")]
     store: StoreKind,
     /// Also run the same job with periodic checkpoints off.
     #[arg(long)]
@@ -135,13 +143,27 @@ struct Options {
     cargo: CargoBench,
 }
 
-/// `--store`: memory or fs.
+/// `--store`: memory, fs or an `s3://` location.
 fn store_kind(text: &str) -> Result<StoreKind, String> {
     match text {
         "memory" => Ok(StoreKind::Memory),
         "fs" => Ok(StoreKind::Fs),
-        other => Err(format!("unknown store {other:?} (memory or fs)")),
+        location if location.starts_with("s3://") => Ok(StoreKind::Location(location.to_owned())),
+        other => Err(format!(
+            "unknown store {other:?} (memory, fs or s3://bucket/prefix)"
+        )),
     }
+}
+
+/// A job name of its own for each run on object storage, so that no run
+/// resumes an earlier one's checkpoints.
+fn fresh_job_name() -> String {
+    static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis());
+    let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("keyed-count-{stamp}-{run}")
 }
 
 /// Applies `--smoke` (a tiny N, few keys, frequent checkpoints) and
@@ -241,10 +263,18 @@ fn job_config(options: &Options, interval_ms: Option<u64>, metrics: bool) -> Job
 fn run_job(options: &Options, interval_ms: Option<u64>, metrics: bool) -> Result<JobRun, String> {
     let directory = tempfile::tempdir().map_err(|error| format!("temporary directory: {error}"))?;
     let mut config = job_config(options, interval_ms, metrics);
-    if options.store == StoreKind::Fs {
-        config = config
-            .with_store_dir(directory.path(), "keyed-count")
-            .map_err(|error| format!("store: {error}"))?;
+    match &options.store {
+        StoreKind::Memory => {}
+        StoreKind::Fs => {
+            config = config
+                .with_store_dir(directory.path(), "keyed-count")
+                .map_err(|error| format!("store: {error}"))?;
+        }
+        StoreKind::Location(location) => {
+            config = config
+                .with_store_location(location, &fresh_job_name())
+                .map_err(|error| format!("store: {error}"))?;
+        }
     }
     let job = Job::new("keyed-count", config);
     let sink = DiscardSink::default();
