@@ -20,48 +20,7 @@ use std::path::{Path, PathBuf};
 
 /// Imports across rooms that break the table today, as (importing file,
 /// imported room, reason). Empty when the table holds.
-const LAYER_EXCEPTIONS: &[(&str, &str, &str)] = &[
-    (
-        "time/timed_state.rs",
-        "job",
-        "the timed core's stored layout is built from job's keyed-state envelope codec (`push_own`, `merge_keyed_states`) and core types.",
-    ),
-    (
-        "time/timed_table.rs",
-        "job",
-        "the timed core's tables are taken with job's incremental-checkpoint ledger and envelope codec.",
-    ),
-    (
-        "time/timed_tests.rs",
-        "job",
-        "the timed core's unit tests drive it through job's `Core` trait and `Router`.",
-    ),
-    (
-        "time/timers.rs",
-        "job",
-        "the timed keyed core implements job's `Core` over its `Collector`, `Data` and `Key`.",
-    ),
-    (
-        "time/ttl.rs",
-        "job",
-        "TTL is a builder method on job's `KeyedStream`.",
-    ),
-    (
-        "time/window_fn.rs",
-        "job",
-        "window functions are job's `Aggregator`s over `Data`.",
-    ),
-    (
-        "time/window_state.rs",
-        "job",
-        "open windows emit through job's `Collector`.",
-    ),
-    (
-        "time/windowed.rs",
-        "job",
-        "`WindowedStream` wraps job's `KeyedStream` and builds `Stream`s.",
-    ),
-];
+const LAYER_EXCEPTIONS: &[(&str, &str, &str)] = &[];
 
 /// Circles of files known today, as (name, reason, files). Each circle
 /// found must lie inside one entry's files, and each listed file must
