@@ -526,6 +526,19 @@ impl Operator for Hold {
         self.held = restored.held;
     }
 
+    /// A busy operator (one that lets records go) lets the rest go when
+    /// its input ends, as a batching operator flushes: a subtask whose
+    /// source split ended before the others' would otherwise hold its last
+    /// few records while the job runs on, which the detector rightly calls
+    /// a stall (seen at parallelism 3 on a loaded machine). The planted
+    /// stalls (`release` 0) keep holding.
+    fn on_end_of_input(&mut self, _out: &mut Collector<'_, u64>) -> Result<(), BoxError> {
+        if self.release > 0 {
+            self.held = 0;
+        }
+        Ok(())
+    }
+
     fn waiting(&self) -> Waiting {
         let for_operators = if self.upstream.is_empty() {
             Vec::new()
