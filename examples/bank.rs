@@ -9,11 +9,5 @@
 use snapflow_examples::{bank, common};
 
 fn main() {
-    let usage = format!("{} {}", bank::USAGE, common::CommonOptions::USAGE);
-    std::process::exit(common::main_with(
-        "bank",
-        &usage,
-        bank::Options::parse,
-        bank::run,
-    ));
+    std::process::exit(common::main_with(bank::run));
 }

@@ -10,11 +10,5 @@
 use snapflow_examples::{bank_snapshots, common};
 
 fn main() {
-    let usage = format!("{} {}", bank_snapshots::USAGE, common::CommonOptions::USAGE);
-    std::process::exit(common::main_with(
-        "bank_snapshots",
-        &usage,
-        bank_snapshots::Options::parse,
-        bank_snapshots::run,
-    ));
+    std::process::exit(common::main_with(bank_snapshots::run));
 }

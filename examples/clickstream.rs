@@ -11,11 +11,5 @@
 use snapflow_examples::{clickstream, common};
 
 fn main() {
-    let usage = format!("{} {}", clickstream::USAGE, common::CommonOptions::USAGE);
-    std::process::exit(common::main_with(
-        "clickstream",
-        &usage,
-        clickstream::Options::parse,
-        clickstream::run,
-    ));
+    std::process::exit(common::main_with(clickstream::run));
 }

@@ -8,11 +8,5 @@
 use snapflow_examples::{common, dedup};
 
 fn main() {
-    let usage = format!("{} {}", dedup::USAGE, common::CommonOptions::USAGE);
-    std::process::exit(common::main_with(
-        "dedup",
-        &usage,
-        dedup::Options::parse,
-        dedup::run,
-    ));
+    std::process::exit(common::main_with(dedup::run));
 }

@@ -8,11 +8,5 @@
 use snapflow_examples::{common, online_model};
 
 fn main() {
-    let usage = format!("{} {}", online_model::USAGE, common::CommonOptions::USAGE);
-    std::process::exit(common::main_with(
-        "online_model",
-        &usage,
-        online_model::Options::parse,
-        online_model::run,
-    ));
+    std::process::exit(common::main_with(online_model::run));
 }

@@ -13,11 +13,5 @@
 use snapflow_examples::{common, wordcount};
 
 fn main() {
-    let usage = format!("{} {}", wordcount::USAGE, common::CommonOptions::USAGE);
-    std::process::exit(common::main_with(
-        "wordcount",
-        &usage,
-        wordcount::Options::parse,
-        wordcount::run,
-    ));
+    std::process::exit(common::main_with(wordcount::run));
 }

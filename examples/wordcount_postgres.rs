@@ -13,15 +13,5 @@
 use snapflow_examples::{common, wordcount_postgres};
 
 fn main() {
-    let usage = format!(
-        "{} {}",
-        wordcount_postgres::USAGE,
-        common::CommonOptions::USAGE
-    );
-    std::process::exit(common::main_with(
-        "wordcount_postgres",
-        &usage,
-        wordcount_postgres::Options::parse,
-        wordcount_postgres::run,
-    ));
+    std::process::exit(common::main_with(wordcount_postgres::run));
 }

@@ -36,49 +36,94 @@ mod store;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use clap::{Parser, Subcommand};
 use serde::Serialize;
 
 use report::Verdict;
 use store::CliError;
 
-const USAGE: &str = "usage (STORE_DIR may be s3://bucket/prefix):
-  snapflow list STORE_DIR [--json]
-  snapflow show STORE_DIR JOB ID [--json]
-  snapflow show --dir CHECKPOINT_DIR [--json]
-  snapflow verify STORE_DIR JOB [ID] [--json]
-  snapflow delete STORE_DIR JOB ID [--force] [--json]
-  snapflow prune STORE_DIR JOB --keep N [--json]";
+/// Lists, shows, verifies, deletes and prunes the checkpoints of a
+/// checkpoint store. Exit codes: 0 success, 1 an error or a damaged
+/// checkpoint, 2 a usage error.
+#[derive(Debug, Parser)]
+#[command(name = "snapflow", version)]
+struct Cli {
+    /// Print JSON instead of text.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
 
-/// What to do, parsed from the command line.
-#[derive(Debug, PartialEq, Eq)]
+/// What to do, parsed from the command line. A `STORE_DIR` is a store
+/// directory or, with the `s3` feature, `s3://bucket/prefix`.
+#[derive(Debug, Subcommand)]
 enum Command {
+    /// List the checkpoints and savepoints of every job in the store.
     List {
+        /// The store: a directory or s3://bucket/prefix.
+        #[arg(value_name = "STORE_DIR")]
         root: PathBuf,
     },
-    Show {
-        root: PathBuf,
-        job: String,
-        id: u64,
-    },
-    ShowDir {
-        dir: PathBuf,
-    },
+    /// Show one checkpoint: operators, parts, key groups, source
+    /// positions, sink states and the stored schema of its state.
+    Show(ShowArgs),
+    /// Verify one checkpoint, or every checkpoint of the job and list its
+    /// leftovers; exit code 1 when one is damaged.
     Verify {
+        /// The store: a directory or s3://bucket/prefix.
+        #[arg(value_name = "STORE_DIR")]
         root: PathBuf,
+        /// The job's name.
         job: String,
+        /// The checkpoint to verify; every one when left out.
+        #[arg(value_parser = checkpoint_id)]
         id: Option<u64>,
     },
+    /// Delete one checkpoint or savepoint, metadata first.
     Delete {
+        /// The store: a directory or s3://bucket/prefix.
+        #[arg(value_name = "STORE_DIR")]
         root: PathBuf,
+        /// The job's name.
         job: String,
+        /// The checkpoint to delete.
+        #[arg(value_parser = checkpoint_id)]
         id: u64,
+        /// Delete it even if it is the newest complete checkpoint, the
+        /// one the job restores from.
+        #[arg(long)]
         force: bool,
     },
+    /// Delete all but the newest N checkpoints of the job.
     Prune {
+        /// The store: a directory or s3://bucket/prefix.
+        #[arg(value_name = "STORE_DIR")]
         root: PathBuf,
+        /// The job's name.
         job: String,
+        /// How many of the newest checkpoints to keep (at least 1).
+        #[arg(long, value_name = "N", value_parser = keep_count, required = true)]
         keep: usize,
     },
+}
+
+/// `show`: a checkpoint of a store, or a checkpoint directory alone.
+#[derive(Debug, clap::Args)]
+struct ShowArgs {
+    /// Show this checkpoint directory on its own (a savepoint's copy, say)
+    /// instead of a store's entry.
+    #[arg(long, value_name = "CHECKPOINT_DIR", conflicts_with_all = ["root", "job", "id"])]
+    dir: Option<PathBuf>,
+    /// The store: a directory or s3://bucket/prefix.
+    #[arg(value_name = "STORE_DIR", required_unless_present = "dir")]
+    root: Option<PathBuf>,
+    /// The job's name.
+    #[arg(required_unless_present = "dir")]
+    job: Option<String>,
+    /// The checkpoint to show.
+    #[arg(value_parser = checkpoint_id, required_unless_present = "dir")]
+    id: Option<u64>,
 }
 
 /// What `delete` and `prune` removed.
@@ -88,58 +133,20 @@ struct Deleted {
     deleted: Vec<u64>,
 }
 
-/// The command and whether to print JSON.
-fn parse(arguments: Vec<String>) -> Result<(Command, bool), CliError> {
-    let json = arguments.iter().any(|argument| argument == "--json");
-    let force = arguments.iter().any(|argument| argument == "--force");
-    let words: Vec<&str> = arguments
-        .iter()
-        .map(String::as_str)
-        .filter(|argument| !matches!(*argument, "--json" | "--force"))
-        .collect();
-    let id = |text: &str| {
-        text.parse::<u64>()
-            .map_err(|_| CliError::Usage(format!("a checkpoint id is a number, not {text:?}")))
-    };
-    let command = match words.as_slice() {
-        ["list", root] => Command::List { root: root.into() },
-        ["show", "--dir", dir] => Command::ShowDir { dir: dir.into() },
-        ["show", root, job, checkpoint] => Command::Show {
-            root: root.into(),
-            job: job.to_string(),
-            id: id(checkpoint)?,
-        },
-        ["verify", root, job] => Command::Verify {
-            root: root.into(),
-            job: job.to_string(),
-            id: None,
-        },
-        ["verify", root, job, checkpoint] => Command::Verify {
-            root: root.into(),
-            job: job.to_string(),
-            id: Some(id(checkpoint)?),
-        },
-        ["delete", root, job, checkpoint] => Command::Delete {
-            root: root.into(),
-            job: job.to_string(),
-            id: id(checkpoint)?,
-            force,
-        },
-        ["prune", root, job, "--keep", keep] => Command::Prune {
-            root: root.into(),
-            job: job.to_string(),
-            keep: match keep.parse::<usize>() {
-                Ok(keep) if keep > 0 => keep,
-                _ => {
-                    return Err(CliError::Usage(format!(
-                        "--keep takes a number of checkpoints, at least 1, not {keep:?}"
-                    )))
-                }
-            },
-        },
-        _ => return Err(CliError::Usage(USAGE.to_string())),
-    };
-    Ok((command, json))
+/// A checkpoint id on the command line.
+fn checkpoint_id(text: &str) -> Result<u64, String> {
+    text.parse()
+        .map_err(|_| format!("a checkpoint id is a number, not {text:?}"))
+}
+
+/// `--keep`: a number of checkpoints, at least 1.
+fn keep_count(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(keep) if keep > 0 => Ok(keep),
+        _ => Err(format!(
+            "--keep takes a number of checkpoints, at least 1, not {text:?}"
+        )),
+    }
 }
 
 /// Prints `value` as JSON or as `text` renders it.
@@ -167,13 +174,22 @@ fn run(command: Command, json: bool) -> Result<bool, CliError> {
             });
             Ok(true)
         }
-        Command::Show { root, job, id } => {
+        Command::Show(ShowArgs { dir: Some(dir), .. }) => show(store::load_dir(&dir)?, &dir, json),
+        Command::Show(ShowArgs {
+            root: Some(root),
+            job: Some(job),
+            id: Some(id),
+            ..
+        }) => {
             let store = store::open(&root, &job)?;
             let loaded = store::load(&store, id)?;
             let directory = store.entry_dir(id, loaded.metadata.kind);
             show(loaded, &directory, json)
         }
-        Command::ShowDir { dir } => show(store::load_dir(&dir)?, &dir, json),
+        // Clap requires the store, job and id unless `--dir` is given.
+        Command::Show(_) => Err(CliError::Usage(
+            "show takes STORE_DIR JOB ID or --dir CHECKPOINT_DIR".to_string(),
+        )),
         Command::Verify { root, job, id } => verify(&root, &job, id, json),
         Command::Delete {
             root,
@@ -292,14 +308,10 @@ fn verify(
 }
 
 fn main() -> ExitCode {
-    let (command, json) = match parse(std::env::args().skip(1).collect()) {
-        Ok(parsed) => parsed,
-        Err(error) => {
-            eprintln!("snapflow: {error}");
-            return ExitCode::from(2);
-        }
-    };
-    match run(command, json) {
+    // Clap prints the help (exit code 0) or a usage error (exit code 2)
+    // and exits by itself.
+    let cli = Cli::parse();
+    match run(cli.command, cli.json) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(error) => {

@@ -550,6 +550,41 @@ fn paths_that_are_not_a_store_and_unknown_jobs_are_clear_errors() {
     assert_eq!(snapflow(&["frobnicate"]).status.code(), Some(2));
 }
 
+/// `--help` describes every command and flag; a flag the tool does not
+/// know is a usage error (exit code 2) that names it.
+#[test]
+fn help_describes_the_commands_and_a_bad_flag_is_a_usage_error() {
+    let help = snapflow(&["--help"]);
+    assert!(help.status.success(), "{}", stderr(&help));
+    for word in ["list", "show", "verify", "delete", "prune", "--json"] {
+        assert!(stdout(&help).contains(word), "{word}: {}", stdout(&help));
+    }
+    let prune = snapflow(&["prune", "--help"]);
+    assert!(prune.status.success(), "{}", stderr(&prune));
+    assert!(stdout(&prune).contains("--keep <N>"), "{}", stdout(&prune));
+    let show = snapflow(&["show", "--help"]);
+    assert!(
+        stdout(&show).contains("--dir <CHECKPOINT_DIR>"),
+        "{}",
+        stdout(&show)
+    );
+
+    let bad = snapflow(&["list", "some-store", "--frobnicate"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        stderr(&bad).contains("unexpected argument '--frobnicate'"),
+        "{}",
+        stderr(&bad)
+    );
+    let missing = snapflow(&["prune", "some-store", "tally"]);
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(
+        stderr(&missing).contains("--keep <N>"),
+        "{}",
+        stderr(&missing)
+    );
+}
+
 /// The ids of the checkpoints `list --json` shows for the job.
 fn ids(root: &str) -> Vec<u64> {
     let listing = json(&snapflow(&["list", root, "--json"]));

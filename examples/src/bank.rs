@@ -36,8 +36,8 @@ use snapflow::storage::{
 use snapflow::Snapshot;
 
 use crate::common::{
-    check_crashes, fresh_store, parse_options, print_report, Arguments, CommonOptions, CrashPlan,
-    ExampleError, ExampleOptions, PacedSource, Pacing, Rng,
+    check_crashes, fresh_store, positive, positive_u32, print_report, CommonArgs, CommonOptions,
+    CrashPlan, ExampleError, ExampleOptions, PacedSource, Pacing, Rng,
 };
 
 /// The options of the bank example.
@@ -57,17 +57,14 @@ pub struct Options {
 }
 
 impl Options {
-    /// Parses the command line (`--smoke` first selects the smoke defaults).
-    pub fn parse(arguments: Vec<String>) -> Result<Options, ExampleError> {
-        parse_options(arguments)
-    }
-
     fn initial_total(&self) -> i64 {
         i64::from(self.accounts) * self.initial_balance
     }
 }
 
 impl ExampleOptions for Options {
+    type Args = Args;
+
     fn full() -> Self {
         Options {
             accounts: 50,
@@ -88,23 +85,37 @@ impl ExampleOptions for Options {
         }
     }
 
-    fn common(&mut self) -> &mut CommonOptions {
-        &mut self.common
-    }
-
-    fn apply_own(&mut self, flag: &str, arguments: &mut Arguments) -> Result<bool, ExampleError> {
-        match flag {
-            "--accounts" => self.accounts = arguments.positive_u32(flag)?,
-            "--transfers" => self.transfers = arguments.positive(flag)?,
-            "--unaligned" => self.unaligned = true,
-            _ => return Ok(false),
+    fn from_args(args: Args) -> Self {
+        let defaults = Self::defaults(args.common.smoke);
+        Options {
+            accounts: args.accounts.unwrap_or(defaults.accounts),
+            transfers: args.transfers.unwrap_or(defaults.transfers),
+            unaligned: args.unaligned || defaults.unaligned,
+            common: args.common.apply(defaults.common),
+            ..defaults
         }
-        Ok(true)
     }
 }
 
-/// The usage line.
-pub const USAGE: &str = "[--accounts N] [--transfers N] [--unaligned]";
+/// bank: Chandy-Lamport snapshots of a graph with a cycle; every
+/// snapshot must hold the initial total, across injected crashes (exit
+/// code 1 otherwise).
+#[derive(Debug, clap::Parser)]
+#[command(name = "bank", args_override_self = true)]
+pub struct Args {
+    /// Accounts [default: 50, 8 with --smoke].
+    #[arg(long, value_name = "N", value_parser = positive_u32)]
+    accounts: Option<u32>,
+    /// Transfers [default: 30000, 800 with --smoke].
+    #[arg(long, value_name = "N", value_parser = positive)]
+    transfers: Option<u64>,
+    /// Record every channel (unaligned) instead of aligning the forward
+    /// edges and recording only the feedback edge.
+    #[arg(long)]
+    unaligned: bool,
+    #[command(flatten)]
+    common: CommonArgs,
+}
 
 /// What travels through the graph.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

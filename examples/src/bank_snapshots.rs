@@ -31,7 +31,7 @@ use snapflow::Snapshot;
 
 use crate::bank::{apply_to, close_and_settle, generate, Message};
 use crate::common::{
-    parse_options, print_report, Arguments, CommonOptions, ExampleError, ExampleOptions,
+    positive, positive_u32, print_report, CommonArgs, CommonOptions, ExampleError, ExampleOptions,
     PacedSource, Rng,
 };
 
@@ -54,6 +54,8 @@ pub struct Options {
 }
 
 impl ExampleOptions for Options {
+    type Args = Args;
+
     fn full() -> Self {
         Options {
             accounts: 50,
@@ -79,32 +81,45 @@ impl ExampleOptions for Options {
         }
     }
 
-    fn common(&mut self) -> &mut CommonOptions {
-        &mut self.common
-    }
-
-    fn apply_own(&mut self, flag: &str, arguments: &mut Arguments) -> Result<bool, ExampleError> {
-        match flag {
-            "--accounts" => self.accounts = arguments.positive_u32(flag)?,
-            "--transfers" => self.transfers = arguments.positive(flag)?,
-            "--records-per-snapshot" => self.records_per_snapshot = arguments.positive(flag)?,
-            "--caller-snapshots" => self.caller_snapshots = arguments.positive_u32(flag)?,
-            _ => return Ok(false),
+    fn from_args(args: Args) -> Self {
+        let defaults = Self::defaults(args.common.smoke);
+        Options {
+            accounts: args.accounts.unwrap_or(defaults.accounts),
+            transfers: args.transfers.unwrap_or(defaults.transfers),
+            records_per_snapshot: args
+                .records_per_snapshot
+                .unwrap_or(defaults.records_per_snapshot),
+            caller_snapshots: args.caller_snapshots.unwrap_or(defaults.caller_snapshots),
+            common: args.common.apply(defaults.common),
+            ..defaults
         }
-        Ok(true)
     }
 }
 
-impl Options {
-    /// Parses the command line (`--smoke` first selects the smoke defaults).
-    pub fn parse(arguments: Vec<String>) -> Result<Options, ExampleError> {
-        parse_options(arguments)
-    }
+/// bank_snapshots: concurrent global snapshots started by the accounts
+/// and by the caller beside the periodic checkpoints; every one must hold
+/// the initial total (exit code 1 otherwise). The crash flags are
+/// accepted and ignored: this example shows snapshots, not recovery.
+#[derive(Debug, clap::Parser)]
+#[command(name = "bank_snapshots", args_override_self = true)]
+pub struct Args {
+    /// Accounts [default: 50, 8 with --smoke].
+    #[arg(long, value_name = "N", value_parser = positive_u32)]
+    accounts: Option<u32>,
+    /// Transfers [default: 30000, 3000 with --smoke].
+    #[arg(long, value_name = "N", value_parser = positive)]
+    transfers: Option<u64>,
+    /// On average, records between two snapshots one subtask starts
+    /// [default: 2000, 150 with --smoke].
+    #[arg(long, value_name = "N", value_parser = positive)]
+    records_per_snapshot: Option<u64>,
+    /// Snapshots the caller starts while the job runs [default: 10, 3
+    /// with --smoke].
+    #[arg(long, value_name = "N", value_parser = positive_u32)]
+    caller_snapshots: Option<u32>,
+    #[command(flatten)]
+    common: CommonArgs,
 }
-
-/// The usage line.
-pub const USAGE: &str =
-    "[--accounts N] [--transfers N] [--records-per-snapshot N] [--caller-snapshots N]";
 
 /// How many snapshot requests one subtask keeps open at once.
 const OPEN_REQUESTS_MAX: usize = 3;

@@ -39,7 +39,7 @@ use snapflow::Snapshot;
 
 use crate::common::Pacing;
 use crate::common::{
-    check_crashes, fresh_store, parse_options, print_report, Arguments, CommonOptions, CrashPlan,
+    check_crashes, fresh_store, positive, print_report, CommonArgs, CommonOptions, CrashPlan,
     CrashSpec, ExampleError, ExampleOptions, Rng,
 };
 use crate::lines::{FileWithOffsets, FileWithOffsetsReader};
@@ -76,14 +76,9 @@ pub struct Options {
     pub common: CommonOptions,
 }
 
-impl Options {
-    /// Parses the command line (`--smoke` first selects the smoke defaults).
-    pub fn parse(arguments: Vec<String>) -> Result<Options, ExampleError> {
-        parse_options(arguments)
-    }
-}
-
 impl ExampleOptions for Options {
+    type Args = Args;
+
     fn full() -> Self {
         Options {
             events: 60_000,
@@ -102,22 +97,32 @@ impl ExampleOptions for Options {
         }
     }
 
-    fn common(&mut self) -> &mut CommonOptions {
-        &mut self.common
-    }
-
-    fn apply_own(&mut self, flag: &str, arguments: &mut Arguments) -> Result<bool, ExampleError> {
-        match flag {
-            "--events" => self.events = arguments.positive(flag)?,
-            "--users" => self.users = arguments.positive(flag)?,
-            _ => return Ok(false),
+    fn from_args(args: Args) -> Self {
+        let defaults = Self::defaults(args.common.smoke);
+        Options {
+            events: args.events.unwrap_or(defaults.events),
+            users: args.users.unwrap_or(defaults.users),
+            common: args.common.apply(defaults.common),
         }
-        Ok(true)
     }
 }
 
-/// The usage line.
-pub const USAGE: &str = "[--events N] [--users U]";
+/// clickstream: per-user activity alerts over event time (sliding
+/// windows, a watermark, late events dropped) into the exactly-once file
+/// sink, checked after injected crashes against a direct computation.
+/// Its smoke run plans two crashes (seed 11).
+#[derive(Debug, clap::Parser)]
+#[command(name = "clickstream", args_override_self = true)]
+pub struct Args {
+    /// Events in the log [default: 60000, 9000 with --smoke].
+    #[arg(long, value_name = "N", value_parser = positive)]
+    events: Option<u64>,
+    /// Distinct users [default: 30].
+    #[arg(long, value_name = "U", value_parser = positive)]
+    users: Option<u64>,
+    #[command(flatten)]
+    common: CommonArgs,
+}
 
 /// One line of the log.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Once};
 use std::time::{Duration, Instant};
 
+use clap::{CommandFactory, Parser};
 use snapflow::job::{Job, JobConfig, JobError, JobReport, RestartStrategy};
 use snapflow::metrics::Progress;
 use snapflow::source::{
@@ -95,24 +96,15 @@ impl ExampleError {
     }
 }
 
-/// Runs an example's `main`: parses the arguments, runs, prints the error
-/// if any, and returns the process exit code (0 success or a graceful
-/// stop by a signal, 1 failure or mismatch, 2 usage).
-pub fn main_with<O>(
-    name: &str,
-    usage: &str,
-    parse: impl FnOnce(Vec<String>) -> Result<O, ExampleError>,
-    run: impl FnOnce(&O) -> Result<(), ExampleError>,
-) -> i32 {
+/// Runs an example's `main`: parses the arguments (clap prints `--help`
+/// and exits 0, or prints a usage error and exits 2), runs, prints the
+/// error if any, and returns the process exit code (0 success or a
+/// graceful stop by a signal, 1 failure or mismatch).
+pub fn main_with<O: ExampleOptions>(run: impl FnOnce(&O) -> Result<(), ExampleError>) -> i32 {
     crate::progress::install();
-    let options = match parse(std::env::args().skip(1).collect()) {
-        Ok(options) => options,
-        Err(error) => {
-            eprintln!("{name}: {error}");
-            eprintln!("usage: {name} {usage}");
-            return 2;
-        }
-    };
+    let name = O::Args::command().get_name().to_owned();
+    let options =
+        O::try_parse(std::env::args().skip(1).collect()).unwrap_or_else(|error| error.exit());
     match run(&options) {
         Ok(()) => 0,
         Err(error @ ExampleError::Stopped { .. }) => {
@@ -126,86 +118,164 @@ pub fn main_with<O>(
     }
 }
 
-/// Walks `--flag value` pairs; each example matches the flags it knows.
-pub struct Arguments {
-    remaining: std::vec::IntoIter<String>,
-}
-
-impl Arguments {
-    /// The arguments after the program name.
-    pub fn new(arguments: Vec<String>) -> Arguments {
-        Arguments {
-            remaining: arguments.into_iter(),
-        }
-    }
-
-    /// The next flag, if any.
-    pub fn next_flag(&mut self) -> Option<String> {
-        self.remaining.next()
-    }
-
-    /// The value after `flag`.
-    pub fn value(&mut self, flag: &str) -> Result<String, ExampleError> {
-        self.remaining
-            .next()
-            .ok_or_else(|| ExampleError::Usage(format!("{flag} needs a value")))
-    }
-
-    /// The whole-number value after `flag`.
-    pub fn number(&mut self, flag: &str) -> Result<u64, ExampleError> {
-        let text = self.value(flag)?;
-        text.parse::<u64>()
-            .map_err(|_| ExampleError::Usage(format!("{flag} takes a whole number, not {text:?}")))
-    }
-
-    /// The whole-number value after `flag`, at least 1.
-    pub fn positive(&mut self, flag: &str) -> Result<u64, ExampleError> {
-        match self.number(flag)? {
-            0 => Err(ExampleError::Usage(format!("{flag} must be at least 1"))),
-            value => Ok(value),
-        }
-    }
-
-    /// The value after `flag` as a `u32`, at least 1.
-    pub fn positive_u32(&mut self, flag: &str) -> Result<u32, ExampleError> {
-        u32::try_from(self.positive(flag)?)
-            .map_err(|_| ExampleError::Usage(format!("{flag} is too large")))
-    }
-}
-
-/// An example's options: its two sets of defaults, its share of the
-/// common options, and its own flags. [`parse_options`] does the rest.
+/// An example's options: its two sets of defaults and its command line,
+/// whose flags (its own and a flattened [`CommonArgs`]) override them.
 pub trait ExampleOptions: Sized {
+    /// The example's command line.
+    type Args: Parser;
     /// The defaults of a full run.
     fn full() -> Self;
-    /// The defaults of a smoke run (selected by `--smoke` anywhere).
+    /// The defaults of a smoke run (selected by `--smoke`).
     fn smoke() -> Self;
-    /// The options every example shares.
-    fn common(&mut self) -> &mut CommonOptions;
-    /// Applies `flag` if it is one of this example's own; `Ok(false)` if
-    /// it is not.
-    fn apply_own(&mut self, flag: &str, arguments: &mut Arguments) -> Result<bool, ExampleError>;
-}
+    /// The options `args` ask for: the defaults `--smoke` selects, with
+    /// each flag given applied.
+    fn from_args(args: Self::Args) -> Self;
 
-/// Parses an example's command line: `--smoke` first selects the smoke
-/// defaults, then each flag is the example's own, a common one, or a
-/// usage error.
-pub fn parse_options<O: ExampleOptions>(arguments: Vec<String>) -> Result<O, ExampleError> {
-    let mut options = if arguments.iter().any(|flag| flag == "--smoke") {
-        O::smoke()
-    } else {
-        O::full()
-    };
-    let mut arguments = Arguments::new(arguments);
-    while let Some(flag) = arguments.next_flag() {
-        let known = flag == "--smoke"
-            || options.apply_own(&flag, &mut arguments)?
-            || options.common().apply(&flag, &mut arguments)?;
-        if !known {
-            return Err(ExampleError::Usage(format!("unknown option {flag}")));
+    /// The smoke defaults if `smoke`, else the full ones.
+    fn defaults(smoke: bool) -> Self {
+        if smoke {
+            Self::smoke()
+        } else {
+            Self::full()
         }
     }
-    Ok(options)
+
+    /// Parses a command line (without the program name). `--help` and a
+    /// bad flag are clap's error, which prints itself and exits with code
+    /// 0 or 2 ([`clap::Error::exit`]).
+    fn try_parse(arguments: Vec<String>) -> Result<Self, clap::Error> {
+        let name = Self::Args::command().get_name().to_owned();
+        let args = Self::Args::try_parse_from(std::iter::once(name).chain(arguments))?;
+        Ok(Self::from_args(args))
+    }
+
+    /// [`ExampleOptions::try_parse`] with clap's message as a usage error.
+    fn parse(arguments: Vec<String>) -> Result<Self, ExampleError> {
+        Self::try_parse(arguments).map_err(|error| ExampleError::Usage(error.to_string()))
+    }
+}
+
+/// A whole number of at least 1, for a flag's value.
+pub fn positive(text: &str) -> Result<u64, String> {
+    match text.parse::<u64>() {
+        Ok(0) => Err("must be at least 1".to_owned()),
+        Ok(value) => Ok(value),
+        Err(_) => Err(format!("takes a whole number, not {text:?}")),
+    }
+}
+
+/// [`positive`] as a `u32`.
+pub fn positive_u32(text: &str) -> Result<u32, String> {
+    u32::try_from(positive(text)?).map_err(|_| "is too large".to_owned())
+}
+
+/// [`positive`] as a `usize`.
+fn positive_usize(text: &str) -> Result<usize, String> {
+    usize::try_from(positive(text)?).map_err(|_| "is too large".to_owned())
+}
+
+/// A socket address for `--http`.
+fn address(text: &str) -> Result<std::net::SocketAddr, String> {
+    text.parse()
+        .map_err(|_| "takes an address like 127.0.0.1:8081".to_owned())
+}
+
+/// The flags every example shares. Each one left out keeps the example's
+/// default: its full run's, or its smoke run's with `--smoke`. Of
+/// `--crash-every`, `--crashes` and `--no-crash` the last one given wins.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct CommonArgs {
+    /// Use the smoke run's defaults: tiny and fast, one crash, no
+    /// progress lines.
+    #[arg(long)]
+    pub smoke: bool,
+    /// Parallelism of every operator [default: 2].
+    #[arg(long, value_name = "P", value_parser = positive_usize)]
+    pub parallelism: Option<usize>,
+    /// Crash an operator at input records N, 2N, 3N... (each once).
+    #[arg(long, value_name = "N", value_parser = positive,
+          overrides_with_all = ["crashes", "no_crash"])]
+    pub crash_every: Option<u64>,
+    /// Crash an operator at K records the seed chooses in the middle 80%
+    /// of the input [default: 2, 1 with --smoke].
+    #[arg(long, value_name = "K", overrides_with_all = ["crash_every", "no_crash"])]
+    pub crashes: Option<u64>,
+    /// The seed that chooses the records of --crashes [default: 42, 7
+    /// with --smoke].
+    #[arg(long, value_name = "S")]
+    pub seed: Option<u64>,
+    /// Inject no crash.
+    #[arg(long, overrides_with_all = ["crash_every", "crashes"])]
+    pub no_crash: bool,
+    /// Root directory of the file checkpoint store [default:
+    /// target/snapflow-checkpoints].
+    #[arg(long, value_name = "PATH")]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Time between periodic checkpoints [default: 200, 10 with --smoke].
+    #[arg(long, value_name = "MS", value_parser = positive)]
+    pub checkpoint_interval_ms: Option<u64>,
+    /// Records the source reads per second, all subtasks together (the
+    /// pace of a live stream) [default: 20000, 100000 with --smoke, in
+    /// most examples].
+    #[arg(long, value_name = "RECORDS_PER_SECOND", value_parser = positive)]
+    pub rate: Option<u64>,
+    /// Serve the dashboard, the JSON API and Prometheus text at this
+    /// address, with the actions (savepoint, stop, cancel) enabled.
+    #[arg(long, value_name = "ADDR", value_parser = address)]
+    pub http: Option<std::net::SocketAddr>,
+    /// Print one line of progress per second to standard error, from the
+    /// job's live metrics [the default without --smoke].
+    #[arg(long, overrides_with = "no_progress")]
+    pub progress: bool,
+    /// Print no progress lines [the default with --smoke].
+    #[arg(long, overrides_with = "progress")]
+    pub no_progress: bool,
+}
+
+impl CommonArgs {
+    /// `defaults` with every flag given here applied.
+    pub fn apply(&self, defaults: CommonOptions) -> CommonOptions {
+        CommonOptions {
+            parallelism: self.parallelism.unwrap_or(defaults.parallelism),
+            crashes: self.crash_spec(defaults.crashes),
+            checkpoint_root: self
+                .checkpoint_dir
+                .clone()
+                .unwrap_or(defaults.checkpoint_root),
+            checkpoint_interval_ms: self
+                .checkpoint_interval_ms
+                .unwrap_or(defaults.checkpoint_interval_ms),
+            records_per_second: self.rate.unwrap_or(defaults.records_per_second),
+            http: self.http.or(defaults.http),
+            progress: match (self.progress, self.no_progress) {
+                (true, _) => true,
+                (_, true) => false,
+                _ => defaults.progress,
+            },
+        }
+    }
+
+    /// The crashes the flags ask for: `--crashes` and `--seed` change
+    /// only what they name of the random default.
+    fn crash_spec(&self, default: CrashSpec) -> CrashSpec {
+        if self.no_crash {
+            return CrashSpec::None;
+        }
+        if let Some(every) = self.crash_every {
+            return CrashSpec::Every(every);
+        }
+        match (default, self.crashes) {
+            (CrashSpec::Random { count, seed }, crashes) => CrashSpec::Random {
+                count: crashes.unwrap_or(count),
+                seed: self.seed.unwrap_or(seed),
+            },
+            (_, Some(count)) => CrashSpec::Random {
+                count,
+                seed: self.seed.unwrap_or(42),
+            },
+            (default, None) => default,
+        }
+    }
 }
 
 /// The options every example shares.
@@ -256,53 +326,6 @@ impl CommonOptions {
             progress: false,
         }
     }
-
-    /// Applies `flag` if it is a common option; `Ok(false)` if it is not.
-    pub fn apply(&mut self, flag: &str, arguments: &mut Arguments) -> Result<bool, ExampleError> {
-        match flag {
-            "--parallelism" => {
-                self.parallelism = usize::try_from(arguments.positive(flag)?)
-                    .map_err(|_| ExampleError::Usage(format!("{flag} is too large")))?;
-            }
-            "--crash-every" => self.crashes = CrashSpec::Every(arguments.positive(flag)?),
-            "--crashes" => {
-                let seed = self.crashes.seed();
-                self.crashes = CrashSpec::Random {
-                    count: arguments.number(flag)?,
-                    seed,
-                };
-            }
-            "--seed" => {
-                let seed = arguments.number(flag)?;
-                if let CrashSpec::Random { seed: current, .. } = &mut self.crashes {
-                    *current = seed;
-                }
-            }
-            "--no-crash" => self.crashes = CrashSpec::None,
-            "--checkpoint-dir" => self.checkpoint_root = PathBuf::from(arguments.value(flag)?),
-            "--checkpoint-interval-ms" => {
-                self.checkpoint_interval_ms = arguments.positive(flag)?;
-            }
-            "--rate" => self.records_per_second = arguments.positive(flag)?,
-            "--http" => {
-                let text = arguments.value(flag)?;
-                let addr = text.parse().map_err(|_| {
-                    ExampleError::Usage(format!("{flag} takes an address like 127.0.0.1:8081"))
-                })?;
-                self.http = Some(addr);
-            }
-            "--progress" => self.progress = true,
-            "--no-progress" => self.progress = false,
-            _ => return Ok(false),
-        }
-        Ok(true)
-    }
-
-    /// The usage text of the common options.
-    pub const USAGE: &'static str =
-        "[--parallelism P] [--crash-every N | --crashes K [--seed S] | --no-crash] \
-         [--checkpoint-dir PATH] [--checkpoint-interval-ms MS] [--rate RECORDS_PER_SECOND] \
-         [--http ADDR] [--progress | --no-progress] [--smoke]";
 
     /// How each source subtask is paced: records per read and the pause
     /// after each, so that all subtasks together read about
@@ -384,13 +407,6 @@ pub enum CrashSpec {
 }
 
 impl CrashSpec {
-    fn seed(&self) -> u64 {
-        match self {
-            CrashSpec::Random { seed, .. } => *seed,
-            _ => 42,
-        }
-    }
-
     /// The record numbers (in `0..records`) that crash.
     pub fn records(&self, records: u64) -> BTreeSet<u64> {
         match *self {
@@ -741,18 +757,42 @@ mod tests {
         assert_eq!((plan.fired(), plan.planned()), (1, 1));
     }
 
+    /// A command line of the common flags alone.
+    #[derive(Debug, Parser)]
+    #[command(args_override_self = true)]
+    struct Common {
+        #[command(flatten)]
+        common: CommonArgs,
+    }
+
+    fn parsed(arguments: &[&str]) -> Result<CommonOptions, clap::Error> {
+        let args =
+            Common::try_parse_from(std::iter::once("example").chain(arguments.iter().copied()))?;
+        Ok(args.common.apply(CommonOptions::full()))
+    }
+
+    fn crashes(arguments: &[&str]) -> CrashSpec {
+        parsed(arguments).expect("valid").crashes
+    }
+
     #[test]
     fn common_flags_parse() {
-        let mut options = CommonOptions::full();
-        let mut arguments = Arguments::new(vec!["7".into()]);
-        assert!(options
-            .apply("--crash-every", &mut arguments)
-            .expect("valid"));
-        assert_eq!(options.crashes, CrashSpec::Every(7));
-        let mut arguments = Arguments::new(vec!["x".into()]);
-        assert!(options.apply("--rate", &mut arguments).is_err());
-        assert!(!options
-            .apply("--other", &mut arguments)
-            .expect("not common"));
+        assert_eq!(crashes(&["--crash-every", "7"]), CrashSpec::Every(7));
+        assert_eq!(
+            crashes(&["--seed", "9"]),
+            CrashSpec::Random { count: 2, seed: 9 }
+        );
+        assert_eq!(
+            crashes(&["--no-crash", "--crash-every", "4", "--crashes", "5"]),
+            CrashSpec::Random { count: 5, seed: 42 },
+            "the last of the crash flags wins"
+        );
+        assert_eq!(crashes(&["--crashes", "3", "--no-crash"]), CrashSpec::None);
+        let options = parsed(&["--no-progress", "--rate", "5", "--rate", "6"]).expect("valid");
+        assert_eq!((options.progress, options.records_per_second), (false, 6));
+        assert!(parsed(&["--rate", "x"]).is_err());
+        assert!(parsed(&["--parallelism", "0"]).is_err());
+        assert!(parsed(&["--http", "nowhere"]).is_err());
+        assert!(parsed(&["--other"]).is_err());
     }
 }

@@ -21,7 +21,7 @@ use snapflow::sink::CollectHandle;
 use snapflow::Snapshot;
 
 use crate::common::{
-    check_crashes, fresh_store, parse_options, print_report, Arguments, CommonOptions, CrashPlan,
+    check_crashes, fresh_store, positive, print_report, CommonArgs, CommonOptions, CrashPlan,
     ExampleError, ExampleOptions, PacedSource, Pacing, Rng,
 };
 
@@ -34,14 +34,9 @@ pub struct Options {
     pub common: CommonOptions,
 }
 
-impl Options {
-    /// Parses the command line (`--smoke` first selects the smoke defaults).
-    pub fn parse(arguments: Vec<String>) -> Result<Options, ExampleError> {
-        parse_options(arguments)
-    }
-}
-
 impl ExampleOptions for Options {
+    type Args = Args;
+
     fn full() -> Self {
         Options {
             ids: 20_000,
@@ -56,21 +51,27 @@ impl ExampleOptions for Options {
         }
     }
 
-    fn common(&mut self) -> &mut CommonOptions {
-        &mut self.common
-    }
-
-    fn apply_own(&mut self, flag: &str, arguments: &mut Arguments) -> Result<bool, ExampleError> {
-        match flag {
-            "--ids" => self.ids = arguments.positive(flag)?,
-            _ => return Ok(false),
+    fn from_args(args: Args) -> Self {
+        let defaults = Self::defaults(args.common.smoke);
+        Options {
+            ids: args.ids.unwrap_or(defaults.ids),
+            common: args.common.apply(defaults.common),
         }
-        Ok(true)
     }
 }
 
-/// The usage line.
-pub const USAGE: &str = "[--ids N]";
+/// dedup: drops repeated events with a keyed seen-set that is
+/// checkpointed, so the committed output has every id exactly once across
+/// injected crashes (exit code 1 otherwise).
+#[derive(Debug, clap::Parser)]
+#[command(name = "dedup", args_override_self = true)]
+pub struct Args {
+    /// Distinct event ids [default: 20000, 600 with --smoke].
+    #[arg(long, value_name = "N", value_parser = positive)]
+    ids: Option<u64>,
+    #[command(flatten)]
+    common: CommonArgs,
+}
 
 /// One delivered event: its position in the stream, its id and a payload.
 pub type Event = (u64, u64, String);

@@ -24,7 +24,7 @@ use snapflow::sink::CollectHandle;
 use snapflow::Snapshot;
 
 use crate::common::{
-    check_crashes, fresh_store, parse_options, print_report, Arguments, CommonOptions, CrashPlan,
+    check_crashes, fresh_store, positive, print_report, CommonArgs, CommonOptions, CrashPlan,
     ExampleError, ExampleOptions, PacedSource, Pacing, Rng,
 };
 
@@ -39,14 +39,9 @@ pub struct Options {
     pub common: CommonOptions,
 }
 
-impl Options {
-    /// Parses the command line (`--smoke` first selects the smoke defaults).
-    pub fn parse(arguments: Vec<String>) -> Result<Options, ExampleError> {
-        parse_options(arguments)
-    }
-}
-
 impl ExampleOptions for Options {
+    type Args = Args;
+
     fn full() -> Self {
         Options {
             readings: 30_000,
@@ -63,22 +58,31 @@ impl ExampleOptions for Options {
         }
     }
 
-    fn common(&mut self) -> &mut CommonOptions {
-        &mut self.common
-    }
-
-    fn apply_own(&mut self, flag: &str, arguments: &mut Arguments) -> Result<bool, ExampleError> {
-        match flag {
-            "--readings" => self.readings = arguments.positive(flag)?,
-            "--sensors" => self.sensors = arguments.positive(flag)?,
-            _ => return Ok(false),
+    fn from_args(args: Args) -> Self {
+        let defaults = Self::defaults(args.common.smoke);
+        Options {
+            readings: args.readings.unwrap_or(defaults.readings),
+            sensors: args.sensors.unwrap_or(defaults.sensors),
+            common: args.common.apply(defaults.common),
         }
-        Ok(true)
     }
 }
 
-/// The usage line.
-pub const USAGE: &str = "[--readings N] [--sensors N]";
+/// online_model: the running mean and variance of each sensor's readings
+/// as keyed state, checked after injected crashes against a direct
+/// computation (exit code 1 on a mismatch).
+#[derive(Debug, clap::Parser)]
+#[command(name = "online_model", args_override_self = true)]
+pub struct Args {
+    /// Readings in all [default: 30000, 1000 with --smoke].
+    #[arg(long, value_name = "N", value_parser = positive)]
+    readings: Option<u64>,
+    /// Distinct sensors [default: 20, 5 with --smoke].
+    #[arg(long, value_name = "N", value_parser = positive)]
+    sensors: Option<u64>,
+    #[command(flatten)]
+    common: CommonArgs,
+}
 
 /// One reading: its position in the stream, the sensor and the value.
 pub type Reading = (u64, u64, f64);

@@ -28,7 +28,7 @@ use snapflow::source::{Source, SourceFactory};
 use snapflow::Snapshot;
 
 use crate::common::{
-    check_crashes, fresh_store, parse_options, print_report, Arguments, CommonOptions, CrashPlan,
+    check_crashes, fresh_store, positive, print_report, CommonArgs, CommonOptions, CrashPlan,
     ExampleError, ExampleOptions, PacedSource, Rng,
 };
 use crate::lines::FileWithOffsets;
@@ -44,14 +44,9 @@ pub struct Options {
     pub common: CommonOptions,
 }
 
-impl Options {
-    /// Parses the command line (`--smoke` first selects the smoke defaults).
-    pub fn parse(arguments: Vec<String>) -> Result<Options, ExampleError> {
-        parse_options(arguments)
-    }
-}
-
 impl ExampleOptions for Options {
+    type Args = Args;
+
     fn full() -> Self {
         Options {
             words: 300_000,
@@ -68,22 +63,32 @@ impl ExampleOptions for Options {
         }
     }
 
-    fn common(&mut self) -> &mut CommonOptions {
-        &mut self.common
-    }
-
-    fn apply_own(&mut self, flag: &str, arguments: &mut Arguments) -> Result<bool, ExampleError> {
-        match flag {
-            "--words" => self.words = arguments.positive(flag)?,
-            "--input" => self.input = Some(PathBuf::from(arguments.value(flag)?)),
-            _ => return Ok(false),
+    fn from_args(args: Args) -> Self {
+        let defaults = Self::defaults(args.common.smoke);
+        Options {
+            words: args.words.unwrap_or(defaults.words),
+            input: args.input,
+            common: args.common.apply(defaults.common),
         }
-        Ok(true)
     }
 }
 
-/// The usage line.
-pub const USAGE: &str = "[--words N | --input PATH]";
+/// wordcount: counts the words of a generated text, or of a file, with
+/// keyed state per word, checkpoints and injected crashes, and checks the
+/// counts against a direct computation (exit code 1 on a mismatch).
+#[derive(Debug, clap::Parser)]
+#[command(name = "wordcount", args_override_self = true)]
+pub struct Args {
+    /// Words of generated text (ignored with --input) [default: 300000,
+    /// 3000 with --smoke].
+    #[arg(long, value_name = "N", value_parser = positive)]
+    words: Option<u64>,
+    /// Count this file's words instead of generated text.
+    #[arg(long, value_name = "PATH")]
+    input: Option<PathBuf>,
+    #[command(flatten)]
+    common: CommonArgs,
+}
 
 /// A word's state: how often it was seen.
 #[derive(Snapshot, Debug, Clone, Default, PartialEq, Eq)]

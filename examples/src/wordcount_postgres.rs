@@ -34,7 +34,7 @@ use snapflow::connectors::postgres::{
 use snapflow::job::Job;
 
 use crate::common::{
-    check_crashes, fresh_store, parse_options, print_report, Arguments, CommonOptions, CrashPlan,
+    check_crashes, fresh_store, positive, print_report, CommonArgs, CommonOptions, CrashPlan,
     ExampleError, ExampleOptions, PacedSource,
 };
 use crate::wordcount::{
@@ -61,11 +61,6 @@ pub struct Options {
 }
 
 impl Options {
-    /// Parses the command line (`--smoke` first selects the smoke defaults).
-    pub fn parse(arguments: Vec<String>) -> Result<Options, ExampleError> {
-        parse_options(arguments)
-    }
-
     /// The table this run fills.
     pub fn table(&self) -> String {
         self.table.clone().unwrap_or_else(|| match self.mode {
@@ -76,6 +71,8 @@ impl Options {
 }
 
 impl ExampleOptions for Options {
+    type Args = Args;
+
     fn full() -> Self {
         Options {
             words: 100_000,
@@ -103,37 +100,59 @@ impl ExampleOptions for Options {
         }
     }
 
-    fn common(&mut self) -> &mut CommonOptions {
-        &mut self.common
-    }
-
-    fn apply_own(&mut self, flag: &str, arguments: &mut Arguments) -> Result<bool, ExampleError> {
-        match flag {
-            "--words" => self.words = arguments.positive(flag)?,
-            "--url" => self.url = Some(arguments.value(flag)?),
-            "--idempotent" => self.mode = Mode::Idempotent,
-            "--table" => {
-                let table = arguments.value(flag)?;
-                let plain = !table.is_empty()
-                    && table.len() <= 63
-                    && table.bytes().all(|byte| {
-                        byte.is_ascii_lowercase() || byte.is_ascii_digit() || byte == b'_'
-                    });
-                if !plain {
-                    return Err(ExampleError::Usage(format!(
-                        "--table {table:?}: use 1 to 63 lowercase ASCII letters, digits and `_`"
-                    )));
-                }
-                self.table = Some(table);
-            }
-            _ => return Ok(false),
+    fn from_args(args: Args) -> Self {
+        let defaults = Self::defaults(args.common.smoke);
+        Options {
+            words: args.words.unwrap_or(defaults.words),
+            url: args.url,
+            mode: match args.idempotent {
+                true => Mode::Idempotent,
+                false => defaults.mode,
+            },
+            table: args.table,
+            common: args.common.apply(defaults.common),
         }
-        Ok(true)
     }
 }
 
-/// The usage line.
-pub const USAGE: &str = "[--words N] [--url CONNECTION_STRING] [--idempotent] [--table NAME]";
+/// wordcount_postgres: the word count writing into a PostgreSQL table
+/// through the exactly-once sink (or idempotent upserts), with injected
+/// crashes, checked against a direct count (exit code 1 on a mismatch).
+/// Needs a server: examples/wordcount_postgres.sh starts a throw-away one.
+#[derive(Debug, clap::Parser)]
+#[command(name = "wordcount_postgres", args_override_self = true)]
+pub struct Args {
+    /// Words of generated text [default: 100000, 3000 with --smoke].
+    #[arg(long, value_name = "N", value_parser = positive)]
+    words: Option<u64>,
+    /// The server's connection string [default: $SNAPFLOW_POSTGRES_URL].
+    #[arg(long, value_name = "CONNECTION_STRING")]
+    url: Option<String>,
+    /// Upsert the counts (idempotent) instead of inserting every update
+    /// in prepared transactions (exactly once).
+    #[arg(long)]
+    idempotent: bool,
+    /// The table to (re)create and fill: 1 to 63 lowercase ASCII letters,
+    /// digits and `_` [default: wordcount_updates, or wordcount_counts
+    /// with --idempotent].
+    #[arg(long, value_name = "NAME", value_parser = table_name)]
+    table: Option<String>,
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
+/// `--table`: a plain name, so it needs no quoting in SQL.
+fn table_name(table: &str) -> Result<String, String> {
+    let plain = !table.is_empty()
+        && table.len() <= 63
+        && table
+            .bytes()
+            .all(|byte| byte.is_ascii_lowercase() || byte.is_ascii_digit() || byte == b'_');
+    match plain {
+        true => Ok(table.to_owned()),
+        false => Err("use 1 to 63 lowercase ASCII letters, digits and `_`".to_owned()),
+    }
+}
 
 /// The parameters of a `(word, count)` update.
 fn word_count((word, count): &(String, u64)) -> Params {

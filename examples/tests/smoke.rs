@@ -6,7 +6,7 @@
 //! and passes, except in CI (`CI=true`), where it fails.
 
 use snapflow::connectors::postgres::Mode;
-use snapflow_examples::common::{CommonOptions, ExampleError, ExampleOptions};
+use snapflow_examples::common::{CommonOptions, CrashSpec, ExampleError, ExampleOptions};
 use snapflow_examples::{
     bank, bank_snapshots, clickstream, dedup, online_model, wordcount, wordcount_postgres,
 };
@@ -184,6 +184,77 @@ fn bad_options_are_usage_errors() {
     assert!(!error.is_retryable());
     let error = online_model::Options::parse(vec!["--bogus".into()]).expect_err("unknown flag");
     assert!(matches!(error, ExampleError::Usage(_)));
+}
+
+/// Parses `arguments` as `O`'s command line and checks that clap stops
+/// with exit code `code` (the one `main_with` exits with) and a message
+/// holding each of `words`.
+fn check_command_line<O: ExampleOptions>(arguments: &[&str], code: i32, words: &[&str]) {
+    let owned = arguments.iter().map(|word| word.to_string()).collect();
+    let Err(error) = O::try_parse(owned) else {
+        panic!("clap accepted {arguments:?}");
+    };
+    assert_eq!(error.exit_code(), code, "{error}");
+    let message = error.to_string();
+    for word in words {
+        assert!(message.contains(word), "{word}: {message}");
+    }
+}
+
+#[test]
+fn help_describes_every_flag_and_a_bad_flag_exits_2() {
+    check_command_line::<wordcount::Options>(
+        &["--help"],
+        0,
+        &[
+            "--words <N>",
+            "--input <PATH>",
+            "--crash-every <N>",
+            "--smoke",
+            "--http <ADDR>",
+        ],
+    );
+    check_command_line::<wordcount_postgres::Options>(
+        &["--smoke", "--help"],
+        0,
+        &[
+            "--url <CONNECTION_STRING>",
+            "--idempotent",
+            "--table <NAME>",
+        ],
+    );
+    check_command_line::<online_model::Options>(
+        &["--bogus"],
+        2,
+        &["unexpected argument '--bogus'"],
+    );
+    check_command_line::<bank::Options>(&["--accounts", "0"], 2, &["must be at least 1"]);
+    check_command_line::<wordcount_postgres::Options>(
+        &["--table", "Bad Name"],
+        2,
+        &["lowercase ASCII letters"],
+    );
+}
+
+#[test]
+fn flags_override_the_defaults_and_the_last_crash_flag_wins() {
+    let arguments = [
+        "--smoke",
+        "--words",
+        "10",
+        "--crash-every",
+        "3",
+        "--no-crash",
+        "--rate",
+        "7",
+    ];
+    let parsed = wordcount::Options::parse(arguments.iter().map(|a| a.to_string()).collect())
+        .expect("valid");
+    let mut expected = wordcount::Options::smoke();
+    expected.words = 10;
+    expected.common.crashes = CrashSpec::None;
+    expected.common.records_per_second = 7;
+    assert_eq!(parsed, expected);
 }
 
 #[test]

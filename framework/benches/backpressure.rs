@@ -21,72 +21,51 @@ use snapflow::job::{Job, JobConfig, JobReport, OperatorReport};
 use snapflow::protocol::SnapshotMode;
 
 use support::{
-    bench_main, expected_count, parse_mode, parse_number, peak_rss_kb, quantile, reset_peak_rss,
-    sequence, Count, DiscardSink,
+    bench_main, expected_count, mode, number, peak_rss_kb, positive, quantile, reset_peak_rss,
+    sequence, CargoBench, Count, DiscardSink,
 };
 
-const USAGE: &str = "backpressure [--sizes N,N,...] [--keys K] [--pause-per-batch-us US] \
-[--parallelism P] [--checkpoint-interval-ms MS] [--mode aligned|unaligned|at-least-once]";
-
-/// The command line.
-#[derive(Debug, Clone)]
+/// The keyed count into a slow sink at growing record counts: the
+/// throughput, the peak RSS, the batches in flight and the checkpoint
+/// durations under backpressure.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(name = "backpressure", args_override_self = true)]
 struct Options {
+    /// The record counts to run, one job each.
+    #[arg(long, value_name = "N,N,...", value_delimiter = ',', value_parser = number::<u64>,
+          default_value = "1000000,3000000,10000000")]
     sizes: Vec<u64>,
+    /// Distinct keys.
+    #[arg(long, value_name = "K", value_parser = positive::<u64>, default_value_t = 10_000)]
     keys: u64,
+    /// The sink's pause per batch, in microseconds.
+    #[arg(long = "pause-per-batch-us", value_name = "US", value_parser = micros, default_value = "500")]
     pause_per_batch: Duration,
+    /// Parallelism of every operator.
+    #[arg(long, value_name = "P", value_parser = positive::<usize>, default_value_t = 1)]
     parallelism: usize,
+    /// Time between periodic checkpoints.
+    #[arg(long = "checkpoint-interval-ms", value_name = "MS", value_parser = number::<u64>,
+          default_value_t = 1000)]
     interval_ms: u64,
+    /// The snapshot mode: aligned, unaligned or at-least-once.
+    #[arg(long, value_parser = mode, default_value = "aligned")]
     mode: SnapshotMode,
+    #[command(flatten)]
+    cargo: CargoBench,
 }
 
-fn apply(options: &mut Options, flag: &str, value: &str) -> Result<(), String> {
-    match flag {
-        "--sizes" => {
-            let sizes: Result<Vec<u64>, String> = value
-                .split(',')
-                .map(|size| parse_number(flag, Some(size)))
-                .collect();
-            options.sizes = sizes?;
-        }
-        "--keys" => options.keys = parse_number(flag, Some(value))?,
-        "--pause-per-batch-us" => {
-            options.pause_per_batch = Duration::from_micros(parse_number(flag, Some(value))?);
-        }
-        "--parallelism" => options.parallelism = parse_number(flag, Some(value))?,
-        "--checkpoint-interval-ms" => options.interval_ms = parse_number(flag, Some(value))?,
-        "--mode" => options.mode = parse_mode(Some(value))?,
-        other => return Err(format!("unknown flag `{other}`\nusage: {USAGE}")),
-    }
-    Ok(())
+/// A pause in microseconds.
+fn micros(text: &str) -> Result<Duration, String> {
+    number(text).map(Duration::from_micros)
 }
 
-/// Parses the flags; cargo's own `--bench` flag is ignored.
-fn parse(arguments: impl IntoIterator<Item = String>) -> Result<Options, String> {
-    let mut options = Options {
-        sizes: vec![1_000_000, 3_000_000, 10_000_000],
-        keys: 10_000,
-        pause_per_batch: Duration::from_micros(500),
-        parallelism: 1,
-        interval_ms: 1000,
-        mode: SnapshotMode::Aligned,
-    };
-    let mut arguments = arguments.into_iter();
-    while let Some(flag) = arguments.next() {
-        match flag.as_str() {
-            "--bench" => {}
-            "--help" | "-h" => return Err(USAGE.to_string()),
-            _ => {
-                let value = arguments
-                    .next()
-                    .ok_or_else(|| format!("{flag} needs a value"))?;
-                apply(&mut options, &flag, &value)?;
-            }
-        }
+/// Checks what no single flag can: at least one size.
+fn settle(options: Options) -> Result<Options, String> {
+    match options.sizes.is_empty() {
+        true => Err("--sizes needs at least one size".to_string()),
+        false => Ok(options),
     }
-    if options.keys == 0 || options.parallelism == 0 || options.sizes.is_empty() {
-        return Err("--keys and --parallelism must be at least 1, --sizes not empty".to_string());
-    }
-    Ok(options)
 }
 
 fn run_size(options: &Options, records: u64) -> Result<(Duration, JobReport, Option<u64>), String> {
@@ -181,5 +160,5 @@ fn run(options: &Options) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    bench_main("backpressure", parse, run)
+    bench_main("backpressure", settle, run)
 }

@@ -47,53 +47,50 @@ use snapflow::connectors::kafka::{
 use snapflow::job::{Job, JobConfig};
 use snapflow::Snapshot;
 
-use support::{bench_main, mega_per_second, parse_number};
-
-const USAGE: &str = "kafka_pipeline [--records N] [--parallelism P] [--interval-ms I] \
-[--keys K] [--brokers HOST:PORT] [--smoke]";
+use support::{bench_main, mega_per_second, number, positive, CargoBench};
 
 const PARTITIONS: i32 = 2;
 const TIMEOUT: Duration = Duration::from_secs(60);
 
-#[derive(Debug, Clone)]
+/// Records per second from an input topic through a keyed count into an
+/// output topic, exactly once, against librdkafka's own consumer →
+/// producer pipe moving the same records.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(name = "kafka_pipeline", args_override_self = true)]
 struct Options {
+    /// Records [with --smoke: 5000].
+    #[arg(long, value_name = "N", value_parser = positive::<u64>, default_value_t = 200_000)]
     records: u64,
+    /// Parallelism of every operator.
+    #[arg(long, value_name = "P", value_parser = positive::<usize>, default_value_t = 2)]
     parallelism: usize,
+    /// Time between periodic checkpoints (the sink commits at each).
+    #[arg(long, value_name = "I", value_parser = number::<u64>, default_value_t = 1_000)]
     interval_ms: u64,
+    /// Distinct keys.
+    #[arg(long, value_name = "K", value_parser = positive::<u64>, default_value_t = 10_000)]
     keys: u64,
+    /// The Kafka broker [default: $SNAPFLOW_KAFKA_BROKERS; without one,
+    /// the benchmark says how to start one and exits].
+    #[arg(long, value_name = "HOST:PORT")]
     brokers: Option<String>,
+    /// A tiny run: 5000 records (in place of --records).
+    #[arg(long)]
+    smoke: bool,
+    #[command(flatten)]
+    cargo: CargoBench,
 }
 
-fn parse(arguments: impl IntoIterator<Item = String>) -> Result<Options, String> {
-    let mut options = Options {
-        records: 200_000,
-        parallelism: 2,
-        interval_ms: 1_000,
-        keys: 10_000,
-        brokers: std::env::var("SNAPFLOW_KAFKA_BROKERS")
+/// Applies `--smoke` and the broker from the environment.
+fn settle(mut options: Options) -> Result<Options, String> {
+    if options.smoke {
+        options.records = 5_000;
+    }
+    options.brokers = options.brokers.or_else(|| {
+        std::env::var("SNAPFLOW_KAFKA_BROKERS")
             .ok()
-            .filter(|brokers| !brokers.is_empty()),
-    };
-    let mut arguments = arguments.into_iter();
-    while let Some(flag) = arguments.next() {
-        let mut value = || arguments.next();
-        match flag.as_str() {
-            "--records" => options.records = parse_number(&flag, value().as_deref())?,
-            "--parallelism" => options.parallelism = parse_number(&flag, value().as_deref())?,
-            "--interval-ms" => options.interval_ms = parse_number(&flag, value().as_deref())?,
-            "--keys" => options.keys = parse_number(&flag, value().as_deref())?,
-            "--brokers" => options.brokers = Some(value().ok_or("--brokers needs a value")?),
-            "--smoke" => options.records = 5_000,
-            // `cargo bench` passes this to every benchmark.
-            "--bench" => {}
-            _ => return Err(USAGE.to_string()),
-        }
-    }
-    if options.records == 0 || options.parallelism == 0 || options.keys == 0 {
-        return Err(format!(
-            "records, parallelism and keys must be above 0\n{USAGE}"
-        ));
-    }
+            .filter(|brokers| !brokers.is_empty())
+    });
     Ok(options)
 }
 
@@ -390,5 +387,5 @@ fn run(options: &Options) -> Result<(), String> {
 }
 
 fn main() -> std::process::ExitCode {
-    bench_main("kafka_pipeline", parse, run)
+    bench_main("kafka_pipeline", settle, run)
 }

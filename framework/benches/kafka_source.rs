@@ -38,44 +38,43 @@ use snapflow::connectors::kafka::source::owner;
 use snapflow::connectors::kafka::{KafkaSourceConfig, KafkaSourceFactory};
 use snapflow::job::{Job, JobConfig};
 
-use support::{bench_main, mega_per_second, parse_number, DiscardSink};
-
-const USAGE: &str = "kafka_source [--records N] [--runs R] [--brokers HOST:PORT] [--smoke]";
+use support::{bench_main, mega_per_second, positive, CargoBench, DiscardSink};
 
 const PARTITIONS: i32 = 4;
 const TIMEOUT: Duration = Duration::from_secs(600);
 
-#[derive(Debug, Clone)]
+/// Records per second of a bounded Kafka source into a sink that drops
+/// them, beside plain librdkafka consumers reading the same topic.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(name = "kafka_source", args_override_self = true)]
 struct Options {
+    /// Records [with --smoke: 20000].
+    #[arg(long, value_name = "N", value_parser = positive::<u64>, default_value_t = 2_000_000)]
     records: u64,
+    /// Runs.
+    #[arg(long, value_name = "R", value_parser = positive::<usize>, default_value_t = 1)]
     runs: usize,
+    /// The Kafka broker [default: $SNAPFLOW_KAFKA_BROKERS; without one,
+    /// the benchmark says how to start one and exits].
+    #[arg(long, value_name = "HOST:PORT")]
     brokers: Option<String>,
+    /// A tiny run: 20000 records (in place of --records).
+    #[arg(long)]
+    smoke: bool,
+    #[command(flatten)]
+    cargo: CargoBench,
 }
 
-fn parse(arguments: impl IntoIterator<Item = String>) -> Result<Options, String> {
-    let mut options = Options {
-        records: 2_000_000,
-        runs: 1,
-        brokers: std::env::var("SNAPFLOW_KAFKA_BROKERS")
+/// Applies `--smoke` and the broker from the environment.
+fn settle(mut options: Options) -> Result<Options, String> {
+    if options.smoke {
+        options.records = 20_000;
+    }
+    options.brokers = options.brokers.or_else(|| {
+        std::env::var("SNAPFLOW_KAFKA_BROKERS")
             .ok()
-            .filter(|brokers| !brokers.is_empty()),
-    };
-    let mut arguments = arguments.into_iter();
-    while let Some(flag) = arguments.next() {
-        let mut value = || arguments.next();
-        match flag.as_str() {
-            "--records" => options.records = parse_number(&flag, value().as_deref())?,
-            "--runs" => options.runs = parse_number(&flag, value().as_deref())?,
-            "--brokers" => options.brokers = Some(value().ok_or("--brokers needs a value")?),
-            "--smoke" => options.records = 20_000,
-            // `cargo bench` passes this to every benchmark.
-            "--bench" => {}
-            _ => return Err(USAGE.to_string()),
-        }
-    }
-    if options.records == 0 || options.runs == 0 {
-        return Err(format!("records and runs must be above 0\n{USAGE}"));
-    }
+            .filter(|brokers| !brokers.is_empty())
+    });
     Ok(options)
 }
 
@@ -319,5 +318,5 @@ fn run(options: &Options) -> Result<(), String> {
 }
 
 fn main() -> std::process::ExitCode {
-    bench_main("kafka_source", parse, run)
+    bench_main("kafka_source", settle, run)
 }

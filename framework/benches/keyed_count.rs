@@ -21,7 +21,9 @@
 //! its snapshot.
 //!
 //! Run: `cargo bench -p snapflow --bench keyed_count -- --parallelism 2
-//! --checkpoint-interval-ms 1000` (see `--help`).
+//! --checkpoint-interval-ms 1000` (see `--help`). With checkpoints on
+//! S3 (moto on loopback, see BENCHMARKS.md): `--features s3` and
+//! `--store s3://bucket/prefix`.
 
 mod support;
 
@@ -39,10 +41,10 @@ use snapflow::metrics::{SubtaskCell, SubtaskRecorder};
 use snapflow::protocol::SnapshotMode;
 
 use support::{
-    bench_main, cross_core_round_trip_ns, describe, expected_count, median, mega_per_second,
-    parse_mode, parse_number, peak_rss_kb, periodic_figures, print_optional, quantile,
-    reset_peak_rss, run_with_metrics, sequence, summary, sync_parts_us, ArbiterPinner, Count,
-    DiscardSink,
+    bench_main, cross_core_round_trip_ns, describe, expected_count, interval, median,
+    mega_per_second, mode, number, on_off, peak_rss_kb, periodic_figures, positive, print_optional,
+    quantile, reset_peak_rss, run_with_metrics, sequence, summary, sync_parts_us, ArbiterPinner,
+    CargoBench, Count, DiscardSink,
 };
 
 /// Round trips of the probe taken right before and after each job run
@@ -58,153 +60,119 @@ const FAR_PLACEMENT_NS: f64 = 200.0;
 /// siblings of one core (about 30 ns), sharing its execution units.
 const SMT_PLACEMENT_NS: f64 = 50.0;
 
-const USAGE: &str = "keyed_count [--records N] [--keys K] [--parallelism P] \
-[--checkpoint-interval-ms MS|off] [--mode aligned|unaligned|at-least-once] [--runs R] \
-[--store memory|fs] [--window-batches W] [--arbiters A] [--pin-arbiters] [--incremental on|off] \
-[--hot-keys H] [--copy-on-write-threshold-keys T] [--compare-off] [--no-compare-metrics] [--progress] [--smoke]";
-
 /// Where checkpoints go.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum StoreKind {
     /// A fresh in-memory store per run.
     Memory,
     /// A file-system store in a fresh temporary directory per run (like the
     /// Flink anchor's local checkpoint directory).
     Fs,
+    /// Object storage at this `s3://bucket/prefix` location (feature
+    /// `s3`; endpoint and credentials from the `AWS_*` variables), under
+    /// a fresh job name per run. The bucket must exist.
+    Location(String),
 }
 
-/// The command line.
-#[derive(Debug, Clone)]
+/// The keyed count of DESIGN.md section 5 as a real job with checkpoints:
+/// throughput, checkpoint figures and peak RSS, against a hand-written
+/// loop doing the same count. Every run checks the per-key counts.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(name = "keyed_count", args_override_self = true)]
 struct Options {
+    /// Records (N) [with --smoke: at most 200003].
+    #[arg(long, value_name = "N", value_parser = number::<u64>, default_value_t = 50_000_000)]
     records: u64,
+    /// Distinct keys (K); key = i % K [with --smoke: at most 1000].
+    #[arg(long, value_name = "K", value_parser = positive::<u64>, default_value_t = 10_000)]
     keys: u64,
+    /// Parallelism of every operator.
+    #[arg(long, value_name = "P", value_parser = positive::<usize>, default_value_t = 1)]
     parallelism: usize,
-    interval_ms: Option<u64>,
+    /// Time between periodic checkpoints, or `off` [with --smoke: 5].
+    #[arg(long = "checkpoint-interval-ms", value_name = "MS|off", value_parser = interval,
+          default_value = "1000")]
+    interval_ms: std::option::Option<u64>,
+    /// The snapshot mode: aligned, unaligned or at-least-once.
+    #[arg(long, value_parser = mode, default_value = "aligned")]
     mode: SnapshotMode,
+    /// Runs of each configuration (medians are printed).
+    #[arg(long, value_name = "R", value_parser = positive::<usize>, default_value_t = 1)]
     runs: usize,
+    /// Where checkpoints go: memory, fs (a fresh temporary directory) or
+    /// an `s3://bucket/prefix` location (feature `s3`; the `AWS_*`
+    /// variables give the endpoint and credentials).
+    #[arg(long, value_name = "memory|fs|s3://BUCKET/PREFIX", value_parser = store_kind, default_value = "fs")]
     store: StoreKind,
+    /// Also run the same job with periodic checkpoints off.
+    #[arg(long)]
     compare_off: bool,
-    /// Also run each configuration with the live metrics off.
+    /// Skip the runs with the live metrics off (and the metrics overhead).
+    #[arg(long = "no-compare-metrics", action = clap::ArgAction::SetFalse)]
     compare_metrics: bool,
     /// Print a progress line per second to stderr while each job runs.
+    #[arg(long)]
     progress: bool,
+    /// A tiny run that checks the counts (exit code 1 if one is wrong).
+    #[arg(long)]
     smoke: bool,
-    /// Batches in flight per channel; `None` keeps the job's default.
+    /// Batches in flight per channel [default: the job's].
+    #[arg(long, value_name = "W", value_parser = positive::<usize>)]
     window_batches: Option<usize>,
-    /// Pin the job's arbiter threads to CPUs (see `ArbiterPinner`).
+    /// Pin the job's arbiter threads to CPUs (with `taskset`).
+    #[arg(long)]
     pin_arbiters: bool,
-    /// Arbiter threads; `None` keeps the job's default (one per core).
-    /// `--arbiters 1` runs every subtask on one thread, so the job/loop
-    /// ratio is the inverse of the job's CPU cost per record in loop units.
+    /// Arbiter threads [default: the job's, one per core]; `--arbiters 1`
+    /// runs every subtask on one thread, so the job/loop ratio is the
+    /// inverse of the job's CPU cost per record in loop units.
+    #[arg(long, value_name = "A", value_parser = number::<usize>)]
     arbiters: Option<usize>,
-    /// Incremental checkpoints of the keyed state (`--incremental on|off`,
-    /// default on, as in `JobConfig`).
+    /// Incremental checkpoints of the keyed state: on or off.
+    #[arg(long, value_name = "on|off", value_parser = on_off, default_value = "on",
+          action = clap::ArgAction::Set)]
     incremental: bool,
-    /// `--hot-keys H`: after the first K records (one per key), records
-    /// touch only keys `0..H`, so that checkpoints after the first see few
-    /// key groups change; 0 (the default) keeps key = i % K throughout.
+    /// After the first K records (one per key), records touch only keys
+    /// 0..H, so that checkpoints after the first see few key groups
+    /// change; 0 keeps key = i % K throughout.
+    #[arg(long, value_name = "H", value_parser = number::<u64>, default_value_t = 0)]
     hot_keys: u64,
-    /// `--copy-on-write-threshold-keys T`: `JobConfig::copy_on_write_threshold_keys`
-    /// (default the job's default).
+    /// `JobConfig::copy_on_write_threshold_keys` [default: the job's].
+    #[arg(long, value_name = "T", value_parser = number::<usize>)]
     copy_on_write_threshold_keys: Option<usize>,
+    #[command(flatten)]
+    cargo: CargoBench,
 }
 
-impl Default for Options {
-    fn default() -> Self {
-        Options {
-            records: 50_000_000,
-            keys: 10_000,
-            parallelism: 1,
-            interval_ms: Some(1000),
-            mode: SnapshotMode::Aligned,
-            runs: 1,
-            store: StoreKind::Fs,
-            compare_off: false,
-            compare_metrics: true,
-            smoke: false,
-            progress: false,
-            window_batches: None,
-            pin_arbiters: false,
-            arbiters: None,
-            incremental: true,
-            hot_keys: 0,
-            copy_on_write_threshold_keys: None,
-        }
+/// `--store`: memory, fs or an `s3://` location.
+fn store_kind(text: &str) -> Result<StoreKind, String> {
+    match text {
+        "memory" => Ok(StoreKind::Memory),
+        "fs" => Ok(StoreKind::Fs),
+        location if location.starts_with("s3://") => Ok(StoreKind::Location(location.to_owned())),
+        other => Err(format!(
+            "unknown store {other:?} (memory, fs or s3://bucket/prefix)"
+        )),
     }
 }
 
-fn parse_interval(value: Option<&str>) -> Result<Option<u64>, String> {
-    match value {
-        Some("off") => Ok(None),
-        _ => parse_number("--checkpoint-interval-ms", value).map(Some),
-    }
+/// A job name of its own for each run on object storage, so that no run
+/// resumes an earlier one's checkpoints.
+fn fresh_job_name() -> String {
+    static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis());
+    let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("keyed-count-{stamp}-{run}")
 }
 
-fn parse_store(value: Option<&str>) -> Result<StoreKind, String> {
-    match value {
-        Some("memory") => Ok(StoreKind::Memory),
-        Some("fs") => Ok(StoreKind::Fs),
-        other => Err(format!("--store: unknown store {other:?}")),
-    }
-}
-
-/// Parses the flags; cargo's own `--bench` flag is ignored.
-fn parse(arguments: impl IntoIterator<Item = String>) -> Result<Options, String> {
-    let mut options = Options::default();
-    let mut arguments = arguments.into_iter();
-    while let Some(flag) = arguments.next() {
-        match flag.as_str() {
-            "--records" => options.records = parse_number(&flag, arguments.next().as_deref())?,
-            "--keys" => options.keys = parse_number(&flag, arguments.next().as_deref())?,
-            "--parallelism" => {
-                options.parallelism = parse_number(&flag, arguments.next().as_deref())?
-            }
-            "--runs" => options.runs = parse_number(&flag, arguments.next().as_deref())?,
-            "--checkpoint-interval-ms" => {
-                options.interval_ms = parse_interval(arguments.next().as_deref())?
-            }
-            "--mode" => options.mode = parse_mode(arguments.next().as_deref())?,
-            "--store" => options.store = parse_store(arguments.next().as_deref())?,
-            "--window-batches" => {
-                options.window_batches = Some(parse_number(&flag, arguments.next().as_deref())?)
-            }
-            "--pin-arbiters" => options.pin_arbiters = true,
-            "--arbiters" => {
-                options.arbiters = Some(parse_number(&flag, arguments.next().as_deref())?)
-            }
-            "--copy-on-write-threshold-keys" => {
-                options.copy_on_write_threshold_keys =
-                    Some(parse_number(&flag, arguments.next().as_deref())?)
-            }
-            "--compare-off" => options.compare_off = true,
-            "--no-compare-metrics" => options.compare_metrics = false,
-            "--hot-keys" => options.hot_keys = parse_number(&flag, arguments.next().as_deref())?,
-            "--incremental" => {
-                options.incremental = match arguments.next().as_deref() {
-                    Some("on") => true,
-                    Some("off") => false,
-                    other => {
-                        return Err(format!("--incremental: expected on or off, got {other:?}"))
-                    }
-                }
-            }
-            "--smoke" => options.smoke = true,
-            "--progress" => options.progress = true,
-            "--bench" => {}
-            "--help" | "-h" => return Err(USAGE.to_string()),
-            other => return Err(format!("unknown flag `{other}`\nusage: {USAGE}")),
-        }
-    }
+/// Applies `--smoke` (a tiny N, few keys, frequent checkpoints) and
+/// checks that the hot keys are among the keys.
+fn settle(mut options: Options) -> Result<Options, String> {
     if options.smoke {
         options.records = options.records.min(200_003);
         options.keys = options.keys.min(1_000);
         options.interval_ms = options.interval_ms.map(|_| 5);
-    }
-    if options.keys == 0 || options.parallelism == 0 || options.runs == 0 {
-        return Err("--keys, --parallelism and --runs must be at least 1".to_string());
-    }
-    if options.window_batches == Some(0) {
-        return Err("--window-batches must be at least 1".to_string());
     }
     if options.hot_keys > options.keys {
         return Err("--hot-keys must not exceed --keys".to_string());
@@ -295,10 +263,18 @@ fn job_config(options: &Options, interval_ms: Option<u64>, metrics: bool) -> Job
 fn run_job(options: &Options, interval_ms: Option<u64>, metrics: bool) -> Result<JobRun, String> {
     let directory = tempfile::tempdir().map_err(|error| format!("temporary directory: {error}"))?;
     let mut config = job_config(options, interval_ms, metrics);
-    if options.store == StoreKind::Fs {
-        config = config
-            .with_store_dir(directory.path(), "keyed-count")
-            .map_err(|error| format!("store: {error}"))?;
+    match &options.store {
+        StoreKind::Memory => {}
+        StoreKind::Fs => {
+            config = config
+                .with_store_dir(directory.path(), "keyed-count")
+                .map_err(|error| format!("store: {error}"))?;
+        }
+        StoreKind::Location(location) => {
+            config = config
+                .with_store_location(location, &fresh_job_name())
+                .map_err(|error| format!("store: {error}"))?;
+        }
     }
     let job = Job::new("keyed-count", config);
     let sink = DiscardSink::default();
@@ -757,5 +733,5 @@ fn run(options: &Options) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    bench_main("keyed_count", parse, run)
+    bench_main("keyed_count", settle, run)
 }

@@ -34,64 +34,53 @@ use snapflow::connectors::postgres::{
 };
 use snapflow::sink::{Sink, SinkFactory};
 
-use support::{bench_main, median, parse_number};
+use support::{bench_main, median, positive, CargoBench};
 
-const USAGE: &str = "postgres_sink [--rows N] [--batch-rows B] [--write-batch W] \
-[--rows-per-checkpoint C] [--runs R] [--url URL] [--smoke]";
-
-/// The command line.
-#[derive(Debug, Clone)]
+/// Rows per second into a real PostgreSQL server through the sink, in
+/// exactly-once and idempotent mode, against a hand-written client
+/// sending the same rows (batched inserts, upserts and `COPY`).
+#[derive(Debug, Clone, clap::Parser)]
+#[command(name = "postgres_sink", args_override_self = true)]
 struct Options {
+    /// Rows [with --smoke: 5000].
+    #[arg(long, value_name = "N", value_parser = positive::<u64>, default_value_t = 200_000)]
     rows: u64,
     /// The sink's `batch_rows` and the client's rows per statement.
+    #[arg(long, value_name = "B", value_parser = positive::<usize>, default_value_t = 500)]
     batch_rows: usize,
     /// Records per `write_batch` call.
+    #[arg(long, value_name = "W", value_parser = positive::<usize>, default_value_t = 256)]
     write_batch: usize,
+    /// Rows between two checkpoints [with --smoke: 1000].
+    #[arg(long, value_name = "C", value_parser = positive::<u64>, default_value_t = 20_000)]
     rows_per_checkpoint: u64,
+    /// Runs (medians are printed) [with --smoke: 1].
+    #[arg(long, value_name = "R", value_parser = positive::<usize>, default_value_t = 3)]
     runs: usize,
+    /// The server's connection string [default: $SNAPFLOW_POSTGRES_URL;
+    /// without one, the benchmark says how to start one and exits].
+    #[arg(long, value_name = "URL")]
     url: Option<String>,
+    /// A tiny run: 5000 rows, a checkpoint every 1000, one run (in place
+    /// of those flags).
+    #[arg(long)]
+    smoke: bool,
+    #[command(flatten)]
+    cargo: CargoBench,
 }
 
-fn parse(arguments: impl IntoIterator<Item = String>) -> Result<Options, String> {
-    let mut options = Options {
-        rows: 200_000,
-        batch_rows: 500,
-        write_batch: 256,
-        rows_per_checkpoint: 20_000,
-        runs: 3,
-        url: std::env::var("SNAPFLOW_POSTGRES_URL")
+/// Applies `--smoke` and the server from the environment.
+fn settle(mut options: Options) -> Result<Options, String> {
+    if options.smoke {
+        options.rows = 5_000;
+        options.rows_per_checkpoint = 1_000;
+        options.runs = 1;
+    }
+    options.url = options.url.or_else(|| {
+        std::env::var("SNAPFLOW_POSTGRES_URL")
             .ok()
-            .filter(|url| !url.is_empty()),
-    };
-    let mut arguments = arguments.into_iter();
-    while let Some(flag) = arguments.next() {
-        let mut value = || arguments.next();
-        match flag.as_str() {
-            "--rows" => options.rows = parse_number(&flag, value().as_deref())?,
-            "--batch-rows" => options.batch_rows = parse_number(&flag, value().as_deref())?,
-            "--write-batch" => options.write_batch = parse_number(&flag, value().as_deref())?,
-            "--rows-per-checkpoint" => {
-                options.rows_per_checkpoint = parse_number(&flag, value().as_deref())?;
-            }
-            "--runs" => options.runs = parse_number(&flag, value().as_deref())?,
-            "--url" => options.url = Some(value().ok_or("--url needs a value")?),
-            "--smoke" => {
-                options.rows = 5_000;
-                options.rows_per_checkpoint = 1_000;
-                options.runs = 1;
-            }
-            "--bench" => {}
-            _ => return Err(USAGE.to_string()),
-        }
-    }
-    if options.rows == 0
-        || options.batch_rows == 0
-        || options.write_batch == 0
-        || options.rows_per_checkpoint == 0
-        || options.runs == 0
-    {
-        return Err(format!("every number must be at least 1\n{USAGE}"));
-    }
+            .filter(|url| !url.is_empty())
+    });
     Ok(options)
 }
 
@@ -382,5 +371,5 @@ fn run(options: &Options) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    bench_main("postgres_sink", parse, run)
+    bench_main("postgres_sink", settle, run)
 }

@@ -35,10 +35,9 @@ use snapflow::source::{
     split_range, Source, SourceError, SourceFactory, SourcePoll, SourcePosition,
 };
 
-use support::{bench_main, expected_count, median, parse_number, Count, DiscardSink};
-
-const USAGE: &str = "recovery [--records N] [--keys K] [--fail-at I] [--parallelism P] \
-[--checkpoint-interval-ms MS] [--runs R] [--backend memory|spilling] [--memory-entries M] [--dir DIR]";
+use support::{
+    bench_main, expected_count, median, number, positive, CargoBench, Count, DiscardSink,
+};
 
 /// Where the count keeps its keyed state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,82 +48,74 @@ enum Backend {
     Spilling { memory_entries: usize },
 }
 
-/// The command line.
-#[derive(Debug, Clone)]
+/// The keyed count with a large state, one injected failure and a
+/// restart from the last completed checkpoint: the recovery times, per
+/// run and as medians.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(name = "recovery", args_override_self = true)]
 struct Options {
+    /// Records.
+    #[arg(long, value_name = "N", value_parser = number::<u64>, default_value_t = 20_000_000)]
     records: u64,
+    /// Distinct keys.
+    #[arg(long, value_name = "K", value_parser = positive::<u64>, default_value_t = 1_000_000)]
     keys: u64,
+    /// The record at which the job fails once (below --records); late
+    /// enough that checkpoints have completed before it.
+    #[arg(long, value_name = "I", value_parser = number::<u64>, default_value_t = 16_000_000)]
     fail_at: u64,
+    /// Parallelism of every operator.
+    #[arg(long, value_name = "P", value_parser = positive::<usize>, default_value_t = 2)]
     parallelism: usize,
+    /// Time between periodic checkpoints.
+    #[arg(long = "checkpoint-interval-ms", value_name = "MS", value_parser = number::<u64>,
+          default_value_t = 200)]
     interval_ms: u64,
+    /// Runs (medians are printed).
+    #[arg(long, value_name = "R", value_parser = positive::<usize>, default_value_t = 3)]
     runs: usize,
+    /// Where the keyed state lives: memory or spilling.
+    #[arg(long, value_name = "memory|spilling", value_parser = backend, default_value = "memory")]
     backend: Backend,
+    /// Keys per subtask the spilling backend keeps in memory (needs
+    /// --backend spilling) [default: a tenth of the keys].
+    #[arg(long, value_name = "M", value_parser = number::<usize>)]
+    memory_entries: Option<usize>,
     /// Where each run's checkpoints (and spilled state) go: a fresh
-    /// temporary directory in it per run.
+    /// temporary directory in it per run [default: the system's temporary
+    /// directory].
+    #[arg(long, value_name = "DIR", default_value_os_t = std::env::temp_dir(), hide_default_value = true)]
     dir: std::path::PathBuf,
+    #[command(flatten)]
+    cargo: CargoBench,
 }
 
-/// Parses the flags; cargo's own `--bench` flag is ignored.
-fn parse(arguments: impl IntoIterator<Item = String>) -> Result<Options, String> {
-    // The failure comes late enough that checkpoints (every 200 ms) have
-    // completed before it: at 10 M records and a failure at 8 M, the faster
-    // hot path sometimes failed before the first one and restored nothing.
-    let mut options = Options {
-        records: 20_000_000,
-        keys: 1_000_000,
-        fail_at: 16_000_000,
-        parallelism: 2,
-        interval_ms: 200,
-        runs: 3,
-        backend: Backend::Memory,
-        dir: std::env::temp_dir(),
-    };
-    let mut memory_entries = None;
-    let mut arguments = arguments.into_iter();
-    while let Some(flag) = arguments.next() {
-        match flag.as_str() {
-            "--records" => options.records = parse_number(&flag, arguments.next().as_deref())?,
-            "--keys" => options.keys = parse_number(&flag, arguments.next().as_deref())?,
-            "--fail-at" => options.fail_at = parse_number(&flag, arguments.next().as_deref())?,
-            "--parallelism" => {
-                options.parallelism = parse_number(&flag, arguments.next().as_deref())?
-            }
-            "--checkpoint-interval-ms" => {
-                options.interval_ms = parse_number(&flag, arguments.next().as_deref())?;
-            }
-            "--runs" => options.runs = parse_number(&flag, arguments.next().as_deref())?,
-            "--backend" => {
-                options.backend = match arguments.next().as_deref() {
-                    Some("memory") => Backend::Memory,
-                    Some("spilling") => Backend::Spilling { memory_entries: 0 },
-                    other => return Err(format!("--backend memory|spilling, not {other:?}")),
-                }
-            }
-            "--memory-entries" => {
-                memory_entries = Some(parse_number(&flag, arguments.next().as_deref())?);
-            }
-            "--dir" => {
-                options.dir = arguments.next().ok_or("--dir needs a directory")?.into();
-            }
-            "--bench" => {}
-            "--help" | "-h" => return Err(USAGE.to_string()),
-            other => return Err(format!("unknown flag `{other}`\nusage: {USAGE}")),
-        }
+/// `--backend`: memory or spilling (its memory entries are settled later).
+fn backend(text: &str) -> Result<Backend, String> {
+    match text {
+        "memory" => Ok(Backend::Memory),
+        "spilling" => Ok(Backend::Spilling { memory_entries: 0 }),
+        other => Err(format!("memory or spilling, not {other:?}")),
     }
-    if options.keys == 0 || options.parallelism == 0 || options.runs == 0 {
-        return Err("--keys, --parallelism and --runs must be at least 1".to_string());
-    }
+}
+
+/// Checks the rules between flags and gives the spilling backend its
+/// memory entries.
+fn settle(mut options: Options) -> Result<Options, String> {
     if options.fail_at >= options.records {
         return Err("--fail-at must be below --records".to_string());
     }
-    if let Backend::Spilling {
-        memory_entries: entries,
-    } = &mut options.backend
-    {
-        // A tenth of the keys in memory, as the spill bench's runs.
-        *entries = memory_entries.unwrap_or((options.keys / 10).max(1) as usize);
-    } else if memory_entries.is_some() {
-        return Err("--memory-entries needs --backend spilling".to_string());
+    match &mut options.backend {
+        Backend::Spilling { memory_entries } => {
+            // A tenth of the keys in memory, as the spill bench's runs.
+            *memory_entries = options
+                .memory_entries
+                .unwrap_or((options.keys / 10).max(1) as usize);
+        }
+        Backend::Memory if options.memory_entries.is_some() => {
+            return Err("--memory-entries needs --backend spilling".to_string());
+        }
+        Backend::Memory => {}
     }
     Ok(options)
 }
@@ -388,5 +379,5 @@ fn run(options: &Options) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    bench_main("recovery", parse, run)
+    bench_main("recovery", settle, run)
 }

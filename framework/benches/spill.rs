@@ -45,104 +45,78 @@ use snapflow::job::{Job, JobConfig, KeyedBackend};
 
 use snapflow::source::GeneratorSourceFactory;
 use support::{
-    bench_main, expected_count, mega_per_second, parse_number, peak_rss_kb, periodic_figures,
-    print_optional, quantile, run_with_metrics, sync_parts_us, Count, DiscardSink, SharedFlags,
+    bench_main, expected_count, interval, mega_per_second, number, peak_rss_kb, periodic_figures,
+    positive, print_optional, quantile, run_with_metrics, sync_parts_us, CargoBench, Count,
+    DiscardSink,
 };
 
-const USAGE: &str = "spill [--records N] [--keys K] [--parallelism P] \
-[--backend spilling|memory] [--memory-entries M] [--checkpoint-interval-ms MS|off] \
-[--hot-keys H --hot-share PERCENT] [--full-every N] [--dir DIR] [--smoke]";
-
-/// The command line.
-#[derive(Debug, Clone)]
+/// The keyed count with more keys than memory holds, on the spilling
+/// backend (or, for comparison, the in-memory one): throughput, peak RSS
+/// and checkpoint figures.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(name = "spill", args_override_self = true)]
 struct Options {
+    /// Records (a multiple of --parallelism: the sources interleave).
+    #[arg(long, value_name = "N", value_parser = number::<u64>, default_value_t = 20_000_000)]
     records: u64,
+    /// Distinct keys.
+    #[arg(long, value_name = "K", value_parser = positive::<u64>, default_value_t = 10_000_000)]
     keys: u64,
+    /// Parallelism of every operator.
+    #[arg(long, value_name = "P", value_parser = positive::<usize>, default_value_t = 2)]
     parallelism: usize,
+    /// The keyed-state backend: spilling or memory.
+    #[arg(long = "backend", value_name = "spilling|memory", value_parser = spilling,
+          default_value = "spilling", action = clap::ArgAction::Set)]
     spilling: bool,
+    /// Keys per subtask the spilling backend keeps in memory.
+    #[arg(long, value_name = "M", value_parser = positive::<usize>, default_value_t = 1_000_000)]
     memory_entries: usize,
-    interval_ms: Option<u64>,
-    /// `--hot-keys`: how many keys get `hot_share` % of the records.
+    /// Time between periodic checkpoints, or `off`.
+    #[arg(long = "checkpoint-interval-ms", value_name = "MS|off", value_parser = interval,
+          default_value = "off")]
+    interval_ms: std::option::Option<u64>,
+    /// How many keys get --hot-share % of the records (1 to K - 1, with
+    /// --hot-share); 0 for uniform keys.
+    #[arg(long, value_name = "H", value_parser = number::<u64>, default_value_t = 0)]
     hot_keys: u64,
-    /// `--hot-share`: the percentage of records that go to the hot keys.
+    /// The percentage of records that go to the hot keys (1 to 99, with
+    /// --hot-keys).
+    #[arg(long, value_name = "PERCENT", value_parser = number::<u64>, default_value_t = 0)]
     hot_share: u64,
-    /// `--full-every`: `IncrementalCheckpoints::full_every` (default
-    /// the job's default).
+    /// `IncrementalCheckpoints::full_every`.
+    #[arg(long, value_name = "N", value_parser = number::<u32>,
+          default_value_t = snapflow::job::DEFAULT_FULL_EVERY)]
     full_every: u32,
     /// The working directory's parent (the spilling backend's and the
-    /// checkpoint store's); a temporary directory inside it is used.
+    /// checkpoint store's); a temporary directory inside it is used
+    /// [default: the system's temporary directory].
+    #[arg(long, value_name = "DIR", default_value_os_t = std::env::temp_dir(), hide_default_value = true)]
     dir: PathBuf,
+    /// A tiny run: 200000 records, 50000 keys, 1000 memory entries and a
+    /// checkpoint every 50 ms (in place of those flags).
+    #[arg(long)]
+    smoke: bool,
+    #[command(flatten)]
+    cargo: CargoBench,
 }
 
-impl Default for Options {
-    fn default() -> Self {
-        Options {
-            records: 20_000_000,
-            keys: 10_000_000,
-            parallelism: 2,
-            spilling: true,
-            memory_entries: 1_000_000,
-            interval_ms: None,
-            hot_keys: 0,
-            hot_share: 0,
-            full_every: snapflow::job::DEFAULT_FULL_EVERY,
-            dir: std::env::temp_dir(),
-        }
+/// `--backend`: spilling or memory.
+fn spilling(text: &str) -> Result<bool, String> {
+    match text {
+        "spilling" => Ok(true),
+        "memory" => Ok(false),
+        other => Err(format!("spilling or memory, got {other:?}")),
     }
 }
 
-fn parse(arguments: impl IntoIterator<Item = String>) -> Result<Options, String> {
-    let mut options = Options::default();
-    let mut arguments = arguments.into_iter();
-    while let Some(flag) = arguments.next() {
-        let mut shared = SharedFlags {
-            records: &mut options.records,
-            keys: &mut options.keys,
-            parallelism: &mut options.parallelism,
-            interval_ms: &mut options.interval_ms,
-        };
-        if shared.parse(&flag, &mut arguments)? {
-            continue;
-        }
-        let value = |arguments: &mut dyn Iterator<Item = String>| arguments.next();
-        match flag.as_str() {
-            "--memory-entries" => {
-                options.memory_entries = parse_number(&flag, value(&mut arguments).as_deref())?
-            }
-            "--backend" => {
-                options.spilling = match value(&mut arguments).as_deref() {
-                    Some("spilling") => true,
-                    Some("memory") => false,
-                    other => return Err(format!("--backend: spilling or memory, got {other:?}")),
-                }
-            }
-            "--hot-keys" => {
-                options.hot_keys = parse_number(&flag, value(&mut arguments).as_deref())?
-            }
-            "--hot-share" => {
-                options.hot_share = parse_number(&flag, value(&mut arguments).as_deref())?
-            }
-            "--full-every" => {
-                options.full_every = parse_number(&flag, value(&mut arguments).as_deref())?
-            }
-            "--dir" => {
-                options.dir = value(&mut arguments)
-                    .map(PathBuf::from)
-                    .ok_or("--dir needs a directory")?
-            }
-            "--smoke" => {
-                options.records = 200_000;
-                options.keys = 50_000;
-                options.memory_entries = 1_000;
-                options.interval_ms = Some(50);
-            }
-            "--bench" => {}
-            "--help" | "-h" => return Err(USAGE.to_string()),
-            other => return Err(format!("unknown flag `{other}`\nusage: {USAGE}")),
-        }
-    }
-    if options.keys == 0 || options.parallelism == 0 || options.memory_entries == 0 {
-        return Err("--keys, --parallelism and --memory-entries must be at least 1".into());
+/// Applies `--smoke` and checks the rules between flags.
+fn settle(mut options: Options) -> Result<Options, String> {
+    if options.smoke {
+        options.records = 200_000;
+        options.keys = 50_000;
+        options.memory_entries = 1_000;
+        options.interval_ms = Some(50);
     }
     if options.records % options.parallelism as u64 != 0 {
         return Err(
@@ -400,5 +374,5 @@ fn run(options: &Options) -> Result<(), String> {
 }
 
 fn main() -> std::process::ExitCode {
-    bench_main("spill", parse, run)
+    bench_main("spill", settle, run)
 }

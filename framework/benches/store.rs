@@ -25,8 +25,21 @@ struct Config {
     runs: usize,
 }
 
+/// Throughput of `FsCheckpointStore` next to a plain sequential write +
+/// fsync of the same bytes, and the time to load and verify it back.
+#[derive(Debug, clap::Parser)]
+#[command(name = "store")]
+struct Arguments {
+    /// A smoke run: 16 MB in one run (also `SNAPFLOW_BENCH_QUICK=1`).
+    #[arg(long)]
+    quick: bool,
+    /// Passed by `cargo bench`; ignored.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
 fn config() -> Config {
-    let quick = std::env::args().any(|arg| arg == "--quick")
+    let quick = <Arguments as clap::Parser>::parse().quick
         || std::env::var("SNAPFLOW_BENCH_QUICK").is_ok_and(|value| value != "0");
     Config {
         total_bytes: if quick { 16 << 20 } else { 256 << 20 },

@@ -50,9 +50,9 @@ use snapflow::source::GeneratorSourceFactory;
 use snapflow::time::{WatermarkStrategy, Windowed, Windows};
 
 use support::{
-    bench_main, describe, median, mega_per_second, parse_number, peak_rss_kb, periodic_figures,
-    print_optional, quantile, reset_peak_rss, run_with_metrics, summary, sync_parts_us,
-    DiscardSink, SharedFlags,
+    bench_main, describe, interval, median, mega_per_second, number, peak_rss_kb, periodic_figures,
+    positive, print_optional, quantile, reset_peak_rss, run_with_metrics, summary, sync_parts_us,
+    CargoBench, DiscardSink,
 };
 
 /// Records per millisecond of event time.
@@ -60,96 +60,71 @@ const RECORDS_PER_MS: u64 = 1_000;
 /// The tumbling window's size.
 const WINDOW_MS: u64 = 1_000;
 
-const USAGE: &str = "window_count [--records N] [--keys K] [--parallelism P] \
-[--checkpoint-interval-ms MS|off] [--watermark-interval-ms MS] [--split interleaved|contiguous] \
-[--copy-on-write-threshold-keys N] [--full-checkpoints] [--runs R] [--progress] [--smoke]";
-
-/// The command line.
-#[derive(Debug, Clone)]
+/// The tumbling event-time window count per key as a real job with
+/// checkpoints: throughput, checkpoint figures and peak RSS.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(name = "window_count", args_override_self = true)]
 struct Options {
+    /// Records (N) [with --smoke: at most 3000000].
+    #[arg(long, value_name = "N", value_parser = number::<u64>, default_value_t = 20_000_000)]
     records: u64,
+    /// Distinct keys (K) [with --smoke: at most 1000].
+    #[arg(long, value_name = "K", value_parser = positive::<u64>, default_value_t = 10_000)]
     keys: u64,
+    /// Parallelism of every operator.
+    #[arg(long, value_name = "P", value_parser = positive::<usize>, default_value_t = 2)]
     parallelism: usize,
-    interval_ms: Option<u64>,
+    /// Time between periodic checkpoints, or `off` [with --smoke: 5].
+    #[arg(long = "checkpoint-interval-ms", value_name = "MS|off", value_parser = interval,
+          default_value = "1000")]
+    interval_ms: std::option::Option<u64>,
+    /// Time between watermarks.
+    #[arg(long, value_name = "MS", value_parser = number::<u64>, default_value_t = 1)]
     watermark_interval_ms: u64,
-    /// Whether source subtask `s` reads `s, s + p, ...` (else a
-    /// contiguous share).
+    /// How the source subtasks share the records: interleaved (subtask s
+    /// reads s, s + p, ...; --records must be a multiple of
+    /// --parallelism) or contiguous.
+    #[arg(long = "split", value_name = "interleaved|contiguous", value_parser = split,
+          default_value = "interleaved", action = clap::ArgAction::Set)]
     interleaved: bool,
-    /// `JobConfig::copy_on_write_threshold_keys` (default: the job's).
+    /// `JobConfig::copy_on_write_threshold_keys`.
+    #[arg(long, value_name = "N", value_parser = number::<usize>,
+          default_value_t = snapflow::job::DEFAULT_COPY_ON_WRITE_THRESHOLD_KEYS)]
     copy_on_write_threshold_keys: usize,
-    /// Turns incremental checkpoints off (every checkpoint full).
+    /// Turn incremental checkpoints off (every checkpoint full).
+    #[arg(long)]
     full_checkpoints: bool,
+    /// Runs (medians are printed).
+    #[arg(long, value_name = "R", value_parser = positive::<usize>, default_value_t = 1)]
     runs: usize,
+    /// A tiny run that checks the counts.
+    #[arg(long)]
     smoke: bool,
     /// Print a progress line per second to stderr while each job runs.
+    #[arg(long)]
     progress: bool,
+    #[command(flatten)]
+    cargo: CargoBench,
 }
 
-impl Default for Options {
-    fn default() -> Self {
-        Options {
-            records: 20_000_000,
-            keys: 10_000,
-            parallelism: 2,
-            interval_ms: Some(1000),
-            watermark_interval_ms: 1,
-            interleaved: true,
-            copy_on_write_threshold_keys: snapflow::job::DEFAULT_COPY_ON_WRITE_THRESHOLD_KEYS,
-            full_checkpoints: false,
-            runs: 1,
-            smoke: false,
-            progress: false,
-        }
+/// `--split`: whether the sources interleave.
+fn split(text: &str) -> Result<bool, String> {
+    match text {
+        "interleaved" => Ok(true),
+        "contiguous" => Ok(false),
+        other => Err(format!(
+            "unknown split {other:?} (interleaved or contiguous)"
+        )),
     }
 }
 
-/// Parses the flags; cargo's own `--bench` flag is ignored.
-fn parse(arguments: impl IntoIterator<Item = String>) -> Result<Options, String> {
-    let mut options = Options::default();
-    let mut arguments = arguments.into_iter();
-    while let Some(flag) = arguments.next() {
-        let mut shared = SharedFlags {
-            records: &mut options.records,
-            keys: &mut options.keys,
-            parallelism: &mut options.parallelism,
-            interval_ms: &mut options.interval_ms,
-        };
-        if shared.parse(&flag, &mut arguments)? {
-            continue;
-        }
-        let value = |arguments: &mut dyn Iterator<Item = String>| arguments.next();
-        match flag.as_str() {
-            "--runs" => options.runs = parse_number(&flag, value(&mut arguments).as_deref())?,
-            "--watermark-interval-ms" => {
-                options.watermark_interval_ms =
-                    parse_number(&flag, value(&mut arguments).as_deref())?
-            }
-            "--split" => {
-                options.interleaved = match value(&mut arguments).as_deref() {
-                    Some("interleaved") => true,
-                    Some("contiguous") => false,
-                    other => return Err(format!("--split: unknown split {other:?}")),
-                }
-            }
-            "--copy-on-write-threshold-keys" => {
-                options.copy_on_write_threshold_keys =
-                    parse_number(&flag, value(&mut arguments).as_deref())?
-            }
-            "--full-checkpoints" => options.full_checkpoints = true,
-            "--smoke" => options.smoke = true,
-            "--progress" => options.progress = true,
-            "--bench" => {}
-            "--help" | "-h" => return Err(USAGE.to_string()),
-            other => return Err(format!("unknown flag `{other}`\nusage: {USAGE}")),
-        }
-    }
+/// Applies `--smoke` (a tiny N, few keys, frequent checkpoints) and
+/// checks that an interleaved split divides the records evenly.
+fn settle(mut options: Options) -> Result<Options, String> {
     if options.smoke {
         options.records = options.records.min(3_000_000);
         options.keys = options.keys.min(1_000);
         options.interval_ms = options.interval_ms.map(|_| 5);
-    }
-    if options.keys == 0 || options.parallelism == 0 || options.runs == 0 {
-        return Err("--keys, --parallelism and --runs must be at least 1".to_string());
     }
     if options.interleaved && options.records % options.parallelism as u64 != 0 {
         return Err("--split interleaved needs --records to be a multiple of --parallelism".into());
@@ -445,5 +420,5 @@ fn run(options: &Options) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    bench_main("window_count", parse, run)
+    bench_main("window_count", settle, run)
 }

@@ -117,8 +117,13 @@
 //!   an iterator, a generator, lines of a file). No actors.
 //! - [`sink`]: two-phase-commit sinks (collect, print, an exactly-once file
 //!   sink) and the contract a runtime drives them by. No actors.
+//! - `watermark` (crate-private, re-exported by [`time`]): the clock, the
+//!   watermark strategies, per-split source watermarks and the merging of
+//!   an operator's input watermarks. Pure bookkeeping, below `job`.
 //! - [`job`]: the user's API on top of all of these, the operator shells
 //!   and the supervisor actor that checkpoints and restarts a running job.
+//! - [`time`]: windows, timers and state time-to-live, built on `job`'s
+//!   streams and keyed core; `job` never imports them.
 //!
 //! This crate never spawns a process, and talks to a network only through
 //! the connectors a cargo feature turns on (`postgres`: the PostgreSQL
@@ -138,6 +143,7 @@ pub mod source;
 pub mod state;
 pub mod storage;
 pub mod time;
+mod watermark;
 
 pub use snapflow_macros::Snapshot;
 pub use state::Snapshot;

@@ -2,7 +2,9 @@
 //! pipeline that crashes just before or just after a sink commit (so the
 //! newest checkpoint's output is staged, or already visible), the list of
 //! files a checkpoint and the sink's staging area hold, and seeded damage
-//! to one of them (a flipped byte, a cut, a deletion).
+//! to one of them (a flipped byte, a cut, a deletion). The checkpoints
+//! live in a directory or on S3 ([`StoreKind`]); the sink's output is
+//! always on disk.
 //!
 //! It only prepares and damages; the tests resume the job and judge the
 //! outcome.
@@ -22,6 +24,7 @@ use snapflow::sink::{
 use snapflow::storage::{CheckpointKind, CheckpointStore, FsCheckpointStore};
 
 use crate::pipeline::{declare, Pacing, Shape};
+pub use crate::s3_objects::S3Prefix;
 use crate::{Faults, TestRng};
 
 /// The records of every run.
@@ -146,11 +149,30 @@ impl Sink for Crashing {
     }
 }
 
-/// A job's two directories.
+/// Where a job's checkpoints live: the harness runs the same cases on
+/// either.
+#[derive(Debug, Clone)]
+pub enum StoreKind {
+    /// A directory under each case's temporary directory.
+    Dir,
+    /// A unique prefix per case in this bucket of the test S3 server.
+    S3(S3Prefix),
+}
+
+/// Where one job's checkpoints live.
+#[derive(Debug, Clone)]
+pub enum StoreAt {
+    /// The file store's root.
+    Dir(PathBuf),
+    /// The object store's location.
+    S3(S3Prefix),
+}
+
+/// A job's checkpoint store and output directory.
 #[derive(Debug, Clone)]
 pub struct Dirs {
-    /// The checkpoint store's root.
-    pub store: PathBuf,
+    /// The checkpoint store.
+    pub store: StoreAt,
     /// The sink's output.
     pub output: PathBuf,
 }
@@ -159,27 +181,74 @@ impl Dirs {
     /// `store/` and `output/` under `root`.
     pub fn under(root: &Path) -> Dirs {
         Dirs {
-            store: root.join("store"),
+            store: StoreAt::Dir(root.join("store")),
             output: root.join("output"),
         }
     }
 
-    /// The job's store.
+    /// The store of `kind` (on S3, under a prefix no other case uses) and
+    /// `output/` under `root`.
+    pub fn new(kind: &StoreKind, root: &Path) -> Dirs {
+        match kind {
+            StoreKind::Dir => Dirs::under(root),
+            StoreKind::S3(bucket) => Dirs {
+                store: StoreAt::S3(bucket.unique("damage")),
+                output: root.join("output"),
+            },
+        }
+    }
+
+    /// The job's store, on a directory (the tests that reach into its
+    /// files use it).
     pub fn open_store(&self) -> FsCheckpointStore {
-        FsCheckpointStore::open(&self.store, JOB).expect("the store opens")
+        match &self.store {
+            StoreAt::Dir(root) => FsCheckpointStore::open(root, JOB).expect("the store opens"),
+            StoreAt::S3(_) => panic!("the store is on S3, not in a directory"),
+        }
+    }
+
+    /// The job's store, to list and load (on S3 without taking it over).
+    pub fn reader(&self) -> Box<dyn CheckpointStore> {
+        match &self.store {
+            StoreAt::Dir(_) => Box::new(self.open_store()),
+            StoreAt::S3(s3) => Box::new(s3.open_read_only(JOB)),
+        }
+    }
+
+    /// Every file or object of checkpoint `checkpoint`, sorted.
+    fn checkpoint_places(&self, checkpoint: u64) -> Vec<Place> {
+        let kind = CheckpointKind::Checkpoint;
+        match &self.store {
+            StoreAt::Dir(_) => files_in(&self.open_store().entry_dir(checkpoint, kind))
+                .into_iter()
+                .map(Place::File)
+                .collect(),
+            StoreAt::S3(s3) => {
+                let dir = s3.open_read_only(JOB).entry_dir(checkpoint, kind);
+                s3.list(&s3.key_of(&dir))
+                    .into_iter()
+                    .map(|key| Place::Object(s3.clone(), key))
+                    .collect()
+            }
+        }
     }
 }
 
 /// The configuration of every run: 15 ms checkpoints on the store.
 pub fn config(dirs: &Dirs, restart: RestartStrategy, accept_duplicates: bool) -> JobConfig {
-    JobConfig {
+    let config = JobConfig {
         checkpoint_interval_ms: Some(15),
         restart,
         accept_duplicates_after_fallback: accept_duplicates,
         ..JobConfig::default()
+    };
+    match &dirs.store {
+        StoreAt::Dir(root) => config.with_store_dir(root, JOB).expect("the store opens"),
+        StoreAt::S3(s3) => JobConfig {
+            store: Some(Arc::new(s3.open(JOB).expect("the store opens"))),
+            ..config
+        },
     }
-    .with_store_dir(&dirs.store, JOB)
-    .expect("the store opens")
 }
 
 const PACING: Pacing = Pacing {
@@ -319,6 +388,68 @@ pub enum Target {
     Staged,
 }
 
+/// A file of a job's: on disk, or an object on S3.
+#[derive(Debug, Clone)]
+pub enum Place {
+    /// A file.
+    File(PathBuf),
+    /// The object with this key in the prefix's bucket.
+    Object(S3Prefix, String),
+}
+
+impl Place {
+    /// Its bytes.
+    fn read(&self) -> Vec<u8> {
+        match self {
+            Place::File(path) => fs::read(path).expect("the damaged file reads"),
+            Place::Object(s3, key) => s3.get(key).expect("the damaged object exists"),
+        }
+    }
+
+    /// Replaces its bytes.
+    fn write(&self, bytes: &[u8]) {
+        match self {
+            Place::File(path) => fs::write(path, bytes).expect("the file is rewritten"),
+            Place::Object(s3, key) => s3.put(key, bytes),
+        }
+    }
+
+    /// Removes it.
+    fn remove(&self) {
+        match self {
+            Place::File(path) => fs::remove_file(path).expect("the file is removed"),
+            Place::Object(s3, key) => s3.delete(key),
+        }
+    }
+
+    /// Whether it is a checkpoint's `_metadata`.
+    fn is_metadata(&self) -> bool {
+        match self {
+            Place::File(path) => path.file_name().is_some_and(|name| name == "_metadata"),
+            Place::Object(_, key) => key.ends_with("/_metadata"),
+        }
+    }
+
+    /// Whether it is a checkpoint's part.
+    fn is_part(&self) -> bool {
+        match self {
+            Place::File(path) => path
+                .extension()
+                .is_some_and(|extension| extension == "part"),
+            Place::Object(_, key) => key.ends_with(".part"),
+        }
+    }
+}
+
+impl std::fmt::Display for Place {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Place::File(path) => write!(formatter, "{}", path.display()),
+            Place::Object(s3, key) => write!(formatter, "s3://{}/{key}", s3.bucket),
+        }
+    }
+}
+
 /// One planned damage.
 #[derive(Debug, Clone)]
 pub struct Damage {
@@ -326,8 +457,8 @@ pub struct Damage {
     pub target: Target,
     /// How.
     pub harm: Harm,
-    /// The file.
-    pub path: PathBuf,
+    /// The file or object.
+    pub place: Place,
     /// The newest complete checkpoint before the damage.
     pub newest: u64,
 }
@@ -352,8 +483,7 @@ fn files_in(dir: &Path) -> Vec<PathBuf> {
 
 /// The ids of the complete checkpoints, ascending.
 pub fn checkpoint_ids(dirs: &Dirs) -> Vec<u64> {
-    let store = dirs.open_store();
-    store
+    dirs.reader()
         .list()
         .expect("the store lists")
         .iter()
@@ -361,36 +491,33 @@ pub fn checkpoint_ids(dirs: &Dirs) -> Vec<u64> {
         .collect()
 }
 
-/// The candidates for damage after a crash run: (kind, file).
-pub fn candidates(dirs: &Dirs) -> Option<(u64, Vec<(Target, PathBuf)>)> {
+/// The candidates for damage after a crash run: (kind, file or object).
+/// On S3 the same kinds exist as on disk: an object can be rewritten
+/// flipped or cut, or deleted, behind the store's back (a crash cannot
+/// tear a PUT, but a bad writer or a bit rot can leave such bytes).
+pub fn candidates(dirs: &Dirs) -> Option<(u64, Vec<(Target, Place)>)> {
     let ids = checkpoint_ids(dirs);
     let newest = *ids.last()?;
-    let store = dirs.open_store();
-    let newest_dir = store.entry_dir(newest, CheckpointKind::Checkpoint);
     let mut found = Vec::new();
-    for path in files_in(&newest_dir) {
-        let target = if path.file_name().is_some_and(|name| name == "_metadata") {
+    for place in dirs.checkpoint_places(newest) {
+        let target = if place.is_metadata() {
             Target::NewestMetadata
         } else {
             Target::NewestPart
         };
-        found.push((target, path));
+        found.push((target, place));
     }
     if let Some(older) = ids.iter().rev().nth(1) {
-        let older_dir = store.entry_dir(*older, CheckpointKind::Checkpoint);
-        for path in files_in(&older_dir) {
-            if path
-                .extension()
-                .is_some_and(|extension| extension == "part")
-            {
-                found.push((Target::OlderPart, path));
+        for place in dirs.checkpoint_places(*older) {
+            if place.is_part() {
+                found.push((Target::OlderPart, place));
             }
         }
     }
     // The sink's owner lock (`<prefix>.lock`) holds no output.
     for path in files_in(&dirs.output.join(".pending")) {
         if path.extension() != Some(std::ffi::OsStr::new("lock")) {
-            found.push((Target::Staged, path));
+            found.push((Target::Staged, Place::File(path)));
         }
     }
     Some((newest, found))
@@ -402,31 +529,36 @@ pub fn damage(dirs: &Dirs, rng: &mut TestRng) -> Option<Damage> {
     if candidates.is_empty() {
         return None;
     }
-    let (target, path) = candidates[rng.between(0, candidates.len() as u64 - 1) as usize].clone();
+    let (target, place) = candidates[rng.between(0, candidates.len() as u64 - 1) as usize].clone();
     let harm = [Harm::Flip, Harm::Truncate, Harm::Delete][rng.between(0, 2) as usize];
-    apply(&path, harm, rng);
+    apply_to(&place, harm, rng);
     Some(Damage {
         target,
         harm,
-        path,
+        place,
         newest,
     })
 }
 
 /// Damages one file. An empty file can only be deleted.
 pub fn apply(path: &Path, harm: Harm, rng: &mut TestRng) {
-    let mut bytes = fs::read(path).expect("the damaged file reads");
+    apply_to(&Place::File(path.to_path_buf()), harm, rng);
+}
+
+/// Damages one file or object. An empty one can only be deleted.
+pub fn apply_to(place: &Place, harm: Harm, rng: &mut TestRng) {
+    let mut bytes = place.read();
     match harm {
-        Harm::Delete => fs::remove_file(path).expect("the file is removed"),
-        _ if bytes.is_empty() => fs::remove_file(path).expect("the file is removed"),
+        Harm::Delete => place.remove(),
+        _ if bytes.is_empty() => place.remove(),
         Harm::Flip => {
             let at = rng.between(0, bytes.len() as u64 - 1) as usize;
             bytes[at] ^= 1 << rng.between(0, 7);
-            fs::write(path, bytes).expect("the file is rewritten");
+            place.write(&bytes);
         }
         Harm::Truncate => {
             bytes.truncate(rng.between(0, bytes.len() as u64 - 1) as usize);
-            fs::write(path, bytes).expect("the file is rewritten");
+            place.write(&bytes);
         }
     }
 }
@@ -452,14 +584,32 @@ pub fn committed_checkpoints_in(output: &Path) -> Vec<u64> {
 /// The path of one file of the newest checkpoint (`_metadata`, or the
 /// part of `operator`'s subtask 0), or of its staged sink file.
 pub fn newest_file(dirs: &Dirs, newest: u64, target: Target, operator: &str) -> PathBuf {
-    let store = dirs.open_store();
-    let dir = store.entry_dir(newest, CheckpointKind::Checkpoint);
-    match target {
-        Target::NewestMetadata => dir.join("_metadata"),
-        Target::NewestPart | Target::OlderPart => dir.join(format!("op-{operator}")).join("0.part"),
-        Target::Staged => dirs
-            .output
-            .join(".pending")
-            .join(format!("part-0-{newest}.part")),
+    match newest_place(dirs, newest, target, operator) {
+        Place::File(path) => path,
+        Place::Object(..) => panic!("the store is on S3, not in a directory"),
+    }
+}
+
+/// [`newest_file`] wherever the store is: on S3, the object of that name.
+pub fn newest_place(dirs: &Dirs, newest: u64, target: Target, operator: &str) -> Place {
+    let in_checkpoint = match target {
+        Target::NewestMetadata => "_metadata".to_string(),
+        Target::NewestPart | Target::OlderPart => format!("op-{operator}/0.part"),
+        Target::Staged => {
+            let staged = format!("part-0-{newest}.part");
+            return Place::File(dirs.output.join(".pending").join(staged));
+        }
+    };
+    let kind = CheckpointKind::Checkpoint;
+    match &dirs.store {
+        StoreAt::Dir(_) => Place::File(
+            dirs.open_store()
+                .entry_dir(newest, kind)
+                .join(in_checkpoint),
+        ),
+        StoreAt::S3(s3) => {
+            let dir = s3.open_read_only(JOB).entry_dir(newest, kind);
+            Place::Object(s3.clone(), format!("{}/{in_checkpoint}", s3.key_of(&dir)))
+        }
     }
 }

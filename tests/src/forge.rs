@@ -4,13 +4,14 @@
 //! a keyed operator with timers, an exactly-once file sink), a store it
 //! wrote, copies of that store, and seeded forgeries of the newest
 //! checkpoint's `_metadata`, re-encoded with valid checksums so that
-//! only the meaning of the metadata is wrong.
+//! only the meaning of the metadata is wrong. The store lives in a
+//! directory or on S3 ([`StoreKind`]), and is forged in place either way.
 //!
 //! It only prepares and forges; the tests resume the job and judge it.
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::Duration;
 
@@ -25,6 +26,7 @@ use snapflow::storage::{
 };
 use snapflow::Snapshot;
 
+use crate::damage::{S3Prefix, StoreAt, StoreKind};
 use crate::pipeline::{KeyTotals, PacedSourceFactory, Pacing, KEYS};
 use crate::TestRng;
 
@@ -145,55 +147,149 @@ pub fn expected(records: u64) -> Vec<(u64, u64)> {
     output
 }
 
-/// A job's two directories.
+/// A job's checkpoint store and output directory.
 #[derive(Debug, Clone)]
 pub struct Dirs {
-    /// The checkpoint store's root.
-    pub store: PathBuf,
+    /// The checkpoint store.
+    pub store: StoreAt,
     /// The sink's output.
     pub output: PathBuf,
+}
+
+/// Where one checkpoint's files are: a directory, or the objects under a
+/// key prefix.
+#[derive(Debug, Clone)]
+pub enum CheckpointAt {
+    /// The checkpoint's directory.
+    Dir(PathBuf),
+    /// The checkpoint's key prefix (without a trailing `/`) in a bucket.
+    Objects(S3Prefix, String),
+}
+
+impl CheckpointAt {
+    /// The bytes of `relative` in the checkpoint.
+    fn read(&self, relative: &str) -> Vec<u8> {
+        match self {
+            CheckpointAt::Dir(dir) => fs::read(dir.join(relative)).expect("the file reads"),
+            CheckpointAt::Objects(s3, key) => s3
+                .get(&format!("{key}/{relative}"))
+                .expect("the object exists"),
+        }
+    }
+
+    /// Writes `relative` in the checkpoint as a new file (never through a
+    /// hard link) or object.
+    fn write(&self, relative: &str, bytes: &[u8]) {
+        match self {
+            CheckpointAt::Dir(dir) => {
+                let path = dir.join(relative);
+                let _ = fs::remove_file(&path);
+                fs::write(&path, bytes).expect("the file writes");
+            }
+            CheckpointAt::Objects(s3, key) => s3.put(&format!("{key}/{relative}"), bytes),
+        }
+    }
+
+    /// Makes `to` in the checkpoint hold what `from` holds (a hard link,
+    /// or a copy of the object); quietly nothing when `from` is missing.
+    fn link(&self, from: &str, to: &str) {
+        match self {
+            CheckpointAt::Dir(dir) => {
+                let target = dir.join(to);
+                fs::create_dir_all(target.parent().expect("a parent"))
+                    .expect("the operator directory");
+                let _ = fs::hard_link(dir.join(from), target);
+            }
+            CheckpointAt::Objects(s3, key) => {
+                let from = format!("{key}/{from}");
+                if s3.get(&from).is_some() {
+                    s3.copy(&from, &format!("{key}/{to}"));
+                }
+            }
+        }
+    }
 }
 
 impl Dirs {
     /// `store/` and `output/` under `root`.
     pub fn under(root: &Path) -> Dirs {
+        Dirs::new(&StoreKind::Dir, root)
+    }
+
+    /// The store of `kind` (on S3, under a prefix no other case uses) and
+    /// `output/` under `root`.
+    pub fn new(kind: &StoreKind, root: &Path) -> Dirs {
+        let store = match kind {
+            StoreKind::Dir => StoreAt::Dir(root.join("store")),
+            StoreKind::S3(bucket) => StoreAt::S3(bucket.unique("forged")),
+        };
         Dirs {
-            store: root.join("store"),
+            store,
             output: root.join("output"),
         }
     }
 
-    /// The job's store.
-    pub fn open_store(&self) -> FsCheckpointStore {
-        FsCheckpointStore::open(&self.store, JOB).expect("the store opens")
+    /// The job's store, to list and load (on S3 without taking it over).
+    pub fn reader(&self) -> Box<dyn CheckpointStore> {
+        match &self.store {
+            StoreAt::Dir(root) => {
+                Box::new(FsCheckpointStore::open(root, JOB).expect("the store opens"))
+            }
+            StoreAt::S3(s3) => Box::new(s3.open_read_only(JOB)),
+        }
     }
 
     /// The newest complete checkpoint's id.
     pub fn newest(&self) -> Option<u64> {
-        let store = self.open_store();
-        let listed = store.list().expect("the store lists");
+        let listed = self.reader().list().expect("the store lists");
         listed.last().map(|summary| summary.checkpoint)
     }
 
-    /// The directory of checkpoint `checkpoint`.
-    pub fn checkpoint_dir(&self, checkpoint: u64) -> PathBuf {
-        self.open_store()
-            .entry_dir(checkpoint, CheckpointKind::Checkpoint)
+    /// Where checkpoint `checkpoint`'s files are.
+    pub fn checkpoint_dir(&self, checkpoint: u64) -> CheckpointAt {
+        let kind = CheckpointKind::Checkpoint;
+        match &self.store {
+            StoreAt::Dir(root) => CheckpointAt::Dir(
+                FsCheckpointStore::open(root, JOB)
+                    .expect("the store opens")
+                    .entry_dir(checkpoint, kind),
+            ),
+            StoreAt::S3(s3) => {
+                let dir = s3.open_read_only(JOB).entry_dir(checkpoint, kind);
+                CheckpointAt::Objects(s3.clone(), s3.key_of(&dir))
+            }
+        }
+    }
+
+    /// Copies this job's store and output to `to`'s (on disk with hard
+    /// links, on S3 by server-side copies).
+    pub fn copy_to(&self, to: &Dirs) {
+        match (&self.store, &to.store) {
+            (StoreAt::Dir(from), StoreAt::Dir(into)) => copy_tree(from, into),
+            (StoreAt::S3(from), StoreAt::S3(into)) => from.copy_all(into),
+            _ => panic!("a copy between kinds of store"),
+        }
+        copy_tree(&self.output, &to.output);
     }
 }
 
 /// The configuration of every run: 15 ms checkpoints on the store, every
 /// operator at [`PARALLELISM`].
 pub fn config(dirs: &Dirs, restart: RestartStrategy) -> JobConfig {
-    JobConfig {
+    let config = JobConfig {
         checkpoint_interval_ms: Some(15),
         default_parallelism: PARALLELISM as usize,
         max_parallelism: MAX_PARALLELISM,
         restart,
         ..JobConfig::default()
+    };
+    match &dirs.store {
+        StoreAt::Dir(root) => config.with_store_dir(root, JOB).expect("the store opens"),
+        StoreAt::S3(s3) => JobConfig {
+            store: Some(Arc::new(s3.open(JOB).expect("the store opens"))),
+            ..config
+        },
     }
-    .with_store_dir(&dirs.store, JOB)
-    .expect("the store opens")
 }
 
 /// Runs the job on `dirs` into `sink`, failing the test if it takes
@@ -240,20 +336,16 @@ pub fn copy_tree(from: &Path, to: &Path) {
     }
 }
 
-/// Reads checkpoint `dir`'s metadata.
-pub fn read_metadata(dir: &Path) -> CheckpointMetadata {
-    let bytes = fs::read(dir.join("_metadata")).expect("the metadata reads");
-    CheckpointMetadata::decode(&bytes).expect("the metadata decodes")
+/// Reads checkpoint `at`'s metadata.
+pub fn read_metadata(at: &CheckpointAt) -> CheckpointMetadata {
+    CheckpointMetadata::decode(&at.read("_metadata")).expect("the metadata decodes")
 }
 
-/// Replaces checkpoint `dir`'s metadata with `metadata`, encoded with
+/// Replaces checkpoint `at`'s metadata with `metadata`, encoded with
 /// valid checksums. Parts are not re-sorted: a forgery may unsort them.
-pub fn write_metadata(dir: &Path, metadata: &CheckpointMetadata) {
+pub fn write_metadata(at: &CheckpointAt, metadata: &CheckpointMetadata) {
     let bytes = metadata.encode().expect("the forged metadata encodes");
-    let path = dir.join("_metadata");
-    // A new file, never a write through a hard link.
-    let _ = fs::remove_file(&path);
-    fs::write(&path, bytes).expect("the forged metadata writes");
+    at.write("_metadata", &bytes);
 }
 
 /// The operator an index of [`OPERATORS`] names.
@@ -293,34 +385,35 @@ fn hostile_u32(rng: &mut TestRng, avoid: u32) -> u32 {
     }
 }
 
-/// Links part `from` of checkpoint `dir` as part `to`, so that the store
+/// Links part `from` of checkpoint `at` as part `to`, so that the store
 /// finds a file for a forged part; returns its info.
-fn link_part(dir: &Path, metadata: &CheckpointMetadata, from: &PartId, to: &PartId) -> PartInfo {
+fn link_part(
+    at: &CheckpointAt,
+    metadata: &CheckpointMetadata,
+    from: &PartId,
+    to: &PartId,
+) -> PartInfo {
     let info = metadata
         .parts
         .iter()
         .find(|info| info.part == *from)
         .expect("the part exists")
         .clone();
-    let file = |part: &PartId| {
-        dir.join(format!("op-{}", part.operator))
-            .join(format!("{}.part", part.subtask))
-    };
-    fs::create_dir_all(file(to).parent().expect("a parent")).expect("the operator directory");
+    let file = |part: &PartId| format!("op-{}/{}.part", part.operator, part.subtask);
     // A segmented part's own file is only part of its bytes; the store
     // then finds the forged part damaged, which is fine too.
-    let _ = fs::hard_link(file(from), file(to));
+    at.link(&file(from), &file(to));
     PartInfo {
         part: to.clone(),
         ..info
     }
 }
 
-/// Forges `metadata` of the checkpoint in `dir` one way, drawn from
+/// Forges `metadata` of the checkpoint at `at` one way, drawn from
 /// `rng`; returns what it did. Every forgery makes the metadata wrong for
 /// the job (see `recovery_forged.rs`): none describes a checkpoint the
 /// job could restore.
-pub fn forge(rng: &mut TestRng, dir: &Path, metadata: &mut CheckpointMetadata) -> String {
+pub fn forge(rng: &mut TestRng, at: &CheckpointAt, metadata: &mut CheckpointMetadata) -> String {
     let layout = &mut metadata.key_groups;
     match rng.between(0, 13) {
         0..=2 => {
@@ -374,7 +467,7 @@ pub fn forge(rng: &mut TestRng, dir: &Path, metadata: &mut CheckpointMetadata) -
             let linked = rng.between(0, 2);
             for subtask in 0..linked.min(u64::from(parallelism)) as u32 {
                 let info = link_part(
-                    dir,
+                    at,
                     metadata,
                     &PartId::new(source, subtask),
                     &PartId::new("ghost", subtask),
@@ -398,7 +491,7 @@ pub fn forge(rng: &mut TestRng, dir: &Path, metadata: &mut CheckpointMetadata) -
             let source = stateful(rng);
             let beyond = [PARALLELISM, PARALLELISM + 1, u32::MAX][rng.between(0, 2) as usize];
             let info = link_part(
-                dir,
+                at,
                 metadata,
                 &PartId::new(source, 0),
                 &PartId::new(source, beyond),

@@ -16,6 +16,7 @@ pub mod hooked_store;
 pub mod kafka_count;
 pub mod logged_commits;
 pub mod postgres;
+pub mod s3_objects;
 pub mod sampled;
 pub mod servers;
 pub mod shared_files;

@@ -308,86 +308,75 @@ fn arbiter_threads() -> Vec<u64> {
     tids
 }
 
-/// Parses a flag's number (`_` separators allowed); a missing value or a
-/// bad number is a message for the user.
-pub fn parse_number<T: FromStr>(flag: &str, value: Option<&str>) -> Result<T, String> {
-    let value = value.ok_or_else(|| format!("{flag} needs a value"))?;
-    value
-        .replace('_', "")
+/// A number on the command line, `_` separators allowed (`20_000_000`).
+pub fn number<T: FromStr>(text: &str) -> Result<T, String> {
+    text.replace('_', "")
         .parse()
-        .map_err(|_| format!("{flag}: `{value}` is not a valid number"))
+        .map_err(|_| format!("`{text}` is not a valid number"))
 }
 
-/// The flags the keyed benchmarks share, each bound to its option.
-pub struct SharedFlags<'a> {
-    /// `--records N`.
-    pub records: &'a mut u64,
-    /// `--keys K`.
-    pub keys: &'a mut u64,
-    /// `--parallelism P`.
-    pub parallelism: &'a mut usize,
-    /// `--checkpoint-interval-ms MS|off`.
-    pub interval_ms: &'a mut Option<u64>,
-}
-
-impl SharedFlags<'_> {
-    /// Parses `flag` with its value from `arguments` if it is one of the
-    /// shared flags (`Ok(true)`); `Ok(false)` leaves any other flag to the
-    /// benchmark.
-    pub fn parse(
-        &mut self,
-        flag: &str,
-        arguments: &mut dyn Iterator<Item = String>,
-    ) -> Result<bool, String> {
-        match flag {
-            "--records" => *self.records = parse_number(flag, arguments.next().as_deref())?,
-            "--keys" => *self.keys = parse_number(flag, arguments.next().as_deref())?,
-            "--parallelism" => *self.parallelism = parse_number(flag, arguments.next().as_deref())?,
-            "--checkpoint-interval-ms" => {
-                *self.interval_ms = match arguments.next().as_deref() {
-                    Some("off") => None,
-                    other => Some(parse_number(flag, other)?),
-                }
-            }
-            _ => return Ok(false),
-        }
-        Ok(true)
+/// A [`number`] of at least 1.
+pub fn positive<T: FromStr + Default + PartialEq>(text: &str) -> Result<T, String> {
+    match number(text)? {
+        zero if zero == T::default() => Err("must be at least 1".to_string()),
+        value => Ok(value),
     }
 }
 
-/// Parses `--mode`: `aligned`, `unaligned` or `at-least-once`.
-pub fn parse_mode(value: Option<&str>) -> Result<SnapshotMode, String> {
-    match value {
-        Some("aligned") => Ok(SnapshotMode::Aligned),
-        Some("unaligned") => Ok(SnapshotMode::Unaligned),
-        Some("at-least-once") => Ok(SnapshotMode::AtLeastOnce),
-        other => Err(format!("--mode: unknown mode {other:?}")),
+/// `--checkpoint-interval-ms`: milliseconds, or `off` for no periodic
+/// checkpoints (`None`).
+pub fn interval(text: &str) -> Result<Option<u64>, String> {
+    match text {
+        "off" => Ok(None),
+        _ => number(text).map(Some),
     }
 }
 
-/// The `main` of every benchmark: parses the arguments (exit code 2 on a
-/// usage error), runs, and turns a failed check into exit code 1 with the
-/// benchmark's name in the message.
-pub fn bench_main<O>(
+/// `--mode`: `aligned`, `unaligned` or `at-least-once`.
+pub fn mode(text: &str) -> Result<SnapshotMode, String> {
+    match text {
+        "aligned" => Ok(SnapshotMode::Aligned),
+        "unaligned" => Ok(SnapshotMode::Unaligned),
+        "at-least-once" => Ok(SnapshotMode::AtLeastOnce),
+        other => Err(format!(
+            "unknown mode {other:?} (aligned, unaligned or at-least-once)"
+        )),
+    }
+}
+
+/// `on` or `off`.
+pub fn on_off(text: &str) -> Result<bool, String> {
+    match text {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        other => Err(format!("expected on or off, got {other:?}")),
+    }
+}
+
+/// The flag `cargo bench` passes to every benchmark binary, accepted and
+/// ignored (flattened into each benchmark's options).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct CargoBench {
+    /// Passed by `cargo bench`; ignored.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
+/// The `main` of every benchmark: clap parses the arguments (printing
+/// `--help`, or a usage error with exit code 2), `settle` applies
+/// `--smoke` and checks the rules between flags (a broken rule is a
+/// usage error too), then it runs and turns a failed check into exit code
+/// 1 with the benchmark's name in the message.
+pub fn bench_main<O: clap::Parser>(
     name: &str,
-    parse: impl FnOnce(std::iter::Skip<std::env::Args>) -> Result<O, String>,
+    settle: impl FnOnce(O) -> Result<O, String>,
     run: impl FnOnce(&O) -> Result<(), String>,
 ) -> ExitCode {
-    // Each parser answers `--help` with its usage as the error.
-    let help = std::env::args()
-        .skip(1)
-        .any(|argument| argument == "--help" || argument == "-h");
-    let options = match parse(std::env::args().skip(1)) {
-        Ok(options) => options,
-        Err(usage) if help => {
-            println!("{usage}");
-            return ExitCode::SUCCESS;
-        }
-        Err(message) => {
-            eprintln!("{message}");
-            return ExitCode::from(2);
-        }
-    };
+    let options = settle(O::parse()).unwrap_or_else(|message| {
+        O::command()
+            .error(clap::error::ErrorKind::ArgumentConflict, message)
+            .exit()
+    });
     match run(&options) {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {

@@ -79,10 +79,11 @@ mod shell;
 pub mod snapshots;
 mod stream;
 mod supervisor;
+pub(crate) mod timed_layout;
 mod writer;
 
 pub use crate::keyed::{KeyedBackend, DEFAULT_COPY_ON_WRITE_THRESHOLD_KEYS};
-use crate::time::{Clock, SystemClock};
+use crate::watermark::{Clock, SystemClock};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -114,6 +115,7 @@ pub(crate) use incremental::{
     full_segments, push_own, KeyGroupLedger, KeyedSnapshotParts, KeyedSnapshotSlices, SnapshotPlan,
 };
 pub(crate) use ops::{decode_keyed_state, encode_keyed_state, merge_keyed_states};
+pub(crate) use physical::CoreFactory;
 pub(crate) use shell::Core;
 pub(crate) use shell::{DeferredState, TakenState};
 pub use stream::{Feedback, Job, KeyedStateHandle, KeyedStream, SinkHandle, Stream};

@@ -33,7 +33,7 @@ use crate::runtime::source::{SourceActor, SourceConfig};
 use crate::runtime::stage::{Inject, StageActor, StageConfig};
 use crate::runtime::{ActorTag, Generation};
 use crate::storage::{KeyGroupLayout, PartId};
-use crate::time::{SourceWatermarks, WatermarkStrategy};
+use crate::watermark::{SourceWatermarks, WatermarkStrategy};
 
 use super::ops::merge_keyed_states;
 use super::recovery::SinkHooks;

@@ -55,9 +55,11 @@
 //! keys by default, so that stays a few milliseconds.
 
 use super::cow::{encode_group_slices, EncodedSlices};
-use super::cow_state::SLICES_PER_KEY_GROUP;
+pub(crate) use super::group_part::KeyGroupPart;
 use super::hash::key_hash;
-use super::key_group::{KeyGroupError, KeyGroupOf, KeyGroupRange, MaxParallelism, SLICE_BITS};
+use super::key_group::{
+    KeyGroupError, KeyGroupOf, KeyGroupRange, MaxParallelism, SLICES_PER_KEY_GROUP, SLICE_BITS,
+};
 use super::part::{self, PartWriter};
 use super::{KeyedError, StateKey};
 use crate::state::{Snapshot, StateError};
@@ -95,15 +97,6 @@ pub struct KeyedSnapshot {
     pub range: KeyGroupRange,
     /// One part per key group, in ascending key group order.
     pub parts: Vec<KeyGroupPart>,
-}
-
-/// The bytes of one key group's state; the format is in [`super::part`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KeyGroupPart {
-    /// The key group.
-    pub key_group: u32,
-    /// The encoded entries of the key group.
-    pub bytes: Vec<u8>,
 }
 
 impl KeyedSnapshot {

@@ -38,9 +38,11 @@ use std::sync::{Arc, OnceLock, Weak};
 use super::slice_table::{prefetch_scan_ahead, SliceTable};
 
 use super::deferred::{BoxError, DeferredParts, DeferredSlices};
+pub(crate) use super::group_part::EncodedSlices;
+use super::group_part::KeyGroupPart;
 use super::key_group::MaxParallelism;
 use super::part;
-use super::{KeyGroupPart, StateKey};
+use super::StateKey;
 use crate::state::{Snapshot, StateError};
 
 /// Copies a shared table: a plain function pointer, captured where
@@ -651,28 +653,6 @@ pub(crate) struct HandedGroup<K, S> {
     /// tables at the handoff: unchanged since they were written, so the
     /// same count as in the bytes referred to.
     pub(crate) reused_entries: u64,
-}
-
-/// What [`SliceHandoff`] (and the flat state's `KeyedState::encode_slices`)
-/// gives per key group: room for the part's header
-/// ([`part::PART_HEADER_LEN`] zero bytes, filled in by the caller once it
-/// knows the body's CRC), then the fresh slices' entries encoded one
-/// after the other, in slice order, with the schema section in front of
-/// slice 0's when slice 0 is among them (a part's schema belongs to its
-/// first slice's bytes, see [`super::cow_state`]'s "Slices").
-#[derive(Debug)]
-pub(crate) struct EncodedSlices {
-    pub(crate) key_group: u32,
-    /// The header's room, then the fresh slices' bytes, back to back.
-    pub(crate) bytes: Vec<u8>,
-    /// `(slice, end of its bytes in `bytes`, its entries)`, ascending.
-    pub(crate) slices: Vec<(u32, usize, u64)>,
-    /// As [`HandedGroup::reused_entries`].
-    pub(crate) reused_entries: u64,
-    /// The schema section's length, for the part's header.
-    pub(crate) schema_len: u32,
-    /// The job's max parallelism, for the part's header.
-    pub(crate) max_parallelism: MaxParallelism,
 }
 
 #[cfg(test)]

@@ -63,16 +63,14 @@ use super::cow::{
     GroupCells, GroupSlices, GroupTable, HandedGroup, KeyGroupHandoff, SliceHandoff, TakeBacks,
 };
 use super::hash::key_hash;
-use super::key_group::{KeyGroupError, KeyGroupOf, KeyGroupRange, MaxParallelism, SLICE_BITS};
+use super::key_group::{
+    KeyGroupError, KeyGroupOf, KeyGroupRange, MaxParallelism, SLICES_PER_KEY_GROUP, SLICE_BITS,
+};
 use super::part;
 use super::slice_table::SliceTable;
 use super::{KeyedError, StateKey};
 use crate::state::{Snapshot, StateError};
 use hashbrown::hash_table::Entry;
-
-/// How many slices (copy-on-write tables, each with a dirty flag) each key
-/// group of a [`CowKeyedState`] is split into; see the module's "Slices".
-pub const SLICES_PER_KEY_GROUP: usize = 1 << SLICE_BITS;
 
 /// The per-key state of one subtask of a keyed operator: a value `S` per
 /// key `K`, for the keys whose key group is in this subtask's range.

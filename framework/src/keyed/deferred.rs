@@ -10,8 +10,7 @@
 //! ([`super::cow::KeyGroupHandoff`]) implements it; a spilling backend can
 //! supply one over a snapshot of its disk store.
 
-use super::cow::EncodedSlices;
-use super::KeyGroupPart;
+use super::group_part::{EncodedSlices, KeyGroupPart};
 
 /// The runtime's error box, named here so that the keyed layer does not
 /// reach up into the runtime.

@@ -119,6 +119,11 @@ pub(crate) struct KeyGroupOf {
 /// below the key group's.
 pub(crate) const SLICE_BITS: u32 = 6;
 
+/// How many slices (copy-on-write tables, each with a dirty flag) each key
+/// group of a [`CowKeyedState`](super::CowKeyedState) is split into; see
+/// `keyed::cow_state`'s "Slices".
+pub const SLICES_PER_KEY_GROUP: usize = 1 << SLICE_BITS;
+
 impl KeyGroupOf {
     /// The lookup for `max_parallelism`.
     pub(crate) fn new(max_parallelism: MaxParallelism) -> Self {

@@ -82,6 +82,7 @@ pub mod part;
 mod part_chain_tests;
 
 mod backend;
+mod group_part;
 pub(crate) mod slice_table;
 #[cfg(feature = "spill")]
 pub mod spill;
@@ -89,12 +90,14 @@ pub(crate) mod store;
 #[cfg(test)]
 pub(crate) mod test_support;
 
-pub use backend::{parts_in_range, KeyGroupPart, KeyedSnapshot, KeyedState};
+pub use backend::{parts_in_range, KeyedSnapshot, KeyedState};
 pub use collections::{ListState, MapState};
-pub(crate) use cow::EncodedSlices;
 pub use cow::KeyGroupHandoff;
-pub use cow_state::{CowKeyedState, SLICES_PER_KEY_GROUP};
+pub use cow_state::CowKeyedState;
+pub(crate) use group_part::EncodedSlices;
+pub use group_part::KeyGroupPart;
 pub use hash::{key_hash, BuildStableHasher, StableHasher};
+pub use key_group::SLICES_PER_KEY_GROUP;
 pub use key_group::{
     key_group_of, range_for_subtask, subtask_for_key_group, KeyGroupError, KeyGroupRange,
     MaxParallelism, DEFAULT_MAX_PARALLELISM, UPPER_BOUND_MAX_PARALLELISM,

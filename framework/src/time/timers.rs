@@ -26,9 +26,9 @@ use crate::runtime::BoxError;
 use crate::state::Snapshot;
 use crate::storage::Segment;
 
-use super::clock::Clock;
 use super::timed_state::{decode_timed_state, encode_timed_state, TimedSnapshot, TimedState};
 use super::timed_table::{RoutedLookup, TimedTable};
+use crate::watermark::Clock;
 
 /// The timer calls a function made while it ran, applied after it returns
 /// (the function holds its key's state, not the timer tables).

@@ -17,8 +17,8 @@ use crate::job::{Collector, Data, Key, KeyedStream, Stream};
 use crate::runtime::BoxError;
 use crate::state::Snapshot;
 
-use super::strategy::TimestampFn;
 use super::timers::{TimeDomain, TimedFn, Timers};
+use crate::watermark::TimestampFn;
 
 /// Why a [`StateTtl`] cannot be built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -279,7 +279,7 @@ mod tests {
             (MaxParallelism::default(), 1, 0),
             fns,
             time,
-            &super::super::TimedStatePlan::default(),
+            &super::super::timers::TimedStatePlan::default(),
         )
     }
 

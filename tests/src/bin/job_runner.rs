@@ -50,87 +50,88 @@ use snapflow_tests::Faults;
 /// The delay before every commit.
 const COMMIT_DELAY_MS: u64 = 20;
 
-const USAGE: &str = "usage: job_runner [--stop-on-signals] <store dir> <records> <parallelism> file <output dir>\n       \
-     job_runner <store dir> <records> <parallelism> window <output dir>\n       \
-     job_runner <store dir> <records> <parallelism> postgres <url> <exactly-once|idempotent> <job> <table> [--multi-row] [--hold-first-commit]";
-
-/// What the command line asked for.
+/// Runs the keyed test pipeline (or the windowed one) on a checkpoint
+/// store into an exactly-once sink, resuming from the store's latest
+/// checkpoint; a child process of the process-crash tests.
+#[derive(clap::Parser)]
+#[command(name = "job_runner")]
 struct Run {
+    /// The checkpoint store: a directory or s3://bucket/prefix.
+    #[arg(value_name = "STORE_DIR")]
     store: PathBuf,
-    /// Stop gracefully on SIGTERM and SIGINT.
-    stop_on_signals: bool,
+    /// Records the source reads.
+    #[arg(value_parser = number::<u64>)]
     records: u64,
+    /// Parallelism of every operator (at least 1).
+    #[arg(value_parser = parallelism)]
     parallelism: usize,
+    /// Stop gracefully on SIGTERM and SIGINT (anywhere on the line).
+    #[arg(long, global = true)]
+    stop_on_signals: bool,
+    #[command(subcommand)]
     sink: SinkChoice,
 }
 
+/// Where the pipeline writes.
+#[derive(clap::Subcommand)]
 enum SinkChoice {
+    /// The keyed pipeline into the exactly-once file sink.
     File {
+        /// The sink's output directory.
+        #[arg(value_name = "OUTPUT_DIR")]
         output: PathBuf,
     },
     /// The windowed pipeline into files.
     Window {
+        /// The sink's output directory.
+        #[arg(value_name = "OUTPUT_DIR")]
         output: PathBuf,
     },
+    /// The keyed pipeline into a PostgreSQL table.
     Postgres {
+        /// The server's connection string.
         url: String,
+        /// exactly-once or idempotent.
+        #[arg(value_parser = mode)]
         mode: Mode,
+        /// The sink's job name.
         job: String,
+        /// The table.
         table: String,
+        /// Send the rows as multi-row inserts instead of one statement
+        /// per row.
+        #[arg(long)]
         multi_row: bool,
+        /// Print `holding commit <id>` and wait before the first commit
+        /// of a checkpoint the sink staged rows for.
+        #[arg(long)]
         hold_first_commit: bool,
     },
 }
 
-fn parse(args: &[String]) -> Result<Run, String> {
-    let number = |text: &String, what: &str| -> Result<u64, String> {
-        text.parse()
-            .map_err(|_| format!("{what} must be a number, got {text:?}"))
-    };
-    let (store, records, parallelism, sink) = match args {
-        [store, records, parallelism, rest @ ..] => (store, records, parallelism, rest),
-        _ => return Err(USAGE.to_string()),
-    };
-    let parallelism = number(parallelism, "parallelism")?;
-    if parallelism == 0 {
-        return Err("parallelism must be at least 1".to_string());
+/// A number argument.
+fn number<T: std::str::FromStr>(text: &str) -> Result<T, String> {
+    text.parse()
+        .map_err(|_| format!("must be a number, got {text:?}"))
+}
+
+/// The parallelism: a number of at least 1.
+fn parallelism(text: &str) -> Result<usize, String> {
+    match number(text)? {
+        0 => Err("parallelism must be at least 1".to_string()),
+        parallelism => Ok(parallelism),
     }
-    let sink = match sink {
-        [kind, output] if kind == "file" => SinkChoice::File {
-            output: output.into(),
-        },
-        [kind, output] if kind == "window" => SinkChoice::Window {
-            output: output.into(),
-        },
-        [kind, url, mode, job, table, flags @ ..] if kind == "postgres" => {
-            if let Some(flag) = flags
-                .iter()
-                .find(|flag| !["--multi-row", "--hold-first-commit"].contains(&flag.as_str()))
-            {
-                return Err(format!("unknown flag {flag:?}\n{USAGE}"));
-            }
-            SinkChoice::Postgres {
-                url: url.clone(),
-                mode: match mode.as_str() {
-                    "exactly-once" => Mode::ExactlyOnce,
-                    "idempotent" => Mode::Idempotent,
-                    other => return Err(format!("unknown mode {other:?}\n{USAGE}")),
-                },
-                job: job.clone(),
-                table: table.clone(),
-                multi_row: flags.iter().any(|flag| flag == "--multi-row"),
-                hold_first_commit: flags.iter().any(|flag| flag == "--hold-first-commit"),
-            }
-        }
-        _ => return Err(USAGE.to_string()),
-    };
-    Ok(Run {
-        store: store.into(),
-        stop_on_signals: false,
-        records: number(records, "records")?,
-        parallelism: parallelism as usize,
-        sink,
-    })
+}
+
+/// The PostgreSQL sink's mode.
+fn mode(text: &str) -> Result<Mode, String> {
+    match text {
+        "exactly-once" => Ok(Mode::ExactlyOnce),
+        "idempotent" => Ok(Mode::Idempotent),
+        other => Err(format!(
+            "unknown mode {other:?} (exactly-once or idempotent)"
+        )),
+    }
 }
 
 /// The job both pipelines run in: checkpoints every 10 ms into the store
@@ -250,22 +251,8 @@ fn run(run: &Run) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let stop_on_signals = args.iter().any(|arg| arg == "--stop-on-signals");
-    let args: Vec<String> = args
-        .into_iter()
-        .filter(|arg| arg != "--stop-on-signals")
-        .collect();
-    let parsed = match parse(&args) {
-        Ok(parsed) => Run {
-            stop_on_signals,
-            ..parsed
-        },
-        Err(message) => {
-            eprintln!("{message}");
-            return ExitCode::from(2);
-        }
-    };
+    // Clap prints a usage error and exits with code 2.
+    let parsed = <Run as clap::Parser>::parse();
     match run(&parsed) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

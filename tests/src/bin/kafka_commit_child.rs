@@ -29,27 +29,40 @@ use rdkafka::{Offset, TopicPartitionList};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Commits transactions that each carry one record and one transactional
+/// offset, then waits to be killed; the child of the broker probe.
+#[derive(clap::Parser)]
+#[command(name = "kafka_commit_child")]
+struct Arguments {
+    /// The Kafka brokers.
+    brokers: String,
+    /// The topic whose partition 0 offsets are committed.
+    topic: String,
+    /// The consumer group the offsets are committed for.
+    group: String,
+    /// The producer's transactional id.
+    #[arg(value_name = "TRANSACTIONAL_ID")]
+    id: String,
+    /// How many transactions to commit.
+    transactions: i64,
+    /// A second transactional id that opens one more transaction and
+    /// never commits it.
+    #[arg(value_name = "NEXT_ID")]
+    next: Option<String>,
+}
+
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let (brokers, topic, group, id, transactions, next) = match args.as_slice() {
-        [brokers, topic, group, id, transactions] => {
-            (brokers, topic, group, id, transactions, None)
-        }
-        [brokers, topic, group, id, transactions, next] => {
-            (brokers, topic, group, id, transactions, Some(next.as_str()))
-        }
-        _ => {
-            eprintln!(
-                "usage: kafka_commit_child <brokers> <topic> <group> <transactional id> \
-                 <transactions> [<next id>]"
-            );
-            return ExitCode::from(2);
-        }
-    };
-    let Ok(transactions) = transactions.parse::<i64>() else {
-        eprintln!("kafka_commit_child: <transactions> must be a number");
-        return ExitCode::from(2);
-    };
+    // Clap prints a usage error and exits with code 2.
+    let arguments = <Arguments as clap::Parser>::parse();
+    let Arguments {
+        brokers,
+        topic,
+        group,
+        id,
+        transactions,
+        next,
+    } = &arguments;
+    let (transactions, next) = (*transactions, next.as_deref());
     match run(brokers, topic, group, id, transactions, next) {
         Ok(()) => loop {
             // Killed here by the parent.

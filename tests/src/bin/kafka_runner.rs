@@ -46,27 +46,56 @@ const COMMIT_DELAY_MS: u64 = 20;
 /// The pause per parsed record, so that a run spans several checkpoints.
 const PAUSE_US: u64 = 300;
 
-const USAGE: &str = "usage: kafka_runner <store dir> <brokers> <input topic> <output topic> <job> \
-     <parallelism> <commit log file> <panic at id> [--hold-first-commit]";
+/// Runs Kafka → parse → keyed count → Kafka (exactly once) on a file
+/// checkpoint store; a child process of the Kafka process-crash tests.
+#[derive(clap::Parser)]
+#[command(name = "kafka_runner")]
+struct Arguments {
+    /// The checkpoint store directory.
+    #[arg(value_name = "STORE_DIR")]
+    store: String,
+    /// The Kafka brokers.
+    brokers: String,
+    /// The input topic.
+    #[arg(value_name = "INPUT_TOPIC")]
+    input: String,
+    /// The output topic.
+    #[arg(value_name = "OUTPUT_TOPIC")]
+    output: String,
+    /// The job's name (and the sink's transactional ids' prefix).
+    #[arg(value_name = "JOB")]
+    job_name: String,
+    /// Parallelism of every operator.
+    parallelism: usize,
+    /// The file every committed transaction is appended to.
+    #[arg(value_name = "COMMIT_LOG_FILE")]
+    log_file: String,
+    /// The record id at which `parse` panics once per process.
+    #[arg(value_name = "PANIC_AT_ID")]
+    panic_at: u64,
+    /// Print `holding commit <id>` before the first commit of a
+    /// checkpoint with records and wait there.
+    #[arg(long)]
+    hold_first_commit: bool,
+}
 
 #[derive(Snapshot, Debug, Clone, Default)]
 struct Count {
     seen: u64,
 }
 
-fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
-    let [store, brokers, input, output, job_name, parallelism, log_file, panic_at, flags @ ..] =
-        args
-    else {
-        return Err(USAGE.into());
-    };
-    let parallelism: usize = parallelism.parse()?;
-    let panic_at: u64 = panic_at.parse()?;
-    let hold = match flags {
-        [] => false,
-        [flag] if flag == "--hold-first-commit" => true,
-        _ => return Err(USAGE.into()),
-    };
+fn run(arguments: &Arguments) -> Result<(), Box<dyn std::error::Error>> {
+    let Arguments {
+        store,
+        brokers,
+        input,
+        output,
+        job_name,
+        log_file,
+        ..
+    } = arguments;
+    let (parallelism, panic_at) = (arguments.parallelism, arguments.panic_at);
+    let hold = arguments.hold_first_commit;
     let config = JobConfig {
         checkpoint_interval_ms: Some(INTERVAL_MS),
         default_parallelism: parallelism,
@@ -162,8 +191,8 @@ fn trace_recovery(log_file: &str) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match run(&args) {
+    // Clap prints a usage error and exits with code 2.
+    match run(&<Arguments as clap::Parser>::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("kafka_runner failed: {error}");

@@ -25,24 +25,28 @@ const MAX_PART_BYTES: u64 = 256 * 1024;
 const OPERATORS: [&str; 4] = ["source", "Parse", "count/by key", "sink"];
 const PARALLELISM: u32 = 2;
 
+/// Writes checkpoints to a directory in a loop until it is killed; the
+/// child of the `store_crash` test.
+#[derive(clap::Parser)]
+#[command(name = "store_writer")]
+struct Arguments {
+    /// The store's root directory.
+    root: String,
+    /// Chooses the part sizes.
+    seed: u64,
+    /// The bound on the loop.
+    #[arg(default_value_t = DEFAULT_MAX_CHECKPOINTS)]
+    max_checkpoints: u64,
+}
+
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().collect();
-    let parsed = match args.as_slice() {
-        [_, root, seed] => seed
-            .parse()
-            .ok()
-            .map(|seed| (root, seed, DEFAULT_MAX_CHECKPOINTS)),
-        [_, root, seed, max] => seed
-            .parse()
-            .ok()
-            .zip(max.parse().ok())
-            .map(|(seed, max)| (root, seed, max)),
-        _ => None,
-    };
-    let Some((root, seed, max_checkpoints)) = parsed else {
-        eprintln!("usage: store_writer <root> <seed> [max_checkpoints]");
-        return ExitCode::from(2);
-    };
+    // Clap prints a usage error and exits with code 2.
+    let Arguments {
+        root,
+        seed,
+        max_checkpoints,
+    } = <Arguments as clap::Parser>::parse();
+    let root = root.as_str();
     match run(root, seed, max_checkpoints) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

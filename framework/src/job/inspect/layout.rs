@@ -10,7 +10,7 @@ use crate::keyed::part::{describe, PartDescription};
 use crate::state::{blob, StoredSchema};
 
 use crate::job::ops::{decode_keyed_state, decode_operator_part};
-use crate::time::timed_state_pieces;
+use crate::job::timed_layout::timed_state_pieces;
 
 /// What an operator's state bytes hold, as far as they describe
 /// themselves.
@@ -159,8 +159,11 @@ mod tests {
     #[test]
     fn a_timed_state_shows_its_keys_timers_and_watermark() {
         let max = MaxParallelism::new(4).expect("valid");
-        let bytes =
-            crate::time::timed_state_of_pieces(keyed_bytes(max, 6), keyed_bytes(max, 2), Some(41));
+        let bytes = crate::job::timed_layout::timed_state_of_pieces(
+            keyed_bytes(max, 6),
+            keyed_bytes(max, 2),
+            Some(41),
+        );
         let StoredState::Timed {
             state,
             timers,

@@ -8,7 +8,7 @@ use super::event::InputItem;
 use crate::job::incremental::push_own;
 use crate::storage::segment::total_len;
 use crate::storage::Segment;
-use crate::time::WatermarkState;
+use crate::watermark::WatermarkState;
 
 /// One subtask's part of a checkpoint, as stored.
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -199,7 +199,7 @@ pub(crate) fn is_empty_channel(messages: &[u8]) -> bool {
 #[cfg(test)]
 mod part_tests {
     use super::*;
-    use crate::time::InputWatermarks;
+    use crate::watermark::InputWatermarks;
 
     #[test]
     fn parts_without_watermarks_keep_their_old_bytes_and_decode() {

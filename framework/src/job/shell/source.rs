@@ -20,7 +20,7 @@ use crate::job::route::Router;
 use crate::metrics::{BytesSeen, SourceMeter};
 use crate::source::{Source, SourceError, SourcePoll as ReadStatus, SourcePosition, SplitId};
 use crate::storage::Segment;
-use crate::time::{SourceSignal, SourceWatermarks};
+use crate::watermark::{SourceSignal, SourceWatermarks};
 
 /// Makes the source of one subtask (subtask, parallelism).
 pub(crate) type SourceMaker<T> =

@@ -18,7 +18,7 @@ use super::taken::{BarrierKinds, TakenStates};
 use crate::job::route::{Collector, Router};
 use crate::metrics::BytesSeen;
 use crate::source::Guarantee;
-use crate::time::{Advance, InputWatermarks, WATERMARK_MAX_MS};
+use crate::watermark::{Advance, InputWatermarks, WATERMARK_MAX_MS};
 
 /// Barrier alignment per checkpoint in flight: when the first barrier
 /// arrived, then how long it took until the snapshot. Bounded like

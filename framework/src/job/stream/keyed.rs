@@ -13,15 +13,14 @@ use crate::state::Snapshot;
 use super::builder::Job;
 use super::graph::{EdgeKind, Producer};
 use super::typed::Stream;
+use crate::job::incremental::{IncrementalCheckpoints, SnapshotKinds};
 use crate::job::inspect::restored_keyed_states;
 use crate::job::operator::Aggregator;
 use crate::job::ops::{FinalStates, Key, KeyedCore, Reduced, StatePlan};
-use crate::job::physical::{PublishRestored, Rescale};
+use crate::job::physical::{CoreFactory, OperatorRescale, PublishRestored, Rescale};
 use crate::job::route::{Collector, KeyHash};
 use crate::job::shell::{Core, Data};
-use crate::time::{
-    rescale_timed_states, ProcessingTime, TimedFn, TimedFns, TimedKeyedCore, TimedStatePlan, Timers,
-};
+use crate::job::JobConfig;
 
 /// A stream partitioned by key: every record with the same key goes to the
 /// same subtask of the next operator (by key group).
@@ -39,6 +38,10 @@ pub struct KeyedStream<'j, K, T, F: ?Sized = dyn Fn(&T) -> K + Send + Sync> {
     pub(super) key_hash: KeyHash<T>,
     pub(super) _keys: PhantomData<fn() -> K>,
 }
+
+/// The job's incremental checkpoints as a keyed core takes them (`None`:
+/// every checkpoint is full).
+pub(crate) type IncrementalSettings = Option<(IncrementalCheckpoints, Arc<SnapshotKinds>)>;
 
 /// Reads the final per-key state of a keyed operator after its job ran:
 /// each subtask publishes its whole state when its input ends. A job that
@@ -200,93 +203,21 @@ where
         )
     }
 
-    /// A keyed process function with timers: `on_record` runs for each
-    /// record as in [`KeyedStream::process`], with the key's [`Timers`];
-    /// `on_timer(key, state, timestamp_ms, timers, out)` runs once the
-    /// operator's watermark reaches a registered event time, in
-    /// timestamp order, before the watermark is sent on (so its output
-    /// comes first), or once the job's
-    /// [`JobConfig::clock`](crate::job::JobConfig::clock) reaches a
-    /// registered processing time ([`Timers::firing`] says which). Never
-    /// concurrently with `on_record` on a subtask: both run on its actor.
-    /// Timers are per-key state, stored by key group, so they are
-    /// restored exactly-once and rescale with their keys. Event-time
-    /// timers need event time ([`Stream::assign_timestamps`]), or they
-    /// fire only at end of input. The operator checks its clock every
-    /// [`JobConfig::processing_time_tick_ms`](crate::job::JobConfig::processing_time_tick_ms).
-    pub fn process_with_timers<S, U>(
+    /// Adds a keyed operator whose per-subtask cores `make_core` builds
+    /// from the key function and the job's settings, rescaled by the
+    /// operator's own `rescale`: how `time` adds its timed core (timers,
+    /// windows, state time-to-live) without this room naming it.
+    pub(crate) fn keyed_stage<U: Data>(
         self,
         name: &str,
-        on_record: impl Fn(&K, &mut S, T, &mut Timers<'_>, &mut Collector<'_, U>) -> Result<(), BoxError>
-            + Send
-            + Sync
-            + 'static,
-        on_timer: impl Fn(&K, &mut S, u64, &mut Timers<'_>, &mut Collector<'_, U>) -> Result<(), BoxError>
-            + Send
-            + Sync
-            + 'static,
-    ) -> Stream<'j, U>
-    where
-        S: Snapshot + Default + Clone + Send + Sync + 'static,
-        U: Data,
-    {
-        self.timed(name, Arc::new(on_record), Arc::new(on_timer), None, true)
-    }
-
-    /// The keyed process core with timers; a key's state is removed once
-    /// its last timer fired and `prune` says it holds nothing (the windows
-    /// use it: a key whose windows all closed leaves no state behind).
-    /// Only with `ticks` does the operator check processing time (an
-    /// event-time window never registers processing-time timers).
-    pub(crate) fn timed<S, U, R>(
-        self,
-        name: &str,
-        on_record: Arc<R>,
-        on_timer: Arc<TimedFn<K, S, u64, U>>,
-        prune: Option<fn(&S) -> bool>,
-        ticks: bool,
-    ) -> Stream<'j, U>
-    where
-        S: Snapshot + Default + Clone + Send + Sync + 'static,
-        U: Data,
-        R: Fn(&K, &mut S, T, &mut Timers<'_>, &mut Collector<'_, U>) -> Result<(), BoxError>
-            + Send
-            + Sync
-            + ?Sized
-            + 'static,
-    {
-        // Both kept as their concrete types: the core runs a batch without
-        // an indirect call per record.
-        let fns = TimedFns {
-            key_of: self.key_of,
-            on_record,
-            on_timer,
-            prune,
-            _records: PhantomData,
-        };
+        make_core: impl FnOnce(Arc<F>, &JobConfig, IncrementalSettings) -> CoreFactory<T, U>,
+        rescale: OperatorRescale,
+    ) -> Stream<'j, U> {
         let key_hash: Arc<dyn Any + Send + Sync> = Arc::new(self.key_hash);
-        let config = &self.job.config;
-        let max_parallelism = MaxParallelism::new(config.max_parallelism).unwrap_or_default();
-        let time = ProcessingTime {
-            clock: Arc::clone(&config.clock),
-            tick_ms: ticks.then_some(config.processing_time_tick_ms.max(1)),
-        };
-        let plan = TimedStatePlan {
-            copy_on_write_threshold_keys: config.copy_on_write_threshold_keys,
-            incremental: self.job.incremental(),
-        };
-        let make_core = Arc::new(move |subtask: usize, parallelism: usize| {
-            Box::new(TimedKeyedCore::new(
-                (max_parallelism, parallelism, subtask),
-                fns.clone(),
-                time.clone(),
-                &plan,
-            )) as Box<dyn Core<T, U>>
-        });
+        let make_core = make_core(self.key_of, &self.job.config, self.job.incremental());
         let producers = hash_producers(&self.producers);
         let operator = self.job.stage(name, &producers, Some(key_hash), make_core);
-        self.job.graph.borrow_mut().operators[operator].rescale =
-            Rescale::Operator(Arc::new(rescale_timed_states));
+        self.job.graph.borrow_mut().operators[operator].rescale = Rescale::Operator(rescale);
         self.job.stream_of(operator)
     }
 

@@ -18,7 +18,7 @@ use crate::job::shell::{Core, Data};
 use crate::job::snapshots::SnapshotStarter;
 use crate::job::JobError;
 use crate::sink::{Sink, SinkContext, SinkFactory};
-use crate::time::WatermarkStrategy;
+use crate::watermark::WatermarkStrategy;
 
 /// A typed stream of records of type `T`, produced by one or more operators
 /// (more than one after [`Stream::union`]).

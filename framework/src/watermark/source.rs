@@ -9,8 +9,8 @@
 
 use crate::source::SplitId;
 
+use super::merge::WatermarkState;
 use super::strategy::{WatermarkGenerator, WatermarkStrategy};
-use super::watermark::WatermarkState;
 
 /// What a source subtask must send after it read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
