@@ -13,7 +13,7 @@ use crate::state::Snapshot;
 use super::builder::Job;
 use super::graph::{EdgeKind, Producer};
 use super::typed::Stream;
-use crate::job::incremental::{IncrementalCheckpoints, SnapshotKinds};
+use crate::job::incremental::IncrementalCheckpoints;
 use crate::job::inspect::restored_keyed_states;
 use crate::job::operator::Aggregator;
 use crate::job::ops::{FinalStates, Key, KeyedCore, Reduced, StatePlan};
@@ -41,7 +41,7 @@ pub struct KeyedStream<'j, K, T, F: ?Sized = dyn Fn(&T) -> K + Send + Sync> {
 
 /// The job's incremental checkpoints as a keyed core takes them (`None`:
 /// every checkpoint is full).
-pub(crate) type IncrementalSettings = Option<(IncrementalCheckpoints, Arc<SnapshotKinds>)>;
+pub(crate) type IncrementalSettings = Option<IncrementalCheckpoints>;
 
 /// Reads the final per-key state of a keyed operator after its job ran:
 /// each subtask publishes its whole state when its input ends. A job that
