@@ -33,8 +33,6 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
@@ -86,52 +84,8 @@ fn settle(mut options: Options) -> Result<Options, String> {
     if options.smoke {
         options.records = 5_000;
     }
-    options.brokers = options.brokers.or_else(|| {
-        std::env::var("SNAPFLOW_KAFKA_BROKERS")
-            .ok()
-            .filter(|brokers| !brokers.is_empty())
-    });
+    options.brokers = support::or_env(options.brokers, "SNAPFLOW_KAFKA_BROKERS");
     Ok(options)
-}
-
-/// Runs an admin future on this thread (rdkafka drives the admin client
-/// on its own thread; this only polls).
-fn block_on<F: std::future::Future>(future: F) -> F::Output {
-    use std::task::{Context, Poll, Wake, Waker};
-    struct Unpark(std::thread::Thread);
-    impl Wake for Unpark {
-        fn wake(self: std::sync::Arc<Self>) {
-            self.0.unpark();
-        }
-    }
-    let waker = Waker::from(std::sync::Arc::new(Unpark(std::thread::current())));
-    let mut context = Context::from_waker(&waker);
-    let mut future = Box::pin(future);
-    loop {
-        if let Poll::Ready(output) = future.as_mut().poll(&mut context) {
-            return output;
-        }
-        std::thread::park_timeout(Duration::from_millis(100));
-    }
-}
-
-fn create_topics(brokers: &str, names: &[&str]) -> Result<(), String> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create()
-        .map_err(|error| error.to_string())?;
-    let topics: Vec<NewTopic<'_>> = names
-        .iter()
-        .map(|name| NewTopic::new(name, PARTITIONS, TopicReplication::Fixed(1)))
-        .collect();
-    for result in block_on(admin.create_topics(&topics, &AdminOptions::new()))
-        .map_err(|error| error.to_string())?
-    {
-        result.map_err(|(topic, code)| format!("creating {topic}: {code}"))?;
-    }
-    // Metadata needs a moment to show new topics.
-    std::thread::sleep(Duration::from_millis(500));
-    Ok(())
 }
 
 fn producer(brokers: &str) -> Result<BaseProducer, String> {
@@ -351,7 +305,7 @@ fn run(options: &Options) -> Result<(), String> {
         .map_or(0, |since| since.as_millis());
     let input = format!("bench-in-{stamp}");
     let (raw_out, job_out) = (format!("bench-raw-{stamp}"), format!("bench-job-{stamp}"));
-    create_topics(brokers, &[&input, &raw_out, &job_out])?;
+    support::kafka::create_topics(brokers, &[&input, &raw_out, &job_out], PARTITIONS)?;
     let started = Instant::now();
     fill(brokers, &input, options.records)?;
     println!(

@@ -27,8 +27,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
@@ -70,49 +68,8 @@ fn settle(mut options: Options) -> Result<Options, String> {
     if options.smoke {
         options.records = 20_000;
     }
-    options.brokers = options.brokers.or_else(|| {
-        std::env::var("SNAPFLOW_KAFKA_BROKERS")
-            .ok()
-            .filter(|brokers| !brokers.is_empty())
-    });
+    options.brokers = support::or_env(options.brokers, "SNAPFLOW_KAFKA_BROKERS");
     Ok(options)
-}
-
-/// Runs an admin future on this thread (rdkafka drives the admin client
-/// on its own thread; this only polls).
-fn block_on<F: std::future::Future>(future: F) -> F::Output {
-    use std::task::{Context, Poll, Wake, Waker};
-    struct Unpark(std::thread::Thread);
-    impl Wake for Unpark {
-        fn wake(self: Arc<Self>) {
-            self.0.unpark();
-        }
-    }
-    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
-    let mut context = Context::from_waker(&waker);
-    let mut future = Box::pin(future);
-    loop {
-        if let Poll::Ready(output) = future.as_mut().poll(&mut context) {
-            return output;
-        }
-        std::thread::park_timeout(Duration::from_millis(100));
-    }
-}
-
-fn create_topic(brokers: &str, name: &str) -> Result<(), String> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create()
-        .map_err(|error| error.to_string())?;
-    let topic = NewTopic::new(name, PARTITIONS, TopicReplication::Fixed(1));
-    for result in block_on(admin.create_topics(&[topic], &AdminOptions::new()))
-        .map_err(|error| error.to_string())?
-    {
-        result.map_err(|(topic, code)| format!("creating {topic}: {code}"))?;
-    }
-    // Metadata needs a moment to show a new topic.
-    std::thread::sleep(Duration::from_millis(500));
-    Ok(())
 }
 
 /// Writes ids `0..records` over the partitions with the producer's usual
@@ -282,7 +239,7 @@ fn run(options: &Options) -> Result<(), String> {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |since| since.as_millis());
     let topic = format!("bench-source-{stamp}");
-    create_topic(brokers, &topic)?;
+    support::kafka::create_topics(brokers, &[&topic], PARTITIONS)?;
     let started = Instant::now();
     fill(brokers, &topic, options.records)?;
     println!(

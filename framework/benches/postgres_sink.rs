@@ -76,11 +76,7 @@ fn settle(mut options: Options) -> Result<Options, String> {
         options.rows_per_checkpoint = 1_000;
         options.runs = 1;
     }
-    options.url = options.url.or_else(|| {
-        std::env::var("SNAPFLOW_POSTGRES_URL")
-            .ok()
-            .filter(|url| !url.is_empty())
-    });
+    options.url = support::or_env(options.url, "SNAPFLOW_POSTGRES_URL");
     Ok(options)
 }
 

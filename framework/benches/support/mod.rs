@@ -6,6 +6,9 @@
 //! binary uses a subset, hence the `dead_code` allowance.
 #![allow(dead_code)]
 
+#[cfg(feature = "kafka")]
+pub mod kafka;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::hint::black_box;
 use std::marker::PhantomData;
@@ -360,6 +363,13 @@ pub struct CargoBench {
     /// Passed by `cargo bench`; ignored.
     #[arg(long, hide = true)]
     bench: bool,
+}
+
+/// `given`, else the environment variable `name` when it is set and not
+/// empty: where a benchmark finds its server (`--brokers` or
+/// `SNAPFLOW_KAFKA_BROKERS`, `--url` or `SNAPFLOW_POSTGRES_URL`).
+pub fn or_env(given: Option<String>, name: &str) -> Option<String> {
+    given.or_else(|| std::env::var(name).ok().filter(|value| !value.is_empty()))
 }
 
 /// The `main` of every benchmark: clap parses the arguments (printing
