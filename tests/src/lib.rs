@@ -571,6 +571,21 @@ pub mod pipeline {
         state
     }
 
+    /// Asserts that the file sink's committed output under `output` is
+    /// exactly the failure-free output of `records` records: no record
+    /// lost, none twice. `context` (a replay line or a case) starts each
+    /// message.
+    pub fn assert_exactly_once(output: &std::path::Path, records: u64, context: &str) {
+        let (want, _) = expected(records);
+        let got = crate::file_sink::committed(output).expect("the committed output reads");
+        assert_eq!(
+            got.len(),
+            want.len(),
+            "{context}: committed record count differs"
+        );
+        assert!(got == want, "{context}: committed output differs");
+    }
+
     /// The failure-free result, computed directly: the sorted sink output
     /// and every key's final state.
     pub fn expected(records: u64) -> (Vec<(u64, u64)>, HashMap<u64, KeyTotals>) {

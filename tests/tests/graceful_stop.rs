@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use snapflow_tests::crash::{finish, kill, spawn};
 use snapflow_tests::file_sink::committed;
-use snapflow_tests::pipeline::expected;
+use snapflow_tests::pipeline::{assert_exactly_once, expected};
 use snapflow_tests::{seeds, TestRng};
 
 /// Enough input that the job is still running when the signal comes (a
@@ -132,17 +132,7 @@ fn savepoint_of(lines: &[String]) -> Option<u64> {
 /// output equals the failure-free result; returns the last run's stdout.
 fn finish_exactly_once(store: &Path, output: &Path, replay: &str) -> String {
     let stdout = finish(replay, spawn(&mut runner(store, output, false)));
-    let (expected_output, _) = expected(RECORDS);
-    let committed_output = committed(output).expect("the committed output reads");
-    assert_eq!(
-        committed_output.len(),
-        expected_output.len(),
-        "{replay}: committed record count differs"
-    );
-    assert!(
-        committed_output == expected_output,
-        "{replay}: committed output differs"
-    );
+    assert_exactly_once(output, RECORDS, replay);
     stdout
 }
 

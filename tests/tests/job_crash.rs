@@ -19,8 +19,7 @@ use std::process::Command;
 
 use snapflow::storage::FsCheckpointStore;
 use snapflow_tests::crash::kill_then_finish;
-use snapflow_tests::file_sink::committed;
-use snapflow_tests::pipeline::expected;
+use snapflow_tests::pipeline::assert_exactly_once;
 use snapflow_tests::shared_files;
 use snapflow_tests::{seeds, TestRng};
 
@@ -50,17 +49,7 @@ fn check(seed: u64) {
         command
     });
     eprintln!("{replay}: last run: {}", stdout.replace('\n', " "));
-    let (expected_output, _) = expected(RECORDS);
-    let output = committed(&output).expect("the committed output reads");
-    assert_eq!(
-        output.len(),
-        expected_output.len(),
-        "{replay}: committed record count differs"
-    );
-    assert!(
-        output == expected_output,
-        "{replay}: committed output differs"
-    );
+    assert_exactly_once(&output, RECORDS, &replay);
     // The keyed operator checkpoints incrementally (the default): the
     // kills never left a shared file unreferenced or one missing.
     let store = FsCheckpointStore::open(&store, "crash").expect("the store opens");

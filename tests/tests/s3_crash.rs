@@ -16,8 +16,7 @@ use std::process::Command;
 
 use snapflow::storage::{CheckpointStore, ObjectCheckpointStore, S3Settings};
 use snapflow_tests::crash::kill_then_finish;
-use snapflow_tests::file_sink::committed;
-use snapflow_tests::pipeline::expected;
+use snapflow_tests::pipeline::assert_exactly_once;
 use snapflow_tests::servers::{server_from_env, unique_name};
 use snapflow_tests::tansu::{create_bucket, S3_ENDPOINT_VAR};
 use snapflow_tests::{seeds, TestRng};
@@ -65,17 +64,7 @@ fn check(endpoint: &str, seed: u64) {
         stdout.contains("resumed "),
         "{replay}: the last run did not resume: {stdout}"
     );
-    let (expected_output, _) = expected(RECORDS);
-    let output = committed(&output).expect("the committed output reads");
-    assert_eq!(
-        output.len(),
-        expected_output.len(),
-        "{replay}: committed record count differs"
-    );
-    assert!(
-        output == expected_output,
-        "{replay}: committed output differs"
-    );
+    assert_exactly_once(&output, RECORDS, &replay);
     let store = ObjectCheckpointStore::open_s3_read_only(&location, "crash", &settings(endpoint))
         .expect("the store opens");
     let listed = store.list().expect("the store lists");

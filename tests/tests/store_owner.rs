@@ -18,8 +18,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use snapflow_tests::crash::{kill, spawn};
-use snapflow_tests::file_sink::committed;
-use snapflow_tests::pipeline::expected;
+use snapflow_tests::pipeline;
 
 /// Enough records that the first process is still running when the
 /// second one starts a few hundred milliseconds later (about 2 s at the
@@ -104,14 +103,7 @@ fn text(bytes: &[u8]) -> String {
 
 /// The committed output is exactly the failure-free run's.
 fn assert_exactly_once(output: &Path, case: &str) {
-    let (expected_output, _) = expected(RECORDS);
-    let found = committed(output).expect("the committed output reads");
-    assert_eq!(
-        found.len(),
-        expected_output.len(),
-        "{case}: committed record count differs"
-    );
-    assert!(found == expected_output, "{case}: committed output differs");
+    pipeline::assert_exactly_once(output, RECORDS, case);
 }
 
 /// The refused process's error: which typed error it names, and that it
